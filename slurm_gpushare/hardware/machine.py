@@ -1,0 +1,491 @@
+"""Machine descriptions: a node's GPUs, their interconnect, NICs and CPU layout, as plain data.
+
+A machine description is what the NVML port reports about one node, frozen. It is written by
+``slurm-gpushare inventory`` (from NVML on a real node, or parsed from ``nvidia-smi topo -m`` text),
+read by the fake NVML, the gres.conf generator, the filter service's cluster inventory and the node
+hooks. It is also the file a user attaches to a bug report.
+
+On disk it is JSON with a schema version (``"version": 1``); unknown keys are errors, so a typo in a
+hand-edited file is reported instead of ignored. Units: memory in MiB, CPU ids are Linux logical CPU
+numbers, core ids are Slurm's abstract core indices (socket-major, SMT siblings share one id).
+
+Example (abridged)::
+
+    {"version": 1, "hostname": "node1", "source": "nvml",
+     "cpus": {"sockets": 2, "cores_per_socket": 56, "threads_per_core": 2},
+     "gpus": [{"index": 0, "minor": 0, "name": "NVIDIA A100 80GB PCIe", "memory_mib": 81920,
+               "uuid": "GPU-...", "pci_bus_id": "00000000:07:00.0",
+               "cpu_affinity": [0, 1, ...], "numa_node": 0}],
+     "links": [{"a": 0, "b": 2, "nvlinks": 12}, {"a": 0, "b": 1, "pcie": "SYS"}],
+     "nics": [{"index": 0, "name": "mlx5_0", "paths": ["PIX", "SYS"]}]}
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import MISSING, asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from slurm_gpushare.errors import MachineDescriptionError
+
+SCHEMA_VERSION = 1
+
+#: PCIe path levels, nearest first, as ``nvidia-smi topo -m`` prints them. NVML reports the same
+#: levels through ``nvmlDeviceGetTopologyCommonAncestor`` (INTERNAL/SINGLE/MULTIPLE/HOSTBRIDGE/
+#: NODE/SYSTEM). ``SOC`` is the legacy name of ``SYS`` printed by old drivers.
+PCIE_LEVELS = ("PIX", "PXB", "PHB", "NODE", "SYS")
+
+
+@dataclass(frozen=True)
+class MigProfile:
+    """A GPU instance profile (``nvidia-smi mig -lgip``; NVML ``nvmlDeviceGetGpuInstanceProfileInfo``).
+
+    Attributes:
+        name: profile name without the ``MIG`` prefix, e.g. ``1g.10gb`` or ``1g.10gb+me``.
+        profile_id: NVML GPU instance profile id (``ID`` column), e.g. 19.
+        slices: compute slices (the ``Ng`` of the name).
+        memory_mib: memory of one instance in MiB (``Memory`` column is GiB: 9.75 GiB = 9984 MiB).
+        max_instances: instances of this profile that fit on an empty GPU (``Total``).
+        sm_count: streaming multiprocessors per instance.
+        placements: allowed ``(start, size)`` placements in memory slices
+            (``nvmlDeviceGetGpuInstancePossiblePlacements_v2``). Empty when unknown.
+    """
+
+    name: str
+    profile_id: int
+    slices: int
+    memory_mib: int
+    max_instances: int
+    sm_count: int = 0
+    placements: tuple[tuple[int, int], ...] = ()
+
+
+@dataclass(frozen=True)
+class MigInstance:
+    """A live MIG device: one GPU instance with one compute instance spanning it.
+
+    Attributes:
+        profile: the GPU instance profile name, e.g. ``1g.10gb``.
+        gi_id: GPU instance id (``nvmlGpuInstanceGetInfo``).
+        ci_id: compute instance id.
+        start: placement start in memory slices.
+        uuid: the MIG device UUID (``MIG-...``, ``nvmlDeviceGetUUID`` on the MIG device handle).
+        caps: the ``/dev/nvidia-caps/nvidia-capN`` minors that grant access to the GPU instance
+            and the compute instance (from ``/proc/driver/nvidia-caps/mig-minors``).
+    """
+
+    profile: str
+    gi_id: int
+    ci_id: int
+    start: int
+    uuid: str
+    caps: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """A process running on a GPU (``nvmlDeviceGetComputeRunningProcesses``), for accounting.
+
+    Attributes:
+        pid: process id.
+        used_memory_mib: GPU memory used by the process, MiB.
+        sm_util: SM utilization attributed to the process, percent (0-100), or None when unknown.
+    """
+
+    pid: int
+    used_memory_mib: int
+    sm_util: float | None = None
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One physical GPU.
+
+    Attributes:
+        index: NVML device index (``nvmlDeviceGetIndex``), the ``GPUn`` of ``nvidia-smi``.
+        minor: device minor number (``nvmlDeviceGetMinorNumber``), the ``N`` of ``/dev/nvidiaN``.
+        name: product name (``nvmlDeviceGetName``), e.g. ``NVIDIA H100 80GB HBM3``.
+        memory_mib: total framebuffer memory in MiB (``nvmlDeviceGetMemoryInfo().total``).
+        uuid: ``GPU-...`` (``nvmlDeviceGetUUID``).
+        pci_bus_id: ``0000:07:00.0`` form (``nvmlDeviceGetPciInfo().busId``).
+        cpu_affinity: logical CPU ids near the GPU (``nvmlDeviceGetCpuAffinity``; the
+            ``CPU Affinity`` column of ``nvidia-smi topo -m``). Empty when unknown.
+        numa_node: NUMA node of the GPU (``nvmlDeviceGetNumaNodeId`` / ``NUMA Affinity``), or None.
+        mig_enabled: MIG mode is on (``nvmlDeviceGetMigMode`` current mode).
+        mig_profiles: GPU instance profiles this GPU supports (empty when MIG is unsupported).
+        mig_instances: live MIG devices.
+        processes: processes running on the GPU (accounting; the fake NVML serves them).
+    """
+
+    index: int
+    minor: int
+    name: str
+    memory_mib: int
+    uuid: str = ""
+    pci_bus_id: str = ""
+    cpu_affinity: tuple[int, ...] = ()
+    numa_node: int | None = None
+    mig_enabled: bool = False
+    mig_profiles: tuple[MigProfile, ...] = ()
+    mig_instances: tuple[MigInstance, ...] = ()
+    processes: tuple[GpuProcess, ...] = ()
+
+    @property
+    def model(self) -> str:
+        """Short lower-case model for Slurm GRES ``Type=``, e.g. ``h100``, ``a100``, ``rtx4090``.
+
+        Derived from :attr:`name`: the first token that contains a digit after dropping the
+        vendor words (``NVIDIA``, ``Tesla``, ``GeForce``, ``Quadro``) and a leading ``RTX`` is
+        kept joined (``GeForce RTX 4090`` -> ``rtx4090``).
+        """
+        return gpu_model(self.name)
+
+
+@dataclass(frozen=True)
+class Link:
+    """The path between two GPUs (unordered pair, ``a < b``).
+
+    Attributes:
+        a, b: GPU indices.
+        nvlinks: number of NVLink links in use between them (``nvmlDeviceGetNvLinkState`` +
+            ``nvmlDeviceGetNvLinkRemotePciInfo``; the ``NV#`` of ``nvidia-smi topo -m``); 0 if none.
+        via_nvswitch: the NVLinks go through an NVSwitch (``nvmlDeviceGetNvLinkRemoteDeviceType``
+            is ``NVML_NVLINK_DEVICE_TYPE_SWITCH``).
+        pcie: PCIe path level (one of :data:`PCIE_LEVELS`, from
+            ``nvmlDeviceGetTopologyCommonAncestor``), or None when unknown (``topo -m`` prints only
+            ``NV#`` for NVLinked pairs).
+    """
+
+    a: int
+    b: int
+    nvlinks: int = 0
+    via_nvswitch: bool = False
+    pcie: str | None = None
+
+
+@dataclass(frozen=True)
+class Nic:
+    """A network interface (HCA) as ``nvidia-smi topo -m`` lists it.
+
+    Attributes:
+        index: the ``NICn`` number.
+        name: device name from the NIC legend (``mlx5_0``), or ``NICn`` when not given.
+        paths: PCIe level from this NIC to each GPU, by GPU index (None when unknown).
+    """
+
+    index: int
+    name: str
+    paths: tuple[str | None, ...] = ()
+
+
+@dataclass(frozen=True)
+class CpuLayout:
+    """The node's CPU layout, as Slurm counts it (``slurmd -C``).
+
+    Attributes:
+        sockets, cores_per_socket, threads_per_core: as in slurm.conf ``NodeName=`` lines.
+        core_of_cpu: Slurm core id of each logical CPU id (index = CPU id). Empty means the usual
+            Linux enumeration: CPU ``c`` is core ``c % (sockets * cores_per_socket)``.
+    """
+
+    sockets: int
+    cores_per_socket: int
+    threads_per_core: int = 1
+    core_of_cpu: tuple[int, ...] = ()
+
+    @property
+    def cores(self) -> int:
+        """Total physical cores."""
+        return self.sockets * self.cores_per_socket
+
+    @property
+    def cpus(self) -> int:
+        """Total logical CPUs."""
+        return self.cores * self.threads_per_core
+
+    def core_ids(self, cpu_ids: tuple[int, ...] | list[int]) -> tuple[int, ...]:
+        """Map logical CPU ids to sorted unique Slurm core ids (SMT siblings collapse to one core).
+
+        Raises:
+            MachineDescriptionError: a CPU id outside the layout.
+        """
+        out = set()
+        for c in cpu_ids:
+            if c < 0 or c >= self.cpus:
+                raise MachineDescriptionError(
+                    f"CPU id {c} is outside the CPU layout ({self.cpus} logical CPUs: "
+                    f"{self.sockets} sockets x {self.cores_per_socket} cores x {self.threads_per_core} threads)",
+                    hint="give the CPU layout with --cpus SOCKETSxCORESxTHREADS")
+            out.add(self.core_of_cpu[c] if self.core_of_cpu else c % self.cores)
+        return tuple(sorted(out))
+
+
+@dataclass(frozen=True)
+class Machine:
+    """A whole node: what one NVML session reports, frozen.
+
+    Attributes:
+        hostname: node name (``nvmlSystemGet*`` has none; from the probing host or the CLI).
+        gpus: physical GPUs ordered by index.
+        links: one entry per GPU pair that has a known path (NVLink and/or PCIe level).
+        nics: network interfaces with their PCIe distance to each GPU.
+        cpus: CPU layout, or None when unknown.
+        source: where the facts came from (``nvml``, ``nvidia-smi topo -m <file>``, ...).
+        driver_version: ``nvmlSystemGetDriverVersion``, when known.
+        version: schema version of the description.
+    """
+
+    hostname: str
+    gpus: tuple[Gpu, ...]
+    links: tuple[Link, ...] = ()
+    nics: tuple[Nic, ...] = ()
+    cpus: CpuLayout | None = None
+    source: str = ""
+    driver_version: str = ""
+    version: int = SCHEMA_VERSION
+
+    def gpu(self, index: int) -> Gpu:
+        """The GPU with NVML index ``index``.
+
+        Raises:
+            MachineDescriptionError: no such GPU.
+        """
+        for g in self.gpus:
+            if g.index == index:
+                return g
+        raise MachineDescriptionError(f"no GPU with index {index} on {self.hostname}",
+                                      hint=f"indices are {[g.index for g in self.gpus]}")
+
+    def link(self, a: int, b: int) -> Link | None:
+        """The path between GPUs ``a`` and ``b`` (either order), or None when not described."""
+        lo, hi = min(a, b), max(a, b)
+        for ln in self.links:
+            if ln.a == lo and ln.b == hi:
+                return ln
+        return None
+
+    # --- JSON ---------------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready dict (tuples become lists, defaults are kept)."""
+        return _jsonable(asdict(self))
+
+    def to_json(self) -> str:
+        """Pretty JSON text with a trailing newline."""
+        return json.dumps(self.to_dict(), indent=2) + "\n"
+
+    @classmethod
+    def from_dict(cls, data: Any, *, source: str = "machine description") -> Machine:
+        """Build and validate a Machine from parsed JSON.
+
+        Raises:
+            MachineDescriptionError: wrong version, unknown or missing keys, wrong types,
+                duplicate indices, links to GPUs that do not exist, unknown PCIe levels.
+        """
+        if not isinstance(data, dict):
+            raise MachineDescriptionError("a machine description must be a JSON object", source=source)
+        version = data.get("version")
+        if version != SCHEMA_VERSION:
+            raise MachineDescriptionError(
+                f"unsupported machine description version {version!r}",
+                hint=f"this slurm-gpushare reads version {SCHEMA_VERSION}; regenerate it with "
+                     "'slurm-gpushare inventory'", source=source)
+        m = _build(cls, data, source)
+        m.validate(source=source)
+        return m
+
+    @classmethod
+    def from_json(cls, text: str, *, source: str = "machine description") -> Machine:
+        """Parse JSON text; see :meth:`from_dict`."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise MachineDescriptionError(f"not valid JSON: {e.msg}", source=f"{source}:{e.lineno}") from None
+        return cls.from_dict(data, source=source)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Machine:
+        """Read a machine description file.
+
+        Raises:
+            MachineDescriptionError: unreadable or invalid file (the message names the file).
+        """
+        p = Path(path)
+        try:
+            text = p.read_text()
+        except OSError as e:
+            raise MachineDescriptionError(f"cannot read machine description: {e.strerror}",
+                                          source=str(p)) from None
+        return cls.from_json(text, source=str(p))
+
+    def validate(self, *, source: str = "machine description") -> None:
+        """Check cross-references: unique GPU indices and minors, links and NIC paths to real GPUs.
+
+        Raises:
+            MachineDescriptionError: the first inconsistency found.
+        """
+        idx = [g.index for g in self.gpus]
+        if len(set(idx)) != len(idx):
+            raise MachineDescriptionError(f"duplicate GPU indices {idx}", source=source)
+        minors = [g.minor for g in self.gpus]
+        if len(set(minors)) != len(minors):
+            raise MachineDescriptionError(f"duplicate GPU minor numbers {minors}", source=source)
+        known = set(idx)
+        seen = set()
+        for ln in self.links:
+            if ln.a not in known or ln.b not in known or ln.a >= ln.b:
+                raise MachineDescriptionError(
+                    f"link {ln.a}-{ln.b} must join two different existing GPUs with a < b", source=source)
+            if (ln.a, ln.b) in seen:
+                raise MachineDescriptionError(f"link {ln.a}-{ln.b} is described twice", source=source)
+            seen.add((ln.a, ln.b))
+            if ln.pcie is not None and ln.pcie not in PCIE_LEVELS:
+                raise MachineDescriptionError(f"link {ln.a}-{ln.b}: unknown PCIe level {ln.pcie!r}",
+                                              hint=f"use one of {', '.join(PCIE_LEVELS)}", source=source)
+            if ln.nvlinks < 0:
+                raise MachineDescriptionError(f"link {ln.a}-{ln.b}: negative NVLink count", source=source)
+        for nic in self.nics:
+            if nic.paths and len(nic.paths) != len(self.gpus):
+                raise MachineDescriptionError(
+                    f"NIC {nic.name}: {len(nic.paths)} paths for {len(self.gpus)} GPUs", source=source)
+            for p in nic.paths:
+                if p is not None and p not in PCIE_LEVELS:
+                    raise MachineDescriptionError(f"NIC {nic.name}: unknown PCIe level {p!r}", source=source)
+        for g in self.gpus:
+            if g.memory_mib <= 0:
+                raise MachineDescriptionError(f"GPU {g.index}: memory_mib must be positive", source=source)
+            if self.cpus is not None and g.cpu_affinity:
+                self.cpus.core_ids(g.cpu_affinity)
+
+
+#: ``/proc/driver/nvidia-caps/mig-minors`` numbering: ``config`` 1, ``monitor`` 2, then per GPU
+#: (up to 15 GPU instances) the GPU instance's ``access`` minor followed by its 8 compute instances'.
+MIG_CAPS_FIRST = 3
+MIG_CAPS_PER_GI = 9
+MIG_CAPS_PER_GPU = 15 * MIG_CAPS_PER_GI
+
+
+def mig_cap_minors(gpu_minor: int, gi_id: int, ci_id: int) -> tuple[int, int]:
+    """The ``nvidia-capN`` minors that grant access to a GPU instance and one of its compute instances.
+
+    Follows the driver's ``/proc/driver/nvidia-caps/mig-minors`` table (``gpu<G>/gi<I>/access`` and
+    ``gpu<G>/gi<I>/ci<C>/access``). It matches the real ``slurmd -G`` print in
+    ``tests/data/slurmd`` (GPU 2, GPU instance 2 -> ``nvidia-cap291``).
+
+    Returns:
+        ``(gi_access_minor, ci_access_minor)``.
+    """
+    gi = MIG_CAPS_FIRST + gpu_minor * MIG_CAPS_PER_GPU + gi_id * MIG_CAPS_PER_GI
+    return gi, gi + 1 + ci_id
+
+
+def gpu_model(name: str) -> str:
+    """Short lower-case GPU model for GRES ``Type=`` from an NVML product name.
+
+    ``NVIDIA H100 80GB HBM3`` -> ``h100``; ``NVIDIA A100-SXM4-80GB`` -> ``a100``;
+    ``NVIDIA GeForce RTX 4090`` -> ``rtx4090``; ``Tesla V100-SXM2-16GB`` -> ``v100``;
+    ``NVIDIA L40S`` -> ``l40s``.
+    """
+    words = [w for w in re.split(r"[\s_]+", name.strip()) if w]
+    words = [w for w in words if w.lower() not in ("nvidia", "tesla", "geforce", "quadro")]
+    for i, w in enumerate(words):
+        base = w.split("-")[0].lower()
+        if base in ("rtx", "gtx") and i + 1 < len(words):
+            return base + words[i + 1].split("-")[0].lower()
+        if any(ch.isdigit() for ch in base):
+            return base
+    return (words[0].split("-")[0].lower() if words else "gpu") or "gpu"
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    return obj
+
+
+def _build(cls: type, data: Any, source: str, where: str = "") -> Any:
+    """Strictly build dataclass ``cls`` from ``data``: unknown keys and missing required keys are errors."""
+    if not isinstance(data, dict):
+        raise MachineDescriptionError(f"{where or cls.__name__} must be an object", source=source)
+    names = {f.name: f for f in fields(cls)}
+    unknown = sorted(set(data) - set(names))
+    if unknown:
+        raise MachineDescriptionError(f"unknown key(s) {', '.join(unknown)} in {where or cls.__name__}",
+                                      hint=f"known keys: {', '.join(names)}", source=source)
+    kwargs = {}
+    for name, f in names.items():
+        if name not in data:
+            if f.default is MISSING and f.default_factory is MISSING:
+                raise MachineDescriptionError(f"missing key {name!r} in {where or cls.__name__}", source=source)
+            continue
+        value = data[name]
+        sub = _SUBTYPES.get((cls, name))
+        path = f"{where or cls.__name__}.{name}"
+        if sub is not None and sub[1] == "list":
+            if not isinstance(value, list):
+                raise MachineDescriptionError(f"{path} must be a list", source=source)
+            value = tuple(_build(sub[0], v, source, f"{path}[{i}]") for i, v in enumerate(value))
+        elif sub is not None and value is not None:
+            value = _build(sub[0], value, source, path)
+        else:
+            value = _check_scalar(value, _SCALARS.get((cls, name), "any"), path, source)
+        kwargs[name] = value
+    return cls(**kwargs)
+
+
+def _check_scalar(value: Any, kind: str, path: str, source: str) -> Any:
+    ok = {
+        "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+        "int?": lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool)),
+        "str": lambda v: isinstance(v, str),
+        "str?": lambda v: v is None or isinstance(v, str),
+        "bool": lambda v: isinstance(v, bool),
+        "float?": lambda v: v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)),
+        "ints": lambda v: isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in v),
+        "strs?": lambda v: isinstance(v, list) and all(x is None or isinstance(x, str) for x in v),
+        "pairs": lambda v: isinstance(v, list) and all(
+            isinstance(x, list) and len(x) == 2 and all(isinstance(y, int) for y in x) for x in v),
+        "any": lambda v: True,
+    }[kind]
+    if not ok(value):
+        raise MachineDescriptionError(f"{path} has the wrong type ({type(value).__name__}), expected {kind}",
+                                      source=source)
+    if kind == "pairs":
+        return tuple(tuple(x) for x in value)
+    if kind in ("ints", "strs?"):
+        return tuple(value)
+    return value
+
+
+_SUBTYPES: dict[tuple[type, str], tuple[type, str]] = {
+    (Machine, "gpus"): (Gpu, "list"),
+    (Machine, "links"): (Link, "list"),
+    (Machine, "nics"): (Nic, "list"),
+    (Machine, "cpus"): (CpuLayout, "one"),
+    (Gpu, "mig_profiles"): (MigProfile, "list"),
+    (Gpu, "mig_instances"): (MigInstance, "list"),
+    (Gpu, "processes"): (GpuProcess, "list"),
+}
+
+_SCALARS: dict[tuple[type, str], str] = {
+    (Machine, "hostname"): "str", (Machine, "source"): "str", (Machine, "driver_version"): "str",
+    (Machine, "version"): "int",
+    (Gpu, "index"): "int", (Gpu, "minor"): "int", (Gpu, "name"): "str", (Gpu, "memory_mib"): "int",
+    (Gpu, "uuid"): "str", (Gpu, "pci_bus_id"): "str", (Gpu, "cpu_affinity"): "ints",
+    (Gpu, "numa_node"): "int?", (Gpu, "mig_enabled"): "bool",
+    (Link, "a"): "int", (Link, "b"): "int", (Link, "nvlinks"): "int", (Link, "via_nvswitch"): "bool",
+    (Link, "pcie"): "str?",
+    (Nic, "index"): "int", (Nic, "name"): "str", (Nic, "paths"): "strs?",
+    (CpuLayout, "sockets"): "int", (CpuLayout, "cores_per_socket"): "int",
+    (CpuLayout, "threads_per_core"): "int", (CpuLayout, "core_of_cpu"): "ints",
+    (MigProfile, "name"): "str", (MigProfile, "profile_id"): "int", (MigProfile, "slices"): "int",
+    (MigProfile, "memory_mib"): "int", (MigProfile, "max_instances"): "int", (MigProfile, "sm_count"): "int",
+    (MigProfile, "placements"): "pairs",
+    (MigInstance, "profile"): "str", (MigInstance, "gi_id"): "int", (MigInstance, "ci_id"): "int",
+    (MigInstance, "start"): "int", (MigInstance, "uuid"): "str", (MigInstance, "caps"): "ints",
+    (GpuProcess, "pid"): "int", (GpuProcess, "used_memory_mib"): "int", (GpuProcess, "sm_util"): "float?",
+}

@@ -1,0 +1,177 @@
+"""Shared fixtures: one real dev cluster per test session, job submission and polling.
+
+Markers (pyproject.toml): ``slurm`` tests use the :func:`cluster` fixture (real slurmctld/slurmd from
+Debian's slurm-wlm, started by the project's own dev cluster); ``gpu`` tests need real NVML.
+
+Environment:
+    GPUSHARE_TEST_DIR: state directory of the test cluster (default /tmp/slurm-gpushare-test).
+    GPUSHARE_TEST_PORT: its port base (default 17817, so a developer's dev cluster can run beside it).
+    GPUSHARE_TEST_KEEP=1: leave the cluster running after the session (it is reused next time).
+    GPUSHARE_REQUIRE_SLURM=1: fail instead of skipping when Slurm cannot be run (set by .ci/run).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from slurm_gpushare.devcluster import DevCluster
+
+TEST_DIR = os.environ.get("GPUSHARE_TEST_DIR", "/tmp/slurm-gpushare-test")
+TEST_PORT = int(os.environ.get("GPUSHARE_TEST_PORT", "17817"))
+FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
+                "DEADLINE", "PREEMPTED"}
+
+
+def _slurm_unavailable() -> str | None:
+    if os.geteuid() != 0:
+        return "the dev cluster needs root"
+    missing = [p for p in ("munged", "slurmctld", "slurmd", "sbatch") if shutil.which(p) is None]
+    if missing:
+        return f"Slurm is not installed ({', '.join(missing)} missing): apt-get install slurm-wlm munge"
+    return None
+
+
+def _skip_or_fail(reason: str):
+    if os.environ.get("GPUSHARE_REQUIRE_SLURM") == "1":
+        pytest.fail(f"GPUSHARE_REQUIRE_SLURM=1 but {reason}")
+    pytest.skip(reason)
+
+
+@dataclass
+class Job:
+    """A submitted job: its id and final ``scontrol show job`` fields once polled."""
+
+    id: str
+    fields: dict[str, str] = field(default_factory=dict)
+    output_path: Path | None = None
+
+    @property
+    def state(self) -> str:
+        return self.fields.get("JobState", "")
+
+    def output(self) -> str:
+        return self.output_path.read_text() if self.output_path and self.output_path.exists() else ""
+
+
+class SlurmSession:
+    """Submit jobs to the test cluster and poll them; cancels what it submitted at teardown."""
+
+    def __init__(self, cluster: DevCluster, out_dir: Path):
+        self.cluster = cluster
+        self.out_dir = out_dir
+        self.submitted: list[str] = []
+
+    def run(self, argv: list[str], *, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
+        """Run a Slurm client command against the cluster."""
+        proc = subprocess.run(argv, env=self.cluster.env, capture_output=True, text=True, timeout=timeout)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"{' '.join(argv)} exited {proc.returncode}: {proc.stderr.strip()}")
+        return proc
+
+    def sbatch(self, *args: str, wrap: str = "env", check: bool = True) -> Job | subprocess.CompletedProcess:
+        """``sbatch --parsable ARGS --wrap WRAP``; returns the Job, or the failed process when check=False."""
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        out = self.out_dir / f"job-{time.monotonic_ns()}.out"
+        proc = self.run(["sbatch", "--parsable", f"--output={out}", *args, "--wrap", wrap], check=False)
+        if proc.returncode != 0:
+            if check:
+                raise AssertionError(f"sbatch {' '.join(args)} failed: {proc.stderr.strip()}")
+            return proc
+        job_id = proc.stdout.strip().split(";")[0]
+        self.submitted.append(job_id)
+        return Job(job_id, output_path=out)
+
+    def show_job(self, job_id: str) -> dict[str, str]:
+        """``scontrol -o show job ID`` as a dict (empty when the job is gone)."""
+        proc = self.run(["scontrol", "-o", "show", "job", job_id], check=False)
+        return parse_scontrol_line(proc.stdout) if proc.returncode == 0 else {}
+
+    def wait(self, job: Job, states: set[str] = FINAL_STATES, timeout: float = 60) -> Job:
+        """Poll until the job reaches one of ``states`` (no fixed sleeps); fail with its fields on timeout."""
+        deadline = time.monotonic() + timeout
+        delay = 0.1
+        while time.monotonic() < deadline:
+            job.fields = self.show_job(job.id)
+            if job.state in states:
+                if job.state in FINAL_STATES and job.output_path is not None:
+                    # the output file is complete once the job is final; give the FS a moment
+                    for _ in range(20):
+                        if job.output_path.exists():
+                            break
+                        time.sleep(0.05)
+                return job
+            time.sleep(delay)
+            delay = min(delay * 1.5, 1.0)
+        raise AssertionError(f"job {job.id} not in {sorted(states)} after {timeout} s: {job.fields}")
+
+    def cancel_all(self) -> None:
+        if self.submitted:
+            self.run(["scancel", *self.submitted], check=False)
+
+
+def parse_scontrol_line(text: str) -> dict[str, str]:
+    """Parse one ``scontrol -o show`` record (``Key=Value`` pairs; values may contain ``=``)."""
+    out: dict[str, str] = {}
+    key = None
+    for token in text.strip().split(" "):
+        if "=" in token and not token.startswith("="):
+            key, _, value = token.partition("=")
+            out[key] = value
+        elif key is not None:  # a value with spaces (e.g. Command, Reason)
+            out[key] += " " + token
+    return out
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory) -> DevCluster:
+    """The default dev cluster, up for the whole session (reused when already running)."""
+    reason = _slurm_unavailable()
+    if reason:
+        _skip_or_fail(reason)
+    c = DevCluster.default(TEST_DIR, TEST_PORT)
+    started = not c.alive("slurmctld")
+    c.up(out=open(os.devnull, "w"))
+    yield c
+    if started and os.environ.get("GPUSHARE_TEST_KEEP") != "1":
+        c.down(out=open(os.devnull, "w"))
+
+
+@pytest.fixture
+def slurm(cluster, tmp_path_factory) -> SlurmSession:
+    """Submit and poll jobs on the session's cluster; cancels this test's jobs afterwards."""
+    out_dir = Path(cluster.root) / "test-output"
+    session = SlurmSession(cluster, out_dir)
+    yield session
+    session.cancel_all()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark every test that uses the cluster as ``slurm``; skip ``gpu`` tests without real NVML."""
+    nvml_reason = None
+    for item in items:
+        if "cluster" in getattr(item, "fixturenames", ()) and "slurm" not in item.keywords:
+            item.add_marker(pytest.mark.slurm)
+        if "gpu" in item.keywords:
+            if nvml_reason is None:
+                nvml_reason = _nvml_unavailable() or ""
+            if nvml_reason:
+                item.add_marker(pytest.mark.skip(reason=nvml_reason))
+
+
+def _nvml_unavailable() -> str | None:
+    """Why real NVML cannot be used here, or None when it can (probed through the product's port)."""
+    from slurm_gpushare.hardware.nvml import RealNvml
+
+    try:
+        with RealNvml() as port:
+            port.device_count()
+    except Exception as e:  # noqa: BLE001 - any NVML failure means "no GPU here"
+        return f"no usable NVML on this host: {e}"
+    return None
