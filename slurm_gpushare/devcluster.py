@@ -26,7 +26,7 @@ import stat
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 
@@ -66,6 +66,8 @@ class DevCluster:
         nodes: Slurm node name -> machine description.
         cgroup: confine devices with task/cgroup (cgroup v1, ConstrainDevices=yes).
         dbd: run a private MariaDB and slurmdbd so that ``sacct`` works.
+        gres_options: per-node gres.conf generation options (the device directory is always the
+            node's own fake one).
     """
 
     root: Path
@@ -73,6 +75,7 @@ class DevCluster:
     nodes: dict[str, Machine] = field(default_factory=dict)
     cgroup: bool = False
     dbd: bool = False
+    gres_options: dict[str, GresOptions] = field(default_factory=dict)
 
     @classmethod
     def default(cls, root: str | Path | None = None, port_base: int | None = None, *,
@@ -114,7 +117,8 @@ class DevCluster:
     def render(self) -> dict[str, str]:
         """All config files of the cluster, as ``{relative path: text}`` (pure)."""
         r = self.root
-        generated = [node_gres(m, name, GresOptions(device_dir=str(self.device_dir(name))))
+        generated = [node_gres(m, name, replace(self.gres_options.get(name, GresOptions()),
+                                                device_dir=str(self.device_dir(name))))
                      for name, m in self.nodes.items()]
         hostname = socket.gethostname().split(".")[0]
         params = {}

@@ -1,1 +1,3 @@
 """Registers every command module with the ``slurm-gpushare`` group (one import per family)."""
+
+from slurm_gpushare.cli import gres, hardware  # noqa: F401

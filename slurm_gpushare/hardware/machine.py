@@ -109,10 +109,11 @@ class Gpu:
         name: product name (``nvmlDeviceGetName``), e.g. ``NVIDIA H100 80GB HBM3``.
         memory_mib: total framebuffer memory in MiB (``nvmlDeviceGetMemoryInfo().total``).
         uuid: ``GPU-...`` (``nvmlDeviceGetUUID``).
-        pci_bus_id: ``0000:07:00.0`` form (``nvmlDeviceGetPciInfo().busId``).
+        pci_bus_id: ``00000000:07:00.0`` form, NVML's 8-digit domain (``nvmlDeviceGetPciInfo().busId``).
         cpu_affinity: logical CPU ids near the GPU (``nvmlDeviceGetCpuAffinity``; the
             ``CPU Affinity`` column of ``nvidia-smi topo -m``). Empty when unknown.
-        numa_node: NUMA node of the GPU (``nvmlDeviceGetNumaNodeId`` / ``NUMA Affinity``), or None.
+        numa_node: NUMA node of the GPU (``nvmlDeviceGetMemoryAffinity`` with
+            ``NVML_AFFINITY_SCOPE_NODE``; the ``NUMA Affinity`` column of ``nvidia-smi topo -m``), or None.
         mig_enabled: MIG mode is on (``nvmlDeviceGetMigMode`` current mode).
         mig_profiles: GPU instance profiles this GPU supports (empty when MIG is unsupported).
         mig_instances: live MIG devices.
@@ -360,8 +361,9 @@ class Machine:
                 self.cpus.core_ids(g.cpu_affinity)
 
 
-#: ``/proc/driver/nvidia-caps/mig-minors`` numbering: ``config`` 1, ``monitor`` 2, then per GPU
-#: (up to 15 GPU instances) the GPU instance's ``access`` minor followed by its 8 compute instances'.
+#: MIG capability device minors, as the driver numbers them in ``/proc/driver/nvidia-caps/mig-minors``:
+#: ``config`` 1, ``monitor`` 2, then per GPU minor 15 GPU instances x (1 access + 8 compute instances).
+#: ``gpu0/gi1/access`` is 12, ``gpu0/gi1/ci0/access`` 13 (NVIDIA MIG user guide, "Device Nodes").
 MIG_CAPS_FIRST = 3
 MIG_CAPS_PER_GI = 9
 MIG_CAPS_PER_GPU = 15 * MIG_CAPS_PER_GI

@@ -1,0 +1,536 @@
+"""A fake NVML that behaves like a whole machine, built from a machine description.
+
+:class:`FakeNvml` implements :class:`~slurm_gpushare.hardware.port.NvmlPort` from a
+:class:`~slurm_gpushare.hardware.machine.Machine`: it answers what NVML would answer on that node,
+deterministically, and keeps state (MIG instances created and destroyed, processes set over time).
+It enforces what the real hardware enforces: NVML must be initialized, MIG GPU instances must fit
+the profile's placements without overlap (:func:`~slurm_gpushare.hardware.port.plan_gpu_instance`).
+Failures are injected per NVML call and raise exactly the :class:`~slurm_gpushare.errors.NvmlError`
+the real port raises for the same failure (same source naming, same code).
+
+How description facts become NVML answers (the rules are chosen so that
+``probe_machine(FakeNvml(m), hostname=m.hostname, cpus=m.cpus) == m`` for every description that is
+complete the way an NVML probe is complete: every GPU pair listed with a PCIe level, sorted lists,
+no NICs, ``source`` ``"nvml"``):
+
+- Empty ``uuid`` / ``pci_bus_id`` / MIG ``uuid`` / MIG ``caps`` are derived: UUIDs are uuid5 of the
+  hostname and GPU index (``GPU-...``) or GPU UUID and instance ids (``MIG-...``); bus ids are
+  ``0000000D:BB:00.0`` with bus ``0x07 + 0x10 * (index % 16)`` and domain ``index // 16``; caps are
+  the driver's ``mig-minors`` numbering (see :func:`~slurm_gpushare.hardware.machine.mig_cap_minors`).
+- PCIe level (``nvmlDeviceGetTopologyCommonAncestor``): ``Link.pcie``; ``SYS`` when the pair has no
+  link or no known level (``nvidia-smi topo -m`` prints only ``NV#`` for NVLinked pairs): the
+  farthest level never makes two GPUs look closer than they are.
+- NVLinks (``nvmlDeviceGetNvLink*``): a direct link ``Link(a, b, nvlinks=N)`` gives each GPU N active
+  links whose remote is the other GPU (type ``GPU``). ``via_nvswitch`` links give each GPU as many
+  links to NVSwitches (type ``SWITCH``, spread over 4 switches) as its largest switched link count;
+  the description must then list every pair of switched GPUs with ``nvlinks`` equal to the smaller
+  of the two counts, which is how the probe reads switched fabrics back.
+- P2P (``nvmlDeviceGetP2PStatus``): NVLink ``OK`` when NVLinked; read ``OK`` when NVLinked or the
+  PCIe level is ``PIX``/``PXB``/``PHB``/``NODE``, else ``IOH_TOPOLOGY_NOT_SUPPORTED``.
+- MIG: ``nvmlDeviceGetMigMode`` answers NOT_SUPPORTED for a GPU with neither MIG enabled nor profiles
+  listed; profiles are reported only while MIG is enabled (as NVML does); new GPU instances get the
+  lowest free GPU instance id from 1 and compute instance 0; utilization is NOT_SUPPORTED on MIG GPUs.
+- Memory used: the sum of the processes' memory. Utilization: 0 % until :meth:`FakeNvml.set_utilization`.
+"""
+
+from __future__ import annotations
+
+import uuid as uuidlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from types import TracebackType
+
+from slurm_gpushare.errors import InputError, MachineDescriptionError, MigPlacementError, NvmlError
+from slurm_gpushare.hardware.machine import Gpu, GpuProcess, Link, Machine, MigInstance, MigProfile
+from slurm_gpushare.hardware.machine import mig_cap_minors as mig_caps
+from slurm_gpushare.hardware.port import (
+    NVML_ERROR_INVALID_ARGUMENT,
+    NVML_ERROR_NOT_FOUND,
+    NVML_ERROR_NOT_SUPPORTED,
+    NVML_ERROR_UNINITIALIZED,
+    NVML_ERROR_UNKNOWN,
+    NVML_NVLINK_MAX_LINKS,
+    MigMode,
+    NvLinkPeer,
+    P2pStatus,
+    Utilization,
+    call_source,
+        nvml_error,
+    plan_gpu_instance,
+)
+
+#: Namespace of the fake's derived UUIDs.
+FAKE_UUID_NAMESPACE = uuidlib.UUID("5f0d6a3e-9c1b-4b7e-8a51-2d3c4e5f6a7b")
+#: NVSwitches a switched GPU's links are spread over (an HGX H100 baseboard has 4).
+FAKE_NVSWITCHES = 4
+
+#: The NVML functions the fake serves, which are the keys accepted for failure injection.
+NVML_FUNCTIONS = frozenset({
+    "nvmlInit", "nvmlShutdown", "nvmlSystemGetDriverVersion", "nvmlDeviceGetCount",
+    "nvmlDeviceGetHandleByIndex", "nvmlDeviceGetName", "nvmlDeviceGetUUID", "nvmlDeviceGetMinorNumber",
+    "nvmlDeviceGetPciInfo", "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetCpuAffinity",
+    "nvmlDeviceGetMemoryAffinity", "nvmlDeviceGetTopologyCommonAncestor", "nvmlDeviceGetNvLinkState",
+    "nvmlDeviceGetNvLinkRemotePciInfo", "nvmlDeviceGetNvLinkRemoteDeviceType", "nvmlDeviceGetP2PStatus",
+    "nvmlDeviceGetMigMode", "nvmlDeviceGetGpuInstanceProfileInfo",
+    "nvmlDeviceGetGpuInstancePossiblePlacements", "nvmlDeviceGetMaxMigDeviceCount",
+    "nvmlDeviceGetMigDeviceHandleByIndex", "nvmlDeviceGetGpuInstanceId", "nvmlDeviceGetComputeInstanceId",
+    "nvmlDeviceGetGpuInstanceById", "nvmlGpuInstanceGetInfo", "nvmlDeviceCreateGpuInstance",
+    "nvmlDeviceCreateGpuInstanceWithPlacement", "nvmlGpuInstanceCreateComputeInstance",
+    "nvmlComputeInstanceDestroy", "nvmlGpuInstanceDestroy", "nvmlDeviceGetComputeRunningProcesses",
+    "nvmlDeviceGetUtilizationRates",
+})
+
+#: A failure rule: a code (every call fails), ``(code, times)`` (the next ``times`` calls fail), or a
+#: callable given the GPU index (None for system calls) that returns a code or None (no failure).
+FailRule = int | tuple[int, int] | Callable[[int | None], int | None]
+
+
+def fake_gpu_uuid(hostname: str, index: int) -> str:
+    """The ``GPU-...`` UUID the fake gives GPU ``index`` of ``hostname`` when the description has none."""
+    return f"GPU-{uuidlib.uuid5(FAKE_UUID_NAMESPACE, f'{hostname}/gpu{index}')}"
+
+
+def fake_bus_id(index: int) -> str:
+    """The PCI bus id the fake gives GPU ``index`` when the description has none."""
+    return f"{index // 16:08X}:{0x07 + 0x10 * (index % 16):02X}:00.0"
+
+
+def fake_mig_uuid(gpu_uuid: str, gi_id: int, ci_id: int) -> str:
+    """The ``MIG-...`` UUID the fake gives a MIG device when the description has none."""
+    return f"MIG-{uuidlib.uuid5(FAKE_UUID_NAMESPACE, f'{gpu_uuid}/gi{gi_id}/ci{ci_id}')}"
+
+
+def _switch_bus_id(switch: int) -> str:
+    return f"00000000:{0xC0 + switch:02X}:00.0"
+
+
+@dataclass
+class _GpuState:
+    gpu: Gpu
+    peers: tuple[NvLinkPeer, ...]
+    switch_links: int
+    instances: list[MigInstance] = field(default_factory=list)
+    processes: list[GpuProcess] = field(default_factory=list)
+    utilization: Utilization = Utilization(0, 0)
+
+
+class FakeNvml:
+    """:class:`~slurm_gpushare.hardware.port.NvmlPort` served from a machine description.
+
+    Args:
+        machine: the node to impersonate. GPU indices must be ``0 .. N-1``.
+        fail: failure injection by NVML function name (see :data:`NVML_FUNCTIONS`), e.g.
+            ``{"nvmlDeviceGetUUID": NVML_ERROR_GPU_IS_LOST}``, ``{"nvmlDeviceGetName": (3, 1)}``
+            (the next call fails with code 3), or ``{"nvmlDeviceGetUUID": lambda gpu: 15 if gpu == 2 else None}``.
+
+    Raises:
+        MachineDescriptionError: the description cannot be served as NVML would (indices not
+            ``0..N-1``, duplicate bus ids, too many NVLinks, an inconsistent NVSwitch fabric, MIG
+            instances that break the placement rules or profiles without placements).
+        InputError: a ``fail`` key that is not an NVML function the fake serves.
+    """
+
+    def __init__(self, machine: Machine, *, fail: dict[str, FailRule] | None = None):
+        self._source = f"fake NVML for {machine.hostname}"
+        self._hostname = machine.hostname
+        self._driver = machine.driver_version
+        gpus = self._fill(machine)
+        self._links = {(ln.a, ln.b): ln for ln in machine.links}
+        self._state = self._build(gpus)
+        self._refcount = 0
+        self._fail: dict[str, list] = {}
+        self._pending: list[list] = []
+        for function, rule in (fail or {}).items():
+            self._check_function(function)
+            self._fail[function] = [rule[0], rule[1]] if isinstance(rule, tuple) else [rule, None]
+
+    # --- construction ------------------------------------------------------------------------------
+
+    def _fill(self, machine: Machine) -> list[Gpu]:
+        gpus = sorted(machine.gpus, key=lambda g: g.index)
+        if [g.index for g in gpus] != list(range(len(gpus))):
+            raise MachineDescriptionError(f"GPU indices {[g.index for g in gpus]} are not 0..{len(gpus) - 1}",
+                                          hint="NVML numbers GPUs 0..N-1", source=self._source)
+        out = []
+        for g in gpus:
+            gpu_uuid = g.uuid or fake_gpu_uuid(machine.hostname, g.index)
+            insts = []
+            for inst in g.mig_instances:
+                insts.append(replace(inst, uuid=inst.uuid or fake_mig_uuid(gpu_uuid, inst.gi_id, inst.ci_id),
+                                     caps=inst.caps or mig_caps(g.minor, inst.gi_id, inst.ci_id)))
+            out.append(replace(g, uuid=gpu_uuid, pci_bus_id=g.pci_bus_id or fake_bus_id(g.index),
+                               mig_instances=tuple(insts)))
+        buses = [g.pci_bus_id.upper() for g in out]
+        if len(set(buses)) != len(buses):
+            raise MachineDescriptionError(f"duplicate PCI bus ids {buses}", source=self._source)
+        return out
+
+    def _build(self, gpus: list[Gpu]) -> list[_GpuState]:
+        n = len(gpus)
+        switched = {i: 0 for i in range(n)}
+        for ln in self._links.values():
+            if ln.via_nvswitch and ln.nvlinks:
+                switched[ln.a] = max(switched[ln.a], ln.nvlinks)
+                switched[ln.b] = max(switched[ln.b], ln.nvlinks)
+        on_switch = [i for i in range(n) if switched[i]]
+        for a in on_switch:
+            for b in on_switch:
+                if a < b:
+                    ln = self._links.get((a, b))
+                    want = min(switched[a], switched[b])
+                    if ln is None or not ln.via_nvswitch or ln.nvlinks != want:
+                        raise MachineDescriptionError(
+                            f"GPUs {a} and {b} are both on NVSwitches; link {a}-{b} must be via_nvswitch "
+                            f"with nvlinks {want} (the smaller of their switch link counts)",
+                            hint="list every pair of switched GPUs", source=self._source)
+        peers: dict[int, list[NvLinkPeer]] = {i: [] for i in range(n)}
+        for (a, b), ln in sorted(self._links.items()):
+            if ln.nvlinks and not ln.via_nvswitch:
+                for here, there in ((a, b), (b, a)):
+                    for _ in range(ln.nvlinks):
+                        peers[here].append(NvLinkPeer(len(peers[here]), gpus[there].pci_bus_id, "GPU"))
+        for i in on_switch:
+            for k in range(switched[i]):
+                peers[i].append(NvLinkPeer(len(peers[i]), _switch_bus_id(k % FAKE_NVSWITCHES), "SWITCH"))
+        states = []
+        for g in gpus:
+            if len(peers[g.index]) > NVML_NVLINK_MAX_LINKS:
+                raise MachineDescriptionError(
+                    f"GPU {g.index} has {len(peers[g.index])} NVLinks; NVML reports at most {NVML_NVLINK_MAX_LINKS}",
+                    source=self._source)
+            states.append(_GpuState(gpu=g, peers=tuple(peers[g.index]), switch_links=switched[g.index],
+                                    instances=self._check_instances(g), processes=list(g.processes)))
+        return states
+
+    def _check_instances(self, g: Gpu) -> list[MigInstance]:
+        if g.mig_enabled:
+            for p in g.mig_profiles:
+                if not p.placements:
+                    raise MachineDescriptionError(
+                        f"GPU {g.index}: MIG profile {p.name} has no placements; the fake needs them to "
+                        "enforce the placement rules", hint="copy them from 'nvidia-smi mig -lgipp'",
+                        source=self._source)
+        elif g.mig_instances:
+            raise MachineDescriptionError(f"GPU {g.index} has MIG instances but MIG is not enabled",
+                                          source=self._source)
+        placed: list[MigInstance] = []
+        seen = set()
+        for inst in g.mig_instances:
+            if (inst.gi_id, inst.ci_id) in seen:
+                raise MachineDescriptionError(f"GPU {g.index}: MIG device gi {inst.gi_id} ci {inst.ci_id} "
+                                              "is described twice", source=self._source)
+            seen.add((inst.gi_id, inst.ci_id))
+            try:
+                same_gi = [p for p in placed if p.gi_id == inst.gi_id]
+                if same_gi:  # another compute instance of a GPU instance already placed
+                    if same_gi[0].profile != inst.profile or same_gi[0].start != inst.start:
+                        raise MigPlacementError(f"GPU {g.index}: compute instances of GPU instance "
+                                                f"{inst.gi_id} disagree on its profile or start")
+                else:
+                    profile = next((p for p in g.mig_profiles if p.name == inst.profile), None)
+                    if profile is None:
+                        raise MigPlacementError(
+                            f"GPU {g.index}: GPU instance {inst.gi_id} has unknown profile {inst.profile!r}",
+                            hint=f"profiles: {', '.join(p.name for p in g.mig_profiles) or 'none'}")
+                    plan_gpu_instance(g.index, mig_enabled=True, profiles=g.mig_profiles, instances=placed,
+                                      profile_id=profile.profile_id, start=inst.start)
+            except MigPlacementError as e:
+                raise MachineDescriptionError(f"invalid live MIG instance: {e.message}", hint=e.hint,
+                                              source=self._source) from None
+            placed.append(inst)
+        return sorted(placed, key=lambda m: (m.gi_id, m.ci_id))
+
+    # --- failure injection -------------------------------------------------------------------------
+
+    def _check_function(self, function: str) -> None:
+        if function not in NVML_FUNCTIONS:
+            raise InputError(f"unknown NVML function {function!r} for failure injection",
+                             hint=f"the fake serves: {', '.join(sorted(NVML_FUNCTIONS))}")
+
+    def fail_next(self, function: str, code: int = NVML_ERROR_UNKNOWN, *, gpu: int | None = None,
+                  times: int = 1) -> None:
+        """Make the next ``times`` calls of ``function`` (on GPU ``gpu``, or any) fail with ``code``.
+
+        Raises:
+            InputError: ``function`` is not an NVML function the fake serves.
+        """
+        self._check_function(function)
+        self._pending.append([function, gpu, code, times])
+
+    def _injected(self, function: str, gpu: int | None) -> int | None:
+        for entry in self._pending:
+            if entry[0] == function and entry[1] in (None, gpu) and entry[3] > 0:
+                entry[3] -= 1
+                return entry[2]
+        rule = self._fail.get(function)
+        if rule is None:
+            return None
+        value, remaining = rule
+        if callable(value):
+            return value(gpu)
+        if remaining is None:
+            return value
+        if remaining > 0:
+            rule[1] -= 1
+            return value
+        return None
+
+    def _nvml(self, function: str, gpu: int | None, *where: str) -> None:
+        """One NVML call: fail as NVML would (uninitialized, injected failure) or return."""
+        source = call_source(function, *where)
+        if self._refcount == 0:
+            raise nvml_error(source, NVML_ERROR_UNINITIALIZED)
+        code = self._injected(function, gpu)
+        if code:
+            raise nvml_error(source, code)
+
+    def _dev(self, function: str, index: int, *where: str) -> _GpuState:
+        """``nvmlDeviceGetHandleByIndex`` then ``function`` on GPU ``index``."""
+        self._handle(index)
+        self._nvml(function, index, f"gpu {index}", *where)
+        return self._state[index]
+
+    def _handle(self, index: int) -> None:
+        self._nvml("nvmlDeviceGetHandleByIndex", index, f"gpu {index}")
+        if not 0 <= index < len(self._state):
+            raise nvml_error(call_source("nvmlDeviceGetHandleByIndex", f"gpu {index}"), NVML_ERROR_INVALID_ARGUMENT)
+
+    # --- lifetime ----------------------------------------------------------------------------------
+
+    def init(self) -> None:
+        """``nvmlInit``: reference-counted like NVML's."""
+        code = self._injected("nvmlInit", None)
+        if code:
+            raise nvml_error(call_source("nvmlInit"), code)
+        self._refcount += 1
+
+    def shutdown(self) -> None:
+        """``nvmlShutdown``: UNINITIALIZED when called more often than :meth:`init`."""
+        self._nvml("nvmlShutdown", None)
+        self._refcount -= 1
+
+    def __enter__(self) -> FakeNvml:
+        self.init()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.shutdown()
+
+    @property
+    def initialized(self) -> bool:
+        """NVML is open (more :meth:`init` than :meth:`shutdown` calls)."""
+        return self._refcount > 0
+
+    # --- identity ----------------------------------------------------------------------------------
+
+    def driver_version(self) -> str:
+        """``Machine.driver_version``."""
+        self._nvml("nvmlSystemGetDriverVersion", None)
+        return self._driver
+
+    def device_count(self) -> int:
+        """Number of GPUs in the description."""
+        self._nvml("nvmlDeviceGetCount", None)
+        return len(self._state)
+
+    def name(self, index: int) -> str:
+        """``Gpu.name``."""
+        return self._dev("nvmlDeviceGetName", index).gpu.name
+
+    def uuid(self, index: int) -> str:
+        """``Gpu.uuid`` or the derived one."""
+        return self._dev("nvmlDeviceGetUUID", index).gpu.uuid
+
+    def minor_number(self, index: int) -> int:
+        """``Gpu.minor``."""
+        return self._dev("nvmlDeviceGetMinorNumber", index).gpu.minor
+
+    def pci_bus_id(self, index: int) -> str:
+        """``Gpu.pci_bus_id`` or the derived one."""
+        return self._dev("nvmlDeviceGetPciInfo", index).gpu.pci_bus_id
+
+    def memory_total_mib(self, index: int) -> int:
+        """``Gpu.memory_mib``."""
+        return self._dev("nvmlDeviceGetMemoryInfo", index).gpu.memory_mib
+
+    def memory_used_mib(self, index: int) -> int:
+        """Sum of the current processes' ``used_memory_mib``."""
+        return sum(p.used_memory_mib for p in self._dev("nvmlDeviceGetMemoryInfo", index).processes)
+
+    # --- topology ----------------------------------------------------------------------------------
+
+    def cpu_affinity(self, index: int) -> tuple[int, ...]:
+        """``Gpu.cpu_affinity``, sorted."""
+        return tuple(sorted(self._dev("nvmlDeviceGetCpuAffinity", index).gpu.cpu_affinity))
+
+    def numa_node(self, index: int) -> int | None:
+        """``Gpu.numa_node``."""
+        return self._dev("nvmlDeviceGetMemoryAffinity", index).gpu.numa_node
+
+    def _pair(self, function: str, index: int, other: int) -> Link | None:
+        self._handle(index)
+        self._handle(other)
+        self._nvml(function, index, f"gpu {index}", f"gpu {other}")
+        if index == other:
+            raise nvml_error(call_source(function, f"gpu {index}", f"gpu {other}"), NVML_ERROR_INVALID_ARGUMENT,
+                             detail="the two GPUs must differ")
+        return self._links.get((min(index, other), max(index, other)))
+
+    def topology_common_ancestor(self, index: int, other: int) -> str:
+        """``Link.pcie``, or ``SYS`` when unknown."""
+        ln = self._pair("nvmlDeviceGetTopologyCommonAncestor", index, other)
+        return ln.pcie if ln is not None and ln.pcie is not None else "SYS"
+
+    def nvlink_peers(self, index: int) -> tuple[NvLinkPeer, ...]:
+        """Links derived from the description (see the module docstring), with per-link failure injection."""
+        self._handle(index)
+        state = self._state[index]
+        out = []
+        for link in range(NVML_NVLINK_MAX_LINKS):
+            where = (f"gpu {index}", f"link {link}")
+            try:
+                self._nvml("nvmlDeviceGetNvLinkState", index, *where)
+            except NvmlError as e:
+                if e.code in (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_INVALID_ARGUMENT, NVML_ERROR_NOT_FOUND):
+                    continue  # the real port reads these as "no such link"
+                raise
+            if link >= len(state.peers):
+                continue
+            self._nvml("nvmlDeviceGetNvLinkRemotePciInfo", index, *where)
+            self._nvml("nvmlDeviceGetNvLinkRemoteDeviceType", index, *where)
+            out.append(state.peers[link])
+        return tuple(out)
+
+    def p2p_status(self, index: int, other: int) -> P2pStatus:
+        """NVLink OK when NVLinked; read OK when NVLinked or PCIe level PIX/PXB/PHB/NODE."""
+        ln = self._pair("nvmlDeviceGetP2PStatus", index, other)
+        self._nvml("nvmlDeviceGetP2PStatus", index, f"gpu {index}", f"gpu {other}")
+        switched = self._state[index].switch_links and self._state[other].switch_links
+        nvlinked = bool(switched) or (ln is not None and ln.nvlinks > 0)
+        pcie = ln.pcie if ln is not None and ln.pcie is not None else "SYS"
+        read = "OK" if nvlinked or pcie in ("PIX", "PXB", "PHB", "NODE") else "IOH_TOPOLOGY_NOT_SUPPORTED"
+        return P2pStatus(read=read, nvlink="OK" if nvlinked else "NOT_SUPPORTED")
+
+    # --- MIG ---------------------------------------------------------------------------------------
+
+    def mig_mode(self, index: int) -> MigMode:
+        """``Gpu.mig_enabled`` (current and pending); NOT_SUPPORTED for a GPU with no MIG facts."""
+        g = self._dev("nvmlDeviceGetMigMode", index).gpu
+        if not g.mig_enabled and not g.mig_profiles:
+            raise nvml_error(call_source("nvmlDeviceGetMigMode", f"gpu {index}"), NVML_ERROR_NOT_SUPPORTED)
+        return MigMode(current=g.mig_enabled, pending=g.mig_enabled)
+
+    def gpu_instance_profiles(self, index: int) -> tuple[MigProfile, ...]:
+        """``Gpu.mig_profiles`` in description order while MIG is enabled, else empty."""
+        self._handle(index)
+        g = self._state[index].gpu
+        if not g.mig_enabled:
+            return ()
+        for k, p in enumerate(g.mig_profiles):
+            self._nvml("nvmlDeviceGetGpuInstanceProfileInfo", index, f"gpu {index}", f"profile index {k}")
+            self._nvml("nvmlDeviceGetGpuInstancePossiblePlacements", index, f"gpu {index}",
+                       f"profile {p.profile_id}")
+        return g.mig_profiles
+
+    def gpu_instances(self, index: int) -> tuple[MigInstance, ...]:
+        """The live instances (described, then created / destroyed), sorted by ``(gi_id, ci_id)``."""
+        state = self._dev("nvmlDeviceGetMaxMigDeviceCount", index)
+        if not state.gpu.mig_enabled:
+            return ()
+        for k, inst in enumerate(state.instances):
+            mig = (f"gpu {index}", f"mig {k}")
+            for function in ("nvmlDeviceGetMigDeviceHandleByIndex", "nvmlDeviceGetGpuInstanceId",
+                             "nvmlDeviceGetComputeInstanceId", "nvmlDeviceGetUUID"):
+                self._nvml(function, index, *mig)
+            for function in ("nvmlDeviceGetGpuInstanceById", "nvmlGpuInstanceGetInfo"):
+                self._nvml(function, index, f"gpu {index}", f"gi {inst.gi_id}")
+        if not state.instances:
+            return ()
+        self.gpu_instance_profiles(index)
+        self.minor_number(index)
+        return tuple(state.instances)
+
+    def create_gpu_instance(self, index: int, profile_id: int, start: int | None = None) -> MigInstance:
+        """Create a GPU instance and its spanning compute instance, enforcing the placement rules.
+
+        Raises:
+            MigPlacementError: MIG off, unknown profile, start not allowed, overlap, or no room.
+            NvmlError: an injected failure.
+        """
+        self._handle(index)
+        state = self._state[index]
+        g = state.gpu
+        profile, placement = plan_gpu_instance(index, mig_enabled=g.mig_enabled, profiles=g.mig_profiles,
+                                               instances=state.instances, profile_id=profile_id, start=start)
+        where = (f"gpu {index}", f"profile {profile_id}")
+        if start is None:
+            self._nvml("nvmlDeviceCreateGpuInstance", index, *where)
+        else:
+            self._nvml("nvmlDeviceCreateGpuInstanceWithPlacement", index, *where, f"start {start}")
+        used = {inst.gi_id for inst in state.instances}
+        gi_id = next(k for k in range(1, len(used) + 2) if k not in used)
+        self._nvml("nvmlGpuInstanceGetInfo", index, *where)
+        self._nvml("nvmlGpuInstanceCreateComputeInstance", index, f"gpu {index}", f"gi {gi_id}")
+        inst = MigInstance(profile=profile.name, gi_id=gi_id, ci_id=0, start=placement[0],
+                           uuid=fake_mig_uuid(g.uuid, gi_id, 0), caps=mig_caps(g.minor, gi_id, 0))
+        state.instances = sorted([*state.instances, inst], key=lambda m: (m.gi_id, m.ci_id))
+        return inst
+
+    def destroy_gpu_instance(self, index: int, gi_id: int) -> None:
+        """Destroy GPU instance ``gi_id`` and its compute instances, freeing its slices.
+
+        Raises:
+            NvmlError: ``NVML_ERROR_NOT_FOUND`` when there is no such GPU instance; injected failures.
+        """
+        self._handle(index)
+        state = self._state[index]
+        where = (f"gpu {index}", f"gi {gi_id}")
+        self._nvml("nvmlDeviceGetGpuInstanceById", index, *where)
+        doomed = [inst for inst in state.instances if inst.gi_id == gi_id]
+        if not doomed:
+            raise nvml_error(call_source("nvmlDeviceGetGpuInstanceById", *where), NVML_ERROR_NOT_FOUND,
+                             detail=f"no GPU instance {gi_id}")
+        for inst in doomed:
+            self._nvml("nvmlComputeInstanceDestroy", index, *where, f"ci {inst.ci_id}")
+        self._nvml("nvmlGpuInstanceDestroy", index, *where)
+        state.instances = [inst for inst in state.instances if inst.gi_id != gi_id]
+
+    # --- accounting --------------------------------------------------------------------------------
+
+    def processes(self, index: int) -> tuple[GpuProcess, ...]:
+        """The current processes, sorted by pid."""
+        state = self._dev("nvmlDeviceGetComputeRunningProcesses", index)
+        return tuple(sorted(state.processes, key=lambda p: p.pid))
+
+    def utilization(self, index: int) -> Utilization:
+        """The last :meth:`set_utilization` value (0 % at first); NOT_SUPPORTED on a MIG-enabled GPU."""
+        state = self._dev("nvmlDeviceGetUtilizationRates", index)
+        if state.gpu.mig_enabled:
+            raise nvml_error(call_source("nvmlDeviceGetUtilizationRates", f"gpu {index}"), NVML_ERROR_NOT_SUPPORTED)
+        return state.utilization
+
+    def set_processes(self, index: int, processes: Iterable[GpuProcess]) -> None:
+        """Replace the processes running on GPU ``index`` (what later ``processes()`` calls report).
+
+        Raises:
+            MachineDescriptionError: no such GPU.
+        """
+        self._state_of(index).processes = list(processes)
+
+    def set_utilization(self, index: int, gpu_percent: int, memory_percent: int = 0) -> None:
+        """Set what ``utilization(index)`` reports from now on.
+
+        Raises:
+            MachineDescriptionError: no such GPU, or a percentage outside 0-100.
+        """
+        if not (0 <= gpu_percent <= 100 and 0 <= memory_percent <= 100):
+            raise MachineDescriptionError(f"utilization {gpu_percent}%/{memory_percent}% is not a percentage",
+                                          source=self._source)
+        self._state_of(index).utilization = Utilization(gpu_percent, memory_percent)
+
+    def _state_of(self, index: int) -> _GpuState:
+        if not 0 <= index < len(self._state):
+            raise MachineDescriptionError(f"no GPU with index {index}", source=self._source)
+        return self._state[index]
+

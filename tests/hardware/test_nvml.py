@@ -1,0 +1,474 @@
+"""RealNvml without a GPU: lazy import, error mapping, and NVML decoding through an injected pynvml-like module.
+
+``PynvmlShim`` answers in pynvml's shapes (ctypes placement arrays, ``busId`` bytes, byte counts,
+bitmask words, topology level numbers, MIG device handles) from a FakeNvml, so that
+``probe_machine(RealNvml(lib=PynvmlShim(FakeNvml(m))))`` exercises every decoding step of the real port.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from slurm_gpushare.errors import HardwareError, MigPlacementError, NvmlError
+from slurm_gpushare.hardware import fake as fake_module
+from slurm_gpushare.hardware import port
+from slurm_gpushare.hardware.fake import FakeNvml
+from slurm_gpushare.hardware.machine import Machine
+from slurm_gpushare.hardware.nvml import RealNvml
+from slurm_gpushare.hardware.port import (
+    NVML_ERROR_FUNCTION_NOT_FOUND,
+    NVML_ERROR_GPU_IS_LOST,
+    NVML_ERROR_INVALID_ARGUMENT,
+    NVML_ERROR_LIBRARY_NOT_FOUND,
+    NVML_ERROR_NOT_FOUND,
+    NVML_ERROR_NOT_SUPPORTED,
+    NVML_ERROR_UNKNOWN,
+    MigMode,
+    NvmlPort,
+    P2pStatus,
+    Utilization,
+)
+from slurm_gpushare.hardware.probe import probe_machine
+
+MACHINES = Path(__file__).parent.parent / "data" / "machines"
+FIXTURES = sorted(p.name for p in MACHINES.glob("*.json"))
+MIB = 1 << 20
+NVML_SOURCE = Path(__file__).parents[2] / "slurm_gpushare" / "hardware" / "nvml.py"
+
+
+def load(name: str) -> Machine:
+    return Machine.load(MACHINES / name)
+
+
+# --- importing does nothing ---------------------------------------------------------------------
+
+
+def test_importing_the_hardware_layer_does_not_import_pynvml():
+    code = ("import sys\n"
+            "import slurm_gpushare.hardware, slurm_gpushare.hardware.nvml, slurm_gpushare.hardware.fake\n"
+            "import slurm_gpushare.hardware.probe, slurm_gpushare.hardware.port\n"
+            "assert 'pynvml' not in sys.modules, 'pynvml imported at import time'\n")
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+
+
+def test_constructing_the_real_port_imports_pynvml_but_does_not_init():
+    pytest.importorskip("pynvml")
+    code = ("import sys\n"
+            "from slurm_gpushare.hardware.nvml import RealNvml\n"
+            "RealNvml()\n"
+            "assert 'pynvml' in sys.modules\n"
+            "import pynvml\n"
+            "assert pynvml.nvmlLib is None, 'nvmlInit ran'\n")
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+
+
+# --- our constants and names are nvidia-ml-py's ---------------------------------------------------
+
+
+def test_constants_match_pynvml():
+    pynvml = pytest.importorskip("pynvml")
+    for name in dir(port):
+        if re.fullmatch(r"NVML_(ERROR|TOPOLOGY|NVLINK_DEVICE_TYPE)_\w+|NVML_SUCCESS|NVML_NVLINK_MAX_LINKS", name):
+            assert getattr(port, name) == getattr(pynvml, name), name
+    assert port.NVML_P2P_CAPS_INDEX_NVLINK == pynvml.NVML_P2P_CAPS_INDEX_NVLINK
+    read = pynvml.NVML_P2P_CAPS_INDEX_READ  # "= 0," in pynvml.py: a tuple by a stray comma
+    assert port.NVML_P2P_CAPS_INDEX_READ == (read[0] if isinstance(read, tuple) else read)
+    for code, status in port.NVML_P2P_STATUS.items():
+        assert getattr(pynvml, f"NVML_P2P_STATUS_{status}") == code
+    for code in (NVML_ERROR_GPU_IS_LOST, NVML_ERROR_NOT_SUPPORTED, 8, 11, 14, 17, 20, 21, 27, 28, 29):
+        assert getattr(pynvml, port.error_name(code)) == code
+
+
+def test_every_nvml_function_we_name_exists_in_pynvml():
+    pynvml = pytest.importorskip("pynvml")
+    named = set(re.findall(r'"(nvml[A-Z]\w+)"', NVML_SOURCE.read_text())) | fake_module.NVML_FUNCTIONS
+    missing = sorted(f for f in named if not callable(getattr(pynvml, f, None)))
+    assert not missing
+
+
+# --- a pynvml-shaped module over the fake -----------------------------------------------------------
+
+
+class ShimNVMLError(Exception):
+    def __init__(self, value):
+        super().__init__(value)
+        self.value = value
+
+
+class _Placement(ctypes.Structure):
+    _fields_ = [("start", ctypes.c_uint), ("size", ctypes.c_uint)]
+
+
+_LEVEL = {"PIX": 10, "PXB": 20, "PHB": 30, "NODE": 40, "SYS": 50}
+_REMOTE = {"GPU": 0, "IBMNPU": 1, "SWITCH": 2, "UNKNOWN": 0xFF}
+_P2P = {v: k for k, v in port.NVML_P2P_STATUS.items()}
+_CI_SLICES = [1, 2, 3, 4, 7, 8, 6, 1, 7]  # by NVML_COMPUTE_INSTANCE_PROFILE_* index
+_LINKS_PER_GPU = 18
+
+
+class PynvmlShim:
+    """What pynvml would hand back on the machine a FakeNvml describes.
+
+    Handles are tuples; GPU instance profiles sit at even NVML profile indices (odd ones answer
+    NOT_SUPPORTED, as profiles a GPU lacks do); MIG devices fill the slots in reverse order.
+    """
+
+    NVMLError = ShimNVMLError
+    c_nvmlGpuInstancePlacement_t = _Placement
+
+    def __init__(self, fake: FakeNvml):
+        self.fake = fake
+
+    def _port(self, method, *args):
+        try:
+            return getattr(self.fake, method)(*args)
+        except NvmlError as e:
+            raise ShimNVMLError(e.code) from None
+
+    def nvmlInit(self):
+        self._port("init")
+
+    def nvmlShutdown(self):
+        self._port("shutdown")
+
+    def nvmlSystemGetDriverVersion(self):
+        return self._port("driver_version")
+
+    def nvmlDeviceGetCount(self):
+        return self._port("device_count")
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        if not 0 <= i < self._port("device_count"):
+            raise ShimNVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        return ("gpu", i)
+
+    def nvmlDeviceGetName(self, h):
+        return self._port("name", h[1])
+
+    def nvmlDeviceGetUUID(self, h):
+        return h[2].uuid if h[0] == "mig" else self._port("uuid", h[1])
+
+    def nvmlDeviceGetMinorNumber(self, h):
+        return self._port("minor_number", h[1])
+
+    def nvmlDeviceGetPciInfo(self, h):
+        return SimpleNamespace(busId=self._port("pci_bus_id", h[1]).encode())
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        total, used = self._port("memory_total_mib", h[1]) * MIB, self._port("memory_used_mib", h[1]) * MIB
+        return SimpleNamespace(total=total + MIB // 2, used=used, free=total - used)
+
+    @staticmethod
+    def _mask(ids, words):
+        out = [0] * words
+        for c in ids:
+            out[c // 64] |= 1 << (c % 64)
+        return (ctypes.c_ulonglong * words)(*out)
+
+    def nvmlDeviceGetCpuAffinity(self, h, words):
+        return self._mask(self._port("cpu_affinity", h[1]), words)
+
+    def nvmlDeviceGetMemoryAffinity(self, h, words, scope):
+        node = self._port("numa_node", h[1])
+        return self._mask(() if node is None else (node,), words)
+
+    def nvmlDeviceGetTopologyCommonAncestor(self, h1, h2):
+        return _LEVEL[self._port("topology_common_ancestor", h1[1], h2[1])]
+
+    def _peers(self, h):
+        return self._port("nvlink_peers", h[1])
+
+    def nvmlDeviceGetNvLinkState(self, h, link):
+        peers = self._peers(h)
+        if not peers:
+            raise ShimNVMLError(NVML_ERROR_NOT_SUPPORTED)
+        if link >= _LINKS_PER_GPU:
+            raise ShimNVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        return int(any(p.link == link for p in peers))
+
+    def _peer(self, h, link):
+        return next(p for p in self._peers(h) if p.link == link)
+
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, h, link):
+        return SimpleNamespace(busId=self._peer(h, link).remote_bus_id.encode())
+
+    def nvmlDeviceGetNvLinkRemoteDeviceType(self, h, link):
+        return _REMOTE[self._peer(h, link).remote_type]
+
+    def nvmlDeviceGetP2PStatus(self, h1, h2, index):
+        status = self._port("p2p_status", h1[1], h2[1])
+        return _P2P[status.read if index == port.NVML_P2P_CAPS_INDEX_READ else status.nvlink]
+
+    def nvmlDeviceGetMigMode(self, h):
+        mode = self._port("mig_mode", h[1])
+        return [int(mode.current), int(mode.pending)]
+
+    def _profiles(self, h):
+        return self._port("gpu_instance_profiles", h[1])
+
+    def nvmlDeviceGetGpuInstanceProfileInfo(self, h, index):
+        profiles = self._profiles(h)
+        if index % 2 or index // 2 >= len(profiles):
+            raise ShimNVMLError(NVML_ERROR_NOT_SUPPORTED)
+        p = profiles[index // 2]
+        return SimpleNamespace(id=p.profile_id, sliceCount=p.slices, instanceCount=p.max_instances,
+                               multiprocessorCount=p.sm_count, memorySizeMB=p.memory_mib,
+                               name=f"MIG {p.name}".encode())
+
+    def nvmlDeviceGetGpuInstancePossiblePlacements(self, h, profile_id, array, count_ref):
+        placements = next(p for p in self._profiles(h) if p.profile_id == profile_id).placements
+        count_ref._obj.value = len(placements)
+        if array is not None:
+            for k, (start, size) in enumerate(placements):
+                array[k].start, array[k].size = start, size
+        return 0
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, h):
+        try:
+            self._port("mig_mode", h[1])
+        except ShimNVMLError:
+            raise ShimNVMLError(NVML_ERROR_NOT_SUPPORTED) from None
+        return 7
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, h, k):
+        insts = self._port("gpu_instances", h[1])[::-1]
+        if k >= len(insts):
+            raise ShimNVMLError(NVML_ERROR_NOT_FOUND)
+        return ("mig", h[1], insts[k])
+
+    def nvmlDeviceGetGpuInstanceId(self, mh):
+        return mh[2].gi_id
+
+    def nvmlDeviceGetComputeInstanceId(self, mh):
+        return mh[2].ci_id
+
+    def nvmlDeviceGetGpuInstanceById(self, h, gi_id):
+        if not any(inst.gi_id == gi_id for inst in self._port("gpu_instances", h[1])):
+            raise ShimNVMLError(NVML_ERROR_NOT_FOUND)
+        return ("gi", h[1], gi_id)
+
+    def nvmlGpuInstanceGetInfo(self, gh):
+        inst = next(inst for inst in self._port("gpu_instances", gh[1]) if inst.gi_id == gh[2])
+        pid = next(p.profile_id for p in self._profiles(gh) if p.name == inst.profile)
+        return SimpleNamespace(id=inst.gi_id, profileId=pid, placement=SimpleNamespace(start=inst.start))
+
+    # the fake creates the compute instance with the GPU instance; the CI calls only check shapes
+    def nvmlDeviceCreateGpuInstance(self, h, profile_id):
+        return ("gi", h[1], self._port("create_gpu_instance", h[1], profile_id).gi_id)
+
+    def nvmlDeviceCreateGpuInstanceWithPlacement(self, h, profile_id, placement_ref):
+        placement = placement_ref._obj
+        assert isinstance(placement, _Placement)
+        return ("gi", h[1], self._port("create_gpu_instance", h[1], profile_id, placement.start).gi_id)
+
+    def nvmlGpuInstanceGetComputeInstanceProfileInfo(self, gh, index, engine):
+        assert engine == 0
+        return SimpleNamespace(id=index, sliceCount=_CI_SLICES[index])
+
+    def nvmlGpuInstanceCreateComputeInstance(self, gh, ci_profile_id):
+        return ("ci", gh[1], gh[2], 0)
+
+    def nvmlGpuInstanceGetComputeInstanceById(self, gh, ci_id):
+        if not any(i.gi_id == gh[2] and i.ci_id == ci_id for i in self._port("gpu_instances", gh[1])):
+            raise ShimNVMLError(NVML_ERROR_NOT_FOUND)
+        return ("ci", gh[1], gh[2], ci_id)
+
+    def nvmlComputeInstanceDestroy(self, ch):
+        return 0
+
+    def nvmlGpuInstanceDestroy(self, gh):
+        self._port("destroy_gpu_instance", gh[1], gh[2])
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h):
+        return [SimpleNamespace(pid=p.pid, usedGpuMemory=p.used_memory_mib * MIB, gpuInstanceId=0xFFFFFFFF,
+                                computeInstanceId=0xFFFFFFFF) for p in self._port("processes", h[1])[::-1]]
+
+    def nvmlDeviceGetUtilizationRates(self, h):
+        u = self._port("utilization", h[1])
+        return SimpleNamespace(gpu=u.gpu_percent, memory=u.memory_percent)
+
+
+def mig_minors(m: Machine, path: Path) -> Path:
+    """A ``/proc/driver/nvidia-caps/mig-minors`` for every GPU instance id the driver allows."""
+    lines = ["config 1", "monitor 2"]
+    for g in m.gpus:
+        for gi in range(15):
+            lines.append(f"gpu{g.minor}/gi{gi}/access {fake_module.mig_caps(g.minor, gi, 0)[0]}")
+            lines += [f"gpu{g.minor}/gi{gi}/ci{ci}/access {fake_module.mig_caps(g.minor, gi, ci)[1]}"
+                      for ci in range(8)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def real_over_fake(m: Machine, tmp_path: Path, **fake_kwargs) -> tuple[RealNvml, FakeNvml]:
+    fake = FakeNvml(m, **fake_kwargs)
+    return RealNvml(lib=PynvmlShim(fake), mig_minors_path=mig_minors(m, tmp_path / "mig-minors")), fake
+
+
+# --- the real port's decoding -----------------------------------------------------------------------
+
+
+def test_real_port_is_an_nvml_port():
+    assert isinstance(RealNvml(lib=SimpleNamespace()), NvmlPort)
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+def test_probe_through_the_real_port_round_trips(name, tmp_path):
+    m = load(name)
+    real, _ = real_over_fake(m, tmp_path)
+    with real:
+        assert probe_machine(real, hostname=m.hostname, cpus=m.cpus) == m
+
+
+def test_real_port_answers_in_plain_types(tmp_path):
+    m = load("h100-sxm5-4gpu-mig-mixed.json")
+    real, fake = real_over_fake(m, tmp_path)
+    with real:
+        assert real.memory_total_mib(0) == 81559  # bytes rounded down to MiB
+        assert real.memory_used_mib(0) == 70000
+        assert real.pci_bus_id(1) == "00000000:2A:00.0"
+        assert real.numa_node(3) == 1
+        assert real.p2p_status(0, 1) == P2pStatus("OK", "OK")
+        assert real.mig_mode(2) == MigMode(True, True)
+        assert real.utilization(0) == Utilization(0, 0)
+        with pytest.raises(NvmlError) as err:
+            real.mig_mode(0)
+        assert err.value.code == NVML_ERROR_NOT_SUPPORTED
+        assert real.gpu_instances(0) == ()
+
+
+def test_real_port_creates_and_destroys_through_nvml(tmp_path):
+    m = load("h100-sxm5-4gpu-mig-mixed.json")
+    real, fake = real_over_fake(m, tmp_path)
+    with real:
+        with pytest.raises(MigPlacementError, match="overlaps"):
+            real.create_gpu_instance(2, 19, start=5)
+        with pytest.raises(MigPlacementError, match="GPU 0: MIG mode is not enabled"):
+            real.create_gpu_instance(0, 19)
+        real.destroy_gpu_instance(2, 13)
+        created = real.create_gpu_instance(2, 15, start=6)
+        assert (created.profile, created.gi_id, created.start, created.caps) == ("1g.20gb", 2, 6, (291, 292))
+        assert fake.gpu_instances(2) == real.gpu_instances(2)
+        real.destroy_gpu_instance(2, 2)
+        assert real.create_gpu_instance(2, 19).start == 6
+
+
+def test_missing_mig_minors_file_is_a_hardware_error(tmp_path):
+    m = load("h100-sxm5-4gpu-mig-mixed.json")
+    real = RealNvml(lib=PynvmlShim(FakeNvml(m)), mig_minors_path=tmp_path / "absent")
+    with real:
+        with pytest.raises(HardwareError, match="cannot read the MIG capability minors"):
+            real.gpu_instances(2)
+
+
+# --- error mapping ------------------------------------------------------------------------------------
+
+
+def test_nvml_error_becomes_nvml_error_naming_the_call():
+    class Lib:
+        NVMLError = ShimNVMLError
+
+        def nvmlDeviceGetHandleByIndex(self, i):
+            return ("gpu", i)
+
+        def nvmlDeviceGetUUID(self, h):
+            raise ShimNVMLError(NVML_ERROR_GPU_IS_LOST)
+
+    with pytest.raises(NvmlError) as err:
+        RealNvml(lib=Lib()).uuid(3)
+    assert err.value.source == "nvmlDeviceGetUUID(gpu 3)"
+    assert err.value.code == NVML_ERROR_GPU_IS_LOST
+    assert str(err.value).startswith("nvmlDeviceGetUUID(gpu 3): GPU is lost [NVML_ERROR_GPU_IS_LOST]")
+    assert isinstance(err.value.__cause__, ShimNVMLError)
+
+
+def test_missing_library_says_what_to_do():
+    def nvml_init():
+        raise ShimNVMLError(NVML_ERROR_LIBRARY_NOT_FOUND)
+
+    lib = SimpleNamespace(NVMLError=ShimNVMLError, nvmlInit=nvml_init)
+    with pytest.raises(NvmlError) as err:
+        with RealNvml(lib=lib):
+            pass
+    assert err.value.code == NVML_ERROR_LIBRARY_NOT_FOUND
+    assert err.value.source == "nvmlInit()"
+    assert "no NVIDIA driver on this host; use --from-topo FILE or a machine description" in str(err.value)
+
+
+def test_function_missing_from_the_binding():
+    lib = SimpleNamespace(NVMLError=ShimNVMLError)
+    with pytest.raises(NvmlError) as err:
+        RealNvml(lib=lib).driver_version()
+    assert err.value.code == NVML_ERROR_FUNCTION_NOT_FOUND
+    assert "nvmlSystemGetDriverVersion" in str(err.value)
+
+
+def test_unknown_topology_level_is_an_error():
+    lib = SimpleNamespace(NVMLError=ShimNVMLError, nvmlDeviceGetHandleByIndex=lambda i: i,
+                          nvmlDeviceGetTopologyCommonAncestor=lambda a, b: 60)
+    with pytest.raises(NvmlError, match=r"nvmlDeviceGetTopologyCommonAncestor\(gpu 0, gpu 1\): unknown topology"):
+        RealNvml(lib=lib).topology_common_ancestor(0, 1)
+    lib.nvmlDeviceGetTopologyCommonAncestor = lambda a, b: 0  # NVML_TOPOLOGY_INTERNAL: two GPUs on one board
+    assert RealNvml(lib=lib).topology_common_ancestor(0, 1) == "PIX"
+
+
+def test_process_without_memory_figure_is_an_error():
+    lib = SimpleNamespace(NVMLError=ShimNVMLError, nvmlDeviceGetHandleByIndex=lambda i: i,
+                          nvmlDeviceGetComputeRunningProcesses=lambda h: [SimpleNamespace(pid=7, usedGpuMemory=None)])
+    with pytest.raises(NvmlError, match="no used-memory figure for pid 7"):
+        RealNvml(lib=lib).processes(0)
+
+
+@pytest.mark.parametrize("function, call", [
+    ("nvmlDeviceGetUUID", lambda p: p.uuid(1)),
+    ("nvmlDeviceGetTopologyCommonAncestor", lambda p: p.topology_common_ancestor(1, 2)),
+    ("nvmlDeviceGetMemoryInfo", lambda p: p.memory_total_mib(2)),
+    ("nvmlSystemGetDriverVersion", lambda p: p.driver_version()),
+    ("nvmlDeviceGetMigMode", lambda p: p.mig_mode(3)),
+])
+def test_fake_and_real_port_raise_the_same_error(function, call, tmp_path):
+    m = load("h100-sxm5-4gpu-mig-mixed.json")
+    fake = FakeNvml(m, fail={function: NVML_ERROR_UNKNOWN})
+    real, _ = real_over_fake(m, tmp_path, fail={function: NVML_ERROR_UNKNOWN})
+    errors = []
+    for p in (fake, real):
+        with p, pytest.raises(NvmlError) as err:
+            call(p)
+        errors.append((str(err.value), err.value.code))
+    assert errors[0] == errors[1]
+    assert errors[0][0].startswith(function + "(")
+
+
+# --- a real GPU -----------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def real_nvml():
+    try:
+        nvml = RealNvml()
+        nvml.init()
+    except (NvmlError, HardwareError) as e:
+        pytest.skip(f"no usable NVML here: {e}")
+    yield nvml
+    nvml.shutdown()
+
+
+@pytest.mark.gpu
+def test_probe_a_real_node(real_nvml):
+    m = probe_machine(real_nvml, hostname="this-node")
+    assert len(m.gpus) == real_nvml.device_count() > 0
+    assert all(g.uuid.startswith("GPU-") and g.memory_mib > 0 for g in m.gpus)
+    assert len(m.links) == len(m.gpus) * (len(m.gpus) - 1) // 2
+    again = probe_machine(real_nvml, hostname="this-node")
+    assert [replace(g, processes=()) for g in again.gpus] == [replace(g, processes=()) for g in m.gpus]
+    # the fake serves what the real node reported
+    with FakeNvml(m) as fake:
+        assert probe_machine(fake, hostname="this-node") == m
