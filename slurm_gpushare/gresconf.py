@@ -174,6 +174,8 @@ def node_gres(machine: Machine, node_name: str | None = None, options: GresOptio
     gpus = sorted(machine.gpus, key=lambda g: g.index)
     has_mig = any(g.mig_enabled for g in gpus)
     links = slurm_links(machine) if (opts.links and not has_mig and len(gpus) > 1) else None
+    if links is not None and not (links > 0).any():
+        links = None  # all SYS: all-zero Links= say nothing Slurm does not assume anyway
     position = {g.index: i for i, g in enumerate(gpus)}
 
     records: list[GresRecord] = []

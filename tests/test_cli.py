@@ -189,3 +189,42 @@ def test_nvml_error_without_a_driver_names_the_call(monkeypatch):
     assert r.exit_code == 3, r.output
     assert r.output.startswith("slurm-gpushare: error: nvmlInit(): ") and "--from-topo" in r.output
     assert "Traceback" not in r.output
+
+
+def test_check_passes_on_what_it_generated_and_names_each_difference(tmp_path):
+    args = [*TOPO_ARGS["a100-bridge"], "--hostname", "a100"]
+    assert run("gres-conf", *args, "--output-dir", str(tmp_path)).exit_code == 0
+    slurm_conf = tmp_path / "slurm.conf"
+    slurm_conf.write_text((tmp_path / "slurm.conf.gres").read_text())
+    check = ["gres-conf", *args, "--check", "--gres-conf", str(tmp_path / "gres.conf"),
+             "--slurm-conf", str(slurm_conf)]
+    ok = run(*check)
+    assert ok.exit_code == 0, ok.output
+    assert "match the hardware" in ok.output
+    gres = (tmp_path / "gres.conf").read_text()
+    # an administrator's edit: all-zero Links on GPU 3, a lost shard line, a wrong Gres= count
+    lines = gres.splitlines()
+    lines = [ln.replace("Links=0,22,0,-1,0,0,0,0", "Links=0,0,0,-1,0,0,0,0") for ln in lines
+             if "Name=shard" not in ln or "nvidia7" not in ln]
+    (tmp_path / "gres.conf").write_text("\n".join(lines) + "\n")
+    slurm_conf.write_text(slurm_conf.read_text().replace("gpu:a100:8", "gpu:a100:4"))
+    bad = CliRunner().invoke(main, check)
+    assert bad.exit_code == 1, bad.output
+    out = bad.output
+    assert "gpu File=/dev/nvidia3: Links differ: installed 0,0,0,-1,0,0,0,0 expected 0,22,0,-1,0,0,0,0" in out
+    assert "missing in installed: NodeName=a100 Name=shard Count=80 File=/dev/nvidia7" in out
+    assert "gpu:a100:4" in out and "problem(s)" in out
+
+
+def test_check_finds_hyperthread_ids_in_a_real_generated_file(tmp_path):
+    # the real DeepOps file Slurm rejected, checked against a DGX A100 layout (2x64 cores x2 threads)
+    real = (DATA / "gres/deepops-dgx-a100-cpus-hyperthread.conf").read_text()
+    (tmp_path / "gres.conf").write_text("\n".join(f"NodeName=dgx {ln}" if ln.startswith("Name=") else ln
+                                                 for ln in real.splitlines()) + "\n")
+    (tmp_path / "slurm.conf").write_text("NodeName=dgx Sockets=2 CoresPerSocket=64 ThreadsPerCore=2 Gres=gpu:8\n")
+    r = CliRunner().invoke(main, ["gres-conf", *TOPO_ARGS["a100-bridge"], "--hostname", "dgx", "--cpus", "2x64x2",
+                                  "--check", "--gres-conf", str(tmp_path / "gres.conf"),
+                                  "--slurm-conf", str(tmp_path / "slurm.conf")])
+    assert r.exit_code == 1
+    assert "CPUs= lists CPU ids 176-191 beyond the node's 128 cores" in r.output
+    assert "use core ids 48-63" in r.output

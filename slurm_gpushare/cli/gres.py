@@ -102,16 +102,9 @@ def _check(gres_text: str, slurm_text: str, machines, names, gres_path: Path, sl
     problems = [f"gres.conf: {d}" for d in compare(gres_text, installed_gres, what="gres.conf")]
     slurm = None
     if slurm_path.exists():
-        slurm = parse_slurm_conf_gres(slurm_path.read_text(), source=str(slurm_path))
-        expected = parse_slurm_conf_gres(slurm_text, source="generated")
-        for name in names:
-            want = expected.nodes[name].gres if name in expected.nodes else None
-            have = slurm.nodes[name].gres if name in slurm.nodes else None
-            if have is None:
-                problems.append(f"slurm.conf: no NodeName={name} line")
-            elif want != have:
-                problems.append(f"slurm.conf: NodeName={name} Gres= differs: installed {_fmt(have)}, "
-                                f"expected {_fmt(want)}")
+        installed_slurm = slurm_path.read_text()
+        slurm = parse_slurm_conf_gres(installed_slurm, source=str(slurm_path))
+        problems += [f"slurm.conf: {d}" for d in compare(slurm_text, installed_slurm, what="slurm.conf")]
     else:
         problems.append(f"slurm.conf: {slurm_path} not found (Gres= counts not checked)")
     findings = lint_gres_conf(parse_gres_conf(installed_gres, source=str(gres_path)), slurm,
@@ -128,6 +121,3 @@ def _check(gres_text: str, slurm_text: str, machines, names, gres_path: Path, sl
     click.echo(f"{gres_path} and {slurm_path} match the hardware ({len(names)} node(s))")
     return 0
 
-
-def _fmt(gres) -> str:
-    return ",".join(f"{n}:{t}:{c}" if t else f"{n}:{c}" for (n, t), c in sorted(dict(gres).items()))

@@ -1,0 +1,706 @@
+"""Checks of an installed gres.conf (and the GRES part of slurm.conf): lints and a semantic diff (pure).
+
+:func:`lint_gres_conf` finds the mistakes that make Slurm 22.05 reject a node, miscount its GPUs or
+schedule them blind; :func:`compare` says how an installed file differs from the one
+``slurm-gpushare gres-conf`` generates. Both take parsed or plain text and return plain data; the
+CLI reads the files and turns findings into exit codes.
+
+The lints, each with the rule it enforces (gres.conf(5) and slurm.conf(5) of Slurm 22.05,
+https://slurm.schedmd.com/gres.html):
+
+a. ``Cores=`` ids at or above the node's core count are SMT sibling (hyperthread) CPU ids or no
+   core at all: gres.conf(5) "Cores" takes logical core indices; slurmd refuses the line
+   ("invalid GRES core specification"). ``CPUs=`` (the old name of ``Cores=``) is a warning.
+b. A ``Name=gpu`` line without ``File=``: next to ``AutoDetect`` it is a second, count-only record of
+   GPUs that are already detected; with a ``Type=`` it breaks gres.conf(5) "File" ("File is required
+   for all gpu typed GRES"); otherwise Slurm only counts the GPUs (warning).
+c. ``Links=`` (gres.conf(5) "Links"): one value per GPU device of the node, ``-1`` exactly at the
+   line's own device number, integers only, the same value both ways between two devices; all 0 is
+   a warning (it tells Slurm that no GPU pair is connected). With a machine description, values that
+   differ from :func:`slurm_gpushare.topology.slurm_links` are a warning.
+d. slurm.conf ``Gres=`` counts that differ from gres.conf per node, name and type (gres.html: a node
+   with fewer resources than configured is drained); GRES names missing from ``GresTypes``
+   (gres.conf(5) "Name"); typed GRES missing from ``AccountingStorageTRES`` (warning, slurm.conf(5)).
+e. A ``Name=shard``/``Name=mps`` count without ``File=`` that the node's GPUs cannot split evenly
+   (gres.html "Sharding": it is "evenly distributed across all GPUs"; warning); ``Links=`` on a line
+   with several devices; ``File=`` with ``MultipleFiles=``; ``Count=`` that is not the number of files.
+
+Device numbers (the positions of ``Links=``) are the order of the node's ``Name=gpu`` device lines,
+which is how :mod:`slurm_gpushare.gresconf` writes them (ascending NVML index = PCI bus order).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from slurm_gpushare.errors import InputError
+from slurm_gpushare.gresconf import format_ranges
+from slurm_gpushare.hardware.machine import CpuLayout, Machine
+from slurm_gpushare.slurmconf import (
+    GresConf,
+    GresEntry,
+    SlurmGresConf,
+    SlurmNode,
+    compress_hostlist,
+    parse_gres_conf,
+    parse_slurm_conf_gres,
+)
+from slurm_gpushare.topology import slurm_links
+
+#: Severities of a :class:`Finding`.
+SEVERITIES = ("error", "warning")
+#: ``AutoDetect`` values of Slurm 22.05 (gres.conf(5) "AutoDetect").
+AUTODETECT_VALUES = ("nvml", "rsmi", "off")
+#: GRES whose ``Count`` is a share of a GPU rather than a number of devices (gres.conf(5) "File").
+SHARING_GRES = ("mps", "shard")
+
+_MAN_LINKS = "gres.conf(5) Links"
+_MAN_LINKS_SINGLE = "'If specified, then this line can only contain a single GRES device'"
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One problem found in gres.conf or slurm.conf.
+
+    Attributes:
+        severity: ``"error"`` (Slurm refuses it or schedules wrongly) or ``"warning"``.
+        where: ``file:line`` of the line at fault.
+        message: what is wrong, with the values read.
+        hint: what would work instead, and the rule's source.
+    """
+
+    severity: str
+    where: str
+    message: str
+    hint: str = ""
+
+    def __post_init__(self):
+        if self.severity not in SEVERITIES:
+            raise InputError(f"finding severity must be one of {', '.join(SEVERITIES)}, not {self.severity!r}")
+
+    def __str__(self) -> str:
+        text = f"{self.where}: {self.severity}: {self.message}"
+        return f"{text} ({self.hint})" if self.hint else text
+
+
+@dataclass(frozen=True)
+class _Node:
+    """What one node sees: its gres.conf lines and what else is known about it."""
+
+    name: str | None
+    records: tuple[GresEntry, ...]
+    autodetect: str | None
+    slurm: SlurmNode | None
+    machine: Machine | None
+
+    @property
+    def layout(self) -> CpuLayout | None:
+        if self.slurm is not None and self.slurm.layout is not None:
+            return self.slurm.layout
+        return self.machine.cpus if self.machine is not None else None
+
+    @property
+    def gpu_lines(self) -> tuple[GresEntry, ...]:
+        """``Name=gpu`` lines with device files, in file order."""
+        return tuple(e for e in self.records if e.name.lower() == "gpu" and e.devices)
+
+    @property
+    def gpu_devices(self) -> int:
+        """GPU devices of the node: from gres.conf device lines, else slurm.conf's gpu count."""
+        n = sum(e.devices for e in self.gpu_lines)
+        if n == 0 and self.slurm is not None:
+            n = sum(c for (name, _t), c in self.slurm.gres_counts.items() if name.lower() == "gpu")
+        return n
+
+
+# (severity, where, node name or "", message, hint); node-level findings carry their node.
+_Raw = tuple[str, str, str, str, str]
+
+
+def lint_gres_conf(gres: GresConf, slurm: SlurmGresConf | None = None,
+                   machines: dict[str, Machine] | None = None) -> list[Finding]:
+    """Lint a gres.conf, alone or against slurm.conf and machine descriptions (rules in the module doc).
+
+    Nodes are those named in gres.conf, the slurm.conf nodes that have ``Gres=`` and the machines;
+    lines without ``NodeName`` apply to each of them (or, when none is known, to one unnamed node).
+    A line's finding that is the same on several nodes is reported once; a node-level finding the
+    same on several nodes is reported once with the nodes as a hostlist (``nodes tux[1-16]: ...``).
+
+    Args:
+        gres: the parsed gres.conf.
+        slurm: the parsed slurm.conf GRES settings, for lint (d) and the node CPU layouts.
+        machines: machine descriptions by node name, for CPU layouts and the expected ``Links=``.
+
+    Returns:
+        Findings sorted by file (gres.conf first) and line; empty when the configuration is clean.
+    """
+    machines = machines or {}
+    raw: list[_Raw] = []
+    for entry in gres.entries:
+        raw += _lint_line(entry)
+    for node in _nodes(gres, slurm, machines):
+        for entry in node.records:
+            raw += _lint_cores(node, entry)
+            raw += _lint_fileless_gpu(node, entry)
+            raw += _lint_sharing_count(node, entry)
+        raw += _lint_links(node)
+        if slurm is not None:
+            raw += _lint_counts(node)
+    if slurm is not None:
+        raw += _lint_types(gres, slurm)
+    return _collect(raw, gres.source)
+
+
+def _nodes(gres: GresConf, slurm: SlurmGresConf | None, machines: dict[str, Machine]) -> list[_Node]:
+    names: list[str] = list(gres.node_names)
+    if slurm is not None:
+        names += [n.name for n in slurm.nodes if n.gres]
+    names += list(machines)
+    ordered: list[str | None] = list(dict.fromkeys(names)) or [None]
+    return [_Node(n, gres.records_for(n), gres.autodetect_for(n),
+                  slurm.node(n) if slurm is not None and n is not None else None,
+                  machines.get(n) if n is not None else None) for n in ordered]
+
+
+def _collect(raw: list[_Raw], gres_source: str) -> list[Finding]:
+    """Deduplicate, group node-level findings over their nodes, sort by file and line."""
+    grouped: dict[tuple[str, str, str, str], list[str]] = {}
+    for severity, where, node, message, hint in raw:
+        nodes = grouped.setdefault((severity, where, message, hint), [])
+        if node and node not in nodes:
+            nodes.append(node)
+    out = []
+    for (severity, where, message, hint), nodes in grouped.items():
+        if nodes:
+            message = f"{'node' if len(nodes) == 1 else 'nodes'} {compress_hostlist(nodes)}: {message}"
+        out.append(Finding(severity, where, message, hint))
+
+    def key(f: Finding) -> tuple[int, str, int]:
+        file, _, line = f.where.rpartition(":")
+        return (0 if file == gres_source else 1, file, int(line) if line.isdigit() else 0)
+
+    return sorted(out, key=key)
+
+
+def _per_node(node: _Node, severity: str, where: str, message: str, hint: str) -> _Raw:
+    """A finding about the node as a whole (reported as ``node X: message``)."""
+    return (severity, where, node.name or "", message, hint)
+
+
+def _line(severity: str, where: str, message: str, hint: str) -> _Raw:
+    """A finding about one line, the same whichever node reads it."""
+    return (severity, where, "", message, hint)
+
+
+# --- per line ---------------------------------------------------------------------------------
+
+
+def _lint_line(e: GresEntry) -> list[_Raw]:
+    """Rules that need nothing but the line itself."""
+    out = []
+    if e.autodetect is not None and e.autodetect not in AUTODETECT_VALUES:
+        out.append(_line("error", e.where, f"AutoDetect={e.param('AutoDetect')} is not a mechanism Slurm 22.05 knows",
+                         f"use one of {', '.join(AUTODETECT_VALUES)}; gres.conf(5) AutoDetect"))
+    if e.cores_key == "CPUs":
+        out.append(_line("warning", e.where,
+                         "CPUs= is the old name of Cores=: gres.conf(5) documents only Cores=, "
+                         "and Slurm reads the values as core ids, not CPU ids",
+                         "write Cores= with Slurm core ids, the 'Core L#' of lstopo -l; gres.conf(5) Cores"))
+    if e.files and e.multiple_files:
+        out.append(_line("error", e.where, "File= and MultipleFiles= on one line",
+                         "gres.conf(5) File: 'File and MultipleFiles are mutually exclusive'; use File= for a "
+                         "whole GPU, MultipleFiles= for a MIG device"))
+    if (e.files and e.count is not None and e.count != len(e.files)
+            and e.name.lower() not in SHARING_GRES):
+        out.append(_line("error", e.where, f"Count={e.param('Count')} on a line with {len(e.files)} File= device(s)",
+                         "gres.conf(5) File: 'Count must be either set to the number of file names specified "
+                         "or not set'"))
+    if e.links is not None:
+        if len(e.files) > 1:
+            out.append(_line("error", e.where,
+                             f"Links= on a line with {len(e.files)} devices (File={e.param('File')})",
+                             f"{_MAN_LINKS}: {_MAN_LINKS_SINGLE}; write one line per device file, each with "
+                             "its own Links="))
+        problems = []
+        for i, field in enumerate(e.links.split(","), start=1):
+            text = field.strip()
+            if not text:
+                problems.append(f"field {i} is empty")
+            elif not _is_int(text):
+                problems.append(f"field {i} ({text!r}) is not an integer")
+            elif int(text) < -1:
+                problems.append(f"field {i} ({text}) is below -1")
+        if problems:
+            out.append(_line("error", e.where, f"Links={e.links} is malformed: {'; '.join(problems)}",
+                             f"{_MAN_LINKS}: one integer per GPU of the node, -1 for this GPU itself, 0 for no "
+                             "connection, larger for better connected GPUs"))
+    return out
+
+
+def _is_int(text: str) -> bool:
+    return text.lstrip("-").isdigit() and text.count("-") <= 1 and not text.endswith("-")
+
+
+def _links_values(e: GresEntry) -> list[int] | None:
+    """The ``Links=`` values, or None when the line has none or they are malformed."""
+    if e.links is None:
+        return None
+    fields = [f.strip() for f in e.links.split(",")]
+    if not all(f and _is_int(f) and int(f) >= -1 for f in fields):
+        return None
+    return [int(f) for f in fields]
+
+
+# --- per node: lines in their node's context --------------------------------------------------
+
+
+def _lint_cores(node: _Node, e: GresEntry) -> list[_Raw]:
+    """Lint (a): ``Cores=`` ids beyond the node's cores (gres.conf(5) Cores: logical core indices)."""
+    layout = node.layout
+    if e.cores is None or layout is None:
+        return []
+    beyond = sorted({c for c in e.cores if c >= layout.cores})
+    if not beyond:
+        return []
+    key = e.cores_key
+    if layout.threads_per_core > 1 and beyond[-1] < layout.cpus:
+        fix = format_ranges(layout.core_ids(e.cores))
+        return [_line("error", e.where,
+                      f"{key}= lists CPU ids {format_ranges(beyond)} beyond the node's {layout.cores} cores: "
+                      f"these are SMT sibling (hyperthread) ids; use core ids {fix}",
+                      f"write Cores={fix}: gres.conf(5) Cores takes logical core indices, not CPU ids, and "
+                      "slurmd refuses the line ('invalid GRES core specification')")]
+    return [_line("error", e.where,
+                  f"{key}= lists ids {format_ranges(beyond)} beyond the node's {layout.cores} cores "
+                  f"({layout.cpus} CPUs): no such core",
+                  f"core ids on this node are 0-{layout.cores - 1}; gres.conf(5) Cores")]
+
+
+def _lint_fileless_gpu(node: _Node, e: GresEntry) -> list[_Raw]:
+    """Lint (b): ``Name=gpu`` without ``File=``/``MultipleFiles=``."""
+    if e.name.lower() != "gpu" or e.devices:
+        return []
+    if node.autodetect not in (None, "off"):
+        return [_line("error", e.where,
+                      f"Name=gpu line without File= next to AutoDetect={node.autodetect}: AutoDetect already "
+                      "reports every GPU with its device file, so this count-only record is a duplicate that "
+                      "double counts the GPUs",
+                      "delete the line, or give the File= of the GPUs it means: AutoDetect then only "
+                      "sanity-checks them; gres.conf(5) AutoDetect")]
+    if e.type:
+        return [_line("error", e.where, f"Name=gpu Type={e.type} without File=",
+                      "gres.conf(5) File: 'File is required for all gpu typed GRES'; write one line per GPU "
+                      "with File=/dev/nvidiaN")]
+    return [_line("warning", e.where,
+                  "Name=gpu without File=: Slurm only counts these GPUs and cannot confine jobs to the ones "
+                  "they were given",
+                  "add File=/dev/nvidiaN per GPU, or AutoDetect=nvml; gres.conf(5) File")]
+
+
+def _lint_sharing_count(node: _Node, e: GresEntry) -> list[_Raw]:
+    """Lint (e): a file-less shard/mps ``Count=`` that the node's GPUs cannot split evenly."""
+    if e.name.lower() not in SHARING_GRES or e.devices or e.count is None:
+        return []
+    return _uneven_split(node, e.name, e.count, e.where, f"Name={e.name} Count={e.param('Count')} without File=")
+
+
+def _uneven_split(node: _Node, name: str, count: int, where: str, what: str) -> list[_Raw]:
+    gpus = node.gpu_devices
+    if gpus <= 1 or count % gpus == 0:
+        return []
+    lower = count - count % gpus
+    return [_line("warning", where,
+                  f"{what} is split evenly over the node's {gpus} GPUs, but {count} is not a multiple of "
+                  f"{gpus}: the GPUs get unequal shares",
+                  f"use a count of {lower or gpus} or {lower + gpus}, or one Name={name} File=/dev/nvidiaN "
+                  "Count=... line per GPU; https://slurm.schedmd.com/gres.html#Sharding")]
+
+
+def _lint_links(node: _Node) -> list[_Raw]:
+    """Lint (c): ``Links=`` length, own position, symmetry, all zero, and the machine's topology."""
+    lines = node.gpu_lines
+    n = sum(e.devices for e in lines)
+    if not any(e.links is not None for e in lines):
+        return []
+    out: list[_Raw] = []
+    rows: dict[int, list[int]] = {}
+    position = 0
+    for e in lines:
+        pos = position
+        position += e.devices
+        if e.links is None or e.devices != 1:
+            continue
+        fields = e.links.split(",")
+        if len(fields) != n:
+            out.append(_line("error", e.where, f"Links= has {len(fields)} values for the node's {n} GPU devices",
+                             f"{_MAN_LINKS}: one value per gpu device of the node, in the order of its "
+                             "Name=gpu lines, device 0 first"))
+        values = _links_values(e)
+        if values is None:
+            continue
+        selves = [i for i, v in enumerate(values) if v == -1]
+        if selves != [pos]:
+            found = (f"marks device {format_ranges(selves)} as itself (-1)" if selves
+                     else "has no -1 for the device itself")
+            out.append(_line("error", e.where, f"Links= {found}, but this line is device {pos} of the node",
+                             f"{_MAN_LINKS}: 'A -1 indicates the device itself'; put -1 at position {pos}, "
+                             "counting from 0, and nowhere else"))
+        if len(values) == n:
+            rows[pos] = values
+    where_of = _device_lines(lines)
+    for i in sorted(rows):
+        for j in sorted(rows):
+            if i < j and rows[i][j] != rows[j][i]:
+                out.append(_line("error", where_of[i],
+                                 f"Links are not symmetric: device {i} -> {j} is {rows[i][j]} but device {j} -> {i} "
+                                 f"is {rows[j][i]} ({where_of[j]})",
+                                 "a connection joins two GPUs: give both lines the same value"))
+    expected = _expected_links(node)
+    values_all = [v for e in lines if e.devices == 1 and e.links is not None
+                  for v in (int(f) for f in e.links.split(",") if f.strip() and _is_int(f.strip()))]
+    zero_is_right = expected is not None and all(v <= 0 for row in expected for v in row)
+    if n > 1 and values_all and all(v in (-1, 0) for v in values_all) and not zero_is_right:
+        first = next(e for e in lines if e.links is not None)
+        out.append(_line("warning", first.where,
+                         "Links are all 0: Slurm cannot prefer NVLinked GPUs; generate them with "
+                         "slurm-gpushare gres-conf",
+                         f"{_MAN_LINKS}: 0 means no connection; on a node whose GPUs share no NVLink or PCIe "
+                         "switch all 0 is right"))
+    if expected is not None:
+        for pos, values in rows.items():
+            if values != expected[pos]:
+                source = node.machine.source or "machine description"
+                out.append(_per_node(node, "warning", where_of[pos],
+                                     f"Links={','.join(map(str, values))} differ from the topology of {source}: "
+                                     f"expected Links={','.join(map(str, expected[pos]))}",
+                                     "generate gres.conf with slurm-gpushare gres-conf"))
+    return out
+
+
+def _device_lines(lines: tuple[GresEntry, ...]) -> dict[int, str]:
+    out, pos = {}, 0
+    for e in lines:
+        for _ in range(e.devices):
+            out[pos] = e.where
+            pos += 1
+    return out
+
+
+def _expected_links(node: _Node) -> list[list[int]] | None:
+    """The node's ``Links=`` matrix in gres.conf device order, from its machine description.
+
+    None when there is no machine, or its GPUs cannot be matched one to one with the node's
+    ``File=/.../nvidiaN`` lines by minor number.
+    """
+    m = node.machine
+    lines = node.gpu_lines
+    if m is None or len(m.gpus) < 2 or any(len(e.files) != 1 for e in lines) or len(lines) != len(m.gpus):
+        return None
+    order = [g.index for g in sorted(m.gpus, key=lambda g: g.index)]
+    by_minor = {g.minor: order.index(g.index) for g in m.gpus}
+    positions = []
+    for e in lines:
+        tail = e.files[0].rsplit("nvidia", 1)[-1]
+        if not tail.isdigit() or int(tail) not in by_minor:
+            return None
+        positions.append(by_minor[int(tail)])
+    if sorted(positions) != list(range(len(order))):
+        return None
+    links = slurm_links(m)
+    return [[int(links[a, b]) for b in positions] for a in positions]
+
+
+# --- slurm.conf against gres.conf --------------------------------------------------------------
+
+
+def _lint_counts(node: _Node) -> list[_Raw]:
+    """Lint (d): per node, name and type, slurm.conf ``Gres=`` counts against gres.conf."""
+    s = node.slurm
+    if s is None:
+        named = [e for e in node.records if node.name in e.nodes]
+        if not named:
+            return []
+        return [_per_node(node, "warning", named[0].where,
+                          "gres.conf configures this node but slurm.conf has no NodeName line for it",
+                          "check the node name: slurmd reads only the gres.conf lines whose NodeName "
+                          "matches its own; slurm.conf(5) NodeName")]
+    if not node.records:
+        return _slurm_only_split(node)
+    ours: dict[str, dict[str, int]] = {}
+    lines: dict[str, list[GresEntry]] = {}
+    for e in node.records:
+        ours.setdefault(e.name.lower(), {})
+        ours[e.name.lower()][e.type] = ours[e.name.lower()].get(e.type, 0) + e.effective_count
+        lines.setdefault(e.name.lower(), []).append(e)
+    theirs: dict[str, dict[str, int]] = {}
+    for (name, type_), count in s.gres_counts.items():
+        theirs.setdefault(name.lower(), {})[type_] = count
+    out: list[_Raw] = []
+    for name, by_type in ours.items():
+        if name not in theirs:
+            total = sum(by_type.values())
+            has = "has no Gres=" if not s.gres else f"Gres={_gres_text(s)} has no {name}"
+            out.append(_per_node(node, "error", s.where,
+                                 f"gres.conf configures {total} {name} ({_where_list(lines[name])}) but "
+                                 f"slurm.conf {has}",
+                                 f"add {_spec_list(name, by_type)} to Gres=; slurm.conf(5) Gres"))
+            continue
+        if set(theirs[name]) == {""}:
+            pairs = [("", sum(by_type.values()), theirs[name][""])]
+        else:
+            types = list(dict.fromkeys([*theirs[name], *by_type]))
+            pairs = [(t, by_type.get(t, 0), theirs[name].get(t, 0)) for t in types]
+        for type_, have, said in pairs:
+            if have != said:
+                label = f"{name}:{type_}" if type_ else name
+                out.append(_per_node(node, "error", s.where,
+                                     f"gres.conf has {have} {label} but slurm.conf Gres= says {label}:{said}",
+                                     f"make them equal, e.g. {label}:{have} in Gres=; a node that reports fewer "
+                                     "GRES than slurm.conf configures is drained: https://slurm.schedmd.com/"
+                                     "gres.html"))
+    return out + _slurm_only_split(node, skip=set(ours))
+
+
+def _slurm_only_split(node: _Node, skip: frozenset[str] | set[str] = frozenset()) -> list[_Raw]:
+    """Lint (e) for slurm.conf: a shard/mps count with no gres.conf lines is split over the GPUs too."""
+    s = node.slurm
+    out: list[_Raw] = []
+    for (name, _type), count in (s.gres_counts.items() if s is not None else ()):
+        if name.lower() in SHARING_GRES and name.lower() not in skip:
+            out += _uneven_split(node, name, count, s.where, f"Gres={name}:{count} (no gres.conf {name} lines)")
+    return out
+
+
+def _gres_text(s: SlurmNode) -> str:
+    return ",".join(g.text for g in s.gres or ())
+
+
+def _spec_list(name: str, by_type: dict[str, int]) -> str:
+    return ",".join(f"{name}:{t}:{c}" if t else f"{name}:{c}" for t, c in by_type.items())
+
+
+def _where_list(entries: list[GresEntry]) -> str:
+    source = entries[0].source
+    return f"{source}:{format_ranges([e.line for e in entries])}"
+
+
+def _lint_types(gres: GresConf, slurm: SlurmGresConf) -> list[_Raw]:
+    """Lint (d): GRES names missing from ``GresTypes``, typed GRES missing from ``AccountingStorageTRES``."""
+    used: dict[str, str] = {}
+    typed: dict[tuple[str, str], str] = {}
+    for e in gres.entries:
+        if e.name:
+            used.setdefault(e.name.lower(), e.where)
+            if e.type:
+                typed.setdefault((e.name.lower(), e.type), e.where)
+    for n in slurm.nodes:
+        for g in n.gres or ():
+            used.setdefault(g.name.lower(), n.where)
+            if g.type:
+                typed.setdefault((g.name.lower(), g.type), n.where)
+    out: list[_Raw] = []
+    known = {t.lower() for t in slurm.gres_types or ()}
+    missing = [name for name in used if name not in known]
+    if missing:
+        written = f"GresTypes={','.join(slurm.gres_types)}" if slurm.gres_types else "no GresTypes="
+        fix = ",".join([*(slurm.gres_types or ()), *missing])
+        for name in missing:
+            where = f"{slurm.source}:{slurm.gres_types_line}" if slurm.gres_types_line else used[name]
+            out.append(_line("error", where, f"GRES {name} is configured ({used[name]}) but slurm.conf has {written}",
+                             f"GresTypes={fix}; gres.conf(5) Name: 'The name must match a value in GresTypes'"))
+    if slurm.accounting_tres is not None:
+        tracked = {t.lower() for t in slurm.accounting_tres}
+        where = f"{slurm.source}:{slurm.accounting_tres_line}"
+        for (name, type_), used_at in typed.items():
+            tres = f"gres/{name}:{type_}"
+            if tres.lower() not in tracked:
+                out.append(_line("warning", where,
+                                 f"AccountingStorageTRES does not list {tres} (configured at {used_at}): jobs' use of "
+                                 "that type is not accounted",
+                                 f"add {tres}; slurm.conf(5) AccountingStorageTRES"))
+    return out
+
+
+# --- semantic diff ----------------------------------------------------------------------------
+
+_COMPARED = ("Type", "Count", "Cores", "Links", "Flags")
+_CANONICAL_ORDER = ("Name", "Type", "Count", "File", "MultipleFiles", "Cores", "CPUs", "Links", "Flags", "AutoDetect")
+
+
+def compare(expected_text: str, installed_text: str, *, what: str) -> list[str]:
+    """A semantic diff of an installed gres.conf or slurm.conf against the expected (generated) text.
+
+    Comments, white space, key case and key order within a line are ignored; hostlists and
+    ``File=`` ranges are expanded and the records compared per node.
+
+    * ``what="gres.conf"``: a record is identified per node by its GRES name and device files (or,
+      without files, its name, type and order). Reported: ``missing in installed: <line>``,
+      ``extra in installed: <line>``, and ``node N: gpu File=/dev/nvidia3: Links differ: installed
+      0,0,0,-1 expected 0,22,0,-1`` for ``Type``, ``Count`` (with its default), ``Cores`` (as a
+      set, ``CPUs=`` counted as ``Cores=``), ``Links`` and ``Flags``; a different ``AutoDetect``; and
+      a different order of the gpu device lines when ``Links=`` is used (its positions are device
+      numbers in line order). Other lines may move freely.
+    * ``what="slurm.conf"``: ``GresTypes`` and ``AccountingStorageTRES`` must contain the expected
+      items (others may be there); each expected node must be there with the same ``Gres=`` counts
+      and the layout keys the expected line gives. Nodes the expected text does not name are not
+      compared (slurm.conf describes the whole cluster).
+
+    Nodes that share a difference are reported once, as a hostlist.
+
+    Args:
+        expected_text: what should be installed (usually generated by :mod:`slurm_gpushare.gresconf`).
+        installed_text: what is installed.
+        what: ``"gres.conf"`` or ``"slurm.conf"``.
+
+    Returns:
+        Human-readable lines; empty when the two are equivalent.
+
+    Raises:
+        InputError: an unknown ``what``.
+        ParseError: either text does not parse (``source`` is ``expected gres.conf:7`` or
+            ``installed gres.conf:7``).
+    """
+    if what == "gres.conf":
+        return _compare_gres(parse_gres_conf(expected_text, source=f"expected {what}"),
+                             parse_gres_conf(installed_text, source=f"installed {what}"))
+    if what == "slurm.conf":
+        return _compare_slurm(parse_slurm_conf_gres(expected_text, source=f"expected {what}"),
+                              parse_slurm_conf_gres(installed_text, source=f"installed {what}"))
+    raise InputError(f"cannot compare {what!r}", hint="what is 'gres.conf' or 'slurm.conf'")
+
+
+class _Report:
+    """Lines of a diff, with a node-independent body grouped over nodes."""
+
+    def __init__(self):
+        self._groups: dict[tuple[str, str], list[str]] = {}
+
+    def add(self, node: str | None, kind: str, body: str) -> None:
+        nodes = self._groups.setdefault((kind, body), [])
+        if node is not None:
+            nodes.append(node)
+
+    def lines(self) -> list[str]:
+        out = []
+        for (kind, body), nodes in self._groups.items():
+            hosts = compress_hostlist(nodes) if nodes else ""
+            if kind in ("missing", "extra"):
+                prefix = f"NodeName={hosts} " if hosts else ""
+                out.append(f"{kind} in installed: {prefix}{body}")
+            else:
+                out.append(f"node {hosts}: {body}" if hosts else body)
+        return out
+
+
+def _compare_gres(expected: GresConf, installed: GresConf) -> list[str]:
+    report = _Report()
+    nodes: list[str | None] = list(dict.fromkeys([*expected.node_names, *installed.node_names])) or [None]
+    for node in nodes:
+        want, have = expected.autodetect_for(node), installed.autodetect_for(node)
+        if want != have:
+            report.add(node, "diff", f"AutoDetect differs: installed {have or '(none)'} expected {want or '(none)'}")
+        ours = _keyed(expected.records_for(node))
+        theirs = _keyed(installed.records_for(node))
+        want_order, have_order = _gpu_order(expected.records_for(node)), _gpu_order(installed.records_for(node))
+        if (want_order != have_order and sorted(want_order) == sorted(have_order)
+                and any(e.links is not None for e in (*ours.values(), *theirs.values()))):
+            # Links= positions are device numbers in line order: reordering gpu lines changes them
+            report.add(node, "diff", f"gpu device order differs: installed {','.join(have_order)} "
+                                     f"expected {','.join(want_order)}")
+        for key, e in ours.items():
+            other = theirs.get(key)
+            if other is None:
+                report.add(node, "missing", _render(e))
+                continue
+            for field in _COMPARED:
+                a, b = _field(e, field), _field(other, field)
+                if a != b:
+                    verb = "differs" if field in ("Type", "Count") else "differ"
+                    report.add(node, "diff", f"{_label(e)}: {field} {verb}: installed {b or '(none)'} "
+                                             f"expected {a or '(none)'}")
+        for key, e in theirs.items():
+            if key not in ours:
+                report.add(node, "extra", _render(e))
+    return report.lines()
+
+
+def _gpu_order(records: tuple[GresEntry, ...]) -> list[str]:
+    return [f for e in records if e.name.lower() == "gpu" for f in (e.files or e.multiple_files[:1])]
+
+
+def _keyed(records: tuple[GresEntry, ...]) -> dict[tuple, GresEntry]:
+    out: dict[tuple, GresEntry] = {}
+    for e in records:
+        if e.files:
+            key: tuple = (e.name.lower(), "File", e.files)
+        elif e.multiple_files:
+            key = (e.name.lower(), "MultipleFiles", e.multiple_files)
+        else:
+            key = (e.name.lower(), "", e.type)
+        occurrence = 0
+        while (*key, occurrence) in out:
+            occurrence += 1
+        out[(*key, occurrence)] = e
+    return out
+
+
+def _field(e: GresEntry, field: str) -> str:
+    if field == "Type":
+        return e.type
+    if field == "Count":
+        return str(e.effective_count)
+    if field == "Cores":
+        return format_ranges(e.cores) if e.cores else ""
+    if field == "Links":
+        if e.links is None:
+            return ""
+        values = _links_values(e)
+        return ",".join(map(str, values)) if values is not None else e.links.replace(" ", "")
+    if field == "Flags":
+        return ",".join(sorted(f.lower() for f in e.flags))
+    raise AssertionError(field)
+
+
+def _label(e: GresEntry) -> str:
+    if e.files:
+        return f"{e.name} File={','.join(e.files)}"
+    if e.multiple_files:
+        return f"{e.name} MultipleFiles={','.join(e.multiple_files)}"
+    return f"{e.name}:{e.type}" if e.type else e.name
+
+
+def _render(e: GresEntry) -> str:
+    """The line without ``NodeName=``, keys in canonical order with their written values."""
+    params = dict(e.params)
+    return " ".join(f"{k}={params[k]}" for k in _CANONICAL_ORDER if k in params)
+
+
+def _compare_slurm(expected: SlurmGresConf, installed: SlurmGresConf) -> list[str]:
+    report = _Report()
+    for key, want, have in (("GresTypes", expected.gres_types, installed.gres_types),
+                            ("AccountingStorageTRES", expected.accounting_tres, installed.accounting_tres)):
+        if want is None:
+            continue
+        lacking = [w for w in want if w.lower() not in {h.lower() for h in have or ()}]
+        if lacking:
+            report.add(None, "diff", f"{key} lacks {','.join(lacking)}: installed "
+                                     f"{','.join(have) if have else '(none)'} expected {','.join(want)}")
+    for node in expected.nodes:
+        other = installed.node(node.name)
+        if other is None:
+            parts = [f"Gres={_gres_text(node)}"] if node.gres else []
+            report.add(node.name, "missing", " ".join(parts) or "(no Gres=)")
+            continue
+        want_counts = {(n.lower(), t): c for (n, t), c in node.gres_counts.items()}
+        have_counts = {(n.lower(), t): c for (n, t), c in other.gres_counts.items()}
+        if want_counts != have_counts:
+            report.add(node.name, "diff", f"Gres differs: installed {_gres_text(other) or '(none)'} "
+                                          f"expected {_gres_text(node) or '(none)'}")
+        for attr, key in (("sockets", "Sockets"), ("sockets_per_board", "SocketsPerBoard"),
+                          ("cores_per_socket", "CoresPerSocket"), ("threads_per_core", "ThreadsPerCore"),
+                          ("boards", "Boards"), ("cpus", "CPUs")):
+            want, have = getattr(node, attr), getattr(other, attr)
+            if want is not None and want != have:
+                report.add(node.name, "diff", f"{key} differs: installed {have if have is not None else '(none)'} "
+                                              f"expected {want}")
+    return report.lines()

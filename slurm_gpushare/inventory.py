@@ -1,0 +1,218 @@
+"""The controller's view of the cluster: each node's machine description next to what Slurm reports.
+
+The filter service decides from this snapshot only. It is built from two sources that must agree:
+
+* machine descriptions (``<dir>/*.json``, one per node, written by ``slurm-gpushare inventory`` on
+  the node; the file name or ``hostname`` is the Slurm node name);
+* what slurmctld reports: ``sinfo --json`` (each node's configured ``gres``, partitions, state)
+  and ``scontrol -o show partition`` (partition membership and which partition is the default).
+
+A node whose description is missing, or whose description calls for other GPU GRES than Slurm has
+configured, is kept with a ``problem`` and is never a candidate: stale data is reported, not guessed.
+Parsing here is pure (text in, frozen snapshot out); reading the files and running the commands is
+the caller's job (:mod:`slurm_gpushare.filterd`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+
+from slurm_gpushare.errors import InputError
+from slurm_gpushare.hardware.machine import Gpu, Machine
+from slurm_gpushare.slurmconf import expand_hostlist
+
+_GRES_ITEM = re.compile(r"^(?P<name>[^:()]+)(?::(?P<type>[^:()]+))?:(?P<count>\d+)(?:\(.*\))?$")
+
+
+def parse_gres_counts(text: str) -> dict[tuple[str, str], int]:
+    """``gpu:a100:8(S:0-1),shard:a100:640(S:0-1)`` -> ``{("gpu", "a100"): 8, ("shard", "a100"): 640}``.
+
+    The format of sinfo's ``%G`` / ``sinfo --json`` ``gres`` field (Slurm 22.05). Zero counts are
+    kept out. ``(null)`` or an empty string give ``{}``.
+
+    Raises:
+        InputError: an item that is not ``name[:type]:count[(...)]``.
+    """
+    out: Counter[tuple[str, str]] = Counter()
+    text = (text or "").strip()
+    if text in ("", "(null)"):
+        return {}
+    for item in _split_top(text):
+        m = _GRES_ITEM.match(item.strip())
+        if not m:
+            raise InputError(f"cannot read GRES item {item!r} in {text!r}")
+        if int(m.group("count")):
+            out[(m.group("name"), m.group("type") or "")] += int(m.group("count"))
+    return dict(out)
+
+
+def _split_top(text: str) -> list[str]:
+    """Split on commas outside parentheses (``(S:0-1)`` and ``(IDX:0,2)`` contain commas)."""
+    items, depth, cur = [], 0, ""
+    for ch in text:
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        if ch == "," and depth == 0:
+            items.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    if cur:
+        items.append(cur)
+    return items
+
+
+@dataclass(frozen=True)
+class NodeInventory:
+    """One Slurm node as the controller knows it.
+
+    Attributes:
+        name: Slurm node name.
+        partitions: partitions the node is in.
+        state: Slurm state (``idle``, ``mixed``, ``drained``...).
+        gres: configured GRES counts from Slurm, keyed ``(name, type)``.
+        machine: its machine description, or None when missing.
+        problem: why the node cannot be used for decisions, or None.
+    """
+
+    name: str
+    partitions: tuple[str, ...]
+    state: str
+    gres: dict[tuple[str, str], int] = field(default_factory=dict)
+    machine: Machine | None = None
+    problem: str | None = None
+
+    @property
+    def usable(self) -> bool:
+        return self.problem is None and self.machine is not None
+
+    @property
+    def whole_gpus(self) -> tuple[Gpu, ...]:
+        """GPUs not in MIG mode (the ones that get shards and whole-GPU GRES)."""
+        return tuple(g for g in self.machine.gpus if not g.mig_enabled) if self.machine else ()
+
+    def gpu_count(self, gres_type: str) -> int:
+        """Configured count of ``gpu:<gres_type>`` on this node."""
+        return self.gres.get(("gpu", gres_type), 0)
+
+    @property
+    def shards(self) -> int:
+        """Configured shards on the node (Slurm types them after the GPU; summed here)."""
+        return sum(c for (n, _t), c in self.gres.items() if n == "shard")
+
+
+@dataclass(frozen=True)
+class ClusterInventory:
+    """Every node, the partitions, and what was wrong while building the snapshot.
+
+    Attributes:
+        nodes: by node name.
+        partitions: partition name -> node names.
+        default_partition: the ``Default=YES`` partition, or None.
+        problems: one line per problem found (missing or stale descriptions, unknown nodes).
+        shard_unit_mib: GPU memory per shard (must match the gres.conf generator's unit).
+    """
+
+    nodes: dict[str, NodeInventory]
+    partitions: dict[str, tuple[str, ...]]
+    default_partition: str | None
+    problems: tuple[str, ...] = ()
+    shard_unit_mib: int = 1024
+
+    def nodes_in(self, partitions: tuple[str, ...] | list[str] | None) -> list[NodeInventory]:
+        """Nodes of the given partitions (the default partition when None or empty), sorted by name.
+
+        Raises:
+            InputError: a partition that does not exist (the message lists those that do).
+        """
+        parts = tuple(partitions or ()) or ((self.default_partition,) if self.default_partition else ())
+        if not parts:
+            raise InputError("no partition given and the cluster has no default partition",
+                             hint="submit with -p PARTITION")
+        names: set[str] = set()
+        for p in parts:
+            if p not in self.partitions:
+                raise InputError(f"partition {p!r} does not exist",
+                                 hint=f"partitions: {', '.join(sorted(self.partitions))}")
+            names.update(self.partitions[p])
+        return [self.nodes[n] for n in sorted(names) if n in self.nodes]
+
+
+def parse_partitions(text: str) -> tuple[dict[str, tuple[str, ...]], str | None]:
+    """Parse ``scontrol -o show partition``: partition -> node names, and the default partition.
+
+    Node lists are hostlist expressions (``gpu[01-04],big``), expanded.
+    """
+    parts: dict[str, tuple[str, ...]] = {}
+    default = None
+    for line in text.splitlines():
+        fields = dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
+        name = fields.get("PartitionName")
+        if not name:
+            continue
+        nodes = fields.get("Nodes", "")
+        parts[name] = tuple(expand_hostlist(nodes)) if nodes not in ("", "(null)") else ()
+        if fields.get("Default") == "YES":
+            default = name
+    return parts, default
+
+
+def build_inventory(machines: dict[str, Machine], sinfo_json: str, partitions_text: str, *,
+                    shard_unit_mib: int = 1024, expected_gres=None) -> ClusterInventory:
+    """Join machine descriptions with Slurm's view into a :class:`ClusterInventory` (pure).
+
+    Args:
+        machines: node name -> description.
+        sinfo_json: output of ``sinfo --json`` (Slurm 22.05: ``{"nodes": [{"name", "gres",
+            "partitions", "state", ...}]}``).
+        partitions_text: output of ``scontrol -o show partition``.
+        shard_unit_mib: GPU memory per shard, as configured for the gres.conf generator.
+        expected_gres: ``f(machine, node_name) -> {(name, type): count}`` giving the GPU GRES the
+            description calls for (the gres.conf generator's counts); when given, a node whose Slurm
+            ``gpu`` GRES differ is marked stale.
+
+    Raises:
+        InputError: sinfo output that is not JSON or lacks ``nodes``.
+    """
+    try:
+        data = json.loads(sinfo_json)
+        raw_nodes = data["nodes"]
+    except (ValueError, KeyError, TypeError):
+        raise InputError("sinfo --json output has no 'nodes' list", source="sinfo --json") from None
+    parts, default = parse_partitions(partitions_text)
+    nodes: dict[str, NodeInventory] = {}
+    problems: list[str] = []
+    for raw in raw_nodes:
+        name = raw.get("name", "")
+        try:
+            gres = parse_gres_counts(raw.get("gres", ""))
+        except InputError as e:
+            gres, problem = {}, str(e)
+        else:
+            problem = None
+        machine = machines.get(name)
+        if machine is None:
+            if any(n in ("gpu", "shard", "mps") for n, _t in gres):
+                problem = f"node {name} has GPU GRES but no machine description"
+        elif expected_gres is not None:
+            want = {k: v for k, v in expected_gres(machine, name).items() if k[0] == "gpu"}
+            have = {k: v for k, v in gres.items() if k[0] == "gpu"}
+            if want != have:
+                problem = (f"node {name}: Slurm has {_fmt(have) or 'no GPUs'} but its machine description "
+                           f"calls for {_fmt(want)} (stale description or gres.conf)")
+        if problem:
+            problems.append(problem)
+        state = raw.get("state", "")
+        nodes[name] = NodeInventory(name, tuple(raw.get("partitions") or ()), str(state), gres, machine, problem)
+    for name in sorted(set(machines) - set(nodes)):
+        problems.append(f"machine description for {name} names no node Slurm knows")
+    return ClusterInventory(nodes, parts, default, tuple(problems), shard_unit_mib)
+
+
+def _fmt(gres: dict[tuple[str, str], int]) -> str:
+    return ",".join(f"{n}:{t}:{c}" if t else f"{n}:{c}" for (n, t), c in sorted(gres.items()))

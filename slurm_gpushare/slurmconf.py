@@ -1,0 +1,614 @@
+"""Installed Slurm configuration, read: gres.conf and the GRES part of slurm.conf, as plain data (pure).
+
+This is an inputs-layer module: it turns the text of a site's ``gres.conf`` and ``slurm.conf`` into
+frozen dataclasses for the checks in :mod:`slurm_gpushare.grescheck`. It reads no files (callers
+pass the text and a ``source`` name used in errors as ``source:line``) and judges nothing that
+parses: a ``Links=`` with an empty field, a ``Cores=`` with hyperthread ids or a count that does not
+match slurm.conf are read as written and left to the linter.
+
+The syntax is Slurm 22.05's, from gres.conf(5) and slurm.conf(5):
+
+* ``Key=Value`` pairs separated by white space; key names are case insensitive; ``#`` starts a
+  comment that runs to the end of the line; a line ending in ``\\`` continues on the next one.
+* gres.conf keys: ``NodeName``, ``Name``, ``Type``, ``File``, ``MultipleFiles``, ``Count``,
+  ``Cores``, ``CPUs`` (the old name of ``Cores``, kept so that it can be linted), ``Links``,
+  ``Flags``, ``AutoDetect``. Any other key is a :class:`~slurm_gpushare.errors.ParseError`.
+* ``NodeName`` (both files) and ``File``/``MultipleFiles`` (gres.conf) take Slurm hostlist
+  expressions: ``tux[0-15]``, ``lx[15,18,32-33]``, ``linux[0000-1023]``, ``alpha,beta``,
+  ``/dev/nvidia[0,2-3]`` (see :func:`expand_hostlist`).
+* Counts take a ``K``/``M``/``G``/``T``/``P`` suffix (powers of 1024; gres.conf(5) "Count",
+  slurm.conf(5) "Gres").
+* slurm.conf ``Gres=`` is ``<name>[:<type>][:no_consume]:<count>`` items, comma separated
+  (slurm.conf(5) "Gres"); an optional socket binding ``(S:0-1)`` after an item is kept as text.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from slurm_gpushare.errors import ParseError
+from slurm_gpushare.hardware.machine import CpuLayout
+
+#: gres.conf keys, as gres.conf(5) of Slurm 22.05 spells them (``CPUs`` is the undocumented old name
+#: of ``Cores`` that Slurm still reads).
+GRES_CONF_KEYS = ("NodeName", "Name", "Type", "File", "MultipleFiles", "Count", "Cores", "CPUs", "Links",
+                  "Flags", "AutoDetect")
+
+#: ``NodeName=`` keys of slurm.conf that describe GRES and the CPU layout (slurm.conf(5) "NODE
+#: CONFIGURATION"); the other keys of a ``NodeName=`` line are skipped.
+SLURM_NODE_KEYS = ("NodeName", "Gres", "Sockets", "SocketsPerBoard", "CoresPerSocket", "ThreadsPerCore",
+                   "Boards", "CPUs")
+
+#: Count suffixes (gres.conf(5) "Count", slurm.conf(5) "Gres"): powers of 1024.
+COUNT_SUFFIXES = {"K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4, "P": 1024**5}
+
+_GRES_KEYS = {k.lower(): k for k in GRES_CONF_KEYS}
+_NODE_KEYS = {k.lower(): k for k in SLURM_NODE_KEYS}
+_TOKEN = re.compile(r"""([^\s=]+)=("[^"]*"|'[^']*'|\S*)|(\S+)""")
+_COUNT = re.compile(r"(\d+)([KMGTP]?)", re.IGNORECASE)
+_RANGE = re.compile(r"(\d+)(?:-(\d+))?")
+
+
+# --- value syntax -----------------------------------------------------------------------------
+
+
+def expand_hostlist(expr: str) -> tuple[str, ...]:
+    """Expand a Slurm hostlist expression into its names, in order.
+
+    Supports what slurm.conf(5) "NODE CONFIGURATION" describes: comma lists (``alpha,beta``), one or
+    more bracket groups of numbers and ranges (``tux[1-16]``, ``node[1,3-5]``,
+    ``rack[0-1]_blade[0-2]``), zero padding taken from the range's first number
+    (``linux[0000-0002]`` -> ``linux0000 linux0001 linux0002``). The same syntax expands gres.conf
+    ``File=/dev/nvidia[0-3]``.
+
+    Args:
+        expr: the expression as written.
+
+    Returns:
+        The names; duplicates are kept (a hostlist may name a node twice).
+
+    Raises:
+        ParseError: unbalanced brackets, an empty item, a range that is not ``a-b`` with ``a <= b``.
+            ``source`` is None; callers add the file and line.
+    """
+    names: list[str] = []
+    for item in _split_outside(expr, ",", "[", "]"):
+        if not item:
+            raise ParseError(f"empty name in hostlist {expr!r}")
+        parts = re.split(r"(\[[^\[\]]*\])", item)
+        if any("[" in p or "]" in p for p in parts[::2]):
+            raise ParseError(f"unbalanced brackets in hostlist {expr!r}")
+        choices: list[list[str]] = []
+        for i, part in enumerate(parts):
+            choices.append(_expand_brackets(part[1:-1], expr) if i % 2 else [part])
+        names.extend("".join(combo) for combo in itertools.product(*choices))
+    return tuple(names)
+
+
+def _expand_brackets(body: str, expr: str) -> list[str]:
+    out: list[str] = []
+    for piece in body.split(","):
+        m = _RANGE.fullmatch(piece.strip())
+        if m is None:
+            raise ParseError(f"bad range {piece!r} in hostlist {expr!r}", hint="use numbers and a-b ranges")
+        lo, hi = m.group(1), m.group(2) or m.group(1)
+        if int(hi) < int(lo):
+            raise ParseError(f"range {piece!r} in hostlist {expr!r} runs backwards")
+        width = len(lo) if lo.startswith("0") else 0
+        out.extend(str(v).zfill(width) for v in range(int(lo), int(hi) + 1))
+    return out
+
+
+def compress_hostlist(names: list[str] | tuple[str, ...]) -> str:
+    """The shortest usual hostlist text for ``names``: ``tux1..tux16`` -> ``tux[1-16]``.
+
+    Names are grouped by their prefix before a trailing number (and the number's zero-padded width);
+    groups keep the order in which they first appear. The inverse of :func:`expand_hostlist` for
+    the names it produces.
+    """
+    groups: dict[tuple[str, int], list[int]] = {}
+    plain: dict[tuple[str, int], str] = {}
+    for name in dict.fromkeys(names):
+        m = re.fullmatch(r"(.*?)(\d+)", name)
+        if m is None:
+            plain[(name, -1)] = name
+            groups.setdefault((name, -1), [])
+            continue
+        digits = m.group(2)
+        width = len(digits) if digits.startswith("0") and len(digits) > 1 else 0
+        groups.setdefault((m.group(1), width), []).append(int(digits))
+    out = []
+    for (prefix, width), nums in groups.items():
+        if width < 0:
+            out.append(plain[(prefix, width)])
+            continue
+        ranges = _ranges(sorted(nums), width)
+        out.append(f"{prefix}{ranges[0]}" if len(nums) == 1 else f"{prefix}[{','.join(ranges)}]")
+    return ",".join(out)
+
+
+def _ranges(nums: list[int], width: int) -> list[str]:
+    out = []
+    i = 0
+    while i < len(nums):
+        j = i
+        while j + 1 < len(nums) and nums[j + 1] == nums[j] + 1:
+            j += 1
+        a, b = str(nums[i]).zfill(width), str(nums[j]).zfill(width)
+        out.append(a if i == j else f"{a}-{b}")
+        i = j + 1
+    return out
+
+
+def parse_count(text: str) -> int:
+    """A GRES count with an optional ``K``/``M``/``G``/``T``/``P`` suffix: ``"4G"`` -> 4294967296.
+
+    gres.conf(5) "Count" and slurm.conf(5) "Gres": the suffixes multiply by 1024, 1048576, ...
+
+    Raises:
+        ParseError: not a non-negative integer with an optional suffix (``source`` is None).
+    """
+    m = _COUNT.fullmatch(text.strip())
+    if m is None:
+        raise ParseError(f"count {text!r} is not a number", hint="write an integer, optionally with K, M, G, T or P")
+    return int(m.group(1)) * COUNT_SUFFIXES.get(m.group(2).upper(), 1)
+
+
+def parse_id_list(text: str) -> tuple[int, ...]:
+    """A list of ids and ranges, ``"0-2,5"`` -> ``(0, 1, 2, 5)`` (gres.conf(5) "Cores"), in written order.
+
+    Raises:
+        ParseError: an item that is not ``n`` or ``a-b`` with ``a <= b`` (``source`` is None).
+    """
+    out: list[int] = []
+    for piece in text.split(","):
+        m = _RANGE.fullmatch(piece.strip())
+        if m is None or (m.group(2) is not None and int(m.group(2)) < int(m.group(1))):
+            raise ParseError(f"{piece!r} in {text!r} is not an id or an a-b range", hint="e.g. 0-15,32-47")
+        lo = int(m.group(1))
+        hi = int(m.group(2)) if m.group(2) is not None else lo
+        out.extend(range(lo, hi + 1))
+    return tuple(out)
+
+
+def _split_outside(text: str, sep: str, open_: str, close: str) -> list[str]:
+    """Split at ``sep`` where not inside ``open_ ... close``."""
+    out, depth, cur = [], 0, []
+    for ch in text:
+        if ch == open_:
+            depth += 1
+        elif ch == close:
+            depth -= 1
+        if ch == sep and depth == 0:
+            out.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    out.append("".join(cur))
+    return out
+
+
+def _logical_lines(text: str) -> Iterator[tuple[int, str]]:
+    """``(first line number, text without comment)`` per logical line; ``\\`` joins lines."""
+    pending: list[str] = []
+    start = 0
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.split("#", 1)[0].rstrip()
+        if not pending:
+            start = number
+        if line.endswith("\\"):
+            pending.append(line[:-1])
+            continue
+        pending.append(line)
+        joined = " ".join(pending).strip()
+        pending = []
+        if joined:
+            yield start, joined
+    if pending and " ".join(pending).strip():
+        yield start, " ".join(pending).strip()
+
+
+def _tokens(line: str) -> Iterator[tuple[str | None, str]]:
+    """``(key, value)`` per ``Key=Value`` token (quotes removed); ``(None, word)`` for a bare word."""
+    for m in _TOKEN.finditer(line):
+        if m.group(3) is not None:
+            yield None, m.group(3)
+            continue
+        value = m.group(2)
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
+            value = value[1:-1]
+        yield m.group(1), value
+
+
+def _at(source: str, line: int, error: ParseError) -> ParseError:
+    return ParseError(error.message, hint=error.hint, source=f"{source}:{line}")
+
+
+# --- gres.conf --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GresEntry:
+    """One logical line of gres.conf, as written (hostlists and ranges expanded).
+
+    Attributes:
+        source: the file name given to :func:`parse_gres_conf`.
+        line: line number (1-based) where the entry starts.
+        nodes: ``NodeName=`` expanded; empty when the line has no ``NodeName`` (it applies to every
+            node that reads the file).
+        name: ``Name=`` (``gpu``, ``mps``, ``shard``, ...); ``""`` on a line that only sets
+            ``AutoDetect``.
+        type: ``Type=``, or ``""``.
+        files: ``File=`` expanded (``/dev/nvidia[0-1]`` -> two paths).
+        multiple_files: ``MultipleFiles=`` expanded (one GRES made of all of them).
+        count: ``Count=`` with its suffix applied, or None when not written.
+        cores: ``Cores=`` (or ``CPUs=``) ids in written order, or None when not written.
+        cores_key: ``"Cores"``, or ``"CPUs"`` when the old name was written.
+        links: ``Links=`` exactly as written (checked by the linter, not here), or None.
+        flags: ``Flags=`` items.
+        autodetect: ``AutoDetect=`` on this line, lower case, or None.
+        params: every ``Key=Value`` of the line with canonical key names and values as written, in
+            written order (for diffs and messages).
+    """
+
+    source: str
+    line: int
+    nodes: tuple[str, ...] = ()
+    name: str = ""
+    type: str = ""
+    files: tuple[str, ...] = ()
+    multiple_files: tuple[str, ...] = ()
+    count: int | None = None
+    cores: tuple[int, ...] | None = None
+    cores_key: str = "Cores"
+    links: str | None = None
+    flags: tuple[str, ...] = ()
+    autodetect: str | None = None
+    params: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def where(self) -> str:
+        """``source:line``."""
+        return f"{self.source}:{self.line}"
+
+    @property
+    def devices(self) -> int:
+        """GRES devices the line describes: one per ``File=`` path, one for ``MultipleFiles=``, else 0."""
+        if self.files:
+            return len(self.files)
+        return 1 if self.multiple_files else 0
+
+    @property
+    def effective_count(self) -> int:
+        """``Count=``, else the number of files, else 1 (gres.conf(5) "Count" default)."""
+        if self.count is not None:
+            return self.count
+        return self.devices or 1
+
+    def param(self, key: str) -> str | None:
+        """The value written for canonical ``key`` (``"Links"``), or None."""
+        for k, v in self.params:
+            if k == key:
+                return v
+        return None
+
+    def applies_to(self, node: str | None) -> bool:
+        """Whether the line configures ``node`` (None: the file read without a node name)."""
+        return not self.nodes or (node is not None and node in self.nodes)
+
+
+@dataclass(frozen=True)
+class GresConf:
+    """A parsed gres.conf.
+
+    Attributes:
+        source: the file name given to :func:`parse_gres_conf`.
+        entries: every non-empty line in file order, ``AutoDetect``-only lines included.
+    """
+
+    source: str
+    entries: tuple[GresEntry, ...]
+
+    @property
+    def node_names(self) -> tuple[str, ...]:
+        """Every node named by a ``NodeName=``, in first-appearance order."""
+        return tuple(dict.fromkeys(n for e in self.entries for n in e.nodes))
+
+    @property
+    def autodetect(self) -> str | None:
+        """The global ``AutoDetect`` (the last one on a line without ``NodeName``), or None."""
+        value = None
+        for e in self.entries:
+            if not e.nodes and e.autodetect is not None:
+                value = e.autodetect
+        return value
+
+    def autodetect_for(self, node: str | None) -> str | None:
+        """The ``AutoDetect`` in force on ``node``: node-specific beats global (gres.conf(5) "AutoDetect")."""
+        if node is not None:
+            for e in self.entries:
+                if node in e.nodes and e.autodetect is not None:
+                    return e.autodetect
+        return self.autodetect
+
+    def records_for(self, node: str | None) -> tuple[GresEntry, ...]:
+        """The GRES lines (those with ``Name=``) that configure ``node``, in file order.
+
+        ``node`` None gives the lines without ``NodeName`` (a file read without knowing the node).
+        """
+        return tuple(e for e in self.entries if e.name and e.applies_to(node))
+
+
+def parse_gres_conf(text: str, *, source: str) -> GresConf:
+    """Parse gres.conf text (gres.conf(5), Slurm 22.05).
+
+    Args:
+        text: the whole file.
+        source: its name, used in errors and in each entry's ``where`` (``gres.conf:12``).
+
+    Returns:
+        The entries in file order.
+
+    Raises:
+        ParseError: an unknown key (the message names it and lists :data:`GRES_CONF_KEYS`), a word
+            that is not ``Key=Value``, a key given twice on one line, a bad hostlist, ``Count``,
+            ``Cores``/``CPUs`` or ``Flags`` value. ``source`` is ``file:line``.
+    """
+    entries = []
+    for number, line in _logical_lines(text):
+        try:
+            entries.append(_gres_entry(line, source, number))
+        except ParseError as e:
+            raise _at(source, number, e) from None
+    return GresConf(source, tuple(entries))
+
+
+def _gres_entry(line: str, source: str, number: int) -> GresEntry:
+    params: dict[str, str] = {}
+    for key, value in _tokens(line):
+        if key is None:
+            raise ParseError(f"{value!r} is not a Key=Value pair", hint="gres.conf lines are Key=Value pairs")
+        canon = _GRES_KEYS.get(key.lower())
+        if canon is None:
+            raise ParseError(f"unknown gres.conf key {key!r}",
+                             hint=f"known keys, in any case: {', '.join(GRES_CONF_KEYS)}")
+        if canon in params or (canon in ("Cores", "CPUs") and {"Cores", "CPUs"} & params.keys()):
+            raise ParseError(f"{key}= is given twice on one line")
+        params[canon] = value
+    fields: dict = {"source": source, "line": number, "params": tuple(params.items())}
+    for key, value in params.items():
+        if key == "NodeName":
+            fields["nodes"] = expand_hostlist(value)
+        elif key == "Name":
+            fields["name"] = value
+        elif key == "Type":
+            fields["type"] = value
+        elif key == "File":
+            fields["files"] = expand_hostlist(value)
+        elif key == "MultipleFiles":
+            fields["multiple_files"] = expand_hostlist(value)
+        elif key == "Count":
+            fields["count"] = parse_count(value)
+        elif key in ("Cores", "CPUs"):
+            fields["cores"] = parse_id_list(value)
+            fields["cores_key"] = key
+        elif key == "Links":
+            fields["links"] = value
+        elif key == "Flags":
+            fields["flags"] = tuple(f for f in value.split(",") if f)
+        elif key == "AutoDetect":
+            fields["autodetect"] = value.lower()
+    if "name" not in fields and "autodetect" not in fields:
+        raise ParseError("a gres.conf line needs Name= (or AutoDetect=)",
+                         hint="e.g. NodeName=tux1 Name=gpu File=/dev/nvidia0")
+    return GresEntry(**fields)
+
+
+# --- slurm.conf -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GresSpec:
+    """One item of a slurm.conf ``Gres=`` value: ``<name>[:<type>][:no_consume]:<count>``.
+
+    Attributes:
+        name: GRES name (``gpu``, ``shard``).
+        type: GRES type, or ``""``.
+        count: the count with its suffix applied (1 when the item gives none).
+        no_consume: the ``no_consume`` field was given.
+        sockets: a socket binding written after the item, e.g. ``S:0-1``, or ``""``.
+    """
+
+    name: str
+    type: str = ""
+    count: int = 1
+    no_consume: bool = False
+    sockets: str = ""
+
+    @property
+    def text(self) -> str:
+        """``name[:type]:count``, the form the generator writes."""
+        return f"{self.name}:{self.type}:{self.count}" if self.type else f"{self.name}:{self.count}"
+
+
+@dataclass(frozen=True)
+class SlurmNode:
+    """The GRES and CPU layout of one node from its slurm.conf ``NodeName=`` line (defaults applied).
+
+    Attributes:
+        name: the node name (one per node of a hostlist).
+        source: the file name given to :func:`parse_slurm_conf_gres`.
+        line: number of the ``NodeName=`` line.
+        gres: the ``Gres=`` items, or None when the node has no ``Gres=``.
+        sockets, sockets_per_board, cores_per_socket, threads_per_core, boards, cpus: as written
+            (None when neither the line nor a ``NodeName=DEFAULT`` line gives them).
+    """
+
+    name: str
+    source: str
+    line: int
+    gres: tuple[GresSpec, ...] | None = None
+    sockets: int | None = None
+    sockets_per_board: int | None = None
+    cores_per_socket: int | None = None
+    threads_per_core: int | None = None
+    boards: int | None = None
+    cpus: int | None = None
+
+    @property
+    def where(self) -> str:
+        """``source:line``."""
+        return f"{self.source}:{self.line}"
+
+    @property
+    def gres_counts(self) -> dict[tuple[str, str], int]:
+        """``Gres=`` counts keyed by ``(name, type)``, summed over repeated items."""
+        out: dict[tuple[str, str], int] = {}
+        for g in self.gres or ():
+            out[(g.name, g.type)] = out.get((g.name, g.type), 0) + g.count
+        return out
+
+    @property
+    def layout(self) -> CpuLayout | None:
+        """The node's CPU layout as slurm.conf(5) derives it, or None when ``CoresPerSocket`` is not given.
+
+        ``Sockets`` is read as sockets per board when ``Boards`` is given; a missing ``Sockets`` is
+        inferred from ``CPUs / (CoresPerSocket * ThreadsPerCore)``, else 1 (slurm.conf(5) "Sockets").
+        """
+        if self.cores_per_socket is None:
+            return None
+        threads = self.threads_per_core or 1
+        boards = self.boards or 1
+        per_board = self.sockets_per_board or self.sockets
+        if per_board is None:
+            total = self.cpus // (self.cores_per_socket * threads) if self.cpus else 1
+            per_board = max(1, total // boards)
+        return CpuLayout(sockets=boards * per_board, cores_per_socket=self.cores_per_socket,
+                         threads_per_core=threads)
+
+
+@dataclass(frozen=True)
+class SlurmGresConf:
+    """The GRES part of a slurm.conf.
+
+    Attributes:
+        source: the file name given to :func:`parse_slurm_conf_gres`.
+        gres_types: ``GresTypes=`` items, or None when not set.
+        gres_types_line: its line number, or None.
+        accounting_tres: ``AccountingStorageTRES=`` items, or None when not set.
+        accounting_tres_line: its line number, or None.
+        nodes: one entry per node name (hostlists expanded), in file order; a node named twice keeps
+            its first line (slurm.conf(5): duplicate node name records are ignored).
+    """
+
+    source: str
+    gres_types: tuple[str, ...] | None = None
+    gres_types_line: int | None = None
+    accounting_tres: tuple[str, ...] | None = None
+    accounting_tres_line: int | None = None
+    nodes: tuple[SlurmNode, ...] = ()
+
+    def node(self, name: str) -> SlurmNode | None:
+        """The node called ``name``, or None."""
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        return None
+
+
+def parse_gres_value(text: str) -> tuple[GresSpec, ...]:
+    """Parse a slurm.conf ``Gres=`` value: ``gpu:a100:8,shard:640``, ``gpu:tesla:2(S:0-1)``.
+
+    Grammar (slurm.conf(5) "Gres"): comma-separated ``<name>[:<type>][:no_consume]:<count>[K|M|G|T|P]``;
+    the count may be left out (1).
+
+    Raises:
+        ParseError: an empty item or name, a bad count, more fields than the grammar allows
+            (``source`` is None).
+    """
+    specs = []
+    for item in _split_outside(text, ",", "(", ")"):
+        item = item.strip()
+        sockets = ""
+        m = re.fullmatch(r"(.*?)\((.*)\)", item)
+        if m is not None:
+            item, sockets = m.group(1), m.group(2)
+        fields = item.split(":")
+        if not item or not fields[0]:
+            raise ParseError(f"empty GRES item in Gres={text}", hint="e.g. Gres=gpu:a100:8,shard:640")
+        count = 1
+        if len(fields) > 1 and _COUNT.fullmatch(fields[-1]):
+            count = parse_count(fields.pop())
+        no_consume = False
+        if len(fields) > 1 and fields[-1].lower() == "no_consume":
+            fields.pop()
+            no_consume = True
+        if len(fields) > 2:
+            raise ParseError(f"GRES item {item!r} in Gres={text} has too many fields",
+                             hint="write <name>[:<type>][:no_consume]:<count>")
+        specs.append(GresSpec(fields[0], fields[1] if len(fields) == 2 else "", count, no_consume, sockets))
+    return tuple(specs)
+
+
+def parse_slurm_conf_gres(text: str, *, source: str) -> SlurmGresConf:
+    """Read ``GresTypes``, ``AccountingStorageTRES`` and every node's ``Gres=`` and CPU layout.
+
+    Key names are case insensitive (slurm.conf(5): real files write ``gres=``). Lines with other
+    keys are skipped, as are ``Include`` lines (nothing is read from disk). ``NodeName=DEFAULT``
+    lines add to the defaults of the lines after them (slurm.conf(5) "NODE CONFIGURATION").
+
+    Args:
+        text: the slurm.conf text (a whole file or a snippet).
+        source: its name, used in errors and in each node's ``where``.
+
+    Raises:
+        ParseError: a bad hostlist, ``Gres=`` value or layout number (``source`` is ``file:line``).
+    """
+    gres_types = tres = None
+    gres_types_line = tres_line = None
+    defaults: dict[str, str] = {}
+    nodes: dict[str, SlurmNode] = {}
+    for number, line in _logical_lines(text):
+        pairs = [(k, v) for k, v in _tokens(line) if k is not None]
+        if not pairs:
+            continue
+        first = pairs[0][0].lower()
+        try:
+            if first == "nodename":
+                values = {}
+                for key, value in pairs:
+                    canon = _NODE_KEYS.get(key.lower())
+                    if canon is not None:
+                        values[canon] = value
+                if values["NodeName"].upper() == "DEFAULT":
+                    defaults.update({k: v for k, v in values.items() if k != "NodeName"})
+                    continue
+                merged = {**defaults, **values}
+                for name in expand_hostlist(values["NodeName"]):
+                    if name not in nodes:
+                        nodes[name] = _slurm_node(name, merged, source, number)
+                continue
+            for key, value in pairs:
+                if key.lower() == "grestypes":
+                    gres_types, gres_types_line = tuple(v for v in value.split(",") if v), number
+                elif key.lower() == "accountingstoragetres":
+                    tres, tres_line = tuple(v for v in value.split(",") if v), number
+        except ParseError as e:
+            raise _at(source, number, e) from None
+    return SlurmGresConf(source, gres_types, gres_types_line, tres, tres_line, tuple(nodes.values()))
+
+
+def _slurm_node(name: str, values: dict[str, str], source: str, number: int) -> SlurmNode:
+    numbers = {}
+    for key, attr in (("Sockets", "sockets"), ("SocketsPerBoard", "sockets_per_board"),
+                      ("CoresPerSocket", "cores_per_socket"), ("ThreadsPerCore", "threads_per_core"),
+                      ("Boards", "boards"), ("CPUs", "cpus")):
+        if key in values:
+            if not values[key].isdigit():
+                raise ParseError(f"{key}={values[key]} is not a number")
+            numbers[attr] = int(values[key])
+    gres = parse_gres_value(values["Gres"]) if values.get("Gres") else None
+    return SlurmNode(name, source, number, gres, **numbers)
