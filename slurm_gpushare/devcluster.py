@@ -10,15 +10,22 @@ and gres.conf / slurm.conf are rendered by :mod:`slurm_gpushare.gresconf`.
 
 Everything lives under one state directory (``--dir``, env ``GPUSHARE_DEV_DIR``, default
 ``/tmp/slurm-gpushare-dev``); ports come from one base (``--port-base``, env ``GPUSHARE_DEV_PORT``).
-``up`` twice is harmless; ``down`` cancels the cluster's jobs first, then stops only the PIDs written
-in its own ``run/*.pid`` files. The Slurm 22.05 pitfalls this handles are listed in docs/development.md.
+``up`` checks its settings before starting anything, is harmless twice, and stops what it started when
+it fails. A PID (from a ``run/*.pid`` file) is only reported as running or signalled once ``/proc``
+shows it is this cluster's daemon (:meth:`DevCluster.is_ours`); ``down`` cancels the cluster's jobs
+first, then stops the cluster's daemons. The Slurm 22.05 pitfalls this handles are listed in
+docs/development.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
+import errno
+import itertools
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -43,11 +50,36 @@ DEFAULT_NODES = {
     "rtx4090-pcie": "8x-rtx4090-pcie.json",
     "h100-mig": "4x-h100-mig-mixed.json",
 }
+#: The Lua shims and other example configs of the repository (the dev cluster installs them).
+ETC = Path(__file__).resolve().parent.parent / "etc"
+#: Partitions besides ``gpu`` (all nodes, the default): one without MIG, one PCIe-only.
+DEFAULT_PARTITIONS = {"nomig": ("h100-nvs", "a100-nvb", "rtx4090-pcie"), "pcie": ("rtx4090-pcie",)}
 NVIDIA_MAJOR = 195
 #: nvidia-caps has a dynamic major on real nodes; any free major serves the fake devices.
 NVIDIA_CAPS_MAJOR = 239
 #: Memory the fake nodes claim (MiB); config_overrides lets slurmd accept more than the host has.
 NODE_REAL_MEMORY_MIB = 512000
+#: Longest path a unix socket can bind (sun_path is 108 bytes with its terminating NUL).
+UNIX_SOCKET_PATH_MAX = 107
+#: Characters a state directory may contain: Slurm config values split on whitespace, ``#`` starts a
+#: comment, ``%`` is expanded in the slurmd paths, ``,`` and ``=`` separate AuthInfo options, and the
+#: directory is also written into a Lua string.
+_DIR_CHARS = re.compile(r"[A-Za-z0-9._+@/-]")
+#: Log lines every start writes on Debian's build (no PMIx library), never the cause of a failure.
+_HARMLESS_LOG = ("mpi/pmix", "pmi/pmix", "Couldn't load specified plugin name for mpi/pmix",
+                 "Cannot create context for mpi/pmix")
+#: Stop order of ``down`` (after the slurmd of every node).
+_STOP_ORDER = ("filterd", "slurmctld", "slurmdbd", "mysqld", "munged")
+
+
+@dataclass
+class _Start:
+    """What one ``up`` found running, where each log ended when it began, and what it started."""
+
+    before: set[int]
+    marks: dict[str, int]
+    started: list[tuple[str, int]] = field(default_factory=list)
+    children: list[subprocess.Popen] = field(default_factory=list)
 
 
 def packaged_machine(filename: str) -> Machine:
@@ -68,6 +100,7 @@ class DevCluster:
         dbd: run a private MariaDB and slurmdbd so that ``sacct`` works.
         gres_options: per-node gres.conf generation options (the device directory is always the
             node's own fake one).
+        extra_partitions: partitions besides ``gpu`` (every node, the default), name -> node names.
     """
 
     root: Path
@@ -76,6 +109,8 @@ class DevCluster:
     cgroup: bool = False
     dbd: bool = False
     gres_options: dict[str, GresOptions] = field(default_factory=dict)
+    extra_partitions: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    _start: _Start | None = field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
     def default(cls, root: str | Path | None = None, port_base: int | None = None, *,
@@ -84,13 +119,17 @@ class DevCluster:
         root = Path(root or os.environ.get("GPUSHARE_DEV_DIR") or DEFAULT_DIR)
         port = int(port_base or os.environ.get("GPUSHARE_DEV_PORT") or DEFAULT_PORT_BASE)
         nodes = {name: packaged_machine(f) for name, f in DEFAULT_NODES.items()}
-        return cls(root.absolute(), port, nodes, cgroup=cgroup, dbd=dbd)
+        return cls(root.absolute(), port, nodes, cgroup=cgroup, dbd=dbd, extra_partitions=DEFAULT_PARTITIONS)
 
     # --- paths and environment ----------------------------------------------------------------
 
     @property
     def slurm_conf(self) -> Path:
         return self.root / "etc" / "slurm.conf"
+
+    @property
+    def filterd_socket(self) -> Path:
+        return self.root / "run" / "filterd.sock"
 
     @property
     def env(self) -> dict[str, str]:
@@ -110,7 +149,7 @@ class DevCluster:
         names = ["munged"]
         if self.dbd:
             names += ["mysqld", "slurmdbd"]
-        return names + ["slurmctld"] + [f"slurmd-{n}" for n in self.nodes]
+        return names + ["slurmctld", "filterd"] + [f"slurmd-{n}" for n in self.nodes]
 
     # --- rendering ----------------------------------------------------------------------------
 
@@ -160,6 +199,8 @@ class DevCluster:
             "MinJobAge=30",
             "SlurmdParameters=config_overrides",
             "PrologFlags=Alloc",
+            "JobSubmitPlugins=lua",
+            "CliFilterPlugins=cli_filter/lua",
         ]
         if self.dbd:
             conf += [
@@ -173,6 +214,8 @@ class DevCluster:
             conf.append("AccountingStorageType=accounting_storage/none")
         conf.append(gres_text.rstrip("\n"))
         conf.append(f"PartitionName=gpu Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE State=UP")
+        for part, names in self.extra_partitions.items():
+            conf.append(f"PartitionName={part} Nodes={','.join(names)} MaxTime=INFINITE State=UP")
         files = {
             "etc/slurm.conf": "\n".join(conf) + "\n",
             "etc/gres.conf": render_gres_conf(generated, header="Generated by slurm-gpushare dev-cluster."),
@@ -188,6 +231,11 @@ class DevCluster:
                 f"LogFile={r}/log/slurmdbd.log\nStorageType=accounting_storage/mysql\n"
                 f"StorageHost=127.0.0.1\nStoragePort={self.port_base + 3}\nStorageUser=slurm\n"
                 "StoragePass=gpushare-dev\nStorageLoc=slurm_acct_db\n")
+        for lua in ("job_submit.lua", "cli_filter.lua", "gpushare_client.lua"):
+            text = (ETC / lua).read_text()
+            if lua == "gpushare_client.lua":
+                text = _set_lua_setting(text, "socket", f'"{self.filterd_socket}"')
+            files[f"etc/{lua}"] = text
         for name, m in self.nodes.items():
             files[f"machines/{name}.json"] = m.to_json()
         files["cluster.json"] = json.dumps({"cgroup": self.cgroup, "dbd": self.dbd, "port_base": self.port_base,
@@ -199,77 +247,144 @@ class DevCluster:
     def up(self, *, timeout: float = 90.0, out=sys.stdout) -> None:
         """Bring the cluster up (idempotent) and wait until every node is IDLE.
 
+        Settings are checked before anything starts (:meth:`check_settings`). When a later step
+        fails, the daemons this call started are stopped again before the error is raised; daemons
+        that were already running are left alone.
+
         Raises:
-            ClusterError: a missing program, a daemon that dies at start (with its log tail), a
-                running cluster with another configuration, or nodes not idle within ``timeout``.
+            ClusterError: bad settings (one line each), a missing program, a daemon that dies at start
+                (with the relevant lines its log got during this start), a running cluster with another
+                configuration (naming what differs), or nodes not idle within ``timeout``.
         """
+        self.check_settings()
         self._check_programs()
         files = self.render()
         running = self.alive("slurmctld")
         if running:
-            current = self._read("etc/slurm.conf")
-            if current != files["etc/slurm.conf"] or self._read("etc/gres.conf") != files["etc/gres.conf"]:
-                raise ClusterError(f"a dev cluster with another configuration is running in {self.root}",
+            diffs = self._config_differences(files)
+            if diffs:
+                shown = "; ".join(diffs[:3]) + (f" (and {len(diffs) - 3} more differing lines)" if len(diffs) > 3
+                                                else "")
+                raise ClusterError(f"a dev cluster with another configuration is running in {self.root}: {shown}",
                                    hint="run 'scripts/dev-cluster down' first, or use another --dir/--port-base")
         changed = self._read("etc/slurm.conf") != files["etc/slurm.conf"] or \
             self._read("etc/gres.conf") != files["etc/gres.conf"]
-        self._prepare(files)
-        self._start_munged()
-        if self.dbd:
-            self._start_dbd()
-        if not running:
-            # slurmctld keeps each node's registered GRES in its saved state, and a node whose GRES
-            # changed is not re-read from the new gres.conf: start clean (-c) after a config change.
-            self._spawn("slurmctld", ["slurmctld", "-c"] if changed else ["slurmctld"])
-        self._wait(lambda: self._slurm_ok(["scontrol", "ping"], "UP"), 30, "slurmctld answering ping",
-                   log="log/slurmctld.log", daemon="slurmctld")
-        for name in self.nodes:
-            if not self.alive(f"slurmd-{name}"):
-                self._spawn(f"slurmd-{name}", ["slurmd", "-N", name])
-        self._wait(self.all_idle, timeout, "all nodes IDLE", log="log/slurmctld.log")
+        self._begin_start()
+        try:
+            self._prepare(files)
+            self._start_munged()
+            if self.dbd:
+                self._start_dbd()
+            if not running:
+                # slurmctld keeps each node's registered GRES in its saved state, and a node whose GRES
+                # changed is not re-read from the new gres.conf: start clean (-c) after a config change.
+                self._spawn("slurmctld", ["slurmctld", "-c"] if changed else ["slurmctld"])
+            self._wait(lambda: self._slurm_ok(["scontrol", "ping"], "UP"), 30, "slurmctld answering ping",
+                       log="log/slurmctld.log", daemon="slurmctld")
+            self.start_filterd()
+            for name in self.nodes:
+                if not self.alive(f"slurmd-{name}"):
+                    self._spawn(f"slurmd-{name}", ["slurmd", "-N", name])
+            self._wait(self.all_idle, timeout, "all nodes IDLE", log="log/slurmctld.log")
+        except BaseException as e:
+            note = self._undo_start()
+            if isinstance(e, ClusterError):
+                raise ClusterError(e.message + (f"\n{note}" if note else ""), hint=e.hint, source=e.source) from e
+            if isinstance(e, (OSError, subprocess.SubprocessError)):
+                raise ClusterError(f"{e}" + (f"\n{note}" if note else "")) from e
+            raise
+        finally:
+            self._start = None
         print(f"dev cluster up in {self.root} ({len(self.nodes)} nodes)", file=out)
         print(self.sinfo(), file=out)
         print(f"export SLURM_CONF={self.slurm_conf}", file=out)
 
     def down(self, *, out=sys.stdout) -> list[int]:
-        """Cancel the cluster's jobs, then stop its daemons by the PIDs in its pid files.
+        """Cancel the cluster's jobs, then stop its daemons.
+
+        A daemon's PID comes from its pid file when that names this cluster's daemon (see
+        :meth:`is_ours`); a daemon whose pid file is missing or stale is found in ``/proc`` by the same
+        check. A pid file naming any other process is reported as stale and removed; that process is
+        never signalled.
 
         Returns:
             the PIDs that were stopped.
+
+        Raises:
+            ClusterError: daemons of the cluster run but this user may not stop them (not root).
         """
-        if self.alive("slurmctld"):
-            ids = self._slurm(["squeue", "-h", "-o", "%i"]).split()
-            if ids:
-                self._slurm(["scancel", "--full", *ids], check=False)
-                self._slurm(["scancel", *ids], check=False)
-                try:
-                    self._wait(lambda: not self._slurm(["squeue", "-h", "-o", "%i"], check=False).split(),
-                               30, "jobs to end")
-                except ClusterError as e:
-                    print(f"warning: {e}", file=sys.stderr)
-        stopped = []
-        order = [f"slurmd-{n}" for n in self.nodes] + ["slurmctld", "slurmdbd", "mysqld", "munged"]
-        # also stop slurmd pid files of nodes no longer in the configuration
-        extra = sorted(p.stem for p in (self.root / "run").glob("slurmd-*.pid") if p.stem not in order)
-        for daemon in extra + order:
+        if not self.root.is_dir():
+            print(f"no dev cluster in {self.root}: nothing to stop", file=out)
+            return []
+        found = self._scan()
+        nodes = [f"slurmd-{n}" for n in self.nodes]
+        # also stop slurmd of nodes no longer in the configuration (pid files, or found running)
+        extra = sorted(({p.stem for p in (self.root / "run").glob("slurmd-*.pid")} |
+                        {d for d in found if d.startswith("slurmd-")}) - set(nodes))
+        names = extra + nodes + list(_STOP_ORDER)
+        targets: dict[str, list[int]] = {}
+        stale: dict[str, int] = {}
+        for daemon in names:
+            pids = list(found.get(daemon, []))
             pid = self.pid(daemon)
             if pid is not None and _pid_alive(pid):
-                _stop_pid(pid)
+                if self.is_ours(daemon, pid):
+                    pids = [pid] + [p for p in pids if p != pid]
+                else:
+                    stale[daemon] = pid
+            if pids:
+                targets[daemon] = pids
+        if targets and os.geteuid() != 0:
+            running = ", ".join(f"{d} (pid {ps[0]})" for d, ps in targets.items())
+            raise ClusterError(f"cannot stop the dev cluster in {self.root} as this user: its daemons run as root "
+                               f"({running})", hint="run as root")
+        if "slurmctld" in targets:
+            self._cancel_jobs()
+        stopped = []
+        for daemon in names:
+            if daemon in stale:
+                print(f"{daemon}: stale pid file (pid {stale[daemon]} is not this cluster's {daemon}); "
+                      "left that process alone", file=out)
+            for pid in targets.get(daemon, []):
+                _stop_pid(pid, what=daemon)
                 stopped.append(pid)
-            self.pidfile(daemon).unlink(missing_ok=True)
+            try:
+                self.pidfile(daemon).unlink(missing_ok=True)
+            except PermissionError:
+                raise ClusterError(f"cannot remove {self.pidfile(daemon)}", hint="run as root") from None
         self._remove_cgroups()
         print(f"dev cluster in {self.root} is down (stopped {len(stopped)} daemon(s))", file=out)
         return stopped
 
     def status(self) -> dict:
-        """Daemon PIDs and liveness, and the node states when slurmctld answers."""
-        daemons = {d: {"pid": self.pid(d), "alive": self.alive(d)} for d in self.daemons()}
+        """Daemon PIDs and liveness, and the node states when slurmctld answers.
+
+        Returns:
+            ``dir``, ``slurm_conf``; ``exists`` (the directory holds a dev cluster); ``ok`` (every
+            daemon runs); ``daemons``: name -> ``pid`` (from its pid file), ``alive`` (that PID is this
+            cluster's daemon) and, for a pid file naming another process, ``problem``; ``nodes``:
+            name -> Slurm state.
+        """
+        daemons: dict[str, dict] = {}
+        for d in self.daemons():
+            problem = self.pid_problem(d)
+            daemons[d] = {"pid": self.pid(d), "alive": self.alive(d)}
+            if problem:
+                daemons[d]["problem"] = problem
+        if any("problem" in s for s in daemons.values()):
+            found = self._scan()
+            for d, s in daemons.items():
+                if "problem" in s and found.get(d):
+                    s["problem"] += f"; this cluster's {d} runs as pid {found[d][0]}"
         nodes = {}
         if daemons["slurmctld"]["alive"]:
             for line in self._slurm(["sinfo", "-h", "-N", "-o", "%N %T"], check=False).splitlines():
                 n, st = line.split()
                 nodes[n] = st
-        return {"dir": str(self.root), "slurm_conf": str(self.slurm_conf), "daemons": daemons, "nodes": nodes}
+        exists = any(_is_file(self.root / rel) for rel in ("cluster.json", "etc/slurm.conf")) or \
+            any(s["pid"] is not None for s in daemons.values())
+        return {"dir": str(self.root), "slurm_conf": str(self.slurm_conf), "exists": exists,
+                "ok": all(s["alive"] for s in daemons.values()), "daemons": daemons, "nodes": nodes}
 
     def saved_options(self) -> dict:
         """Options of the last ``up`` in this directory (``cluster.json``), or ``{}``."""
@@ -277,6 +392,33 @@ class DevCluster:
             return json.loads((self.root / "cluster.json").read_text())
         except (OSError, ValueError):
             return {}
+
+    def check_settings(self) -> None:
+        """Check what ``up`` needs before it starts anything; one line per problem.
+
+        Ports: every port the cluster derives from ``port_base`` (slurmctld = base, slurmd default
+        +1, slurmdbd +2, MariaDB +3, node *i*: +10+*i*) lies within 1024..65535, and the ones a daemon
+        of this cluster that is not running yet would listen on are free on 127.0.0.1 and 0.0.0.0.
+        Directory: only characters Slurm config files take, not a file nor below one, not under
+        /proc or /sys, and short enough for its unix socket paths.
+
+        Raises:
+            ClusterError: naming each problem.
+        """
+        problems = self._dir_problems()
+        b = self.port_base
+        last = b + 10 + len(self.nodes)
+        if b < 1024 or last > 65535:
+            problems.append(f"--port-base {b} is out of range: the cluster uses ports {b}..{last} (slurmctld {b}, "
+                            f"slurmd default {b + 1}, slurmdbd {b + 2}, MariaDB {b + 3}, the nodes' slurmd "
+                            f"{b + 11}..{last}), which must lie within 1024..65535 "
+                            f"(use a --port-base from 1024 to {65535 - 10 - len(self.nodes)})")
+        elif not problems:
+            problems += self._port_problems()
+        if len(problems) == 1:
+            raise ClusterError(problems[0])
+        if problems:
+            raise ClusterError(f"{len(problems)} problems with the settings:\n" + "\n".join(problems))
 
     # --- queries ------------------------------------------------------------------------------
 
@@ -288,8 +430,48 @@ class DevCluster:
             return None
 
     def alive(self, daemon: str) -> bool:
+        """Whether ``run/<daemon>.pid`` names a live process that is this cluster's ``daemon``."""
         pid = self.pid(daemon)
-        return pid is not None and _pid_alive(pid)
+        return pid is not None and _pid_alive(pid) and self.is_ours(daemon, pid)
+
+    def pid_problem(self, daemon: str) -> str | None:
+        """Why ``run/<daemon>.pid`` cannot be trusted (it names a live process that is not this
+        cluster's ``daemon``), or None."""
+        pid = self.pid(daemon)
+        if pid is not None and _pid_alive(pid) and not self.is_ours(daemon, pid):
+            return f"stale pid file (pid {pid} is not this cluster's {daemon})"
+        return None
+
+    def is_ours(self, daemon: str, pid: int, *, strict: bool = False) -> bool:
+        """Whether process ``pid`` is this cluster's ``daemon`` (a pid-file name: ``munged``,
+        ``slurmctld``, ``slurmd-<node>``, ``filterd``, ...), judged from ``/proc/<pid>``.
+
+        The program (``/proc/<pid>/cmdline``) must match: ``munged``; ``slurmctld``; ``slurmdbd``;
+        ``slurmd -N <node>``; ``mariadbd`` (or ``mysqld``) for ``mysqld``; a Python running
+        ``slurm_gpushare filterd``. And it must belong to this cluster: munged's ``--socket``, MariaDB's
+        ``--datadir``/``--socket`` and filterd's ``--socket`` are this cluster's; a Slurm daemon's
+        ``SLURM_CONF`` (``/proc/<pid>/environ``) is this cluster's slurm.conf. Another user's
+        environment cannot be read: then the program match decides, unless ``strict``.
+        """
+        argv = _proc_argv(pid)
+        if not argv or _daemon_of(argv) != daemon:
+            return False
+        r = self.root
+        if daemon == "munged":
+            return _same_path(_option(argv[1:], "--socket", "-S"), r / "munge" / "munge.sock")
+        if daemon == "mysqld":
+            return _same_path(_option(argv[1:], "--datadir"), r / "db" / "data") or \
+                _same_path(_option(argv[1:], "--socket"), r / "db" / "mysqld.sock")
+        if daemon == "filterd":
+            return _same_path(_option(argv[1:], "--socket"), self.filterd_socket)
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except PermissionError:
+            return not strict
+        except OSError:
+            return False
+        conf = next((e[len(b"SLURM_CONF="):] for e in environ if e.startswith(b"SLURM_CONF=")), None)
+        return conf is not None and _same_path(os.fsdecode(conf), self.slurm_conf)
 
     def all_idle(self) -> bool:
         out = self._slurm(["sinfo", "-h", "-N", "-o", "%N %T"], check=False)
@@ -297,7 +479,15 @@ class DevCluster:
         return set(states) >= set(self.nodes) and all(states[n] == "idle" for n in self.nodes)
 
     def sinfo(self) -> str:
-        return self._slurm(["sinfo", "-N", "-O", "NodeList:16,StateLong:10,Gres:120"], check=False).rstrip()
+        """Node, state and the full GRES of every node (one row per node), aligned."""
+        out = self._slurm(["sinfo", "-h", "-N", "-o", "%N|%T|%G"], check=False)
+        rows = [("NODELIST", "STATE", "GRES")]
+        for line in out.splitlines():
+            row = tuple(line.split("|", 2))
+            if len(row) == 3 and row not in rows:  # sinfo -N repeats a node once per partition
+                rows.append(row)
+        w0, w1 = (max(len(r[i]) for r in rows) for i in (0, 1))
+        return "\n".join(f"{n:<{w0}}  {s:<{w1}}  {g}".rstrip() for n, s, g in rows)
 
     # --- internals ----------------------------------------------------------------------------
 
@@ -356,6 +546,46 @@ class DevCluster:
                         (d / "nvidia-caps").mkdir(exist_ok=True)
                         _mknod(d / "nvidia-caps" / f"nvidia-cap{cap}", NVIDIA_CAPS_MAJOR, cap)
 
+    def start_filterd(self, *, timeout: float = 20.0) -> None:
+        """Start ``slurm-gpushare filterd`` for this cluster (if not running) and wait for its socket.
+
+        Raises:
+            ClusterError: it died or did not listen within ``timeout`` (then it is stopped again).
+        """
+        if self.alive("filterd"):
+            return
+        own = self._start is None  # called on its own, not by up()
+        if own:
+            self._begin_start()
+        try:
+            self._start_filterd(timeout)
+        except BaseException as e:
+            if own:
+                note = self._undo_start()
+                if isinstance(e, ClusterError) and note:
+                    raise ClusterError(f"{e.message}\n{note}", hint=e.hint, source=e.source) from e
+            raise
+        finally:
+            if own:
+                self._start = None
+
+    def _start_filterd(self, timeout: float) -> None:
+        r = self.root
+        policy = r / "etc" / "gpushare.toml"
+        argv = [sys.executable, "-m", "slurm_gpushare", "filterd", f"--socket={self.filterd_socket}",
+                f"--machines={r / 'machines'}", f"--log={r / 'log' / 'filterd.log'}",
+                f"--pid-file={self.pidfile('filterd')}", "--refresh=5"]
+        if policy.exists():
+            argv.append(f"--policy={policy}")
+        self._mark_log("log/filterd.stderr")
+        with open(r / "log" / "filterd.stderr", "ab") as err:
+            proc = subprocess.Popen(argv, env=self.env, stdin=subprocess.DEVNULL, stdout=err, stderr=err,
+                                    start_new_session=True, cwd=r)
+        self._record("filterd", proc)
+        self._wait(lambda: self.alive("filterd") and _listening(self.filterd_socket), timeout,
+                   "the filter service socket", log="log/filterd.stderr", died=lambda: proc.poll() is not None,
+                   daemon_name="filterd")
+
     def _start_munged(self) -> None:
         if self.alive("munged"):
             return
@@ -372,32 +602,41 @@ class DevCluster:
             _run(["mariadb-install-db", "--user=root", f"--datadir={r}/db/data",
                   "--auth-root-authentication-method=normal", "--skip-test-db"], log=r / "log" / "mariadb-install.log")
         if not self.alive("mysqld"):
-            log = open(r / "log" / "mysqld.out", "ab")
-            subprocess.Popen(["mariadbd", "--user=root", f"--datadir={r}/db/data", f"--socket={sock}",
-                              f"--port={self.port_base + 3}", "--bind-address=127.0.0.1",
-                              f"--pid-file={self.pidfile('mysqld')}", f"--log-error={r}/log/mysqld.err",
-                              "--innodb-buffer-pool-size=64M"],
-                             stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
-            log.close()
+            self._mark_log("log/mysqld.err")
+            with open(r / "log" / "mysqld.out", "ab") as log:
+                proc = subprocess.Popen(["mariadbd", "--user=root", f"--datadir={r}/db/data", f"--socket={sock}",
+                                         f"--port={self.port_base + 3}", "--bind-address=127.0.0.1",
+                                         f"--pid-file={self.pidfile('mysqld')}", f"--log-error={r}/log/mysqld.err",
+                                         "--innodb-buffer-pool-size=64M"],
+                                        stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
+            self._record("mysqld", proc)
         sql = ["mariadb", "-S", str(sock), "-uroot"]
         self._wait(lambda: subprocess.run([*sql, "-e", "select 1"], capture_output=True).returncode == 0,
                    30, "MariaDB", log="log/mysqld.err")
         _run([*sql, "-e", "CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY 'gpushare-dev'; "
                           "GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1'; FLUSH PRIVILEGES;"])
-        if not self.alive("slurmdbd"):
+        started_now = not self.alive("slurmdbd")
+        if started_now:
             self._spawn("slurmdbd", ["slurmdbd"])
-        self._wait(lambda: "slurmdbd version" in (self._read("log/slurmdbd.log") or ""), 30, "slurmdbd",
-                   log="log/slurmdbd.log")
+        # a slurmdbd started now must say so in what its log got since; one already running said it before
+        self._wait(lambda: "slurmdbd version" in (self._log_since("log/slurmdbd.log") if started_now
+                                                  else self._read("log/slurmdbd.log") or ""),
+                   30, "slurmdbd", log="log/slurmdbd.log")
 
     def _spawn(self, daemon: str, argv: list[str]) -> None:
-        """Start a self-daemonizing program and wait for its pid file to name a live process."""
+        """Start a self-daemonizing program and wait for its pid file to name this cluster's daemon."""
+        self._mark_log(f"log/{daemon}.log")
         log = self.root / "log" / f"{daemon}.start.log"
         proc = subprocess.run(argv, env=self.env, capture_output=True, text=True, stdin=subprocess.DEVNULL)
         log.write_text(proc.stdout + proc.stderr)
         if proc.returncode != 0:
-            raise ClusterError(f"{argv[0]} exited with {proc.returncode}: {(proc.stdout + proc.stderr).strip()[-500:]}",
+            lines = _relevant_lines(proc.stdout + proc.stderr)
+            raise ClusterError(f"{argv[0]} exited with {proc.returncode}" + "".join(f"\n{ln}" for ln in lines),
                                source=" ".join(argv))
         self._wait(lambda: self.alive(daemon), 15, f"{daemon} pid file", log=f"log/{daemon}.log")
+        pid = self.pid(daemon)
+        if self._start is not None and pid is not None:
+            self._start.started.append((daemon, pid))
 
     def _slurm(self, argv: list[str], *, check: bool = True) -> str:
         proc = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=60)
@@ -411,25 +650,188 @@ class DevCluster:
         except subprocess.TimeoutExpired:
             return False
 
-    def _wait(self, cond, timeout: float, what: str, *, log: str | None = None, daemon: str | None = None) -> None:
-        """Poll ``cond`` with backoff; fail early when ``daemon`` died, with the tail of ``log``."""
+    def _wait(self, cond, timeout: float, what: str, *, log: str | None = None, daemon: str | None = None,
+              died=None, daemon_name: str | None = None) -> None:
+        """Poll ``cond`` with backoff; fail early when ``daemon`` (a pid-file name) is not running or
+        ``died()`` is true, with the relevant lines ``log`` got since this start began."""
         deadline = time.monotonic() + timeout
         delay = 0.05
         problem = f"timed out after {timeout:.0f} s waiting for {what}"
         while time.monotonic() < deadline:
             if cond():
                 return
-            if daemon is not None and not self.alive(daemon):
-                problem = f"{daemon} died while waiting for {what}"
+            if (daemon is not None and not self.alive(daemon)) or (died is not None and died()):
+                problem = f"{daemon or daemon_name} died while waiting for {what}"
                 break
             time.sleep(delay)
             delay = min(delay * 1.5, 0.5)
         tail = ""
         if log:
-            lines = (self._read(log) or "").splitlines()
-            fatal = [ln for ln in lines if "fatal" in ln or "error" in ln.lower()]
-            tail = "\n" + "\n".join((fatal or lines)[-8:])
+            lines = _relevant_lines(self._log_since(log))
+            tail = (f"; {self.root / log} says:" + "".join(f"\n{ln}" for ln in lines) if lines
+                    else f" (nothing new in {self.root / log})")
         raise ClusterError(problem + tail)
+
+    # --- one 'up': what it started, and where the logs stood ---------------------------------
+
+    def _begin_start(self) -> None:
+        """Note the cluster's running daemons and the size of each log before this ``up`` starts anything."""
+        marks = {}
+        log_dir = self.root / "log"
+        if log_dir.is_dir():
+            for p in log_dir.iterdir():
+                try:
+                    marks[f"log/{p.name}"] = p.stat().st_size
+                except OSError:
+                    pass
+        before = {pid for pids in self._scan().values() for pid in pids}
+        self._start = _Start(before=before, marks=marks)
+
+    def _mark_log(self, rel: str) -> None:
+        """Remember where ``rel`` ends now, unless this ``up`` already noted it (files it had not seen
+        yet are read from their start)."""
+        if self._start is not None and rel not in self._start.marks:
+            self._start.marks[rel] = _size(self.root / rel)
+
+    def _log_since(self, rel: str) -> str:
+        """What ``rel`` got since this start began (all of it when it was truncated meanwhile)."""
+        offset = self._start.marks.get(rel, 0) if self._start is not None else 0
+        try:
+            with open(self.root / rel, "rb") as f:
+                if os.fstat(f.fileno()).st_size < offset:
+                    offset = 0
+                f.seek(offset)
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    def _record(self, daemon: str, proc: subprocess.Popen) -> None:
+        if self._start is not None:
+            self._start.started.append((daemon, proc.pid))
+            self._start.children.append(proc)
+
+    def _undo_start(self) -> str:
+        """Stop the daemons this ``up`` started (and only those); say which."""
+        st = self._start
+        if st is None:
+            return ""
+        pids = list(st.started)
+        for daemon, found in self._scan().items():
+            pids += [(daemon, p) for p in found if p not in st.before]
+        order = {d: i for i, d in enumerate([f"slurmd-{n}" for n in self.nodes] + list(_STOP_ORDER))}
+        stopped, seen = [], set()
+        for daemon, pid in sorted(pids, key=lambda dp: order.get(dp[0], -1)):
+            if pid in seen or pid in st.before or not _pid_alive(pid) or not self.is_ours(daemon, pid):
+                continue
+            seen.add(pid)
+            try:
+                _stop_pid(pid, what=daemon)
+            except ClusterError:
+                continue
+            stopped.append(f"{daemon} (pid {pid})")
+            self.pidfile(daemon).unlink(missing_ok=True)
+        for proc in st.children:
+            proc.poll()
+        return f"stopped what this 'up' had started: {', '.join(stopped)}" if stopped else ""
+
+    # --- checks -------------------------------------------------------------------------------
+
+    def _dir_problems(self) -> list[str]:
+        r = str(self.root)
+        bad = sorted({ch for ch in r if not _DIR_CHARS.fullmatch(ch)})
+        if bad:
+            return [f"--dir {r!r} contains {', '.join(_describe_char(c) for c in bad)}, which Slurm config files "
+                    "cannot take (use letters, digits and . _ + @ - /)"]
+        problems = []
+        real = Path(os.path.realpath(r))
+        for special in ("/proc", "/sys"):
+            if real == Path(special) or Path(special) in real.parents:
+                return [f"--dir {r} is under {special}, which cannot hold the cluster's files "
+                        "(choose a directory such as /tmp/gpushare-dev)"]
+        p = self.root
+        while not os.path.lexists(p) and p != p.parent:
+            p = p.parent
+        if not p.is_dir():
+            problems.append(f"--dir {r} is an existing file, not a directory" if p == self.root
+                            else f"--dir {r} cannot be made: {p} is a file, not a directory")
+        socks = [self.root / "munge" / "munge.sock", self.filterd_socket]
+        if self.dbd:
+            socks.append(self.root / "db" / "mysqld.sock")
+        longest = max(socks, key=lambda s: len(os.fsencode(s)))
+        n = len(os.fsencode(longest))
+        if n > UNIX_SOCKET_PATH_MAX:
+            problems.append(f"--dir {r} is too long: the socket path {longest} would be {n} bytes, over the "
+                            f"{UNIX_SOCKET_PATH_MAX}-byte limit of unix sockets (use a shorter --dir)")
+        return problems
+
+    def _port_problems(self) -> list[str]:
+        """Ports that a daemon of this cluster not running yet would listen on, but are taken."""
+        b = self.port_base
+        wanted = []  # (port, what it is for, pid-file name of the daemon that would listen there)
+        if not self.alive("slurmctld"):
+            wanted.append((b, "slurmctld, SlurmctldPort", "slurmctld"))
+        if self.dbd and not self.alive("slurmdbd"):
+            wanted.append((b + 2, "slurmdbd, DbdPort", "slurmdbd"))
+        if self.dbd and not self.alive("mysqld"):
+            wanted.append((b + 3, "MariaDB", "mysqld"))
+        for i, name in enumerate(self.nodes, start=1):
+            if not self.alive(f"slurmd-{name}"):
+                wanted.append((b + 10 + i, f"slurmd of node {name}", f"slurmd-{name}"))
+        problems = []
+        found = None
+        for port, what, daemon in wanted:
+            for host in ("127.0.0.1", "0.0.0.0"):
+                if _port_taken(host, port):
+                    found = self._scan() if found is None else found
+                    if found.get(daemon):  # the cluster's own daemon, running without a valid pid file
+                        hint = (f"this cluster's {daemon} runs as pid {found[daemon][0]} without a valid pid "
+                                "file: run 'scripts/dev-cluster down' first")
+                    else:
+                        hint = "stop what uses it, or choose another --port-base"
+                    problems.append(f"port {port} ({what}) is already in use on {host} ({hint})")
+                    break
+        return problems
+
+    def _config_differences(self, files: dict[str, str]) -> list[str]:
+        """The setting lines in which the running configuration differs from ``files``."""
+        diffs = []
+        for rel in ("etc/slurm.conf", "etc/gres.conf"):
+            cur = (self._read(rel) or "").splitlines()
+            req = files.get(rel, "").splitlines()
+            for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, cur, req, autojunk=False).get_opcodes():
+                if tag != "equal":
+                    diffs += [_describe_change(a, b) for a, b in itertools.zip_longest(cur[i1:i2], req[j1:j2])]
+        return diffs
+
+    def _scan(self) -> dict[str, list[int]]:
+        """This cluster's live daemons, found in ``/proc`` (pid-file name -> PIDs), whatever the pid
+        files say. Only processes :meth:`is_ours` can prove to be this cluster's are listed."""
+        found: dict[str, list[int]] = {}
+        me = os.getpid()
+        try:
+            entries = [e.name for e in os.scandir("/proc") if e.name.isdigit()]
+        except OSError:
+            return found
+        for name in entries:
+            pid = int(name)
+            if pid == me:
+                continue
+            argv = _proc_argv(pid)
+            daemon = _daemon_of(argv) if argv else None
+            if daemon and self.is_ours(daemon, pid, strict=True) and _pid_alive(pid):
+                found.setdefault(daemon, []).append(pid)
+        return found
+
+    def _cancel_jobs(self) -> None:
+        ids = self._slurm(["squeue", "-h", "-o", "%i"], check=False).split()
+        if ids:
+            self._slurm(["scancel", "--full", *ids], check=False)
+            self._slurm(["scancel", *ids], check=False)
+            try:
+                self._wait(lambda: not self._slurm(["squeue", "-h", "-o", "%i"], check=False).split(),
+                           30, "jobs to end")
+            except ClusterError as e:
+                print(f"warning: {e}", file=sys.stderr)
 
     def _remove_cgroups(self) -> None:
         # task/cgroup (cgroup v1) leaves empty slurm_<node> parents behind; remove ours when empty
@@ -451,6 +853,31 @@ class DevCluster:
                         pass
 
 
+def _listening(path: Path) -> bool:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(str(path))
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+def _set_lua_setting(text: str, key: str, value: str) -> str:
+    """Replace ``  key = ...,`` in the settings table of gpushare_client.lua."""
+    out, done = [], False
+    for line in text.splitlines(keepends=True):
+        if not done and line.lstrip().startswith(f"{key} = "):
+            indent = line[: len(line) - len(line.lstrip())]
+            line = f"{indent}{key} = {value},\n"
+            done = True
+        out.append(line)
+    if not done:
+        raise ClusterError(f"gpushare_client.lua has no '{key} =' setting to render")
+    return "".join(out)
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -466,12 +893,18 @@ def _pid_alive(pid: int) -> bool:
         return False
 
 
-def _stop_pid(pid: int, timeout: float = 10.0) -> None:
-    """SIGTERM, wait up to ``timeout`` s, then SIGKILL (slurmd can ignore SIGTERM while registering)."""
+def _stop_pid(pid: int, timeout: float = 10.0, *, what: str = "daemon") -> None:
+    """SIGTERM, wait up to ``timeout`` s, then SIGKILL (slurmd can ignore SIGTERM while registering).
+
+    Raises:
+        ClusterError: this user may not signal ``pid`` (not root).
+    """
     try:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:
         return
+    except PermissionError:
+        raise ClusterError(f"not allowed to stop {what} (pid {pid})", hint="run as root") from None
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if not _pid_alive(pid):
@@ -484,6 +917,103 @@ def _stop_pid(pid: int, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline and _pid_alive(pid):
         time.sleep(0.05)
+
+
+def _proc_argv(pid: int) -> list[str] | None:
+    """The command line of ``pid`` from /proc (None for a gone process, a zombie or a kernel thread)."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    return [os.fsdecode(a) for a in raw.rstrip(b"\0").split(b"\0")] if raw else None
+
+
+def _daemon_of(argv: list[str]) -> str | None:
+    """Which dev-cluster daemon (pid-file name) a command line would be, judged by its program alone."""
+    prog = os.path.basename(argv[0])
+    if prog in ("munged", "slurmctld", "slurmdbd"):
+        return prog
+    if prog == "slurmd":
+        node = _option(argv[1:], "-N")
+        return f"slurmd-{node}" if node else None
+    if prog in ("mariadbd", "mysqld"):
+        return "mysqld"
+    if prog.startswith("python") or prog == "slurm-gpushare":
+        for prev, arg in itertools.pairwise(argv):
+            if arg == "filterd" and os.path.basename(prev) in ("slurm_gpushare", "slurm-gpushare"):
+                return "filterd"
+    return None
+
+
+def _option(args: list[str], *names: str) -> str | None:
+    """The value of the first ``--name=value``, ``--name value`` or ``-N value`` among ``args``."""
+    for i, a in enumerate(args):
+        for name in names:
+            if a.startswith(name + "=") and name.startswith("--"):
+                return a[len(name) + 1:]
+            if a == name and i + 1 < len(args):
+                return args[i + 1]
+    return None
+
+
+def _same_path(a: str | os.PathLike | None, b: str | os.PathLike) -> bool:
+    return a is not None and os.path.realpath(a) == os.path.realpath(b)
+
+
+def _is_file(p: Path) -> bool:
+    try:
+        return p.is_file()
+    except OSError:
+        return False
+
+
+def _size(p: Path) -> int:
+    try:
+        return p.stat().st_size
+    except OSError:
+        return 0
+
+
+def _relevant_lines(text: str, n: int = 8) -> list[str]:
+    """The last ``n`` error lines of a log (else its last lines), without the known-harmless ones."""
+    lines = [ln for ln in text.splitlines() if ln.strip() and not any(h in ln for h in _HARMLESS_LOG)]
+    errors = [ln for ln in lines if "fatal" in ln.lower() or "error" in ln.lower()]
+    return (errors or lines)[-n:]
+
+
+def _describe_char(c: str) -> str:
+    names = {" ": "a space", "\t": "a tab", "\n": "a newline"}
+    return names.get(c, "whitespace" if c.isspace() else repr(c))
+
+
+def _describe_change(running: str | None, requested: str | None, width: int = 160) -> str:
+    """``running: X, requested: Y`` for one differing setting line; for two lines of the same entity
+    (``NodeName=a ...``) only the first word and the words that differ."""
+    if running and requested:
+        a, b = running.split(), requested.split()
+        if a and b and a[0] == b[0] and (len(a) > 1 or len(b) > 1):
+            running = " ".join([a[0], *(w for w in a[1:] if w not in b)])
+            requested = " ".join([b[0], *(w for w in b[1:] if w not in a)])
+
+    def show(line: str | None) -> str:
+        if line is None:
+            return "(no such line)"
+        return line if len(line) <= width else line[: width - 3] + "..."
+
+    return f"running: {show(running)}, requested: {show(requested)}"
+
+
+def _port_taken(host: str, port: int) -> bool:
+    """Whether something listens on (or holds) ``host:port``; TIME_WAIT leftovers do not count."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((host, port))
+        return False
+    except OSError as e:
+        return e.errno == errno.EADDRINUSE
+    finally:
+        s.close()
 
 
 def _mknod(path: Path, major: int, minor: int) -> None:
@@ -511,8 +1041,13 @@ def _run(argv: list[str], *, log: Path | None = None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``dev-cluster up|down|status|env`` (see the module docstring)."""
-    ap = argparse.ArgumentParser(prog="dev-cluster", description=__doc__.split("\n\n")[0])
+    """``dev-cluster up|down|status|env`` (see the module docstring).
+
+    Exit status: 0 done (``status``: every daemon of the cluster runs); 1 ``status``: no cluster in the
+    directory, not running, or a daemon stopped or with a stale pid file; 2 usage; 5 failure.
+    """
+    ap = argparse.ArgumentParser(prog="dev-cluster", description=__doc__.split("\n\n")[0],
+                                 epilog="exit status: 0 ok; 1 not running or a problem (status); 2 usage; 5 failure")
     ap.add_argument("action", choices=["up", "down", "status", "env"])
     ap.add_argument("--dir", help=f"state directory (env GPUSHARE_DEV_DIR, default {DEFAULT_DIR})")
     ap.add_argument("--port-base", type=int,
@@ -521,13 +1056,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dbd", action="store_true", help="run slurmdbd with a private MariaDB (sacct)")
     ap.add_argument("--json", action="store_true", help="status as JSON")
     args = ap.parse_args(argv)
-    cluster = DevCluster.default(args.dir, args.port_base, cgroup=args.cgroup, dbd=args.dbd)
-    if args.action != "up":
-        # down/status/env act on the cluster as it was brought up
-        saved = cluster.saved_options()
-        cluster.cgroup = cluster.cgroup or saved.get("cgroup", False)
-        cluster.dbd = cluster.dbd or saved.get("dbd", False)
     try:
+        cluster = DevCluster.default(args.dir, args.port_base, cgroup=args.cgroup, dbd=args.dbd)
+        if args.action != "up":
+            # down/status/env act on the cluster as it was brought up
+            saved = cluster.saved_options()
+            cluster.cgroup = cluster.cgroup or saved.get("cgroup", False)
+            cluster.dbd = cluster.dbd or saved.get("dbd", False)
         if args.action == "up":
             cluster.up()
         elif args.action == "down":
@@ -535,19 +1070,47 @@ def main(argv: list[str] | None = None) -> int:
         elif args.action == "env":
             print(f"export SLURM_CONF={cluster.slurm_conf}")
         else:
-            st = cluster.status()
-            if args.json:
-                print(json.dumps(st, indent=2))
-            else:
-                for d, s in st["daemons"].items():
-                    print(f"{d:<22} pid {s['pid'] or '-':<8} {'running' if s['alive'] else 'stopped'}")
-                for n, s in st["nodes"].items():
-                    print(f"node {n:<17} {s}")
-                return 0 if st["daemons"]["slurmctld"]["alive"] else 3
-    except GpushareError as e:
+            return _print_status(cluster, as_json=args.json)
+        sys.stdout.flush()
+    except BrokenPipeError:  # e.g. 'dev-cluster up | head': the work is done, only its output is cut
+        _quiet_stdout()
+    except (GpushareError, OSError) as e:
         print(f"dev-cluster: error: {e}", file=sys.stderr)
-        return e.exit_code
+        return ClusterError.exit_code
     return 0
+
+
+def _print_status(cluster: DevCluster, *, as_json: bool) -> int:
+    """Print ``status``; 0 when every daemon of the cluster runs, else 1."""
+    st = cluster.status()
+    code = 0 if st["exists"] and st["ok"] else 1
+    try:
+        if as_json:
+            print(json.dumps(st, indent=2))
+        elif not st["exists"]:
+            print(f"no dev cluster in {cluster.root}")
+        else:
+            for d, s in st["daemons"].items():
+                state = "running" if s["alive"] else s.get("problem", "stopped")
+                print(f"{d:<22} pid {s['pid'] or '-':<8} {state}")
+            for n, s in st["nodes"].items():
+                print(f"node {n:<17} {s}")
+            if not any(s["alive"] for s in st["daemons"].values()):
+                print(f"dev cluster in {cluster.root} is not running")
+            elif not st["ok"]:
+                bad = [d for d, s in st["daemons"].items() if not s["alive"]]
+                print(f"dev cluster in {cluster.root} is not fully running: {', '.join(bad)}")
+        sys.stdout.flush()
+    except BrokenPipeError:  # 'dev-cluster status | head'
+        _quiet_stdout()
+    return code
+
+
+def _quiet_stdout() -> None:
+    """After a broken pipe: point stdout at /dev/null so that the flush at exit does not fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,9 @@ c. ``Links=`` (gres.conf(5) "Links"): one value per GPU device of the node, ``-1
    differ from :func:`slurm_gpushare.topology.slurm_links` are a warning.
 d. slurm.conf ``Gres=`` counts that differ from gres.conf per node, name and type (gres.html: a node
    with fewer resources than configured is drained); GRES names missing from ``GresTypes``
-   (gres.conf(5) "Name"); typed GRES missing from ``AccountingStorageTRES`` (warning, slurm.conf(5)).
+   (gres.conf(5) "Name"); typed GRES missing from ``AccountingStorageTRES`` (warning, slurm.conf(5));
+   GRES in ``AccountingStorageTRES`` with ``AccountingStorageType`` set to anything but slurmdbd
+   (slurmctld 22.05 refuses to start: "slurmdbd is required to run with TRES gres/gpu").
 e. A ``Name=shard``/``Name=mps`` count without ``File=`` that the node's GPUs cannot split evenly
    (gres.html "Sharding": it is "evenly distributed across all GPUs"; warning); ``Links=`` on a line
    with several devices; ``File=`` with ``MultipleFiles=``; ``Count=`` that is not the number of files.
@@ -31,7 +33,8 @@ which is how :mod:`slurm_gpushare.gresconf` writes them (ascending NVML index = 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
 
 from slurm_gpushare.errors import InputError
 from slurm_gpushare.gresconf import format_ranges
@@ -118,7 +121,8 @@ _Raw = tuple[str, str, str, str, str]
 
 
 def lint_gres_conf(gres: GresConf, slurm: SlurmGresConf | None = None,
-                   machines: dict[str, Machine] | None = None) -> list[Finding]:
+                   machines: dict[str, Machine] | None = None, *,
+                   nodes: Iterable[str] | None = None) -> list[Finding]:
     """Lint a gres.conf, alone or against slurm.conf and machine descriptions (rules in the module doc).
 
     Nodes are those named in gres.conf, the slurm.conf nodes that have ``Gres=`` and the machines;
@@ -130,15 +134,25 @@ def lint_gres_conf(gres: GresConf, slurm: SlurmGresConf | None = None,
         gres: the parsed gres.conf.
         slurm: the parsed slurm.conf GRES settings, for lint (d) and the node CPU layouts.
         machines: machine descriptions by node name, for CPU layouts and the expected ``Links=``.
+        nodes: lint only these nodes (checking some nodes against the cluster-wide files): only the
+            gres.conf lines that apply to one of them (their ``NodeName`` names one, or they have no
+            ``NodeName``) and only their slurm.conf node lines are looked at. The cluster-wide
+            settings (``GresTypes``, ``AccountingStorageTRES``) are still checked against those.
 
     Returns:
         Findings sorted by file (gres.conf first) and line; empty when the configuration is clean.
     """
     machines = machines or {}
+    if nodes is not None:
+        wanted = list(dict.fromkeys(nodes))
+        gres = for_nodes(gres, wanted)
+        if slurm is not None:
+            slurm = replace(slurm, nodes=tuple(n for n in slurm.nodes if n.name in wanted))
+        machines = {n: m for n, m in machines.items() if n in wanted}
     raw: list[_Raw] = []
     for entry in gres.entries:
         raw += _lint_line(entry)
-    for node in _nodes(gres, slurm, machines):
+    for node in _nodes(gres, slurm, machines, wanted if nodes is not None else None):
         for entry in node.records:
             raw += _lint_cores(node, entry)
             raw += _lint_fileless_gpu(node, entry)
@@ -151,11 +165,22 @@ def lint_gres_conf(gres: GresConf, slurm: SlurmGresConf | None = None,
     return _collect(raw, gres.source)
 
 
-def _nodes(gres: GresConf, slurm: SlurmGresConf | None, machines: dict[str, Machine]) -> list[_Node]:
-    names: list[str] = list(gres.node_names)
-    if slurm is not None:
-        names += [n.name for n in slurm.nodes if n.gres]
-    names += list(machines)
+def for_nodes(gres: GresConf, nodes: Iterable[str]) -> GresConf:
+    """The lines of ``gres`` that configure at least one of ``nodes``: those whose ``NodeName``
+    hostlist names one of them, and those without ``NodeName`` (they apply to every node)."""
+    wanted = set(nodes)
+    return replace(gres, entries=tuple(e for e in gres.entries if not e.nodes or wanted & set(e.nodes)))
+
+
+def _nodes(gres: GresConf, slurm: SlurmGresConf | None, machines: dict[str, Machine],
+           only: list[str] | None = None) -> list[_Node]:
+    if only is not None:
+        names: list[str] = list(only)
+    else:
+        names = list(gres.node_names)
+        if slurm is not None:
+            names += [n.name for n in slurm.nodes if n.gres]
+        names += list(machines)
     ordered: list[str | None] = list(dict.fromkeys(names)) or [None]
     return [_Node(n, gres.records_for(n), gres.autodetect_for(n),
                   slurm.node(n) if slurm is not None and n is not None else None,
@@ -508,7 +533,17 @@ def _lint_types(gres: GresConf, slurm: SlurmGresConf) -> list[_Raw]:
             where = f"{slurm.source}:{slurm.gres_types_line}" if slurm.gres_types_line else used[name]
             out.append(_line("error", where, f"GRES {name} is configured ({used[name]}) but slurm.conf has {written}",
                              f"GresTypes={fix}; gres.conf(5) Name: 'The name must match a value in GresTypes'"))
-    if slurm.accounting_tres is not None:
+    no_slurmdbd = slurm.accounting_storage_type is not None and not slurm.slurmdbd
+    if slurm.accounting_tres is not None and no_slurmdbd:
+        gres_tres = [t for t in slurm.accounting_tres if t.lower().startswith("gres/")]
+        if gres_tres:
+            out.append(_line("error", f"{slurm.source}:{slurm.accounting_tres_line}",
+                             f"AccountingStorageTRES lists {','.join(gres_tres)} but there is no slurmdbd "
+                             f"(AccountingStorageType={slurm.accounting_storage_type}): slurmctld 22.05 refuses "
+                             "to start ('slurmdbd is required to run with TRES gres/gpu')",
+                             "remove the gres/ items, or set AccountingStorageType=accounting_storage/slurmdbd; "
+                             "slurm.conf(5) AccountingStorageTRES"))
+    if slurm.accounting_tres is not None and not no_slurmdbd:
         tracked = {t.lower() for t in slurm.accounting_tres}
         where = f"{slurm.source}:{slurm.accounting_tres_line}"
         for (name, type_), used_at in typed.items():
@@ -527,11 +562,16 @@ _COMPARED = ("Type", "Count", "Cores", "Links", "Flags")
 _CANONICAL_ORDER = ("Name", "Type", "Count", "File", "MultipleFiles", "Cores", "CPUs", "Links", "Flags", "AutoDetect")
 
 
-def compare(expected_text: str, installed_text: str, *, what: str) -> list[str]:
+def compare(expected_text: str, installed_text: str, *, what: str, nodes: Iterable[str] | None = None,
+            installed_source: str | None = None, expected_source: str | None = None) -> list[str]:
     """A semantic diff of an installed gres.conf or slurm.conf against the expected (generated) text.
 
     Comments, white space, key case and key order within a line are ignored; hostlists and
-    ``File=`` ranges are expanded and the records compared per node.
+    ``File=`` ranges are expanded and the records compared per node and per device: a line
+    ``File=/dev/nvidia[0-7]`` counts as eight one-device lines with the same keys (a shard or mps
+    ``Count=`` split evenly over the files; a count that does not split evenly, or a gpu ``Count=``
+    that is not the number of files, keeps the line as one record), so it equals the eight single
+    lines, and a ``Cores=`` that is wrong for some of its devices is reported for each of them.
 
     * ``what="gres.conf"``: a record is identified per node by its GRES name and device files (or,
       without files, its name, type and order). Reported: ``missing in installed: <line>``,
@@ -551,21 +591,30 @@ def compare(expected_text: str, installed_text: str, *, what: str) -> list[str]:
         expected_text: what should be installed (usually generated by :mod:`slurm_gpushare.gresconf`).
         installed_text: what is installed.
         what: ``"gres.conf"`` or ``"slurm.conf"``.
+        nodes: compare only these nodes (gres.conf): the installed lines that configure another node
+            only are left out, so one node can be checked against the cluster-wide file. Lines
+            without ``NodeName`` apply to every node and stay. Default: every node of either text.
+        installed_source: name of the installed text in parse errors, usually its path (default
+            ``installed gres.conf``).
+        expected_source: the same for the expected text (default ``expected gres.conf``).
 
     Returns:
         Human-readable lines; empty when the two are equivalent.
 
     Raises:
         InputError: an unknown ``what``.
-        ParseError: either text does not parse (``source`` is ``expected gres.conf:7`` or
-            ``installed gres.conf:7``).
+        ParseError: either text does not parse (``source`` is ``<installed_source>:7`` or
+            ``<expected_source>:7``).
     """
+    expected_source = expected_source or f"expected {what}"
+    installed_source = installed_source or f"installed {what}"
     if what == "gres.conf":
-        return _compare_gres(parse_gres_conf(expected_text, source=f"expected {what}"),
-                             parse_gres_conf(installed_text, source=f"installed {what}"))
+        return _compare_gres(parse_gres_conf(expected_text, source=expected_source),
+                             parse_gres_conf(installed_text, source=installed_source),
+                             None if nodes is None else list(dict.fromkeys(nodes)))
     if what == "slurm.conf":
-        return _compare_slurm(parse_slurm_conf_gres(expected_text, source=f"expected {what}"),
-                              parse_slurm_conf_gres(installed_text, source=f"installed {what}"))
+        return _compare_slurm(parse_slurm_conf_gres(expected_text, source=expected_source),
+                              parse_slurm_conf_gres(installed_text, source=installed_source))
     raise InputError(f"cannot compare {what!r}", hint="what is 'gres.conf' or 'slurm.conf'")
 
 
@@ -592,15 +641,19 @@ class _Report:
         return out
 
 
-def _compare_gres(expected: GresConf, installed: GresConf) -> list[str]:
+def _compare_gres(expected: GresConf, installed: GresConf, only: list[str] | None = None) -> list[str]:
     report = _Report()
-    nodes: list[str | None] = list(dict.fromkeys([*expected.node_names, *installed.node_names])) or [None]
+    if only is not None:
+        installed = for_nodes(installed, only)
+        nodes: list[str | None] = list(only) or [None]
+    else:
+        nodes = list(dict.fromkeys([*expected.node_names, *installed.node_names])) or [None]
     for node in nodes:
         want, have = expected.autodetect_for(node), installed.autodetect_for(node)
         if want != have:
             report.add(node, "diff", f"AutoDetect differs: installed {have or '(none)'} expected {want or '(none)'}")
-        ours = _keyed(expected.records_for(node))
-        theirs = _keyed(installed.records_for(node))
+        ours = _keyed(_per_device(expected.records_for(node)))
+        theirs = _keyed(_per_device(installed.records_for(node)))
         want_order, have_order = _gpu_order(expected.records_for(node)), _gpu_order(installed.records_for(node))
         if (want_order != have_order and sorted(want_order) == sorted(have_order)
                 and any(e.links is not None for e in (*ours.values(), *theirs.values()))):
@@ -622,6 +675,30 @@ def _compare_gres(expected: GresConf, installed: GresConf) -> list[str]:
             if key not in ours:
                 report.add(node, "extra", _render(e))
     return report.lines()
+
+
+def _per_device(records: tuple[GresEntry, ...]) -> tuple[GresEntry, ...]:
+    """Split each ``File=`` line with several device files into one record per file (see :func:`compare`)."""
+    out: list[GresEntry] = []
+    for e in records:
+        n = len(e.files)
+        if n <= 1:
+            out.append(e)
+            continue
+        if e.count is None:
+            per: int | None = None
+        elif e.name.lower() in SHARING_GRES and e.count % n == 0:
+            per = e.count // n
+        elif e.name.lower() not in SHARING_GRES and e.count == n:
+            per = None  # Count= the number of files: one device each, the default
+        else:
+            out.append(e)  # cannot be split per device as written; compared as one record
+            continue
+        for f in e.files:
+            params = tuple((k, f) if k == "File" else (k, str(per)) if k == "Count" else (k, v)
+                           for k, v in e.params if not (k == "Count" and per is None))
+            out.append(replace(e, files=(f,), count=per, params=params))
+    return tuple(out)
 
 
 def _gpu_order(records: tuple[GresEntry, ...]) -> list[str]:

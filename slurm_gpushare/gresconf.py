@@ -22,7 +22,10 @@ What is written, per node (gres.conf(5) of Slurm 22.05 is the reference for ever
   and whole GPUs);
 * one ``Name=shard Count=<memory in the shard unit> File=<dev>/nvidia<minor>`` line per whole GPU, so a
   shard is a unit of GPU memory (default 1 GiB) and Slurm never places more reserved memory on a GPU
-  than it has (DESIGN.md section 4).
+  than it has (DESIGN.md section 4); :func:`check_shard_unit` refuses a unit larger than a GPU's memory;
+* a comment ``# GPU N: CPU affinity unknown, no Cores=`` (or ``CPU layout unknown``) for each GPU whose
+  lines get no ``Cores=`` because the facts are missing (an empty ``CPU Affinity`` cell inside a
+  Slurm job's cpuset, a layout that cannot be inferred), so that the gap is visible, not silent.
 
 The slurm.conf side is ``GresTypes=``, ``AccountingStorageTRES=`` and one ``NodeName=... Gres=...``
 line per node whose counts equal the gres.conf records.
@@ -35,6 +38,7 @@ from dataclasses import dataclass, field
 
 from slurm_gpushare.errors import InputError
 from slurm_gpushare.hardware.machine import Gpu, Machine
+from slurm_gpushare.memsize import format_mib
 from slurm_gpushare.topology import slurm_links
 
 MIB_PER_GIB = 1024
@@ -123,12 +127,15 @@ class NodeGres:
         machine: the description it came from.
         records: gres.conf records in file order.
         counts: slurm.conf ``Gres=`` counts keyed by ``(name, type)`` (type ``""`` for untyped).
+        notes: what the records leave out for lack of facts, one line each, written into gres.conf
+            as comments (``GPU 1: CPU affinity unknown, no Cores=``).
     """
 
     node_name: str
     machine: Machine
     records: tuple[GresRecord, ...]
     counts: dict[tuple[str, str], int] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
 
     @property
     def gres_value(self) -> str:
@@ -179,11 +186,16 @@ def node_gres(machine: Machine, node_name: str | None = None, options: GresOptio
     position = {g.index: i for i, g in enumerate(gpus)}
 
     records: list[GresRecord] = []
+    notes: list[str] = []
     counts: Counter[tuple[str, str]] = Counter()
     for g in gpus:
         cores = ()
         if opts.cores and machine.cpus is not None and g.cpu_affinity:
             cores = machine.cpus.core_ids(g.cpu_affinity)
+        elif opts.cores and not g.cpu_affinity:
+            notes.append(f"GPU {g.index}: CPU affinity unknown, no Cores=")
+        elif opts.cores:
+            notes.append(f"GPU {g.index}: CPU layout unknown, no Cores= (give --cpus SOCKETSxCORESxTHREADS)")
         gpu_file = f"{dev}/nvidia{g.minor}"
         if g.mig_enabled:
             for inst in sorted(g.mig_instances, key=lambda i: (i.start, i.gi_id)):
@@ -210,7 +222,23 @@ def node_gres(machine: Machine, node_name: str | None = None, options: GresOptio
                 if n > 0:
                     records.append(GresRecord("shard", "", (f"{dev}/nvidia{g.minor}",), count=n))
                     counts[("shard", "")] += n
-    return NodeGres(name, machine, tuple(records), dict(counts))
+    return NodeGres(name, machine, tuple(records), dict(counts), tuple(notes))
+
+
+def check_shard_unit(machine: Machine, shard_unit_mib: int, node_name: str | None = None) -> None:
+    """Refuse a shard unit larger than the memory of a whole GPU: that GPU would get no shard line.
+
+    (:func:`node_gres` itself leaves such a GPU without shards; the command line calls this first.)
+
+    Raises:
+        InputError: the first such GPU, with its name and memory.
+    """
+    for g in sorted(machine.gpus, key=lambda g: g.index):
+        if not g.mig_enabled and g.memory_mib < shard_unit_mib:
+            raise InputError(
+                f"shard unit {format_mib(shard_unit_mib)} is larger than GPU {g.index} ({g.name}, "
+                f"{format_mib(g.memory_mib)}) of {node_name or machine.hostname}: it would get no shards",
+                hint=f"give --shard-unit {format_mib(g.memory_mib)} or less, e.g. 1G, or --no-shards")
 
 
 def render_gres_conf(nodes: list[NodeGres], *, header: str = "") -> str:
@@ -226,12 +254,13 @@ def render_gres_conf(nodes: list[NodeGres], *, header: str = "") -> str:
     for node in nodes:
         origin = node.machine.source or "machine description"
         lines.append(f"# {node.node_name}: {len(node.machine.gpus)} GPU(s), from {origin}")
+        lines += [f"# {note}" for note in node.notes]
         lines += [r.render(node.node_name) for r in node.records]
     return "\n".join(lines) + "\n"
 
 
 def render_slurm_conf(nodes: list[NodeGres], *, node_params: dict[str, str] | None = None,
-                      accounting_tres: bool = True) -> str:
+                      accounting_tres: bool = True, gpushare: bool = True) -> str:
     """The slurm.conf lines that must match the gres.conf: GresTypes, AccountingStorageTRES, NodeName.
 
     Args:
@@ -240,8 +269,12 @@ def render_slurm_conf(nodes: list[NodeGres], *, node_params: dict[str, str] | No
             (``NodeAddr=...``, ``RealMemory=...``).
         accounting_tres: write ``AccountingStorageTRES=`` (slurmctld 22.05 refuses to start with
             GRES TRES but no slurmdbd: "slurmdbd is required to run with TRES gres/gpu").
+        gpushare: add ``gpushare`` to ``GresTypes``: sbatch/salloc/srun refuse a GRES name that is
+            not in GresTypes before anything reaches job_submit.lua, which rewrites it away.
     """
     names = dict.fromkeys(["gpu"] + [n for node in nodes for (n, _t) in node.counts])
+    if gpushare:
+        names["gpushare"] = None
     tres = dict.fromkeys(t for node in nodes for t in node.tres)
     lines = [f"GresTypes={','.join(names)}"]
     if accounting_tres:

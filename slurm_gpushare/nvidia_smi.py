@@ -76,8 +76,12 @@ def parse_topo_matrix(text: str, *, source: str = "<topo>", hostname: str = "nod
     - GPUs: ``index`` is the ``n`` of ``GPUn`` (the NVML index). ``topo -m`` shows no minor numbers,
       so ``minor`` is set to the index, which is what they usually are; where they differ only NVML
       (``nvmlDeviceGetMinorNumber``) can tell. ``cpu_affinity`` is the expanded ``CPU Affinity``
-      list (empty when blank or ``N/A``), ``numa_node`` the ``NUMA Affinity`` (None when absent,
-      ``N/A`` or a list).
+      list (empty when blank or ``N/A``), ``numa_node`` the ``NUMA Affinity`` (None when ``N/A`` or
+      a list). Where that column is absent (drivers before 450, e.g. DGX-1 recordings) or ``N/A``
+      and the CPU layout is known (given or inferred), ``numa_node`` is derived from the CPU layout,
+      not reported by NVML: the socket that holds every CPU of the GPU's affinity list (None when
+      they span sockets or the list is empty). On CPUs with several NUMA nodes per socket (AMD NPS,
+      Intel SNC) and a layout given with real sockets, that is the socket, not the NUMA node.
       Name and memory are not in the output and come from the arguments.
     - Links: one per GPU pair; ``NV#`` gives ``nvlinks=#`` and ``pcie=None`` (the PCIe level of an
       NVLinked pair is not printed), a PCIe level gives ``pcie``; ``N/A`` pairs get no link.
@@ -118,9 +122,9 @@ def parse_topo_matrix(text: str, *, source: str = "<topo>", hostname: str = "nod
         got = "not given" if memory_mib is None else f"got {memory_mib!r}"
         raise ParseError(f"GPU memory size (memory_mib) is needed and {got}: "
                          "'nvidia-smi topo -m' does not show it",
-                         hint="pass the memory in MiB and the GPU name (--memory 81920 --gpu-name "
-                              "'NVIDIA A100 80GB PCIe'), as 'nvidia-smi --query-gpu=name,memory.total "
-                              "--format=csv' prints them",
+                         hint="pass the memory and the GPU name as 'nvidia-smi --query-gpu=name,memory.total "
+                              "--format=csv' prints them; on the command line: --gpu-name "
+                              "'NVIDIA A100 80GB PCIe' --memory 80G",
                          source=f"{source}:{header_at + 1}")
 
     rows, end_at = _read_rows(lines, header_at + 1, header, source)
@@ -137,8 +141,11 @@ def parse_topo_matrix(text: str, *, source: str = "<topo>", hostname: str = "nod
     legend = _nic_legend(lines[end_at - 1:])
     nics = tuple(_nic(k, title, header, rows, source, legend, nic_names or {})
                  for k, title in enumerate(header.nics))
-    machine = Machine(hostname=hostname, gpus=gpus, links=links, nics=nics,
-                      cpus=cpus if cpus is not None else infer_cpu_layout(gpus),
+    layout = cpus if cpus is not None else infer_cpu_layout(gpus)
+    if layout is not None:
+        gpus = tuple(g if g.numa_node is not None else replace(g, numa_node=socket_of_cpus(g.cpu_affinity, layout))
+                     for g in gpus)
+    machine = Machine(hostname=hostname, gpus=gpus, links=links, nics=nics, cpus=layout,
                       source=f"nvidia-smi topo -m {source}")
     try:
         machine.validate(source=source)
@@ -170,6 +177,19 @@ def parse_cpu_list(text: str, *, source: str = "<cpulist>") -> tuple[int, ...]:
                              hint="write CPU lists as the kernel does, e.g. 0-55,112-167", source=source)
         out.update(range(lo, hi + 1))
     return tuple(sorted(out))
+
+
+def socket_of_cpus(cpu_ids: Sequence[int], layout: CpuLayout) -> int | None:
+    """The socket of ``layout`` that holds every CPU in ``cpu_ids``, or None.
+
+    A CPU's socket is its Slurm core id divided by the cores per socket (core ids are socket-major,
+    see :class:`~slurm_gpushare.hardware.machine.CpuLayout`). None for an empty list, CPUs on several
+    sockets, or a CPU id outside the layout (validation reports that one).
+    """
+    if not cpu_ids or any(c < 0 or c >= layout.cpus for c in cpu_ids):
+        return None
+    sockets = {core // layout.cores_per_socket for core in layout.core_ids(cpu_ids)}
+    return sockets.pop() if len(sockets) == 1 else None
 
 
 def infer_cpu_layout(gpus: Sequence[Gpu]) -> CpuLayout | None:

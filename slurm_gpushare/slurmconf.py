@@ -502,6 +502,9 @@ class SlurmGresConf:
         accounting_tres_line: its line number, or None.
         nodes: one entry per node name (hostlists expanded), in file order; a node named twice keeps
             its first line (slurm.conf(5): duplicate node name records are ignored).
+        accounting_storage_type: ``AccountingStorageType=`` as written (``accounting_storage/slurmdbd``),
+            or None when not set.
+        accounting_storage_type_line: its line number, or None.
     """
 
     source: str
@@ -510,6 +513,20 @@ class SlurmGresConf:
     accounting_tres: tuple[str, ...] | None = None
     accounting_tres_line: int | None = None
     nodes: tuple[SlurmNode, ...] = ()
+    accounting_storage_type: str | None = None
+    accounting_storage_type_line: int | None = None
+
+    @property
+    def slurmdbd(self) -> bool:
+        """Whether the cluster records accounting in slurmdbd.
+
+        ``AccountingStorageType=accounting_storage/slurmdbd``; anything else, or the key missing (its
+        default is ``accounting_storage/none``, slurm.conf(5)), means no slurmdbd. Without slurmdbd
+        slurmctld 22.05 refuses GRES in ``AccountingStorageTRES`` ("slurmdbd is required to run with
+        TRES gres/gpu"). ``Include`` lines are not followed: a type set only in an included file is
+        not seen.
+        """
+        return (self.accounting_storage_type or "").strip().lower() == "accounting_storage/slurmdbd"
 
     def node(self, name: str) -> SlurmNode | None:
         """The node called ``name``, or None."""
@@ -554,7 +571,8 @@ def parse_gres_value(text: str) -> tuple[GresSpec, ...]:
 
 
 def parse_slurm_conf_gres(text: str, *, source: str) -> SlurmGresConf:
-    """Read ``GresTypes``, ``AccountingStorageTRES`` and every node's ``Gres=`` and CPU layout.
+    """Read ``GresTypes``, ``AccountingStorageTRES``, ``AccountingStorageType`` and every node's ``Gres=``
+    and CPU layout.
 
     Key names are case insensitive (slurm.conf(5): real files write ``gres=``). Lines with other
     keys are skipped, as are ``Include`` lines (nothing is read from disk). ``NodeName=DEFAULT``
@@ -567,8 +585,8 @@ def parse_slurm_conf_gres(text: str, *, source: str) -> SlurmGresConf:
     Raises:
         ParseError: a bad hostlist, ``Gres=`` value or layout number (``source`` is ``file:line``).
     """
-    gres_types = tres = None
-    gres_types_line = tres_line = None
+    gres_types = tres = storage_type = None
+    gres_types_line = tres_line = storage_type_line = None
     defaults: dict[str, str] = {}
     nodes: dict[str, SlurmNode] = {}
     for number, line in _logical_lines(text):
@@ -596,9 +614,12 @@ def parse_slurm_conf_gres(text: str, *, source: str) -> SlurmGresConf:
                     gres_types, gres_types_line = tuple(v for v in value.split(",") if v), number
                 elif key.lower() == "accountingstoragetres":
                     tres, tres_line = tuple(v for v in value.split(",") if v), number
+                elif key.lower() == "accountingstoragetype":
+                    storage_type, storage_type_line = value, number
         except ParseError as e:
             raise _at(source, number, e) from None
-    return SlurmGresConf(source, gres_types, gres_types_line, tres, tres_line, tuple(nodes.values()))
+    return SlurmGresConf(source, gres_types, gres_types_line, tres, tres_line, tuple(nodes.values()),
+                         accounting_storage_type=storage_type, accounting_storage_type_line=storage_type_line)
 
 
 def _slurm_node(name: str, values: dict[str, str], source: str, number: int) -> SlurmNode:

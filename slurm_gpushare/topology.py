@@ -28,9 +28,10 @@ The hop matrix (DESIGN.md §5)
 
     More bonded links make a direct NVLink pair nearer (NV1 = 1.5, NV2 = 1.333, NV12 = 1.077). A pair
     the description says nothing about (no :class:`Link`, or a link with neither NVLinks nor a PCIe
-    level) is taken as PCIe ``NODE`` when both GPUs report the same NUMA node, else as ``SYS``: two
-    GPUs on one NUMA node share at least that node's host bridges, and ``SYS`` is the worst path a
-    node has, so an unknown pair is never preferred over a known one.
+    level) counts as ``SYS``, whatever NUMA nodes its GPUs report: unknown is taken as no useful
+    connection, the worst path a node has, so an unknown pair is never nearer than a known one and
+    never gets a ``Links=`` value above 0. (Sharing a NUMA node does not say which PCIe path joins two
+    GPUs, and a description written without links must not make Slurm prefer pairs nobody measured.)
 """
 
 from __future__ import annotations
@@ -143,7 +144,8 @@ def hop_matrix(machine: Machine) -> np.ndarray:
 
     Returns:
         float64 array of shape ``(n, n)``, ``n`` = number of GPUs, rows and columns in ascending GPU
-        index order; symmetric, 0 on the diagonal, dimensionless (smaller is nearer).
+        index order; symmetric, 0 on the diagonal, dimensionless (smaller is nearer). Pairs the
+        description does not describe are ``SYS`` (3.8).
 
     Raises:
         MachineDescriptionError: the description contradicts itself: duplicate GPU indices, a link to
@@ -152,7 +154,6 @@ def hop_matrix(machine: Machine) -> np.ndarray:
     """
     order = _gpu_order(machine)
     pos = {g: i for i, g in enumerate(order)}
-    numa = {g.index: g.numa_node for g in machine.gpus}
     n = len(order)
     hop = np.full((n, n), np.nan, dtype=np.float64)
     np.fill_diagonal(hop, HOP_SAME_GPU)
@@ -160,10 +161,7 @@ def hop_matrix(machine: Machine) -> np.ndarray:
         h = _link_hop(ln, machine)
         i, j = pos[ln.a], pos[ln.b]
         hop[i, j] = hop[j, i] = h
-    for i, j in zip(*np.nonzero(np.isnan(hop)), strict=True):
-        a, b = order[i], order[j]
-        same_numa = numa[a] is not None and numa[a] == numa[b]
-        hop[i, j] = pcie_hop("NODE") if same_numa else HOP_SYS
+    hop[np.isnan(hop)] = HOP_SYS  # undescribed pairs: unknown is no useful connection (module doc)
     return hop
 
 

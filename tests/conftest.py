@@ -89,9 +89,9 @@ class SlurmSession:
         return Job(job_id, output_path=out)
 
     def show_job(self, job_id: str) -> dict[str, str]:
-        """``scontrol -o show job ID`` as a dict (empty when the job is gone)."""
-        proc = self.run(["scontrol", "-o", "show", "job", job_id], check=False)
-        return parse_scontrol_line(proc.stdout) if proc.returncode == 0 else {}
+        """``scontrol show job ID`` as a dict (empty when the job is gone)."""
+        proc = self.run(["scontrol", "show", "job", job_id], check=False)
+        return parse_scontrol_record(proc.stdout) if proc.returncode == 0 else {}
 
     def wait(self, job: Job, states: set[str] = FINAL_STATES, timeout: float = 60) -> Job:
         """Poll until the job reaches one of ``states`` (no fixed sleeps); fail with its fields on timeout."""
@@ -114,6 +114,23 @@ class SlurmSession:
     def cancel_all(self) -> None:
         if self.submitted:
             self.run(["scancel", *self.submitted], check=False)
+
+
+#: Fields whose values are free text (spaces, '='): ``scontrol show`` prints each on a line of its own.
+FREE_TEXT = ("AdminComment=", "Comment=", "Command=", "Reason=", "Features=")
+
+
+def parse_scontrol_record(text: str) -> dict[str, str]:
+    """Parse one multi-line ``scontrol show job|node`` record; free-text fields keep their whole line."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith(FREE_TEXT):
+            key, _, value = stripped.partition("=")
+            out[key] = value
+        elif stripped:
+            out.update(parse_scontrol_line(stripped))
+    return out
 
 
 def parse_scontrol_line(text: str) -> dict[str, str]:

@@ -103,12 +103,29 @@ def test_topology_json_and_table():
     assert "GPU0,GPU2" in table and "1.08" in table
 
 
+DGX1_TOPO = str(DATA / "topo/dgx1-v100-sxm2-8gpu-1nic.txt")
+A100_JOB_TOPO = str(DATA / "topo/2x-a100-80gb-inside-slurm-job-empty-affinity.txt")
+V100 = ["--gpu-name", "Tesla V100-SXM2-16GB"]
+
+
+def one_line_error(r, message: str, code: int = 2) -> None:
+    """The project's error style: one line, the given exit status, no traceback."""
+    assert r.exit_code == code, r.output
+    assert r.exception is None or isinstance(r.exception, SystemExit), repr(r.exception)
+    assert r.output.startswith("slurm-gpushare: error: "), r.output
+    assert r.output.count("\n") == 1, r.output
+    assert message in r.output, r.output
+    assert "Traceback" not in r.output
+
+
 @pytest.mark.parametrize("args, message", [
-    (["--from-topo", "/nonexistent/topo.txt", "--memory", "80G"], "cannot read /nonexistent/topo.txt"),
-    (["--from-topo", str(DATA / "topo/dgx1-v100-sxm2-8gpu-1nic.txt")], "--from-topo needs --memory"),
-    (["--from-topo", str(DATA / "topo/dgx1-v100-sxm2-8gpu-1nic.txt"), "--memory", "lots"],
+    (["--from-topo", "/nonexistent/topo.txt", *V100, "--memory", "80G"], "cannot read /nonexistent/topo.txt"),
+    (["--from-topo", DGX1_TOPO, *V100], "--from-topo needs --memory"),
+    (["--from-topo", DGX1_TOPO], "--from-topo needs --gpu-name and --memory"),
+    (["--from-topo", DGX1_TOPO, "--memory", "16G"], "--from-topo needs --gpu-name"),
+    (["--from-topo", DGX1_TOPO, *V100, "--memory", "lots"],
      "--memory: 'lots' is not a memory size"),
-    (["--from-topo", str(DATA / "topo/dgx1-v100-sxm2-8gpu-1nic.txt"), "--memory", "16G", "--cpus", "2x"],
+    (["--from-topo", DGX1_TOPO, *V100, "--memory", "16G", "--cpus", "2x"],
      "--cpus '2x' is not a CPU layout"),
     (["--gpu-name", "x"], "--gpu-name, --memory and --mig-table go with --from-topo"),
 ])
@@ -228,3 +245,248 @@ def test_check_finds_hyperthread_ids_in_a_real_generated_file(tmp_path):
     assert r.exit_code == 1
     assert "CPUs= lists CPU ids 176-191 beyond the node's 128 cores" in r.output
     assert "use core ids 48-63" in r.output
+
+
+# --- problems a new user found --------------------------------------------------------------------
+
+A100_JSON = str(MACHINES / "8x-a100-nv12-bridge.json")     # node a100-nvb
+RTX_JSON = str(MACHINES / "8x-rtx4090-pcie.json")          # node rtx4090-pcie
+SLURMDBD = "AccountingStorageType=accounting_storage/slurmdbd\n"
+
+
+def _cluster_files(tmp_path: Path, *, slurm_head: str = SLURMDBD) -> tuple[Path, Path]:
+    """The cluster-wide gres.conf and slurm.conf of a two-node cluster, as generated."""
+    out = tmp_path / "gen"
+    assert run("gres-conf", A100_JSON, RTX_JSON, "--output-dir", str(out)).exit_code == 0
+    slurm_conf = tmp_path / "slurm.conf"
+    slurm_conf.write_text(slurm_head + (out / "slurm.conf.gres").read_text())
+    return out / "gres.conf", slurm_conf
+
+
+def _check(machine: str, gres_conf: Path, slurm_conf: Path, *more: str):
+    return CliRunner().invoke(main, ["gres-conf", machine, *more, "--check", "--gres-conf", str(gres_conf),
+                                     "--slurm-conf", str(slurm_conf)])
+
+
+def test_check_one_node_against_the_cluster_wide_files(tmp_path):
+    gres_conf, slurm_conf = _cluster_files(tmp_path)
+    # the other node's lines, even a broken one, are not this node's business
+    gres_conf.write_text(gres_conf.read_text().replace(
+        "NodeName=rtx4090-pcie Name=gpu Type=rtx4090 File=/dev/nvidia0 Cores=0-55",
+        "NodeName=rtx4090-pcie Name=gpu Type=rtx4090 File=/dev/nvidia0 Cores=0-55,112-167"))
+    r = _check(A100_JSON, gres_conf, slurm_conf)
+    assert r.exit_code == 0, r.output
+    assert "extra in installed" not in r.output and "rtx4090" not in r.output
+    assert "match the hardware (1 node(s))" in r.output
+    # the broken line is found when its own node is checked
+    r = _check(RTX_JSON, gres_conf, slurm_conf)
+    assert r.exit_code == 1, r.output
+    assert "Cores differ: installed 0-55,112-167 expected 0-55" in r.output
+    assert "a100" not in r.output
+
+
+def test_check_one_node_still_sees_lines_without_nodename_and_shared_hostlists(tmp_path):
+    gres_conf, slurm_conf = _cluster_files(tmp_path)
+    text = gres_conf.read_text().replace("NodeName=rtx4090-pcie Name=shard Count=23 File=/dev/nvidia7",
+                                         "NodeName=rtx4090-pcie,a100-nvb Name=shard Count=23 File=/dev/nvidia7")
+    gres_conf.write_text(text + "Name=mps Count=100\n")
+    r = _check(A100_JSON, gres_conf, slurm_conf)
+    assert r.exit_code == 1, r.output
+    assert "extra in installed: NodeName=a100-nvb Name=mps Count=100" in r.output
+    # the shared line is a100-nvb's second shard line for /dev/nvidia7
+    assert "extra in installed: NodeName=a100-nvb Name=shard Count=23 File=/dev/nvidia7" in r.output
+    assert "node a100-nvb: gres.conf has 663 shard but slurm.conf Gres= says shard:640" in r.output
+    assert "rtx4090-pcie" not in r.output
+
+
+def test_check_without_slurmdbd_does_not_demand_accounting_tres(tmp_path):
+    for head in ("", "AccountingStorageType=accounting_storage/none\n"):
+        gres_conf, slurm_conf = _cluster_files(tmp_path, slurm_head=head)
+        # without slurmdbd the line must go: slurmctld 22.05 refuses GRES TRES without it
+        slurm_conf.write_text("".join(ln for ln in slurm_conf.read_text().splitlines(keepends=True)
+                                      if not ln.startswith("AccountingStorageTRES=")))
+        r = _check(A100_JSON, gres_conf, slurm_conf)
+        assert r.exit_code == 0, r.output
+        assert "AccountingStorageTRES" not in r.output
+    # with slurmdbd it is still demanded
+    gres_conf, slurm_conf = _cluster_files(tmp_path)
+    slurm_conf.write_text(slurm_conf.read_text().replace("AccountingStorageTRES=", "# AccountingStorageTRES="))
+    r = _check(A100_JSON, gres_conf, slurm_conf)
+    assert r.exit_code == 1 and "AccountingStorageTRES lacks gres/gpu" in r.output, r.output
+
+
+def test_check_reports_gres_tres_without_slurmdbd(tmp_path):
+    gres_conf, slurm_conf = _cluster_files(tmp_path, slurm_head="AccountingStorageType=accounting_storage/none\n")
+    r = _check(A100_JSON, gres_conf, slurm_conf)
+    assert r.exit_code == 1, r.output
+    assert f"error: {slurm_conf}:4: AccountingStorageTRES lists gres/gpu,gres/gpu:a100,gres/shard,gres/gpu:rtx4090 " \
+           "but there is no slurmdbd" in r.output
+
+
+def test_check_parse_errors_name_the_installed_file(tmp_path):
+    gres_conf, slurm_conf = _cluster_files(tmp_path)
+    lines = gres_conf.read_text().splitlines()
+    lines[21] = lines[21] + " Colour=red"
+    gres_conf.write_text("\n".join(lines) + "\n")
+    r = _check(A100_JSON, gres_conf, slurm_conf)
+    one_line_error(r, f"{gres_conf}:22: unknown gres.conf key 'Colour'")
+    assert "installed gres.conf" not in r.output
+
+
+def test_check_compares_a_range_line_per_device(tmp_path):
+    gres_conf, slurm_conf = _cluster_files(tmp_path)
+    lines = [ln for ln in gres_conf.read_text().splitlines()
+             if not (ln.startswith("NodeName=a100-nvb Name=gpu") or ln.startswith("NodeName=a100-nvb Name=shard"))]
+    lines += ["NodeName=a100-nvb Name=gpu Type=a100 File=/dev/nvidia[0-7] Cores=0-31",
+              "NodeName=a100-nvb Name=shard Count=640 File=/dev/nvidia[0-7]"]
+    gres_conf.write_text("\n".join(lines) + "\n")
+    r = _check(A100_JSON, gres_conf, slurm_conf, "--no-links")
+    assert r.exit_code == 1, r.output
+    problems = [ln for ln in r.output.splitlines() if ln.startswith("gres.conf: ")]
+    assert problems == [f"gres.conf: node a100-nvb: gpu File=/dev/nvidia{i}: Cores differ: installed 0-31 "
+                        "expected 32-63" for i in range(4, 8)], r.output
+
+
+def test_gres_conf_and_inventory_need_the_gpu_name_with_from_topo(tmp_path):
+    for cmd in ("gres-conf", "inventory"):
+        r = CliRunner().invoke(main, [cmd, "--from-topo", DGX1_TOPO, "--memory", "16G"])
+        one_line_error(r, "--from-topo needs --gpu-name")
+        assert "Type=unknown" not in r.output
+
+
+def test_topology_from_topo_needs_neither_memory_nor_gpu_name():
+    r = run("topology", "--from-topo", DGX1_TOPO)
+    assert r.exit_code == 0, r.output
+    assert "GPU0" in r.output and "1.50" in r.output
+    r = run("topology", "--from-topo", DGX1_TOPO, "--json")
+    assert json.loads(r.output)["gres_links"][0] == "Links=-1,11,11,12,12,0,0,0"
+
+
+def test_memory_hint_has_no_nested_parentheses():
+    r = CliRunner().invoke(main, ["inventory", "--from-topo", DGX1_TOPO, *V100])
+    one_line_error(r, "--from-topo needs --memory")
+    assert r.output.count("(") == 1 and r.output.count(")") == 1, r.output
+
+
+def test_topology_of_an_old_topo_file_has_numa_groups_from_the_cpu_layout():
+    r = run("topology", "--from-topo", DGX1_TOPO)
+    assert "NUMA groups:\n  node 0: GPU0,GPU1,GPU2,GPU3\n  node 1: GPU4,GPU5,GPU6,GPU7\n" in r.output
+    assert "unknown" not in r.output
+
+
+def test_gpus_with_unknown_cpu_affinity_are_named_in_gres_conf():
+    args = ["gres-conf", "--from-topo", A100_JOB_TOPO, "--gpu-name", "NVIDIA A100 80GB PCIe", "--memory", "80G",
+            "--hostname", "a100job"]
+    out = run(*args, "--cpus", "2x64x1").output
+    assert "# GPU 1: CPU affinity unknown, no Cores=\n" in out
+    assert "NodeName=a100job Name=gpu Type=a100 File=/dev/nvidia0 Cores=0-63\n" in out
+    assert "NodeName=a100job Name=gpu Type=a100 File=/dev/nvidia1\n" in out
+    # without a CPU layout (it cannot be inferred from clipped lists) no GPU gets Cores=, and says why
+    out = run(*args).output
+    assert "# GPU 0: CPU layout unknown, no Cores= (give --cpus SOCKETSxCORESxTHREADS)\n" in out
+    assert "# GPU 1: CPU affinity unknown, no Cores=\n" in out
+    assert "Cores=" not in out.replace("no Cores=", "")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--node-name", "gpu 01"], "--node-name 'gpu 01' contains ' '"),
+    (["--node-name", "gpu[1-2]"], "--node-name 'gpu[1-2]' contains '[', ']'"),
+    (["--hostname", "a,b"], "--hostname 'a,b' contains ','"),
+    (["--hostname", ""], "--hostname '' is empty"),
+    (["--device-dir", "dev"], "--device-dir 'dev' is not an absolute path"),
+    (["--device-dir", "/my dev"], "--device-dir '/my dev' contains white space"),
+    (["--cpus", "100x8x2"], "--cpus '100x8x2': sockets is 100, out of range (allowed 1-64"),
+    (["--cpus", "2x2000x2"], "--cpus '2x2000x2': cores_per_socket is 2000, out of range (allowed 1-1024"),
+    (["--cpus", "2x8x32"], "--cpus '2x8x32': threads_per_core is 32, out of range (allowed 1-16"),
+    (["--memory", "80"], "--memory: '80' has no unit (write 80G or 81920M"),
+    (["--memory", "800000000000000000000G"], "--memory: '800000000000000000000G' is more than 16T"),
+    (["--shard-unit", "1"], "--shard-unit: '1' has no unit"),
+    (["--shard-unit", "128G"], "shard unit 128G is larger than GPU 0 (Tesla V100-SXM2-16GB, 16160M)"),
+])
+def test_bad_values_are_refused_with_the_allowed_form(args, message):
+    opts = {"--memory": "16160M"}
+    for i in range(0, len(args), 2):
+        opts[args[i]] = args[i + 1]
+    flat = [x for kv in opts.items() for x in kv]
+    r = CliRunner().invoke(main, ["gres-conf", "--from-topo", DGX1_TOPO, *V100, *flat])
+    one_line_error(r, message)
+
+
+def test_node_name_is_checked_for_machine_files_too():
+    one_line_error(CliRunner().invoke(main, ["gres-conf", A100_JSON, "--node-name", "a b"]), "contains ' '")
+    one_line_error(CliRunner().invoke(main, ["inventory", A100_JSON, "--hostname", "a b"]), "contains ' '")
+
+
+def test_source_options_do_not_silently_go_with_a_machine_file():
+    r = CliRunner().invoke(main, ["gres-conf", A100_JSON, "--gpu-name", "NVIDIA H100"])
+    one_line_error(r, "--gpu-name, --memory and --mig-table go with --from-topo")
+    r = CliRunner().invoke(main, ["gres-conf", A100_JSON, "--cpus", "2x32x1"])
+    one_line_error(r, "--cpus goes with --from-topo or NVML")
+
+
+def _not_utf8(path: Path) -> Path:
+    path.write_bytes(b"\tGPU0\tCPU Affinity\nGPU0\t X \t0-7 \xff\xfe\n")
+    return path
+
+
+def test_non_utf8_inputs_give_one_line(tmp_path):
+    bad = _not_utf8(tmp_path / "bad.txt")
+    topo = ["--from-topo", DGX1_TOPO, *V100, "--memory", "16G"]
+    for args in (["topology", "--from-topo", str(bad)],
+                 ["inventory", "--from-topo", str(bad), *V100, "--memory", "16G"],
+                 ["inventory", *topo, "--mig-table", str(bad)],
+                 ["gres-conf", str(bad)],
+                 ["topology", str(bad)]):
+        one_line_error(CliRunner().invoke(main, args), f"{bad} is not text (UTF-8)")
+    r = CliRunner().invoke(main, ["topology", "--from-topo", "-"], input=bad.read_bytes())
+    one_line_error(r, "<stdin> is not text (UTF-8)")
+
+
+def test_non_utf8_installed_files_give_one_line(tmp_path):
+    gres_conf, slurm_conf = _cluster_files(tmp_path)
+    bad = _not_utf8(tmp_path / "bad.conf")
+    one_line_error(_check(A100_JSON, bad, slurm_conf), f"{bad} is not text (UTF-8)")
+    one_line_error(_check(A100_JSON, gres_conf, bad), f"{bad} is not text (UTF-8)")
+
+
+def test_missing_files_and_directories_give_one_line(tmp_path):
+    topo = ["--from-topo", DGX1_TOPO, *V100, "--memory", "16G"]
+    cases = [
+        (["gres-conf", str(tmp_path)], "Is a directory"),
+        (["topology", "--from-topo", str(tmp_path)], "Is a directory"),
+        (["inventory", *topo, "--mig-table", "/nonexistent/lgip.txt"], "No such file or directory"),
+        (["inventory", *topo, "--mig-table", str(tmp_path)], "Is a directory"),
+        (["topology", "/nonexistent/m.json"], "No such file or directory"),
+        (["gres-conf", *topo, "--output-dir", str(DATA / "topo" / "dgx1-v100-sxm2-8gpu-1nic.txt")],
+         "is not a directory"),
+        (["inventory", *topo, "-o", str(tmp_path)], "Is a directory"),
+    ]
+    for args, message in cases:
+        one_line_error(CliRunner().invoke(main, args), message)
+    gres_conf, _ = _cluster_files(tmp_path)
+    one_line_error(_check(A100_JSON, gres_conf, tmp_path), "Is a directory")
+    one_line_error(_check(A100_JSON, tmp_path, gres_conf), "Is a directory")
+
+
+def test_output_dir_creates_only_its_last_component(tmp_path):
+    topo = ["--from-topo", DGX1_TOPO, *V100, "--memory", "16G"]
+    deep = tmp_path / "no" / "such" / "dir"
+    r = CliRunner().invoke(main, ["gres-conf", *topo, "--output-dir", str(deep)])
+    one_line_error(r, f"cannot create {deep}: its parent {deep.parent} does not exist")
+    assert not (tmp_path / "no").exists()
+    new = tmp_path / "gres"
+    r = CliRunner().invoke(main, ["gres-conf", *topo, "--output-dir", str(new)])
+    assert r.exit_code == 0, r.output
+    assert f"created {new}" in r.output
+    assert sorted(p.name for p in new.iterdir()) == ["gres.conf", "slurm.conf.gres"]
+
+
+def test_inventory_output_to_a_missing_directory_fails_cleanly(tmp_path):
+    topo = ["--from-topo", DGX1_TOPO, *V100, "--memory", "16G"]
+    r = CliRunner().invoke(main, ["inventory", *topo, "-o", "/nonexistent/x.json"])
+    one_line_error(r, "cannot write /nonexistent/x.json: No such file or directory")
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    r = CliRunner().invoke(main, ["inventory", *topo, "-o", str(afile / "x.json")])
+    one_line_error(r, f"cannot write {afile / 'x.json'}: Not a directory")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import io
+import json
 import os
 import re
 import shutil
+import socket
+import subprocess
+import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
 
-from slurm_gpushare.devcluster import DEFAULT_NODES, DevCluster, _pid_alive
+from slurm_gpushare.devcluster import DEFAULT_NODES, DevCluster, _pid_alive, _stop_pid, main, packaged_machine
+from slurm_gpushare.errors import ClusterError
 from slurm_gpushare.gresconf import node_gres
 
 
@@ -99,3 +106,422 @@ def test_down_leaves_no_daemon_of_the_cluster(cluster):
     # the session's cluster is untouched
     assert cluster.alive("slurmctld") and cluster.all_idle()
     shutil.rmtree(root)
+
+
+# --- helpers for the tests below --------------------------------------------------------------
+
+
+def _fake(argv0: str, *args: str, env: dict | None = None) -> subprocess.Popen:
+    """A sleeping Python whose /proc/<pid>/cmdline reads ``argv0 -c <code> ARGS`` (a stand-in daemon)."""
+    proc = subprocess.Popen([argv0, "-c", "import time; time.sleep(120)", *args], executable=sys.executable,
+                            env=env, stdin=subprocess.DEVNULL)
+    # Popen returns once exec has begun; the kernel sets the new command line a moment later
+    deadline = time.monotonic() + 10
+    while not Path(f"/proc/{proc.pid}/cmdline").read_bytes() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return proc
+
+
+def _end(proc: subprocess.Popen) -> None:
+    proc.kill()
+    proc.wait()
+
+
+def _world_readable_dir(prefix: str) -> Path:
+    """A fresh directory under /tmp that every user may enter (pytest's tmp_path is 0700)."""
+    root = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    os.chmod(root, 0o755)
+    return root
+
+
+def _small(cluster: DevCluster, offset: int, node: str) -> DevCluster:
+    """A one-node cluster beside the session's one: its own directory under /tmp, its own ports."""
+    return DevCluster(_world_readable_dir("gpushare-dc-") / "c", cluster.port_base + offset,
+                      {node: cluster.nodes["rtx4090-pcie"]})
+
+
+def _processes_of(c: DevCluster) -> list[tuple[int, str]]:
+    """Every live process that names the cluster's directory or runs with its SLURM_CONF (not via devcluster)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+            env = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if cmd and (str(c.root) in cmd or f"SLURM_CONF={c.slurm_conf}".encode() in env) and _pid_alive(int(entry.name)):
+            found.append((int(entry.name), cmd))
+    return found
+
+
+def _unimportable_python(cwd: Path) -> str | None:
+    """An interpreter (with -I) that cannot import slurm_gpushare, or None."""
+    for cand in ("/usr/bin/python3", os.path.realpath(sys.executable)):
+        if os.access(cand, os.X_OK) and subprocess.run([cand, "-I", "-c", "import slurm_gpushare"], cwd=cwd,
+                                                       capture_output=True).returncode != 0:
+            return cand
+    return None
+
+
+DEVNULL = open(os.devnull, "w")  # the clusters' progress output goes nowhere
+WRAPPER = Path(__file__).resolve().parent.parent / "scripts" / "dev-cluster"
+IMPORT_HINT = "run as root, or install the package for this user: pip install -e ."
+
+
+# --- 1. pid files are verified before a PID is reported or signalled -------------------------
+
+
+def test_status_reports_a_pid_file_naming_another_process_as_stale(tmp_path, capsys):
+    root = tmp_path / "c"
+    (root / "run").mkdir(parents=True)
+    sleeper = subprocess.Popen(["sleep", "120"])
+    try:
+        (root / "run" / "slurmctld.pid").write_text(f"{sleeper.pid}\n")
+        c = DevCluster.default(root, 21000)
+        assert not c.alive("slurmctld")
+        st = c.status()["daemons"]["slurmctld"]
+        assert st["alive"] is False and st["pid"] == sleeper.pid
+        assert st["problem"] == f"stale pid file (pid {sleeper.pid} is not this cluster's slurmctld)"
+        assert main(["status", "--dir", str(root)]) == 1
+        out = capsys.readouterr().out
+        assert f"stale pid file (pid {sleeper.pid} is not this cluster's slurmctld)" in out
+        assert "running" not in out.split("slurmctld", 1)[1].splitlines()[0]
+        assert sleeper.poll() is None
+    finally:
+        _end(sleeper)
+
+
+def test_down_never_signals_a_process_that_is_not_the_clusters(tmp_path):
+    root = tmp_path / "c"
+    (root / "run").mkdir(parents=True)
+    c = DevCluster(root, 21000, {"stale-node": packaged_machine("8x-rtx4090-pcie.json")})
+    sleeper = subprocess.Popen(["sleep", "120"])
+    try:
+        for d in ("munged", "slurmctld", "filterd", "slurmd-stale-node"):
+            c.pidfile(d).write_text(f"{sleeper.pid}\n")
+        out = io.StringIO()
+        assert c.down(out=out) == []
+        assert sleeper.poll() is None, "down signalled a process that is not the cluster's"
+        assert f"munged: stale pid file (pid {sleeper.pid} is not this cluster's munged)" in out.getvalue()
+        assert not list((root / "run").glob("*.pid"))
+    finally:
+        _end(sleeper)
+
+
+def test_is_ours_needs_the_program_and_this_cluster(tmp_path):
+    c = DevCluster(tmp_path / "c", 21000, {"n1": packaged_machine("8x-rtx4090-pcie.json")})
+    other = tmp_path / "other"
+    env = dict(os.environ, SLURM_CONF=str(c.slurm_conf))
+    other_env = dict(os.environ, SLURM_CONF=str(other / "etc" / "slurm.conf"))
+    cases = [  # (pid-file name, fake process, expected)
+        ("munged", _fake("munged", f"--socket={c.root}/munge/munge.sock"), True),
+        ("munged", _fake("munged", f"--socket={other}/munge/munge.sock"), False),
+        ("munged", _fake("slurmctld", f"--socket={c.root}/munge/munge.sock"), False),
+        ("slurmctld", _fake("slurmctld", env=env), True),
+        ("slurmctld", _fake("slurmctld", env=other_env), False),
+        ("slurmctld", _fake("slurmd", env=env), False),
+        ("slurmd-n1", _fake("slurmd", "-N", "n1", env=env), True),
+        ("slurmd-n1", _fake("slurmd", "-N", "n2", env=env), False),
+        ("slurmd-n1", _fake("slurmd", "-N", "n1", env=other_env), False),
+        ("filterd", _fake("python3", "-m", "slurm_gpushare", "filterd", f"--socket={c.filterd_socket}"), True),
+        ("filterd", _fake("python3", "-m", "slurm_gpushare", "filterd", f"--socket={other}/run/filterd.sock"), False),
+        ("mysqld", _fake("mariadbd", f"--datadir={c.root}/db/data"), True),
+        ("mysqld", _fake("mariadbd", f"--datadir={other}/db/data"), False),
+    ]
+    try:
+        got = [(d, p.args[0], c.is_ours(d, p.pid)) for d, p, _ in cases]
+        assert got == [(d, p.args[0], want) for d, p, want in cases]
+    finally:
+        for _, p, _ in cases:
+            _end(p)
+
+
+@pytest.mark.slurm
+def test_down_stops_the_real_daemons_behind_stale_pid_files(cluster):
+    small = _small(cluster, 400, "staletest")
+    sleeper = subprocess.Popen(["sleep", "120"])
+    real = {}
+    try:
+        small.up(out=DEVNULL)
+        real = {d: small.pid(d) for d in ("slurmctld", "slurmd-staletest")}
+        for d in real:
+            small.pidfile(d).write_text(f"{sleeper.pid}\n")
+        st = small.status()["daemons"]
+        assert st["slurmctld"]["alive"] is False
+        assert st["slurmctld"]["problem"].startswith(
+            f"stale pid file (pid {sleeper.pid} is not this cluster's slurmctld); "
+            f"this cluster's slurmctld runs as pid {real['slurmctld']}")
+        out = io.StringIO()
+        small.down(out=out)
+        assert sleeper.poll() is None
+        assert [d for d, p in real.items() if _pid_alive(p)] == []
+        assert _processes_of(small) == []
+        assert "stale pid file" in out.getvalue()
+        assert not list((small.root / "run").glob("*.pid"))
+    finally:
+        _end(sleeper)
+        for d, p in real.items():  # whatever happened, let down find the real daemons
+            small.pidfile(d).write_text(f"{p}\n")
+        small.down(out=DEVNULL)
+        shutil.rmtree(small.root.parent)
+
+
+# --- 2. settings are checked before anything starts; a failed up stops what it started -------
+
+
+@pytest.mark.parametrize("port_base, dir_name, expected", [
+    (100, "c", "--port-base 100 is out of range"),
+    (65530, "c", "--port-base 65530 is out of range: the cluster uses ports 65530..65544"),
+    (21000, "with space", "contains a space, which Slurm config files cannot take"),
+    (21000, "hash#dir", "contains '#', which Slurm config files cannot take"),
+    (21000, "x" * 100, "(use a shorter --dir)"),
+])
+def test_up_rejects_bad_settings_before_starting_anything(tmp_path, monkeypatch, port_base, dir_name, expected):
+    def must_not_start(self, files):
+        raise AssertionError("up went on to prepare and start the cluster")
+
+    monkeypatch.setattr(DevCluster, "_prepare", must_not_start)
+    c = DevCluster.default(tmp_path / dir_name, port_base)
+    with pytest.raises(ClusterError) as e:
+        c.up(out=DEVNULL)
+    assert expected in str(e.value)
+    assert len(str(e.value).splitlines()) == 1
+    assert not c.root.exists()
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "0.0.0.0"])
+def test_up_names_a_port_already_in_use(tmp_path, monkeypatch, host):
+    monkeypatch.setattr(DevCluster, "_prepare", lambda self, files: pytest.fail("up went on to start"))
+    with socket.socket() as s:
+        s.bind((host, 0))
+        s.listen()
+        port = s.getsockname()[1]
+        c = DevCluster.default(tmp_path / "c", port)
+        with pytest.raises(ClusterError, match=rf"port {port} \(slurmctld, SlurmctldPort\) is already in use"):
+            c.up(out=DEVNULL)
+
+
+@pytest.mark.parametrize("kind", ["file", "below a file", "proc"])
+def test_up_with_an_unusable_dir_is_one_error_line(tmp_path, capsys, kind):
+    f = tmp_path / "afile"
+    f.write_text("not a directory\n")
+    d = {"file": f, "below a file": f / "sub", "proc": Path("/proc/gpushare-dev-test")}[kind]
+    assert main(["up", "--dir", str(d), "--port-base", "21000"]) == 5
+    err = capsys.readouterr().err
+    assert err.startswith(f"dev-cluster: error: --dir {d} ") and len(err.splitlines()) == 1, err
+    assert f.read_text() == "not a directory\n"
+
+
+def test_a_failed_start_shows_only_this_starts_log_lines_without_pmix(tmp_path):
+    c = DevCluster(tmp_path / "c", 21000, {"n1": packaged_machine("8x-rtx4090-pcie.json")})
+    log = c.root / "log" / "slurmctld.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("[old] error: OLD RUN: something that is fixed by now\n")
+    c._begin_start()
+    with open(log, "a") as f:
+        f.write("[new] error: Couldn't load specified plugin name for mpi/pmix_v4: Plugin init() callback failed\n"
+                "[new] error: MPI: Cannot create context for mpi/pmix\n"
+                "[new] error:  mpi/pmix_v4: init: (null) [0]: mpi_pmix.c:195: pmi/pmix: can not load PMIx library\n"
+                "[new] fatal: NEW RUN: the real cause\n")
+    with pytest.raises(ClusterError) as e:
+        c._wait(lambda: False, 0.1, "slurmctld answering ping", log="log/slurmctld.log")
+    text = str(e.value)
+    assert "NEW RUN: the real cause" in text
+    assert "OLD RUN" not in text and "pmix" not in text
+
+
+@pytest.mark.slurm
+def test_failed_up_stops_only_the_daemons_it_started(cluster, monkeypatch):
+    small = _small(cluster, 200, "failtest")
+    try:
+        small.up(out=DEVNULL)
+        kept = {d: small.pid(d) for d in ("munged", "slurmctld", "filterd")}
+        _stop_pid(small.pid("slurmd-failtest"))
+        monkeypatch.setattr(DevCluster, "all_idle", lambda self: False)
+        with pytest.raises(ClusterError) as e:
+            small.up(timeout=1, out=DEVNULL)
+        assert "waiting for all nodes IDLE" in str(e.value)
+        assert "stopped what this 'up' had started: slurmd-failtest (pid" in str(e.value)
+        assert {d: small.pid(d) for d in kept} == kept and all(_pid_alive(p) for p in kept.values())
+        assert not any("slurmd -N failtest" in cmd for _, cmd in _processes_of(small))
+
+        monkeypatch.undo()
+        small.down(out=DEVNULL)
+        monkeypatch.setattr(DevCluster, "all_idle", lambda self: False)
+        with pytest.raises(ClusterError) as e:
+            small.up(timeout=1, out=DEVNULL)
+        for d in ("munged", "slurmctld", "filterd", "slurmd-failtest"):
+            assert f"{d} (pid" in str(e.value)
+        assert _processes_of(small) == []
+    finally:
+        monkeypatch.undo()
+        small.down(out=DEVNULL)
+        shutil.rmtree(small.root.parent)
+
+
+# --- 3. down without root, status into a closed pipe, status exit codes ---------------------
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a daemon the test user may not signal")
+def test_down_as_an_unprivileged_user_is_a_cluster_error():
+    root = _world_readable_dir("gpushare-dc-") / "c"
+    (root / "run").mkdir(parents=True)
+    os.chmod(root, 0o755)
+    os.chmod(root / "run", 0o755)
+    c = DevCluster(root, 21000, {"n1": packaged_machine("8x-rtx4090-pcie.json")})
+    munged = _fake("munged", f"--socket={root}/munge/munge.sock")  # runs as root
+    try:
+        c.pidfile("munged").write_text(f"{munged.pid}\n")
+        r, w = os.pipe()
+        child = os.fork()
+        if child == 0:  # pragma: no cover - the child reports through the pipe
+            try:
+                os.close(r)
+                os.setgroups([])
+                os.setresgid(65534, 65534, 65534)
+                os.setresuid(65534, 65534, 65534)
+                try:
+                    c.down(out=DEVNULL)
+                    msg = "no error"
+                except BaseException as e:  # noqa: BLE001
+                    msg = f"{type(e).__name__}: {e}"
+                os.write(w, msg.encode())
+            finally:
+                os._exit(0)
+        os.close(w)
+        with os.fdopen(r) as f:
+            msg = f.read()
+        os.waitpid(child, 0)
+        assert msg.startswith("ClusterError: "), msg
+        assert "run as root" in msg
+        assert munged.poll() is None
+    finally:
+        _end(munged)
+        shutil.rmtree(root.parent)
+
+
+def test_status_into_a_closed_pipe_exits_quietly(tmp_path):
+    r, w = os.pipe()
+    os.close(r)  # like 'status | head' after head has gone
+    try:
+        proc = subprocess.run([sys.executable, "-m", "slurm_gpushare.devcluster", "status", "--dir",
+                               str(tmp_path / "none")], stdout=w, stderr=subprocess.PIPE, text=True, timeout=60)
+    finally:
+        os.close(w)
+    assert proc.stderr == ""
+    assert proc.returncode == 1
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_status_without_a_cluster_says_so_and_exits_1(tmp_path, capsys, as_json):
+    d = tmp_path / "none"
+    assert main(["status", "--dir", str(d), *(["--json"] if as_json else [])]) == 1
+    out = capsys.readouterr().out
+    if as_json:
+        st = json.loads(out)
+        assert st["exists"] is False and st["ok"] is False
+    else:
+        assert out == f"no dev cluster in {d}\n"
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_status_of_a_stopped_cluster_exits_1(tmp_path, capsys, as_json):
+    c = DevCluster.default(tmp_path / "c", 21000)
+    for rel, text in c.render().items():
+        (c.root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (c.root / rel).write_text(text)
+    assert main(["status", "--dir", str(c.root), *(["--json"] if as_json else [])]) == 1
+    out = capsys.readouterr().out
+    if as_json:
+        st = json.loads(out)
+        assert st["exists"] is True and not any(s["alive"] for s in st["daemons"].values())
+    else:
+        assert "munged                 pid -        stopped" in out
+        assert out.endswith(f"dev cluster in {c.root} is not running\n")
+
+
+# --- 4. a refused up names what differs ---------------------------------------------------------
+
+
+def test_up_refusal_names_the_differing_settings(tmp_path, monkeypatch):
+    monkeypatch.setattr(DevCluster, "_check_programs", lambda self: None)
+    monkeypatch.setattr(DevCluster, "_port_problems", lambda self: [], raising=False)
+    monkeypatch.setattr(DevCluster, "_prepare", lambda self, files: pytest.fail("up went on to start"))
+    running = DevCluster.default(tmp_path / "c", 21000)
+    for rel, text in running.render().items():
+        (running.root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (running.root / rel).write_text(text)
+    ctld = _fake("slurmctld", env=dict(os.environ, SLURM_CONF=str(running.slurm_conf)))
+    try:
+        running.pidfile("slurmctld").parent.mkdir(parents=True, exist_ok=True)
+        running.pidfile("slurmctld").write_text(f"{ctld.pid}\n")
+        with pytest.raises(ClusterError) as e:
+            DevCluster.default(running.root, 21000, cgroup=True).up(out=DEVNULL)
+        assert "running: TaskPlugin=task/none, requested: TaskPlugin=task/cgroup" in str(e.value)
+        with pytest.raises(ClusterError) as e:
+            DevCluster.default(running.root, 21100).up(out=DEVNULL)
+        assert "running: SlurmctldPort=21000, requested: SlurmctldPort=21100" in str(e.value)
+        assert "running: NodeName=h100-nvs Port=21011, requested: NodeName=h100-nvs Port=21111" in str(e.value)
+        assert "more differing lines" in str(e.value)
+    finally:
+        _end(ctld)
+
+
+@pytest.mark.slurm
+def test_up_with_other_options_on_the_running_cluster_names_them(cluster):
+    with pytest.raises(ClusterError, match=r"running: TaskPlugin=task/none, requested: TaskPlugin=task/cgroup"):
+        DevCluster.default(cluster.root, cluster.port_base, cgroup=True).up(out=DEVNULL)
+    assert cluster.all_idle()
+
+
+# --- 5. up shows each node's whole GRES --------------------------------------------------------
+
+
+@pytest.mark.slurm
+def test_up_prints_each_nodes_full_gres(cluster, slurm):
+    out = io.StringIO()
+    cluster.up(out=out)
+    lines = out.getvalue().splitlines()
+    gres = dict(line.split("|") for line in slurm.run(["sinfo", "-h", "-N", "-o", "%N|%G"]).stdout.splitlines())
+    assert set(gres) == set(cluster.nodes)
+    for node, g in gres.items():
+        rows = [ln for ln in lines if ln.split()[:1] == [node]]
+        assert len(rows) == 1, rows
+        assert rows[0].split()[-1] == g
+
+
+# --- 6. the wrapper explains a Python that cannot import the package -------------------------
+
+
+def test_wrapper_explains_a_python_that_cannot_import_the_package(tmp_path):
+    py = _unimportable_python(tmp_path)
+    if py is None:
+        pytest.skip("no Python here that lacks slurm_gpushare")
+    proc = subprocess.run([str(WRAPPER), "status", "--dir", str(tmp_path / "none")], cwd=tmp_path,
+                          env=dict(os.environ, GPUSHARE_PYTHON=f"{py} -I"), capture_output=True, text=True)
+    assert proc.returncode == 5
+    assert proc.stderr.startswith("dev-cluster: error: ") and IMPORT_HINT in proc.stderr
+    assert len(proc.stderr.splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
+def test_wrapper_with_an_unusable_venv_python_says_what_to_do(tmp_path):
+    py = _unimportable_python(tmp_path)
+    if py is None:
+        pytest.skip("no Python here that lacks slurm_gpushare")
+    # a copy of the repository's layout whose .venv/bin/python leads nowhere this user can go
+    (tmp_path / "repo" / "scripts").mkdir(parents=True)
+    shutil.copy(WRAPPER, tmp_path / "repo" / "scripts" / "dev-cluster")
+    (tmp_path / "repo" / ".venv" / "bin").mkdir(parents=True)
+    (tmp_path / "repo" / ".venv" / "bin" / "python").symlink_to("/nonexistent/.pyenv/versions/3.11/bin/python3")
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "python3").write_text(f'#!/bin/sh\nexec {py} -I "$@"\n')
+    os.chmod(tmp_path / "bin" / "python3", 0o755)
+    env = {k: v for k, v in os.environ.items() if k != "GPUSHARE_PYTHON"}
+    env["PATH"] = f"{tmp_path / 'bin'}:/usr/bin:/bin"
+    proc = subprocess.run([str(tmp_path / "repo" / "scripts" / "dev-cluster"), "status"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True)
+    assert proc.returncode == 5
+    assert ".venv/bin/python is not usable by this user" in proc.stderr and IMPORT_HINT in proc.stderr
+    assert len(proc.stderr.splitlines()) == 1 and "Traceback" not in proc.stderr

@@ -397,21 +397,21 @@ def test_compare_groups_nodes_and_compares_fields():
 
 def test_compare_slurm_conf(generated):
     _, expected = generated
-    equivalent = ("# the site's slurm.conf\nClusterName=site\ngrestypes=shard,gpu,mps\n"
+    equivalent = ("# the site's slurm.conf\nClusterName=site\ngrestypes=shard,gpushare,gpu,mps\n"
                   "accountingstoragetres=gres/shard,gres/gpu:a100,gres/gpu,license/x\n"
                   "nodename=a100 gres=shard:640,gpu:a100:8 threadspercore=1 corespersocket=32 sockets=2 "
                   "RealMemory=512000\nNodeName=cpu[1-4] CPUs=64\n")
     assert compare(expected, equivalent, what="slurm.conf") == []
     broken = "GresTypes=gpu\nNodeName=a100 Sockets=2 CoresPerSocket=16 Gres=gpu:a100:4\n"
     assert compare(expected, broken, what="slurm.conf") == [
-        "GresTypes lacks shard: installed gpu expected gpu,shard",
+        "GresTypes lacks shard,gpushare: installed gpu expected gpu,shard,gpushare",
         "AccountingStorageTRES lacks gres/gpu,gres/gpu:a100,gres/shard: installed (none) "
         "expected gres/gpu,gres/gpu:a100,gres/shard",
         "node a100: Gres differs: installed gpu:a100:4 expected gpu:a100:8,shard:640",
         "node a100: CoresPerSocket differs: installed 16 expected 32",
         "node a100: ThreadsPerCore differs: installed (none) expected 1",
     ]
-    assert compare(expected, "GresTypes=gpu,shard\n", what="slurm.conf")[-1] == (
+    assert compare(expected, "GresTypes=gpu,shard,gpushare\n", what="slurm.conf")[-1] == (
         "missing in installed: NodeName=a100 Gres=gpu:a100:8,shard:640")
 
 
@@ -421,3 +421,95 @@ def test_compare_errors():
     with pytest.raises(ParseError) as err:
         compare("Name=gpu\n", "Name=gpu\nName=gpu Colour=red\n", what="gres.conf")
     assert err.value.source == "installed gres.conf:2"
+
+
+# --- one node of a cluster-wide file ------------------------------------------------------------
+
+CLUSTER_GRES = """\
+AutoDetect=off
+NodeName=a[1-2] Name=gpu Type=a100 File=/dev/nvidia0 Cores=0-31
+NodeName=a[1-2] Name=shard Count=80 File=/dev/nvidia0
+NodeName=b1 Name=gpu Type=h100 File=/dev/nvidia0 Cores=0-31,64-95
+NodeName=b1 Name=shard Count=79 File=/dev/nvidia0
+"""
+
+
+def test_compare_for_some_nodes_leaves_other_nodes_lines_alone():
+    expected = ("AutoDetect=off\nNodeName=a1 Name=gpu Type=a100 File=/dev/nvidia0 Cores=0-31\n"
+                "NodeName=a1 Name=shard Count=80 File=/dev/nvidia0\n")
+    assert len(compare(expected, CLUSTER_GRES, what="gres.conf")) == 4  # a2 and b1 look extra
+    assert compare(expected, CLUSTER_GRES, what="gres.conf", nodes=["a1"]) == []
+    # a line without NodeName applies to every node, so it is this node's business too
+    assert compare(expected, CLUSTER_GRES + "Name=mps Count=100\n", what="gres.conf", nodes=["a1"]) == [
+        "extra in installed: NodeName=a1 Name=mps Count=100"]
+    # and a node the installed file does not mention is all missing
+    assert compare(expected.replace("NodeName=a1", "NodeName=c1"), CLUSTER_GRES, what="gres.conf", nodes=["c1"]) == [
+        "missing in installed: NodeName=c1 Name=gpu Type=a100 File=/dev/nvidia0 Cores=0-31",
+        "missing in installed: NodeName=c1 Name=shard Count=80 File=/dev/nvidia0"]
+
+
+def test_lint_for_some_nodes_leaves_other_nodes_lines_alone():
+    slurm_text = ("GresTypes=gpu,shard\nNodeName=a[1-2] CoresPerSocket=16 Sockets=2 Gres=gpu:a100:1,shard:80\n"
+                  "NodeName=b1 CoresPerSocket=32 Sockets=2 Gres=gpu:h100:2,shard:79\n")
+    everything = lint_gres_conf(gres(CLUSTER_GRES), slurm(slurm_text))
+    assert [f.where for f in everything] == ["gres.conf:4", "slurm.conf:3"]  # b1's SMT ids and count
+    assert lint_gres_conf(gres(CLUSTER_GRES), slurm(slurm_text), nodes=["a1"]) == []
+    assert [f.where for f in lint_gres_conf(gres(CLUSTER_GRES), slurm(slurm_text), nodes=["b1"])] == [
+        "gres.conf:4", "slurm.conf:3"]
+
+
+def test_compare_parse_errors_name_the_source_given():
+    with pytest.raises(ParseError) as err:
+        compare("Name=gpu\n", "Name=gpu\nName=gpu Colour=red\n", what="gres.conf",
+                installed_source="/etc/slurm/gres.conf")
+    assert err.value.source == "/etc/slurm/gres.conf:2"
+
+
+# --- File= ranges -------------------------------------------------------------------------------
+
+
+def test_compare_expands_file_ranges_per_device():
+    singles = "".join(f"NodeName=n1 Name=gpu Type=a100 File=/dev/nvidia{i} Cores={0 if i < 2 else 8}-7\n"
+                      .replace("8-7", "8-15") for i in range(4))
+    singles += "".join(f"NodeName=n1 Name=shard Count=80 File=/dev/nvidia{i}\n" for i in range(4))
+    ranged = ("NodeName=n1 Name=gpu Type=a100 File=/dev/nvidia[0-1] Cores=0-7\n"
+              "NodeName=n1 Name=gpu Type=a100 File=/dev/nvidia[2-3] Cores=8-15\n"
+              "NodeName=n1 Name=shard Count=320 File=/dev/nvidia[0-3]\n")
+    assert compare(singles, ranged, what="gres.conf") == []
+    assert compare(ranged, singles, what="gres.conf") == []
+    # one range line with one Cores= for all: the devices that differ are named one by one
+    one_line = "NodeName=n1 Name=gpu Type=a100 File=/dev/nvidia[0-3] Cores=0-7\n" + ranged.splitlines(True)[2]
+    assert compare(singles, one_line, what="gres.conf") == [
+        "node n1: gpu File=/dev/nvidia2: Cores differ: installed 0-7 expected 8-15",
+        "node n1: gpu File=/dev/nvidia3: Cores differ: installed 0-7 expected 8-15",
+    ]
+    # a device the range adds is extra, as the single line would be
+    more = "NodeName=n1 Name=gpu Type=a100 File=/dev/nvidia[0-4] Cores=0-7\n"
+    assert "extra in installed: NodeName=n1 Name=gpu Type=a100 File=/dev/nvidia4 Cores=0-7" in compare(
+        singles, more, what="gres.conf")
+    # a shard count that does not split evenly over the files stays one record
+    uneven = "NodeName=n1 Name=shard Count=321 File=/dev/nvidia[0-3]\n"
+    assert "extra in installed: NodeName=n1 Name=shard Count=321 File=/dev/nvidia[0-3]" in compare(
+        singles, uneven, what="gres.conf")
+
+
+# --- AccountingStorageTRES without slurmdbd ------------------------------------------------------
+
+
+def test_gres_tres_without_slurmdbd_is_an_error():
+    gres_text = "NodeName=n1 Name=gpu Type=a100 File=/dev/nvidia0\n"
+    slurm_text = ("AccountingStorageType=accounting_storage/none\nGresTypes=gpu\n"
+                  "AccountingStorageTRES=cpu,gres/gpu,gres/gpu:a100\nNodeName=n1 Gres=gpu:a100:1\n")
+    findings = lint_gres_conf(gres(gres_text), slurm(slurm_text))
+    assert messages(findings) == [
+        ("error", "slurm.conf:3", "AccountingStorageTRES lists gres/gpu,gres/gpu:a100 but there is no slurmdbd "
+                                  "(AccountingStorageType=accounting_storage/none): slurmctld 22.05 refuses to "
+                                  "start ('slurmdbd is required to run with TRES gres/gpu')")]
+    assert findings[0].hint.startswith("remove the gres/ items, or set "
+                                       "AccountingStorageType=accounting_storage/slurmdbd")
+    # no advice to add more GRES TRES there (gres/gpu:a100 is not listed), and nothing to say with slurmdbd
+    fewer = slurm_text.replace(",gres/gpu:a100\n", "\n")
+    assert [f.message[:36] for f in lint_gres_conf(gres(gres_text), slurm(fewer))] == [
+        "AccountingStorageTRES lists gres/gpu"]
+    dbd = slurm_text.replace("accounting_storage/none", "accounting_storage/slurmdbd")
+    assert lint_gres_conf(gres(gres_text), slurm(dbd)) == []

@@ -152,8 +152,38 @@ def test_dgx1_hybrid_cube_mesh_is_direct():
     assert m.link(0, 5).pcie == "SYS"
     assert not any(ln.via_nvswitch for ln in m.links)
     assert m.nics[0].paths == ("NODE", "NODE", "PIX", "PIX", "SYS", "SYS", "SYS", "SYS")
-    assert all(g.numa_node is None for g in m.gpus)
     assert m.gpu(4).cpu_affinity == (*range(12, 24), *range(36, 48))
+
+
+def test_numa_node_derived_from_the_cpu_layout_without_a_numa_column():
+    # the old header has no NUMA Affinity column; the inferred layout (2 sockets x 12 cores x 2
+    # threads) puts GPU0-3's CPUs 0-11,24-35 on socket 0 and GPU4-7's 12-23,36-47 on socket 1
+    m = topo(DGX1)
+    assert (m.cpus.sockets, m.cpus.cores_per_socket, m.cpus.threads_per_core) == (2, 12, 2)
+    assert [g.numa_node for g in m.gpus] == [0, 0, 0, 0, 1, 1, 1, 1]
+    # the same with the layout given
+    given = topo(DGX1, cpus=CpuLayout(sockets=2, cores_per_socket=12, threads_per_core=2))
+    assert [g.numa_node for g in given.gpus] == [0, 0, 0, 0, 1, 1, 1, 1]
+
+
+def test_derived_numa_node_needs_all_affinity_cpus_on_one_socket():
+    text = ("\tGPU0\tGPU1\tGPU2\tCPU Affinity\n"
+            "GPU0\t X \tSYS\tSYS\t0-7\n"
+            "GPU1\tSYS\t X \tSYS\t4-11\n"
+            "GPU2\tSYS\tSYS\t X \tN/A\n")
+    m = parse_topo_matrix(text, memory_mib=1, cpus=CpuLayout(sockets=2, cores_per_socket=8))
+    # GPU0 on socket 0; GPU1 spans both sockets; GPU2's affinity is unknown
+    assert [g.numa_node for g in m.gpus] == [0, None, None]
+    # without a layout nothing is derived
+    assert [g.numa_node for g in parse_topo_matrix(text, memory_mib=1).gpus] == [None, None, None]
+
+
+def test_reported_numa_affinity_is_kept():
+    # NUMA Affinity says 3 (e.g. 4 NUMA nodes per socket): the reported value wins over the socket
+    text = ("\tGPU0\tCPU Affinity\tNUMA Affinity\n"
+            "GPU0\t X \t0-7\t3\n")
+    m = parse_topo_matrix(text, memory_mib=1, cpus=CpuLayout(sockets=2, cores_per_socket=16))
+    assert m.gpu(0).numa_node == 3
 
 
 def test_p100_pix_quads_joined_by_phb():

@@ -331,3 +331,14 @@ def test_slurm_conf_errors_name_the_line():
     with pytest.raises(ParseError) as err:
         parse_slurm_conf_gres("NodeName=n1 Sockets=two\n", source="slurm.conf")
     assert (err.value.source, err.value.message) == ("slurm.conf:1", "Sockets=two is not a number")
+
+
+@pytest.mark.parametrize("text, value, line, slurmdbd", [
+    ("ClusterName=c\naccountingstoragetype=accounting_storage/slurmdbd\n", "accounting_storage/slurmdbd", 2, True),
+    ("AccountingStorageType=accounting_storage/none\n", "accounting_storage/none", 1, False),
+    ("ClusterName=c\n", None, None, False),  # the default is accounting_storage/none
+])
+def test_accounting_storage_type_says_whether_there_is_a_slurmdbd(text, value, line, slurmdbd):
+    conf = parse_slurm_conf_gres(text, source="slurm.conf")
+    assert (conf.accounting_storage_type, conf.accounting_storage_type_line) == (value, line)
+    assert conf.slurmdbd is slurmdbd

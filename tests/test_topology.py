@@ -201,17 +201,27 @@ def test_nvswitch_pairs_are_hop_2_and_links_10():
     assert nvlink_islands(m) == [frozenset({0, 1, 2, 3})]
 
 
-def test_undescribed_pair_is_node_on_same_numa_node_else_sys():
+def test_undescribed_pair_is_sys_even_on_one_numa_node():
     gpus = (Gpu(0, 0, "g", 1024, numa_node=0), Gpu(1, 1, "g", 1024, numa_node=0),
             Gpu(2, 2, "g", 1024, numa_node=1), Gpu(3, 3, "g", 1024, numa_node=None))
-    # 0-1 same NUMA: NODE; 0-2, 1-2 different: SYS; unknown NUMA: SYS; a link with no facts counts as none
+    # unknown means no useful connection, never nearer than a known one: every undescribed pair is
+    # SYS, also 0-1 on one NUMA node; a link with no facts counts as none
     m = Machine("n", gpus, links=(Link(0, 3),))
     np.testing.assert_allclose(hop_matrix(m), np.array([
-        [0.0, 3.6, 3.8, 3.8],
-        [3.6, 0.0, 3.8, 3.8],
+        [0.0, 3.8, 3.8, 3.8],
+        [3.8, 0.0, 3.8, 3.8],
         [3.8, 3.8, 0.0, 3.8],
         [3.8, 3.8, 3.8, 0.0],
     ]), rtol=0, atol=1e-12)
+    assert (slurm_links(m)[~np.eye(4, dtype=bool)] == 0).all()
+
+
+def test_description_without_links_invents_no_paths():
+    # a hand-written description with GPUs and NUMA nodes but no links: no NODE paths, no Links=1
+    gpus = tuple(Gpu(i, i, "NVIDIA A100 80GB PCIe", 81920, numa_node=i // 2) for i in range(4))
+    t = Topology.from_machine(Machine("n", gpus))
+    assert {v for i, row in enumerate(t.hop) for j, v in enumerate(row) if i != j} == {3.8}
+    assert {v for i, row in enumerate(t.links) for j, v in enumerate(row) if i != j} == {0}
 
 
 def test_nvlink_wins_over_pcie_level_and_legacy_soc_is_sys():
@@ -325,14 +335,14 @@ def test_slurm_links_properties(build):
 
 def test_slurm_links_every_kind_literal():
     # NV1 11, NV2 12, NV12 22, NVSwitch 10, PIX 4, PXB 3, PHB 2, NODE 1, SYS 0; undescribed pairs
-    # 2-4 (both NUMA 0) are NODE = 1, 3-5 (both NUMA 1) NODE = 1, others SYS = 0
+    # are SYS = 0, also 2-4 and 3-5 that share a NUMA node
     np.testing.assert_array_equal(slurm_links(_every_kind()), np.array([
         [-1, 11, 12, 22, 10, 4],
         [11, -1, 3, 2, 1, 0],
-        [12, 3, -1, 0, 1, 0],
-        [22, 2, 0, -1, 0, 1],
-        [10, 1, 1, 0, -1, 0],
-        [4, 0, 0, 1, 0, -1],
+        [12, 3, -1, 0, 0, 0],
+        [22, 2, 0, -1, 0, 0],
+        [10, 1, 0, 0, -1, 0],
+        [4, 0, 0, 0, 0, -1],
     ]))
 
 

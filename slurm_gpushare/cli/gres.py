@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from slurm_gpushare.cli import main
-from slurm_gpushare.cli.hardware import load_machine, machine_options, write_atomically
+from slurm_gpushare.cli.hardware import check_node_name, load_machine, machine_options, write_files_atomically
 from slurm_gpushare.errors import ConfigError, InputError
 
 
@@ -21,23 +21,72 @@ def _installed_path(given: str | None, name: str) -> Path:
     return (Path(conf).parent if conf else Path("/etc/slurm")) / name
 
 
+def check_device_dir(path: str) -> None:
+    """``--device-dir`` goes into gres.conf ``File=`` values: an absolute path, no white space, no hostlist.
+
+    Raises:
+        InputError: a relative path, white space, or ``[``, ``]``, ``,`` (``File=`` is a hostlist).
+    """
+    if any(ch.isspace() for ch in path):
+        raise InputError(f"--device-dir {path!r} contains white space",
+                         hint="gres.conf File= values end at white space; give a directory such as /dev")
+    if not path.startswith("/"):
+        raise InputError(f"--device-dir {path!r} is not an absolute path",
+                         hint="slurmd opens the File= paths as written; give a directory such as /dev")
+    bad = sorted({ch for ch in path if ch in "[],"})
+    if bad:
+        raise InputError(f"--device-dir {path!r} contains {', '.join(repr(ch) for ch in bad)}",
+                         hint="gres.conf File= is a hostlist expression, where these characters make ranges "
+                              "and lists; give a directory such as /dev")
+
+
+def _output_dir(path: str) -> tuple[Path, bool]:
+    """The ``--output-dir``: an existing directory, or one made here when only its last part is missing.
+
+    Returns:
+        The directory and whether it was created.
+
+    Raises:
+        InputError: the path is a file, its parent does not exist or is not a directory, or mkdir fails.
+    """
+    out = Path(path)
+    if out.is_dir():
+        return out, False
+    if out.exists():
+        raise InputError(f"--output-dir {out} is not a directory",
+                         hint="give a directory; its last part is created when missing")
+    parent = out.parent
+    if not parent.is_dir():
+        state = "is not a directory" if parent.exists() else "does not exist"
+        raise InputError(f"cannot create {out}: its parent {parent} {state}",
+                         hint="--output-dir creates only the last directory; create the parent first")
+    try:
+        out.mkdir()
+    except OSError as e:
+        raise InputError(f"cannot create {out}: {e.strerror or e}") from None
+    return out, True
+
+
 @main.command("gres-conf")
-@click.argument("machine_files", nargs=-1, type=click.Path(dir_okay=False))
+@click.argument("machine_files", nargs=-1, type=click.Path())
 @machine_options
 @click.option("--node-name", help="Slurm NodeName (one machine only; default: the description's hostname)")
-@click.option("--device-dir", default="/dev", show_default=True, help="directory of the nvidiaN device files")
+@click.option("--device-dir", default="/dev", show_default=True,
+              help="directory of the nvidiaN device files (absolute, no white space)")
 @click.option("--shard-unit", default="1G", show_default=True,
-              help="GPU memory per shard (Name=shard Count= is each GPU's memory in this unit)")
+              help="GPU memory per shard, with its unit: 1G, 512M (Name=shard Count= is each GPU's memory "
+                   "in this unit)")
 @click.option("--no-links", is_flag=True, help="do not write Links=")
 @click.option("--no-shards", is_flag=True, help="do not write Name=shard lines")
 @click.option("--mig-multiple-files", is_flag=True,
               help="MIG devices as MultipleFiles= (Slurm releases after 22.05; 22.05 splits them, see docs)")
-@click.option("--output-dir", type=click.Path(file_okay=False),
-              help="write DIR/gres.conf and DIR/slurm.conf.gres instead of printing both")
+@click.option("--output-dir", type=click.Path(),
+              help="write DIR/gres.conf and DIR/slurm.conf.gres instead of printing both (DIR is created "
+                   "if its parent exists)")
 @click.option("--check", is_flag=True, help="compare with the installed gres.conf/slurm.conf and lint them")
-@click.option("--gres-conf", "gres_conf", type=click.Path(dir_okay=False),
+@click.option("--gres-conf", "gres_conf", type=click.Path(),
               help="installed gres.conf for --check (default: next to $SLURM_CONF, else /etc/slurm)")
-@click.option("--slurm-conf", "slurm_conf", type=click.Path(dir_okay=False),
+@click.option("--slurm-conf", "slurm_conf", type=click.Path(),
               help="installed slurm.conf for --check (default: $SLURM_CONF, else /etc/slurm/slurm.conf)")
 def gres_conf(machine_files, from_topo, gpu_name, memory, mig_table, cpus, hostname, node_name, device_dir,
               shard_unit, no_links, no_shards, mig_multiple_files, output_dir, check, gres_conf, slurm_conf):
@@ -49,39 +98,54 @@ def gres_conf(machine_files, from_topo, gpu_name, memory, mig_table, cpus, hostn
     whole GPU; the slurm.conf text has GresTypes=, AccountingStorageTRES= and NodeName=... Gres=.
 
     With --check nothing is written: the installed files are compared with what would be generated
-    and linted; the exit status is 1 when they differ or have errors.
+    and linted; the exit status is 1 when they differ or have errors. Only the installed lines that
+    apply to the checked nodes are looked at, so one node can be checked against the cluster-wide
+    files. AccountingStorageTRES is expected only when the installed slurm.conf uses slurmdbd.
     """
-    from slurm_gpushare.gresconf import GresOptions, node_gres, render_gres_conf, render_slurm_conf
+    from slurm_gpushare.gresconf import (
+        GresOptions,
+        check_shard_unit,
+        node_gres,
+        render_gres_conf,
+        render_slurm_conf,
+    )
+    from slurm_gpushare.hardware.machine import MAX_MEMORY_MIB
     from slurm_gpushare.memsize import format_mib, parse_mib
 
     if machine_files and (from_topo or len(machine_files) > 1 and node_name):
         raise InputError("--node-name and --from-topo take one machine; several MACHINE.json files use "
                          "their own hostnames")
-    machines = [load_machine(f, hostname=hostname) for f in machine_files] if machine_files else [
-        load_machine(None, from_topo=from_topo, gpu_name=gpu_name, memory=memory, mig_table=mig_table,
-                     cpus=cpus, hostname=hostname)]
-    opts = GresOptions(device_dir=device_dir, shard_unit_mib=parse_mib(shard_unit, default_unit="G",
-                                                                         what="--shard-unit"),
+    check_node_name(node_name, "--node-name")
+    check_device_dir(device_dir)
+    shard_unit_mib = parse_mib(shard_unit, default_unit=None, what="--shard-unit", maximum=MAX_MEMORY_MIB)
+    source = dict(from_topo=from_topo, gpu_name=gpu_name, memory=memory, mig_table=mig_table, cpus=cpus,
+                  hostname=hostname)
+    machines = [load_machine(f, **source) for f in machine_files] if machine_files else [
+        load_machine(None, **source)]
+    opts = GresOptions(device_dir=device_dir, shard_unit_mib=shard_unit_mib,
                        links=not no_links, shards=not no_shards, mig_multiple_files=mig_multiple_files)
     names = [node_name or m.hostname for m in machines]
     if len(set(names)) != len(names):
         raise InputError(f"two machines have the same node name ({', '.join(names)})",
                          hint="give each description its own hostname (inventory --hostname)")
-    nodes = [node_gres(m, n, opts) for m, n in zip(machines, names)]
+    if opts.shards:
+        for m, n in zip(machines, names, strict=True):
+            check_shard_unit(m, opts.shard_unit_mib, n)
+    nodes = [node_gres(m, n, opts) for m, n in zip(machines, names, strict=True)]
     header = (f"gres.conf generated by slurm-gpushare gres-conf (shard unit {format_mib(opts.shard_unit_mib)}).\n"
               "Check it against the hardware with: slurm-gpushare gres-conf --check")
     gres_text = render_gres_conf(nodes, header=header)
-    slurm_text = render_slurm_conf(nodes)
 
     if check:
-        sys.exit(_check(gres_text, slurm_text, machines, names, _installed_path(gres_conf, "gres.conf"),
+        sys.exit(_check(gres_text, nodes, _installed_path(gres_conf, "gres.conf"),
                         Path(slurm_conf) if slurm_conf else _installed_path(None, "slurm.conf")))
+    slurm_text = render_slurm_conf(nodes)
     if output_dir:
-        out = Path(output_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        write_atomically(out / "gres.conf", gres_text)
-        write_atomically(out / "slurm.conf.gres", "# merge into slurm.conf\n" + slurm_text)
-        click.echo(f"wrote {out / 'gres.conf'} and {out / 'slurm.conf.gres'} ({len(nodes)} node(s))", err=True)
+        out, created = _output_dir(output_dir)
+        write_files_atomically({out / "gres.conf": gres_text,
+                                out / "slurm.conf.gres": "# merge into slurm.conf\n" + slurm_text})
+        click.echo(("created " + str(out) + ", " if created else "")
+                   + f"wrote {out / 'gres.conf'} and {out / 'slurm.conf.gres'} ({len(nodes)} node(s))", err=True)
         return
     click.echo("# ===== gres.conf =====")
     click.echo(gres_text, nl=False)
@@ -89,26 +153,44 @@ def gres_conf(machine_files, from_topo, gpu_name, memory, mig_table, cpus, hostn
     click.echo(slurm_text, nl=False)
 
 
-def _check(gres_text: str, slurm_text: str, machines, names, gres_path: Path, slurm_path: Path) -> int:
-    """Compare and lint; print one line per problem. Returns the exit status (0 clean, 1 problems)."""
+def _read_installed(path: Path, what: str, option: str) -> str:
+    """An installed configuration file, or one clear line saying why it cannot be read."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"cannot read installed {what} {path}: {e.strerror or e}",
+                          hint=f"point {option} at it, or generate one without --check") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path} is not text (UTF-8)", hint=f"point {option} at the installed {what}") from None
+
+
+def _check(gres_text: str, nodes, gres_path: Path, slurm_path: Path) -> int:
+    """Compare and lint; print one line per problem. Returns the exit status (0 clean, 1 problems).
+
+    Only the installed lines that apply to the checked nodes count (see ``compare(nodes=...)``), and
+    ``AccountingStorageTRES`` is expected only with slurmdbd: slurmctld 22.05 refuses GRES TRES without
+    it, so a slurm.conf without ``AccountingStorageType=accounting_storage/slurmdbd`` must not have it.
+    """
     from slurm_gpushare.grescheck import compare, lint_gres_conf
+    from slurm_gpushare.gresconf import render_slurm_conf
     from slurm_gpushare.slurmconf import parse_gres_conf, parse_slurm_conf_gres
 
-    try:
-        installed_gres = gres_path.read_text()
-    except OSError as e:
-        raise ConfigError(f"cannot read installed gres.conf {gres_path}: {e.strerror}",
-                          hint="point --gres-conf at it, or generate one without --check") from None
-    problems = [f"gres.conf: {d}" for d in compare(gres_text, installed_gres, what="gres.conf")]
+    names = [n.node_name for n in nodes]
+    installed_gres = _read_installed(gres_path, "gres.conf", "--gres-conf")
+    gres = parse_gres_conf(installed_gres, source=str(gres_path))
     slurm = None
     if slurm_path.exists():
-        installed_slurm = slurm_path.read_text()
+        installed_slurm = _read_installed(slurm_path, "slurm.conf", "--slurm-conf")
         slurm = parse_slurm_conf_gres(installed_slurm, source=str(slurm_path))
-        problems += [f"slurm.conf: {d}" for d in compare(slurm_text, installed_slurm, what="slurm.conf")]
+    problems = [f"gres.conf: {d}" for d in compare(gres_text, installed_gres, what="gres.conf", nodes=names,
+                                                    installed_source=str(gres_path))]
+    if slurm is not None:
+        slurm_text = render_slurm_conf(nodes, accounting_tres=slurm.slurmdbd)
+        problems += [f"slurm.conf: {d}" for d in compare(slurm_text, installed_slurm, what="slurm.conf",
+                                                          installed_source=str(slurm_path))]
     else:
         problems.append(f"slurm.conf: {slurm_path} not found (Gres= counts not checked)")
-    findings = lint_gres_conf(parse_gres_conf(installed_gres, source=str(gres_path)), slurm,
-                              dict(zip(names, machines, strict=True)))
+    findings = lint_gres_conf(gres, slurm, {n.node_name: n.machine for n in nodes}, nodes=names)
     for f in findings:
         line = f"{f.severity}: {f.where}: {f.message}" + (f" ({f.hint})" if f.hint else "")
         problems.append(line) if f.severity == "error" else click.echo(line)
@@ -120,4 +202,3 @@ def _check(gres_text: str, slurm_text: str, machines, names, gres_path: Path, sl
         return 1
     click.echo(f"{gres_path} and {slurm_path} match the hardware ({len(names)} node(s))")
     return 0
-

@@ -3,10 +3,17 @@
 A machine comes from one of three sources, the same for every command that takes one:
 a machine description file (``MACHINE.json``), ``--from-topo FILE`` (``nvidia-smi topo -m`` text,
 with ``--gpu-name``/``--memory`` because the matrix does not show them), or NVML on this host.
+``topology`` uses neither the GPU names nor their memory, so with ``--from-topo`` it needs neither:
+it fills in the placeholders :data:`PLACEHOLDER_GPU_NAME` and :data:`PLACEHOLDER_MEMORY_MIB`.
+
+Every bad value, unreadable or non-text file and unwritable output is one line
+(``slurm-gpushare: error: ...``, exit status 2): files are checked here, not by click, whose usage
+errors take four lines.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -18,15 +25,21 @@ from pathlib import Path
 import click
 
 from slurm_gpushare.cli import main
-from slurm_gpushare.errors import InputError
-from slurm_gpushare.hardware.machine import CpuLayout, Machine
+from slurm_gpushare.errors import InputError, MachineDescriptionError
+from slurm_gpushare.hardware.machine import MAX_MEMORY_MIB, NODE_NAME_RULE, CpuLayout, Machine, node_name_problem
+
+#: GPU name ``topology --from-topo`` uses when none is given (the hop matrix does not need one).
+PLACEHOLDER_GPU_NAME = "unknown GPU"
+#: GPU memory ``topology --from-topo`` uses when none is given: 1 MiB, a placeholder, never shown.
+PLACEHOLDER_MEMORY_MIB = 1
 
 
 def parse_cpus(text: str | None) -> CpuLayout | None:
     """``2x56x2`` -> CpuLayout(sockets=2, cores_per_socket=56, threads_per_core=2).
 
     Raises:
-        InputError: not three positive integers joined by ``x``.
+        InputError: not two or three positive integers joined by ``x``, or counts outside the ranges
+            a machine description allows (:data:`~slurm_gpushare.hardware.machine.LIMITS`).
     """
     if text is None:
         return None
@@ -38,17 +51,37 @@ def parse_cpus(text: str | None) -> CpuLayout | None:
     if len(nums) not in (2, 3) or min(nums) <= 0:
         raise InputError(f"--cpus {text!r} is not a CPU layout",
                          hint="write SOCKETSxCORESxTHREADS as slurmd -C reports it, e.g. 2x56x2")
-    return CpuLayout(nums[0], nums[1], nums[2] if len(nums) == 3 else 1)
+    layout = CpuLayout(nums[0], nums[1], nums[2] if len(nums) == 3 else 1)
+    try:
+        layout.validate(what="")
+    except MachineDescriptionError as e:
+        raise InputError(f"--cpus {text!r}: {e.message}", hint=e.hint) from None
+    return layout
+
+
+def check_node_name(value: str | None, option: str) -> None:
+    """Refuse an option value that cannot be a Slurm node name (``--hostname``, ``--node-name``).
+
+    Raises:
+        InputError: empty, or a character other than letters, digits, ``-``, ``_`` and ``.``.
+    """
+    if value is None:
+        return
+    problem = node_name_problem(value)
+    if problem is not None:
+        raise InputError(f"{option} {value!r} {problem}", hint=NODE_NAME_RULE)
 
 
 def machine_options(func):
     """Options that select where a machine description comes from (see module docstring)."""
     options = [
-        click.option("--from-topo", "from_topo", type=click.Path(dir_okay=False, allow_dash=True),
+        click.option("--from-topo", "from_topo", type=click.Path(allow_dash=True),
                      help="parse 'nvidia-smi topo -m' output from FILE ('-' for stdin) instead of probing NVML"),
-        click.option("--gpu-name", help="GPU product name for --from-topo, e.g. 'NVIDIA H100 80GB HBM3'"),
-        click.option("--memory", "memory", help="memory of each GPU for --from-topo: 80G, 81559M (base 1024)"),
-        click.option("--mig-table", type=click.Path(exists=True, dir_okay=False),
+        click.option("--gpu-name", help="GPU product name for --from-topo, e.g. 'NVIDIA H100 80GB HBM3' "
+                                        "(inventory and gres-conf need it; the GRES type comes from it)"),
+        click.option("--memory", "memory", help="memory of each GPU for --from-topo, with its unit: 80G, 81559M "
+                                                "(base 1024; inventory and gres-conf need it)"),
+        click.option("--mig-table", type=click.Path(),
                      help="'nvidia-smi mig -lgip' output: MIG profiles for --from-topo"),
         click.option("--cpus", help="CPU layout SOCKETSxCORESxTHREADS (as slurmd -C); default: inferred/probed"),
         click.option("--hostname", help="node name written into the description (default: this host)"),
@@ -60,17 +93,32 @@ def machine_options(func):
 
 def load_machine(path: str | None = None, *, from_topo: str | None = None, gpu_name: str | None = None,
                  memory: str | None = None, mig_table: str | None = None, cpus: str | None = None,
-                 hostname: str | None = None) -> Machine:
+                 hostname: str | None = None, placeholders: bool = False) -> Machine:
     """Build a Machine from a description file, ``nvidia-smi topo -m`` text, or NVML on this host.
 
+    Args:
+        placeholders: with ``--from-topo``, fill in :data:`PLACEHOLDER_GPU_NAME` and
+            :data:`PLACEHOLDER_MEMORY_MIB` where ``gpu_name``/``memory`` are not given, for commands
+            that use neither (``topology``). Otherwise both are required.
+
     Raises:
-        InputError: conflicting sources, bad option values, unparsable text (file and line named).
+        InputError: conflicting sources, options that do not go with the source, bad option values,
+            unreadable or non-UTF-8 files, unparsable text (file and line named).
         NvmlError: NVML failed while probing (the NVML call is named).
     """
+    check_node_name(hostname, "--hostname")
+    if gpu_name is not None and not gpu_name.strip():
+        raise InputError("--gpu-name is empty", hint="give the product name, e.g. 'NVIDIA A100 80GB PCIe'")
     layout = parse_cpus(cpus)
     if path and from_topo:
         raise InputError("give either a machine description file or --from-topo, not both")
+    if not from_topo and (gpu_name or memory or mig_table):
+        raise InputError("--gpu-name, --memory and --mig-table go with --from-topo",
+                         hint="NVML and machine descriptions have the names, memory and MIG profiles")
     if path:
+        if cpus is not None:
+            raise InputError("--cpus goes with --from-topo or NVML probing",
+                             hint="a machine description has its own CPU layout, its \"cpus\"")
         m = Machine.load(path)
         if hostname:
             m = replace(m, hostname=hostname)
@@ -80,20 +128,22 @@ def load_machine(path: str | None = None, *, from_topo: str | None = None, gpu_n
         from slurm_gpushare.memsize import parse_mib
         from slurm_gpushare.nvidia_smi import parse_mig_profiles, parse_topo_matrix
 
+        if placeholders:
+            gpu_name = gpu_name or PLACEHOLDER_GPU_NAME
+        else:
+            _require_topo_options(gpu_name, memory)
+        memory_mib = (parse_mib(memory, default_unit=None, what="--memory", maximum=MAX_MEMORY_MIB)
+                      if memory is not None else PLACEHOLDER_MEMORY_MIB)
         name = "<stdin>" if from_topo == "-" else os.path.basename(from_topo)
-        text = sys.stdin.read() if from_topo == "-" else _read(from_topo)
-        if memory is None:
-            raise InputError("--from-topo needs --memory: 'nvidia-smi topo -m' does not show GPU memory",
-                             hint="add --memory 80G (see 'nvidia-smi --query-gpu=memory.total --format=csv')")
-        m = parse_topo_matrix(text, source=name, hostname=host, gpu_name=gpu_name,
-                              memory_mib=parse_mib(memory, default_unit="M", what="--memory"), cpus=layout)
+        what = "'nvidia-smi topo -m' output"
+        text = _read_stdin(what) if from_topo == "-" else _read(from_topo, what)
+        m = parse_topo_matrix(text, source=name, hostname=host, gpu_name=gpu_name, memory_mib=memory_mib,
+                              cpus=layout)
         if mig_table:
-            profiles = parse_mig_profiles(_read(mig_table), source=os.path.basename(mig_table))
+            profiles = parse_mig_profiles(_read(mig_table, "'nvidia-smi mig -lgip' output"),
+                                          source=os.path.basename(mig_table))
             m = replace(m, gpus=tuple(replace(g, mig_profiles=profiles.get(g.index, ())) for g in m.gpus))
         return m
-    if gpu_name or memory or mig_table:
-        raise InputError("--gpu-name, --memory and --mig-table go with --from-topo",
-                         hint="NVML reports names, memory and MIG profiles itself")
     from slurm_gpushare.hardware.hostcpu import read_cpu_layout
     from slurm_gpushare.hardware.ports import ENV, open_nvml
     from slurm_gpushare.hardware.probe import probe_machine
@@ -105,43 +155,99 @@ def load_machine(path: str | None = None, *, from_topo: str | None = None, gpu_n
         return probe_machine(port, hostname=host, cpus=layout or read_cpu_layout())
 
 
-def _read(path: str) -> str:
+def _require_topo_options(gpu_name: str | None, memory: str | None) -> None:
+    """``--from-topo`` needs what the matrix does not show: the GPU name and memory."""
+    if gpu_name is None and memory is None:
+        raise InputError("--from-topo needs --gpu-name and --memory: 'nvidia-smi topo -m' shows neither",
+                         hint="add them as 'nvidia-smi --query-gpu=name,memory.total --format=csv' prints "
+                              "them, e.g. --gpu-name 'NVIDIA A100 80GB PCIe' --memory 80G")
+    if gpu_name is None:
+        raise InputError("--from-topo needs --gpu-name: 'nvidia-smi topo -m' does not show the GPU model, "
+                         "and the GRES Type= comes from it",
+                         hint="add it as 'nvidia-smi --query-gpu=name --format=csv' prints it, "
+                              "e.g. --gpu-name 'NVIDIA A100 80GB PCIe'")
+    if memory is None:
+        raise InputError("--from-topo needs --memory: 'nvidia-smi topo -m' does not show GPU memory",
+                         hint="add it as 'nvidia-smi --query-gpu=memory.total --format=csv' prints it, "
+                              "e.g. --memory 80G")
+
+
+def _read(path: str, what: str) -> str:
+    """A text file given on the command line; one clear line when it cannot be read or is not text."""
     try:
-        return Path(path).read_text()
+        return Path(path).read_text(encoding="utf-8")
     except OSError as e:
-        raise InputError(f"cannot read {path}: {e.strerror}") from None
+        raise InputError(f"cannot read {path}: {e.strerror or e}", hint=f"give {what} as a file") from None
+    except UnicodeDecodeError:
+        raise InputError(f"{path} is not text (UTF-8)", hint=f"give {what} as recorded") from None
+
+
+def _read_stdin(what: str) -> str:
+    """Standard input as UTF-8 text (its bytes, whatever the locale's decoding would do to them)."""
+    try:
+        buffer = getattr(sys.stdin, "buffer", None)
+        return buffer.read().decode("utf-8") if buffer is not None else sys.stdin.read()
+    except UnicodeDecodeError:
+        raise InputError("<stdin> is not text (UTF-8)", hint=f"pipe {what} as recorded") from None
 
 
 def write_atomically(path: str | Path, text: str) -> None:
     """Write ``text`` to ``path`` through a temporary file and a rename: never a half-written file."""
-    p = Path(path)
-    tmp = p.with_name(f".{p.name}.tmp{os.getpid()}")
+    write_files_atomically({path: text})
+
+
+def write_files_atomically(files: dict[str | Path, str]) -> None:
+    """Write several files, each through a temporary file next to it, renamed only when all are written.
+
+    A failure (missing directory, permissions, a directory in the way, a full disk) leaves no
+    temporary file and no target changed, and becomes one line naming the file.
+
+    Raises:
+        InputError: a file could not be written.
+    """
+    written: list[tuple[Path, Path]] = []
+    current = Path()
     try:
-        with open(tmp, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, p)
+        for path, text in files.items():
+            current = Path(path)
+            tmp = current.with_name(f".{current.name}.tmp{os.getpid()}")
+            f = open(tmp, "w", encoding="utf-8")  # closed below; nothing to clean up if this fails
+            written.append((tmp, current))
+            with f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+        for tmp, target in written:
+            current = target
+            os.replace(tmp, target)
     except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise InputError(f"cannot write {p}: {e.strerror}") from None
+        for tmp, _ in written:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+        raise InputError(f"cannot write {current}: {e.strerror or e}") from None
 
 
-def with_machine(func):
-    """Decorator: a positional MACHINE.json plus :func:`machine_options`, passed as ``machine``."""
-    @click.argument("machine_file", required=False, type=click.Path(dir_okay=False))
-    @machine_options
-    @functools.wraps(func)
-    def wrapper(machine_file, from_topo, gpu_name, memory, mig_table, cpus, hostname, **kwargs):
-        m = load_machine(machine_file, from_topo=from_topo, gpu_name=gpu_name, memory=memory,
-                         mig_table=mig_table, cpus=cpus, hostname=hostname)
-        return func(machine=m, **kwargs)
-    return wrapper
+def with_machine(func=None, *, placeholders: bool = False):
+    """Decorator: a positional MACHINE.json plus :func:`machine_options`, passed as ``machine``.
+
+    ``@with_machine(placeholders=True)`` is for commands that use neither GPU names nor memory (see
+    :func:`load_machine`).
+    """
+    def decorate(func):
+        @click.argument("machine_file", required=False, type=click.Path())
+        @machine_options
+        @functools.wraps(func)
+        def wrapper(machine_file, from_topo, gpu_name, memory, mig_table, cpus, hostname, **kwargs):
+            m = load_machine(machine_file, from_topo=from_topo, gpu_name=gpu_name, memory=memory,
+                             mig_table=mig_table, cpus=cpus, hostname=hostname, placeholders=placeholders)
+            return func(machine=m, **kwargs)
+        return wrapper
+    return decorate(func) if func is not None else decorate
 
 
 @main.command()
 @with_machine
-@click.option("-o", "--output", type=click.Path(dir_okay=False), help="write the description to FILE (default: stdout)")
+@click.option("-o", "--output", type=click.Path(), help="write the description to FILE (default: stdout)")
 def inventory(machine: Machine, output: str | None) -> None:
     """Write this node's machine description (JSON): GPUs, NVLinks, PCIe paths, NICs, CPUs, MIG.
 
@@ -157,13 +263,14 @@ def inventory(machine: Machine, output: str | None) -> None:
 
 
 @main.command()
-@with_machine
+@with_machine(placeholders=True)
 @click.option("--json", "as_json", is_flag=True, help="print the topology as JSON")
 def topology(machine: Machine, as_json: bool) -> None:
     """Show the hop matrix, the Slurm Links= weights, NVLink islands and NUMA groups of a node.
 
     Hops: 0 same GPU; 1-1.5 direct NVLink (more links nearer); 2 through NVSwitch; 3 PIX, 3.2 PXB,
-    3.4 PHB, 3.6 NODE, 3.8 SYS (PCIe only).
+    3.4 PHB, 3.6 NODE, 3.8 SYS (PCIe only, and pairs the description does not describe). With
+    --from-topo, --gpu-name and --memory are not needed: the matrix does not use them.
     """
     from slurm_gpushare.topology import Topology, format_table
 

@@ -5,9 +5,12 @@ A machine description is what the NVML port reports about one node, frozen. It i
 read by the fake NVML, the gres.conf generator, the filter service's cluster inventory and the node
 hooks. It is also the file a user attaches to a bug report.
 
-On disk it is JSON with a schema version (``"version": 1``); unknown keys are errors, so a typo in a
-hand-edited file is reported instead of ignored. Units: memory in MiB, CPU ids are Linux logical CPU
-numbers, core ids are Slurm's abstract core indices (socket-major, SMT siblings share one id).
+On disk it is JSON with a schema version (``"version": 1``); unknown keys and keys given twice in one
+object are errors, so a typo in a hand-edited file is reported instead of ignored. Values are checked
+against the ranges real hardware has (:data:`LIMITS`; the hostname must be a Slurm node name), so a
+slip such as ``"memory_mib": 81920000000`` is refused with the key and the allowed range named.
+Units: memory in MiB, CPU ids are Linux logical CPU numbers, core ids are Slurm's abstract core
+indices (socket-major, SMT siblings share one id).
 
 Example (abridged)::
 
@@ -22,6 +25,7 @@ Example (abridged)::
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import MISSING, asdict, dataclass, fields
@@ -36,6 +40,66 @@ SCHEMA_VERSION = 1
 #: levels through ``nvmlDeviceGetTopologyCommonAncestor`` (INTERNAL/SINGLE/MULTIPLE/HOSTBRIDGE/
 #: NODE/SYSTEM). ``SOC`` is the legacy name of ``SYS`` printed by old drivers.
 PCIE_LEVELS = ("PIX", "PXB", "PHB", "NODE", "SYS")
+
+#: Most memory one GPU (or MIG device) may be described with: 16 TiB, in MiB. Far above any GPU made
+#: (the largest have a few hundred GiB); a larger value is a unit slip.
+MAX_MEMORY_MIB = 16 * 1024 * 1024
+
+#: Allowed ranges ``(lowest, highest)`` of integer values, by key; ``None`` is "no upper bound". Each
+#: with what the range comes from, quoted in the error message.
+LIMITS: dict[str, tuple[int, int | None, str]] = {
+    "gpu.index": (0, None, "the NVML index, counted from 0"),
+    "gpu.minor": (0, 254, "the N of /dev/nvidiaN: the GPU device files are char devices 195:0-254, "
+                          "195:255 is /dev/nvidiactl"),
+    "gpu.memory_mib": (1, MAX_MEMORY_MIB, "MiB of GPU memory, at most 16 TiB"),
+    "gpu.cpu_affinity": (0, None, "Linux logical CPU ids"),
+    "gpu.numa_node": (0, 1023, "a Linux NUMA node id"),
+    "cpus.sockets": (1, 64, "sockets per node, as slurmd -C reports them"),
+    "cpus.cores_per_socket": (1, 1024, "cores per socket, as slurmd -C reports them"),
+    "cpus.threads_per_core": (1, 16, "hardware threads per core, as slurmd -C reports them"),
+    "link.nvlinks": (0, 64, "NVLink links between two GPUs"),
+    "nic.index": (0, None, "the n of NICn, counted from 0"),
+    "mig_profile.profile_id": (0, 255, "an NVML GPU instance profile id"),
+    "mig_profile.slices": (1, 8, "compute slices of a GPU instance (a GPU has at most 8)"),
+    "mig_profile.memory_mib": (1, MAX_MEMORY_MIB, "MiB of memory of one instance"),
+    "mig_profile.max_instances": (0, 8, "instances that fit on one GPU"),
+    "mig_profile.sm_count": (0, 1024, "streaming multiprocessors of one instance"),
+    "mig_profile.placement_start": (0, 7, "first memory slice (a GPU has 8)"),
+    "mig_profile.placement_size": (1, 8, "memory slices (a GPU has 8)"),
+    "mig_instance.gi_id": (0, 14, "a GPU instance id (the driver numbers 15 per GPU)"),
+    "mig_instance.ci_id": (0, 7, "a compute instance id (8 per GPU instance)"),
+    "mig_instance.start": (0, 7, "first memory slice (a GPU has 8)"),
+    "mig_instance.caps": (0, 2**20 - 1, "nvidia-caps minor numbers (20-bit Linux minors)"),
+    "process.pid": (0, None, "a process id"),
+    "process.used_memory_mib": (0, MAX_MEMORY_MIB, "MiB of GPU memory"),
+}
+
+#: What a Slurm node name may hold, for messages.
+NODE_NAME_RULE = "a Slurm node name is letters, digits, '-', '_' and '.', without spaces"
+
+
+def node_name_problem(name: object) -> str | None:
+    """Why ``name`` cannot be a Slurm node name, or None when it can.
+
+    A node name is what slurm.conf ``NodeName=`` and gres.conf ``NodeName=`` hold: letters, digits,
+    ``-``, ``_`` and ``.``. White space splits a ``Key=Value`` line, and ``[``, ``]`` and ``,`` make a
+    hostlist, so none of them can be part of one name.
+    """
+    if not isinstance(name, str) or not name:
+        return "is empty"
+    bad = sorted({ch for ch in name if not (ch.isascii() and (ch.isalnum() or ch in "-_."))})
+    if bad:
+        return "contains " + ", ".join(repr(ch) for ch in bad)
+    return None
+
+
+def limit_problem(key: str, value: int) -> str | None:
+    """Why ``value`` is outside :data:`LIMITS` ``[key]``, as ``"allowed 0-254: <why>"``, or None."""
+    lo, hi, why = LIMITS[key]
+    if value < lo or (hi is not None and value > hi):
+        allowed = f"{lo}-{hi}" if hi is not None else f"{lo} or more"
+        return f"allowed {allowed}: {why}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -114,6 +178,9 @@ class Gpu:
             ``CPU Affinity`` column of ``nvidia-smi topo -m``). Empty when unknown.
         numa_node: NUMA node of the GPU (``nvmlDeviceGetMemoryAffinity`` with
             ``NVML_AFFINITY_SCOPE_NODE``; the ``NUMA Affinity`` column of ``nvidia-smi topo -m``), or None.
+            Parsed from ``topo -m`` output without that column (old drivers), it is derived from the
+            CPU layout instead, not reported by NVML: the socket holding all the GPU's affinity CPUs
+            (see :func:`slurm_gpushare.nvidia_smi.parse_topo_matrix`).
         mig_enabled: MIG mode is on (``nvmlDeviceGetMigMode`` current mode).
         mig_profiles: GPU instance profiles this GPU supports (empty when MIG is unsupported).
         mig_instances: live MIG devices.
@@ -195,6 +262,32 @@ class CpuLayout:
     cores_per_socket: int
     threads_per_core: int = 1
     core_of_cpu: tuple[int, ...] = ()
+
+    def validate(self, *, source: str = "machine description", what: str = "cpus") -> None:
+        """Check the counts against :data:`LIMITS` and ``core_of_cpu`` against them.
+
+        Args:
+            source: where the layout came from, for the message.
+            what: how the message names the layout (``cpus`` in a description; ``""`` names only
+                the counts).
+
+        Raises:
+            MachineDescriptionError: a count outside its range (the key and the range are named), or
+                a ``core_of_cpu`` of the wrong length or with core ids outside the layout.
+        """
+        prefix = f"{what}." if what else ""
+        for key in ("sockets", "cores_per_socket", "threads_per_core"):
+            _limit(f"cpus.{key}", getattr(self, key), f"{prefix}{key}", source)
+        if self.core_of_cpu:
+            if len(self.core_of_cpu) != self.cpus:
+                raise MachineDescriptionError(
+                    f"{prefix}core_of_cpu has {len(self.core_of_cpu)} entries for {self.cpus} logical CPUs",
+                    hint="one Slurm core id per logical CPU id, or [] for the usual Linux numbering",
+                    source=source)
+            bad = [c for c in self.core_of_cpu if not 0 <= c < self.cores]
+            if bad:
+                raise MachineDescriptionError(f"{prefix}core_of_cpu holds core id {bad[0]}, out of range",
+                                              hint=f"allowed 0-{self.cores - 1}: the node's cores", source=source)
 
     @property
     def cores(self) -> int:
@@ -299,9 +392,14 @@ class Machine:
 
     @classmethod
     def from_json(cls, text: str, *, source: str = "machine description") -> Machine:
-        """Parse JSON text; see :meth:`from_dict`."""
+        """Parse JSON text; see :meth:`from_dict`.
+
+        Raises:
+            MachineDescriptionError: not JSON, a key given twice in one object (JSON parsers would
+                silently keep the last), or an invalid description.
+        """
         try:
-            data = json.loads(text)
+            data = json.loads(text, object_pairs_hook=functools.partial(_no_duplicate_keys, source=source))
         except json.JSONDecodeError as e:
             raise MachineDescriptionError(f"not valid JSON: {e.msg}", source=f"{source}:{e.lineno}") from None
         return cls.from_dict(data, source=source)
@@ -315,18 +413,39 @@ class Machine:
         """
         p = Path(path)
         try:
-            text = p.read_text()
+            text = p.read_text(encoding="utf-8")
         except OSError as e:
-            raise MachineDescriptionError(f"cannot read machine description: {e.strerror}",
+            raise MachineDescriptionError(f"cannot read machine description: {e.strerror or e}",
                                           source=str(p)) from None
+        except UnicodeDecodeError:
+            raise MachineDescriptionError(f"{p} is not text (UTF-8)",
+                                          hint="a machine description is JSON as 'slurm-gpushare inventory' "
+                                               "writes it") from None
         return cls.from_json(text, source=str(p))
 
     def validate(self, *, source: str = "machine description") -> None:
-        """Check cross-references: unique GPU indices and minors, links and NIC paths to real GPUs.
+        """Check values and cross-references.
+
+        Values: the hostname is a Slurm node name (:func:`node_name_problem`), GPU names are not
+        empty, integers lie in :data:`LIMITS` (the message names the key, e.g. ``gpus[2].minor``, and
+        the allowed range). Cross-references: unique GPU indices and minors, links and NIC paths to
+        real GPUs, CPU affinity inside the CPU layout.
 
         Raises:
             MachineDescriptionError: the first inconsistency found.
         """
+        problem = node_name_problem(self.hostname)
+        if problem is not None:
+            raise MachineDescriptionError(f"hostname {self.hostname!r} {problem}", hint=NODE_NAME_RULE,
+                                          source=source)
+        if self.cpus is not None:
+            self.cpus.validate(source=source)
+        for i, g in enumerate(self.gpus):
+            _validate_gpu(g, f"gpus[{i}]", source)
+        for i, ln in enumerate(self.links):
+            _limit("link.nvlinks", ln.nvlinks, f"links[{i}].nvlinks", source)
+        for i, nic in enumerate(self.nics):
+            _limit("nic.index", nic.index, f"nics[{i}].index", source)
         idx = [g.index for g in self.gpus]
         if len(set(idx)) != len(idx):
             raise MachineDescriptionError(f"duplicate GPU indices {idx}", source=source)
@@ -345,8 +464,6 @@ class Machine:
             if ln.pcie is not None and ln.pcie not in PCIE_LEVELS:
                 raise MachineDescriptionError(f"link {ln.a}-{ln.b}: unknown PCIe level {ln.pcie!r}",
                                               hint=f"use one of {', '.join(PCIE_LEVELS)}", source=source)
-            if ln.nvlinks < 0:
-                raise MachineDescriptionError(f"link {ln.a}-{ln.b}: negative NVLink count", source=source)
         for nic in self.nics:
             if nic.paths and len(nic.paths) != len(self.gpus):
                 raise MachineDescriptionError(
@@ -355,10 +472,55 @@ class Machine:
                 if p is not None and p not in PCIE_LEVELS:
                     raise MachineDescriptionError(f"NIC {nic.name}: unknown PCIe level {p!r}", source=source)
         for g in self.gpus:
-            if g.memory_mib <= 0:
-                raise MachineDescriptionError(f"GPU {g.index}: memory_mib must be positive", source=source)
             if self.cpus is not None and g.cpu_affinity:
                 self.cpus.core_ids(g.cpu_affinity)
+
+
+def _limit(key: str, value: int, path: str, source: str) -> None:
+    problem = limit_problem(key, value)
+    if problem is not None:
+        raise MachineDescriptionError(f"{path} is {value}, out of range", hint=problem, source=source)
+
+
+def _validate_gpu(g: Gpu, path: str, source: str) -> None:
+    for key in ("index", "minor", "memory_mib"):
+        _limit(f"gpu.{key}", getattr(g, key), f"{path}.{key}", source)
+    if not g.name.strip():
+        raise MachineDescriptionError(f"{path}.name is empty",
+                                      hint="give the product name as nvidia-smi prints it, "
+                                           "e.g. 'NVIDIA A100 80GB PCIe'", source=source)
+    for c in g.cpu_affinity:
+        _limit("gpu.cpu_affinity", c, f"{path}.cpu_affinity", source)
+    if g.numa_node is not None:
+        _limit("gpu.numa_node", g.numa_node, f"{path}.numa_node", source)
+    for j, p in enumerate(g.mig_profiles):
+        where = f"{path}.mig_profiles[{j}]"
+        if not p.name.strip():
+            raise MachineDescriptionError(f"{where}.name is empty", hint="e.g. 1g.10gb", source=source)
+        for key in ("profile_id", "slices", "memory_mib", "max_instances", "sm_count"):
+            _limit(f"mig_profile.{key}", getattr(p, key), f"{where}.{key}", source)
+        for start, size in p.placements:
+            _limit("mig_profile.placement_start", start, f"{where}.placements", source)
+            _limit("mig_profile.placement_size", size, f"{where}.placements", source)
+            if start + size > 8:
+                raise MachineDescriptionError(f"{where}.placements: [{start}, {size}] ends after memory slice 8",
+                                              hint="a placement [start, size] lies within the GPU's 8 "
+                                                   "memory slices", source=source)
+    for j, inst in enumerate(g.mig_instances):
+        where = f"{path}.mig_instances[{j}]"
+        if not inst.profile.strip():
+            raise MachineDescriptionError(f"{where}.profile is empty", hint="e.g. 1g.10gb", source=source)
+        for key in ("gi_id", "ci_id", "start"):
+            _limit(f"mig_instance.{key}", getattr(inst, key), f"{where}.{key}", source)
+        for c in inst.caps:
+            _limit("mig_instance.caps", c, f"{where}.caps", source)
+    for j, proc in enumerate(g.processes):
+        where = f"{path}.processes[{j}]"
+        _limit("process.pid", proc.pid, f"{where}.pid", source)
+        _limit("process.used_memory_mib", proc.used_memory_mib, f"{where}.used_memory_mib", source)
+        if proc.sm_util is not None and not 0 <= proc.sm_util <= 100:
+            raise MachineDescriptionError(f"{where}.sm_util is {proc.sm_util}, out of range",
+                                          hint="allowed 0-100: percent", source=source)
 
 
 #: MIG capability device minors, as the driver numbers them in ``/proc/driver/nvidia-caps/mig-minors``:
@@ -399,6 +561,18 @@ def gpu_model(name: str) -> str:
         if any(ch.isdigit() for ch in base):
             return base
     return (words[0].split("-")[0].lower() if words else "gpu") or "gpu"
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]], *, source: str) -> dict[str, Any]:
+    """``object_pairs_hook`` of :meth:`Machine.from_json`: a key given twice is an error."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise MachineDescriptionError(f"key {key!r} is given twice in one object",
+                                          hint="give each key once; JSON readers would silently keep the last",
+                                          source=source)
+        out[key] = value
+    return out
 
 
 def _jsonable(obj: Any) -> Any:

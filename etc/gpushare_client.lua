@@ -1,0 +1,173 @@
+-- slurm-gpushare: the client side of the filter service protocol, shared by job_submit.lua
+-- (inside slurmctld) and cli_filter.lua (inside srun). Lua 5.1, lua-socket.
+--
+-- One request line of JSON, one answer line, on a unix-socket connection that is kept open
+-- between calls (the Lua state survives between submissions). See slurm_gpushare/filterd.py.
+
+local M = {}
+
+M.settings = {
+  -- unix socket of `slurm-gpushare filterd` (its --socket)
+  socket = "/run/slurm-gpushare/filterd.sock",
+  -- seconds to wait for one answer; a dead service (no socket, refused) fails at once
+  timeout = 2.0,
+  -- what happens to jobs that need the service while it cannot answer:
+  --   "reject":       they are refused with a message saying what to do (the default)
+  --   "allow-direct": direct shard:/mps: requests pass unpoliced; gpushare: requests are still refused
+  -- A raw gpushare: request never reaches Slurm's scheduler either way.
+  fail_policy = "reject",
+}
+
+local unix_ok, unix = pcall(require, "socket.unix")
+local conn = nil
+
+-- Does any of the strings mention a GPU-share GRES (the only requests that cost a round trip)?
+function M.mentions_share(...)
+  for i = 1, select("#", ...) do
+    local s = select(i, ...)
+    if type(s) == "string" and (string.find(s, "gpushare", 1, true) or string.find(s, "shard", 1, true)
+        or string.find(s, "mps", 1, true)) then
+      return true
+    end
+  end
+  return false
+end
+
+function M.mentions_gpushare(...)
+  for i = 1, select("#", ...) do
+    local s = select(i, ...)
+    if type(s) == "string" and string.find(s, "gpushare", 1, true) then return true end
+  end
+  return false
+end
+
+local function jstr(s)
+  s = tostring(s or "")
+  s = string.gsub(s, '[%c"\\]', function(c)
+    if c == '"' then return '\\"' elseif c == "\\" then return "\\\\" end
+    return string.format("\\u%04x", string.byte(c))
+  end)
+  return '"' .. s .. '"'
+end
+
+-- Encode a flat table of strings and numbers as one JSON object (keys sorted: stable lines).
+function M.encode(t)
+  local keys = {}
+  for k in pairs(t) do keys[#keys + 1] = k end
+  table.sort(keys)
+  local parts = {}
+  for _, k in ipairs(keys) do
+    local v = t[k]
+    if type(v) == "number" then v = tostring(v) else v = jstr(v) end
+    parts[#parts + 1] = jstr(k) .. ":" .. v
+  end
+  return "{" .. table.concat(parts, ",") .. "}"
+end
+
+local ESC = { ['"'] = '"', ["\\"] = "\\", ["/"] = "/", b = "\b", f = "\f", n = "\n", r = "\r", t = "\t" }
+
+local function utf8(cp)
+  if cp < 0x80 then return string.char(cp) end
+  if cp < 0x800 then return string.char(0xC0 + math.floor(cp / 64), 0x80 + cp % 64) end
+  return string.char(0xE0 + math.floor(cp / 4096), 0x80 + math.floor(cp / 64) % 64, 0x80 + cp % 64)
+end
+
+-- Decode one flat JSON object whose values are strings, numbers, booleans or null.
+-- Returns a table, or nil and a reason.
+function M.decode(s)
+  local i, n = 1, #s
+  local function ws() while i <= n and string.find(string.sub(s, i, i), "^[ \t\r\n]") do i = i + 1 end end
+  local function str()
+    if string.sub(s, i, i) ~= '"' then return nil end
+    i = i + 1
+    local out = {}
+    while i <= n do
+      local c = string.sub(s, i, i)
+      if c == '"' then i = i + 1; return table.concat(out) end
+      if c == "\\" then
+        local e = string.sub(s, i + 1, i + 1)
+        if e == "u" then
+          local cp = tonumber(string.sub(s, i + 2, i + 5), 16)
+          if not cp then return nil end
+          out[#out + 1] = utf8(cp); i = i + 6
+        elseif ESC[e] then
+          out[#out + 1] = ESC[e]; i = i + 2
+        else
+          return nil
+        end
+      else
+        out[#out + 1] = c; i = i + 1
+      end
+    end
+    return nil
+  end
+  local t = {}
+  ws()
+  if string.sub(s, i, i) ~= "{" then return nil, "not an object" end
+  i = i + 1; ws()
+  if string.sub(s, i, i) == "}" then return t end
+  while true do
+    ws()
+    local k = str()
+    if not k then return nil, "bad key at " .. i end
+    ws()
+    if string.sub(s, i, i) ~= ":" then return nil, "missing : at " .. i end
+    i = i + 1; ws()
+    local c = string.sub(s, i, i)
+    local v
+    if c == '"' then
+      v = str()
+      if v == nil then return nil, "bad string at " .. i end
+    else
+      local lit = string.match(s, "^[%w%.%+%-]+", i)
+      if not lit then return nil, "bad value at " .. i end
+      i = i + #lit
+      if lit == "true" then v = true elseif lit == "false" then v = false elseif lit == "null" then v = nil
+      else v = tonumber(lit); if v == nil then return nil, "bad number " .. lit end end
+    end
+    t[k] = v
+    ws()
+    c = string.sub(s, i, i)
+    i = i + 1
+    if c == "}" then return t end
+    if c ~= "," then return nil, "expected , or } at " .. (i - 1) end
+  end
+end
+
+-- Send one request table; return the answer table, or nil and why the service could not answer.
+function M.ask(req)
+  local line = M.encode(req)
+  local why
+  for _ = 1, 2 do  -- a kept connection may have gone stale (service restarted): reconnect once
+    if conn == nil then
+      if not unix_ok then return nil, "lua-socket (socket.unix) is not installed here" end
+      local c = unix.stream()
+      c:settimeout(M.settings.timeout)
+      local ok, err = c:connect(M.settings.socket)
+      if not ok then
+        c:close()
+        return nil, "cannot connect to " .. M.settings.socket .. " (" .. tostring(err) .. ")"
+      end
+      conn = c
+    end
+    local sent, err = conn:send(line .. "\n")
+    if sent then
+      local answer, rerr = conn:receive("*l")
+      if answer then
+        local t, derr = M.decode(answer)
+        if t then return t end
+        why = "unreadable answer (" .. tostring(derr) .. ")"
+      else
+        why = tostring(rerr)
+      end
+    else
+      why = tostring(err)
+    end
+    conn:close()
+    conn = nil
+    if why == "timeout" then return nil, "no answer within " .. M.settings.timeout .. " s" end
+  end
+  return nil, why
+end
+
+return M

@@ -1,0 +1,61 @@
+"""``filterd``: run the decision service for job_submit.lua / cli_filter.lua (see slurm_gpushare.filterd)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from slurm_gpushare.cli import main
+from slurm_gpushare.errors import InputError
+
+DEFAULT_SOCKET = "/run/slurm-gpushare/filterd.sock"
+DEFAULT_MACHINES = "/etc/slurm/gpushare/machines"
+DEFAULT_POLICY = "/etc/slurm/gpushare/gpushare.toml"
+
+
+@main.command()
+@click.option("--socket", "socket_path", default=DEFAULT_SOCKET, show_default=True,
+              help="unix socket to listen on (gpushare_client.lua's settings.socket)")
+@click.option("--machines", "machines_dir", default=DEFAULT_MACHINES, show_default=True,
+              type=click.Path(file_okay=False), help="directory of <node>.json machine descriptions")
+@click.option("--policy", "policy_path", type=click.Path(dir_okay=False),
+              help=f"site policy TOML (default: {DEFAULT_POLICY} when it exists, else built-in defaults)")
+@click.option("--refresh", default=30.0, show_default=True, type=click.FloatRange(min=1.0),
+              help="seconds between refreshes of Slurm's view (sinfo --json)")
+@click.option("--socket-mode", default="0666", show_default=True,
+              help="permissions of the socket (cli_filter.lua runs as the submitting user)")
+@click.option("--log", "log_path", type=click.Path(dir_okay=False),
+              help="append the structured (JSON lines) log to FILE instead of stderr")
+@click.option("--pid-file", type=click.Path(dir_okay=False), help="write the service's PID to FILE")
+def filterd(socket_path, machines_dir, policy_path, refresh, socket_mode, log_path, pid_file):
+    """Run the gpushare decision service on a unix socket (foreground; runs as SlurmUser).
+
+    job_submit.lua and cli_filter.lua send each GPU-share request as one JSON line and get the
+    rewritten TRES, the AdminComment audit, or a refusal. The cluster inventory (machine
+    descriptions joined with sinfo --json) is reloaded on SIGHUP, when the directory changes, and
+    every --refresh seconds.
+    """
+    from slurm_gpushare.filterd import serve
+
+    if not Path(machines_dir).is_dir():
+        raise InputError(f"--machines {machines_dir} is not a directory",
+                         hint="collect the nodes' 'slurm-gpushare inventory' files there")
+    if policy_path is None and Path(DEFAULT_POLICY).exists():
+        policy_path = DEFAULT_POLICY
+    try:
+        mode = int(socket_mode, 8)
+    except ValueError:
+        raise InputError(f"--socket-mode {socket_mode!r} is not an octal mode", hint="e.g. 0660") from None
+    Path(socket_path).parent.mkdir(parents=True, exist_ok=True)
+    if pid_file:
+        Path(pid_file).write_text(f"{os.getpid()}\n")
+    stream = open(log_path, "a", buffering=1) if log_path else sys.stderr
+    try:
+        sys.exit(serve(Path(socket_path), Path(machines_dir), policy_path=Path(policy_path) if policy_path else None,
+                       refresh_s=refresh, socket_mode=mode, log_stream=stream))
+    finally:
+        if pid_file:
+            Path(pid_file).unlink(missing_ok=True)

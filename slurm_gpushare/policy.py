@@ -1,0 +1,721 @@
+"""The submit-side decision: a job's GPU-share request -> a TRES string Slurm can schedule (pure).
+
+:func:`decide` takes what job_submit.lua sees (``job_desc.tres_per_node`` / ``tres_per_job``), the
+job's partitions, the controller's :class:`~slurm_gpushare.inventory.ClusterInventory` and the
+:class:`~slurm_gpushare.policyfile.SitePolicy`, and answers with a :class:`Decision`: nothing to do
+(``pass``), a new ``tres_per_node`` plus an audit record (``rewrite``), or a refusal with one line for
+the user and Slurm's ``ESLURM_INVALID_GRES`` (``reject``). It does no I/O and never raises for a bad
+request: every :class:`~slurm_gpushare.errors.InputError` becomes a refusal.
+
+How a ``gpushare`` request is served (DESIGN.md section 4; ``docs/request-syntax.md`` for users):
+
+* Candidates come only from usable nodes (no inventory problem) of the job's partitions (the default
+  partition when none is given), and only of the kinds the site policy allows there.
+* MIG: a configured MIG GRES type (``gpu:<model>_<profile>``) whose profile holds the memory (fit
+  rule ``nominal`` or ``exact``), with ``count`` of them on one node and, under ``mode=auto``, no
+  more than ``mig.max_waste`` of the slice left unused.
+* MPS share: ``shard:<ceil(mem / shard unit)>`` when some usable node has a whole GPU with at least
+  that many shards (Slurm packs the shards of one job onto one GPU); one GPU only, so ``count`` must
+  be 1. ``sm=`` asks for this kind; the node Prolog enforces it as the MPS active thread percentage.
+* Whole GPUs: ``gpu:<model>:<count>`` on a node with ``count`` whole GPUs of that model whose
+  memory (fit rule) holds the request. Under ``mode=auto`` a request of at least
+  ``whole_gpu.threshold`` of a model's memory gets whole GPUs of that model first; otherwise whole
+  GPUs come where ``gpu`` stands in ``mode_order`` (last by default: a request no share can hold).
+* One GRES type per job: the first kind in order that has candidates, then the least memory left
+  unused, then the site's model preference, then the model name. The other candidates go into the
+  audit record.
+
+Direct ``shard:N`` / ``mps:N`` requests are policed too (``police_direct``): a shard job must fit one
+GPU, ``mps:N`` needs configured ``mps`` GRES and at most 100 (one GPU).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from slurm_gpushare.errors import InputError
+from slurm_gpushare.gresconf import mig_type
+from slurm_gpushare.hardware.machine import MigProfile
+from slurm_gpushare.inventory import ClusterInventory, NodeInventory
+from slurm_gpushare.memsize import format_mib
+from slurm_gpushare.policyfile import KINDS, SitePolicy
+from slurm_gpushare.request import (
+    DEFAULT_PREFIX,
+    SHARE_NAMES,
+    GpushareRequest,
+    TresItem,
+    item_name,
+    make_error,
+    mentions_share,
+    parse_gpushare,
+    parse_tres,
+    prefix_of,
+)
+
+#: ``ESLURM_INVALID_GRES`` (slurm/slurm_errno.h): "Invalid generic resource (gres) specification".
+ESLURM_INVALID_GRES = 2072
+#: ``SLURM_SUCCESS``.
+SUCCESS = 0
+#: Version of the audit record (``gpushare:v1`` in AdminComment).
+AUDIT_VERSION = 1
+#: ``mps:N`` is a percentage of one GPU (Slurm's default ``mps`` count per GPU).
+MPS_PER_GPU = 100
+
+#: Every refusal of this module: id -> (message template, hint template). ``str.format`` fields.
+MESSAGES: dict[str, tuple[str, str]] = {
+    "per-job": ("'{item}' must be asked for per node with --gres",
+                "write --gres=gpushare:mem=10G (or --gres=shard:N), not --gpus or --tres-per-job"),
+    "gpus-per-job": ("gpushare cannot be combined with --gpus ('{item}') in one job",
+                     "for whole GPUs write --gres=gpushare:mode=gpu:N, or drop gpushare"),
+    "mixed-gpu": ("gpushare cannot be combined with '{item}' in one job",
+                  "for whole GPUs write gpushare:mode=gpu:N, or drop gpushare"),
+    "mixed-share": ("gpushare cannot be combined with '{item}' in one job",
+                    "ask for gpushare:mem=SIZE alone, or for shard:N alone"),
+    "shard-mps": ("shard and mps cannot be combined in one job",
+                  "ask for shard:N (N GiB of one GPU) or for gpushare:mem=10G"),
+    "twice": ("'{name}' is asked for twice ({first} and {second})", "ask for it once"),
+    "direct-zero": ("'{item}' asks for no {name}", "ask for at least 1, e.g. shard:10 for 10 GiB of one GPU"),
+    "no-partition": ("no partition given and the cluster has no default partition", "submit with -p PARTITION"),
+    "partition": ("partition '{name}' does not exist", "partitions: {known}"),
+    "no-gpus": ("{where} has no usable GPU nodes", "try {others}"),
+    "no-gpus-anywhere": ("{where} has no usable GPU nodes",
+                         "no partition has usable GPU nodes now; ask the administrators"),
+    "count-max": ("the count {count} is more than this site allows ({max} per job)", "ask for at most {max}"),
+    "none-allowed": ("no kind of GPU share is allowed in {where}", "submit to another partition"),
+    "mig-disabled": ("mode=mig: MIG slices are switched off on this cluster", "use {modes}"),
+    "mode-disallowed": ("mode={mode} is not allowed in {where}", "allowed there: {allowed}"),
+    "sm-mode": ("sm={sm} sets an MPS compute share, which mode={mode} does not have",
+                "drop sm=, or use mode=mps"),
+    "sm-no-mps": ("sm={sm} asks for an MPS share, which {where} does not allow", "drop sm= (allowed there: {allowed})"),
+    "mps-count": ("an MPS share is part of one GPU, but {request} asks for {count}",
+                  "use mode=mig or mode=gpu for {count} slices or GPUs, or drop the count"),
+    "sm-count": ("sm={sm} asks for an MPS share, which is part of one GPU, but {request} asks for {count}",
+                 "drop sm= to get {count} MIG slices or whole GPUs, or drop the count"),
+    "no-kind": ("{where} has no {nouns}", "{suggestion}"),
+    "too-large": ("mem={mem} is more than the largest {noun} in {where} ({size} on {on})", "ask for {suggestion}"),
+    "count-too-many": ("no node in {where} has {count} {nouns} for {request}",
+                       "at most {best} on one node: ask for {spec}"),
+    "mig-waste": ("mem={mem} would leave {waste}% of the smallest MIG slice that holds it unused "
+                  "({slice}, {size}); this site allows at most {max}%",
+                  "ask for mode=mig to take the slice anyway"),
+    "shard-none": ("{where} has no shards configured", "use gpushare:mem=10G, or another partition"),
+    "shard-large": ("shard:{n} is more than one GPU holds in {where} ({most} shards on {on})",
+                    "a shard job must fit one GPU: ask for shard:{most} at most, or for whole GPUs "
+                    "with gpushare:mode=gpu:N"),
+    "mps-none": ("mps:{n}: {where} has no mps GRES configured",
+                 "use gpushare:mem=10G (memory) or shard:N (N GiB of one GPU)"),
+    "mps-large": ("mps:{n} is more than one GPU (mps:100)",
+                  "ask for mps:100 at most, or for whole GPUs with gpushare:mode=gpu:1"),
+}
+
+_NOUN = {"mig": ("MIG slice", "MIG slices"), "mps": ("MPS share", "MPS shares"), "gpu": ("GPU", "whole GPUs")}
+_SAFE = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.:=+/,%@-")
+
+
+def _error(message_id: str, **fields: object) -> InputError:
+    return make_error(message_id, MESSAGES, **fields)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One way to serve a request.
+
+    Attributes:
+        kind: ``mig``, ``mps`` or ``gpu``.
+        name: GRES name: ``gpu`` (MIG slice or whole GPU) or ``shard``.
+        type: GRES type (``h100_1g.10gb``, ``h100``), ``""`` for shards.
+        count: GRES count (slices, GPUs, or shards).
+        models: GPU models it may land on (one, except for shards).
+        capacity_mib: memory per device the fit rule compares with the request, MiB.
+        granted_mib: memory per device the job gets, MiB (a MIG instance's, a GPU's, or the shards').
+        waste_mib: ``capacity_mib`` minus the request (the capacity itself when no memory was asked).
+        nodes: usable nodes that can hold it.
+    """
+
+    kind: str
+    name: str
+    type: str
+    count: int
+    models: tuple[str, ...]
+    capacity_mib: int
+    granted_mib: int
+    waste_mib: int
+    nodes: tuple[str, ...] = ()
+
+    @property
+    def gres(self) -> str:
+        """``gpu:h100_1g.10gb:1``, ``shard:10``."""
+        return f"{self.name}:{self.type}:{self.count}" if self.type else f"{self.name}:{self.count}"
+
+    @property
+    def label(self) -> str:
+        """``mig:gpu:h100_1g.10gb:1``: kind and GRES, for the audit record."""
+        return f"{self.kind}:{self.gres}"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What job_submit does with one job.
+
+    Attributes:
+        action: ``pass`` (nothing for us to do: leave the job alone), ``rewrite`` (set
+            ``tres_per_node``, record :meth:`audit_text` in AdminComment) or ``reject``.
+        tres_per_node: the new TRES string (``rewrite``; prefix kept, other items kept in order with
+            explicit counts), else the input unchanged.
+        audit: the record of the decision: ``version``, ``original`` (the TRES as it came),
+            ``request`` (the share request as written), ``action``, and for a rewrite ``kind``
+            (``mig``, ``mps``, ``gpu``, ``shard-direct``, ``mps-direct``), ``grant`` (the new GRES
+            item with prefix), ``gres_type``, ``model`` (GPU model(s) it may land on),
+            ``mem_asked_mib``, ``mem_granted_mib`` (per device), ``sm_percent``, ``count``, ``mode``,
+            ``partitions``, ``candidates`` (labels of every candidate considered, chosen first, the
+            others best first), ``models_considered`` and ``reason``; for a refusal ``reason``.
+            Empty for ``pass``.
+        message: one line for the user, starting with ``gpushare: ``: the refusal and what would
+            work, or what a rewrite granted. Empty when there is nothing to say.
+        errno: Slurm return code: ``ESLURM_INVALID_GRES`` (2072) for a refusal, else 0.
+    """
+
+    action: str
+    tres_per_node: str | None
+    audit: dict[str, Any] = field(default_factory=dict, hash=False)
+    message: str = ""
+    errno: int = SUCCESS
+
+    def audit_fields(self) -> dict[str, str]:
+        """The audit record as ``key -> value`` strings for the AdminComment segment.
+
+        Keys, in order: ``req`` (the request as written), ``grant`` (the new GRES item), ``kind``,
+        ``model`` (models joined by ``,``), ``mem`` (``<asked>/<granted>MiB``, ``-`` for nothing
+        asked), ``sm`` (when given), ``part`` (partitions joined by ``,``), ``alt`` (other candidates,
+        at most 6, joined by ``,``); a refusal has ``req`` and ``action=reject``. Values hold only
+        ``A-Za-z0-9_.:=+/,%@-`` (anything else becomes ``?``): no spaces, no brackets. Empty for ``pass``.
+        """
+        a = self.audit
+        if self.action == "pass" or not a:
+            return {}
+        out = {"req": _safe(a.get("request", ""))}
+        if self.action == "reject":
+            out["action"] = "reject"
+            return out
+        out["grant"] = _safe(a.get("grant", ""))
+        out["kind"] = _safe(a.get("kind", ""))
+        if a.get("model"):
+            out["model"] = _safe(a["model"])
+        asked, granted = a.get("mem_asked_mib"), a.get("mem_granted_mib")
+        if asked is not None or granted is not None:
+            out["mem"] = f"{'-' if asked is None else asked}/{'-' if granted is None else granted}MiB"
+        if a.get("sm_percent") is not None:
+            out["sm"] = str(a["sm_percent"])
+        if a.get("partitions"):
+            out["part"] = _safe(",".join(a["partitions"]))
+        alt = [c for c in a.get("candidates", ())[1:]][:6]
+        if alt:
+            out["alt"] = _safe(",".join(alt))
+        return out
+
+    def audit_text(self) -> str:
+        """One single-line tag segment for AdminComment, e.g.
+        ``gpushare:v1 req=mem=10G grant=gres:gpu:h100_1g.10gb:1 kind=mig model=h100 mem=10240/9984MiB``.
+
+        ``gpushare:v<version>`` then space-separated ``key=value`` (:meth:`audit_fields`); the value
+        is everything after the first ``=``. Empty for ``pass``.
+        """
+        f = self.audit_fields()
+        if not f:
+            return ""
+        return f"gpushare:v{AUDIT_VERSION} " + " ".join(f"{k}={v}" for k, v in f.items())
+
+
+def _safe(text: str) -> str:
+    return "".join(c if c in _SAFE else "?" for c in str(text)) or "-"
+
+
+# --- the cluster as the policy sees it ---------------------------------------------------------------
+
+
+@dataclass
+class _Mig:
+    model: str
+    profile: MigProfile
+    capacity_mib: int
+    max_on_node: int = 0
+    nodes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Whole:
+    model: str
+    memory_mib: int
+    capacity_mib: int
+    max_on_node: int = 0
+    nodes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Pool:
+    """What the usable nodes of the job's partitions offer."""
+
+    parts: tuple[str, ...]
+    unit_mib: int
+    mig: dict[str, _Mig] = field(default_factory=dict)
+    whole: dict[str, _Whole] = field(default_factory=dict)
+    shards: dict[str, int] = field(default_factory=dict)  # model -> most shards on one GPU
+    shard_nodes: dict[str, list[str]] = field(default_factory=dict)  # model -> nodes
+    mps: bool = False
+
+    @property
+    def where(self) -> str:
+        """``partition gpu`` / ``partitions a, b``, for messages."""
+        return _where(self.parts)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.mig or self.whole or self.shards or self.mps)
+
+
+def nominal_gpu_mib(memory_mib: int) -> int:
+    """A whole GPU's nominal memory: its total memory rounded to the nearest GiB, in MiB.
+
+    ``81559`` (H100 80GB, NVML ``nvmlDeviceGetMemoryInfo().total``) -> ``81920`` (80 GiB);
+    ``24564`` (RTX 4090) -> ``24576``; ``81920`` (A100 80GB) -> ``81920``.
+    """
+    gib = int(memory_mib / 1024 + 0.5)
+    return gib * 1024 if gib > 0 else memory_mib
+
+
+def nominal_profile_mib(profile: MigProfile) -> int:
+    """A MIG profile's nominal memory, from its name: ``1g.10gb`` (9984 MiB) -> ``10240`` (10 GiB).
+
+    Profiles whose name carries no ``<N>gb`` give their real memory.
+    """
+    head = profile.name.split("+", 1)[0]
+    _, _, size = head.rpartition(".")
+    if size.lower().endswith("gb") and size[:-2].isdigit() and size[:-2].isascii():
+        return int(size[:-2]) * 1024
+    return profile.memory_mib
+
+
+def _capacity_gpu(memory_mib: int, policy: SitePolicy) -> int:
+    return nominal_gpu_mib(memory_mib) if policy.gpu_fit == "nominal" else memory_mib
+
+
+def _capacity_mig(profile: MigProfile, policy: SitePolicy) -> int:
+    return nominal_profile_mib(profile) if policy.mig_fit == "nominal" else profile.memory_mib
+
+
+def _where(parts: tuple[str, ...]) -> str:
+    return f"partition {parts[0]}" if len(parts) == 1 else "partitions " + ", ".join(parts)
+
+
+def _build_pool(nodes: list[NodeInventory], parts: tuple[str, ...], unit: int, policy: SitePolicy) -> _Pool:
+    pool = _Pool(parts, unit)
+    for node in nodes:
+        if not node.usable or node.machine is None:
+            continue
+        profiles: dict[str, tuple[str, MigProfile]] = {}
+        for g in node.machine.gpus:
+            if g.mig_enabled:
+                for p in g.mig_profiles:
+                    profiles.setdefault(mig_type(g, p.name), (g.model, p))
+        whole_mem: dict[str, int] = {}
+        for g in node.whole_gpus:
+            whole_mem[g.model] = min(whole_mem.get(g.model, g.memory_mib), g.memory_mib)
+        for (name, gtype), count in sorted(node.gres.items()):
+            if name != "gpu" or count <= 0 or not gtype:
+                continue
+            if gtype in whole_mem:
+                # one GRES type may cover GPUs of different memory (A100 40GB and 80GB are both
+                # "a100"): Slurm may hand out any of them, so the smallest one counts
+                w = pool.whole.setdefault(gtype, _Whole(gtype, whole_mem[gtype], 0))
+                w.memory_mib = min(w.memory_mib, whole_mem[gtype])
+                w.capacity_mib = _capacity_gpu(w.memory_mib, policy)
+                w.max_on_node = max(w.max_on_node, count)
+                w.nodes.append(node.name)
+            elif gtype in profiles:
+                model, prof = profiles[gtype]
+                m = pool.mig.setdefault(gtype, _Mig(model, prof, _capacity_mig(prof, policy)))
+                m.max_on_node = max(m.max_on_node, count)
+                m.nodes.append(node.name)
+        if node.shards > 0:
+            for g in node.whole_gpus:
+                n = g.memory_mib // unit
+                if n > 0:
+                    pool.shards[g.model] = max(pool.shards.get(g.model, 0), n)
+                    pool.shard_nodes.setdefault(g.model, [])
+                    if node.name not in pool.shard_nodes[g.model]:
+                        pool.shard_nodes[g.model].append(node.name)
+        if any(name == "mps" and count > 0 for (name, _t), count in node.gres.items()):
+            pool.mps = True
+    return pool
+
+
+def _resolve_partitions(inventory: ClusterInventory, partitions: tuple[str, ...] | None) -> tuple[str, ...]:
+    parts = tuple(dict.fromkeys(p for p in (partitions or ()) if p))
+    if not parts:
+        if not inventory.default_partition:
+            raise _error("no-partition")
+        parts = (inventory.default_partition,)
+    for p in parts:
+        if p not in inventory.partitions:
+            raise _error("partition", name=p, known=", ".join(sorted(inventory.partitions)) or "none")
+    return parts
+
+
+def _pool_for(inventory: ClusterInventory, parts: tuple[str, ...], policy: SitePolicy) -> _Pool:
+    unit = inventory.shard_unit_mib if inventory.shard_unit_mib > 0 else policy.shard_unit_mib
+    pool = _build_pool([n for n in inventory.nodes_in(parts) if n.usable], parts, unit, policy)
+    if pool.empty:
+        others = [p for p in sorted(inventory.partitions) if p not in parts and not _build_pool(
+            [n for n in inventory.nodes_in((p,)) if n.usable], (p,), unit, policy).empty]
+        if others:
+            raise _error("no-gpus", where=pool.where, others=_where(tuple(others)))
+        raise _error("no-gpus-anywhere", where=pool.where)
+    return pool
+
+
+# --- candidates --------------------------------------------------------------------------------------
+
+
+def _candidates(kind: str, req: GpushareRequest, pool: _Pool, policy: SitePolicy, *, auto: bool,
+                skipped: list[str]) -> list[Candidate]:
+    mem, count = req.mem_mib, req.count
+    out: list[Candidate] = []
+    if kind == "mig" and mem is not None:
+        for gtype, m in sorted(pool.mig.items()):
+            if m.max_on_node < count or mem > m.capacity_mib:
+                continue
+            waste = m.capacity_mib - mem
+            if auto and waste > policy.mig_max_waste * m.capacity_mib:
+                skipped.append(f"mig:{gtype} would leave {_pct(waste, m.capacity_mib)}% unused")
+                continue
+            out.append(Candidate("mig", "gpu", gtype, count, (m.model,), m.capacity_mib, m.profile.memory_mib,
+                                 waste, tuple(m.nodes)))
+    elif kind == "mps" and mem is not None and count == 1:
+        n = math.ceil(mem / pool.unit_mib)
+        models = tuple(sorted(md for md, most in pool.shards.items() if most >= n))
+        if models:
+            nodes = tuple(sorted({x for md in models for x in pool.shard_nodes[md]}))
+            out.append(Candidate("mps", "shard", "", n, models, n * pool.unit_mib, n * pool.unit_mib,
+                                 n * pool.unit_mib - mem, nodes))
+    elif kind == "gpu":
+        for model, w in sorted(pool.whole.items()):
+            if w.max_on_node < count or (mem is not None and mem > w.capacity_mib):
+                continue
+            waste = w.capacity_mib - (mem or 0)
+            out.append(Candidate("gpu", "gpu", model, count, (model,), w.capacity_mib, w.memory_mib, waste,
+                                 tuple(w.nodes)))
+    return out
+
+
+def _pct(part: int, whole: int) -> int:
+    return int(100 * part / whole + 0.5) if whole else 0
+
+
+def _ranked(cands: list[Candidate], policy: SitePolicy) -> list[Candidate]:
+    """Best first: least unused memory, then the site's model preference, then model name and type."""
+    pref = {m: i for i, m in enumerate(policy.model_preference)}
+
+    def key(c: Candidate):
+        rank = min((pref.get(m, len(pref)) for m in c.models), default=len(pref))
+        return (c.waste_mib, rank, c.models, c.type)
+
+    return sorted(cands, key=key)
+
+
+def _best(cands: list[Candidate], policy: SitePolicy) -> Candidate:
+    return _ranked(cands, policy)[0]
+
+
+def _gib(mib: int) -> str:
+    if mib % 1024 == 0:
+        return f"{mib // 1024} GiB"
+    return f"{mib / 1024:.2f}".rstrip("0").rstrip(".") + " GiB"
+
+
+def _kinds(req: GpushareRequest, policy: SitePolicy, parts: tuple[str, ...], where: str) -> tuple[str, ...]:
+    """The kinds this request may get, in the order they are tried."""
+    allowed = policy.allowed_kinds(parts)
+    if not allowed:
+        raise _error("none-allowed", where=where)
+    allowed_text = ", ".join(f"mode={k}" for k in allowed)
+    if req.mode != "auto":
+        if req.mode == "mig" and not policy.mig_enabled:
+            raise _error("mig-disabled", modes=" or ".join(f"mode={k}" for k in allowed))
+        if req.mode not in allowed:
+            raise _error("mode-disallowed", mode=req.mode, where=where, allowed=allowed_text)
+        if req.sm_percent is not None and req.mode != "mps":
+            raise _error("sm-mode", sm=req.sm_percent, mode=req.mode)
+        if req.mode == "mps" and req.count > 1:
+            raise _error("mps-count", request=req.spec(), count=req.count)
+        return (req.mode,)
+    if req.sm_percent is not None:
+        if "mps" not in allowed:
+            raise _error("sm-no-mps", sm=req.sm_percent, where=where, allowed=allowed_text)
+        if req.count > 1:
+            raise _error("sm-count", sm=req.sm_percent, request=req.spec(), count=req.count)
+        return ("mps",)
+    kinds = tuple(k for k in policy.mode_order if k in allowed)
+    if not kinds:
+        raise _error("none-allowed", where=where)
+    if kinds == ("mps",) and req.count > 1:
+        raise _error("mps-count", request=req.spec(), count=req.count)
+    return kinds
+
+
+def _choose(req: GpushareRequest, pool: _Pool, policy: SitePolicy, parts: tuple[str, ...]
+            ) -> tuple[Candidate, list[Candidate], str]:
+    """Pick one candidate. Returns (chosen, all candidates considered, reason).
+
+    Raises:
+        InputError: nothing can serve the request; the message says why and what would.
+    """
+    if req.count > policy.max_count:
+        raise _error("count-max", count=req.count, max=policy.max_count)
+    kinds = _kinds(req, policy, parts, pool.where)
+    auto = req.mode == "auto"
+    skipped: list[str] = []
+    by_kind = {k: _candidates(k, req, pool, policy, auto=auto, skipped=skipped) for k in kinds}
+    considered = [c for k in kinds for c in _ranked(by_kind[k], policy)]
+    chosen, reason = None, ""
+    if auto and "gpu" in kinds and req.mem_mib is not None:
+        large = [c for c in by_kind["gpu"] if req.mem_mib >= policy.whole_gpu_threshold * c.capacity_mib]
+        if large:
+            chosen = _best(large, policy)
+            reason = (f"whole GPU: mem is at least {policy.whole_gpu_threshold:g} of a {chosen.models[0]}'s "
+                      f"{_gib(chosen.capacity_mib)}")
+    if chosen is None:
+        for k in kinds:
+            if by_kind[k]:
+                chosen = _best(by_kind[k], policy)
+                how = f"mode={req.mode}" if not auto else (
+                    "sm= asks for MPS" if req.sm_percent is not None else "mode_order " + ",".join(kinds))
+                reason = f"{k} by {how}; least unused memory ({chosen.waste_mib} MiB)"
+                break
+    if chosen is None:
+        raise _refusal(req, kinds, pool, policy, auto=auto)
+    if skipped:
+        reason += "; skipped " + "; ".join(skipped)
+    ordered = [chosen] + [c for c in considered if c != chosen]
+    return chosen, ordered, reason
+
+
+def _refusal(req: GpushareRequest, kinds: tuple[str, ...], pool: _Pool, policy: SitePolicy, *,
+             auto: bool) -> InputError:
+    """Why nothing of ``kinds`` serves ``req``, and what would (the largest thing that fits, ...)."""
+    mem, count = req.mem_mib, req.count
+    sizes: list[tuple[int, int, str, str]] = []  # (capacity, kind rank, kind, on)
+    rank = {"gpu": 0, "mps": 1, "mig": 2}
+    if "mig" in kinds:
+        for gtype, m in pool.mig.items():
+            sizes.append((m.capacity_mib, rank["mig"], "mig", gtype))
+    if "mps" in kinds and count == 1:
+        for model, most in pool.shards.items():
+            sizes.append((most * pool.unit_mib, rank["mps"], "mps", model))
+    if "gpu" in kinds:
+        for model, w in pool.whole.items():
+            sizes.append((w.capacity_mib, rank["gpu"], "gpu", model))
+    if not sizes:
+        nouns = " or ".join(_NOUN[k][1] for k in kinds)
+        others = [k for k in policy.allowed_kinds(pool.parts) if k not in kinds]
+        suggestion = ("use " + " or ".join(f"mode={k}" for k in others)) if others else "submit to another partition"
+        return _error("no-kind", where=pool.where, nouns=nouns, suggestion=suggestion)
+    if mem is not None:
+        top = max(s[0] for s in sizes)
+        if mem > top:
+            best_kind = min((s for s in sizes if s[0] == top), key=lambda s: s[1])[2]
+            on = ", ".join(sorted({s[3] for s in sizes if s[0] == top and s[2] == best_kind}))
+            suggestion = f"mem={format_mib(top)}"
+            top_whole = max((w.capacity_mib for w in pool.whole.values()), default=0)
+            whole = [w for w in pool.whole.values() if w.capacity_mib == top_whole]
+            if whole and "gpu" in policy.allowed_kinds(pool.parts) and count == 1:
+                n = math.ceil(mem / whole[0].capacity_mib)
+                if n <= policy.max_count and any(w.max_on_node >= n for w in whole):
+                    suggestion += f" or for whole GPUs with gpushare:mode=gpu:{n}"
+            return _error("too-large", mem=req.mem_text or format_mib(mem), noun=_NOUN[best_kind][0],
+                          where=pool.where, size=_gib(top), on=on, suggestion=suggestion)
+    # the memory fits something: the count does not, or (auto) MIG would waste too much
+    fitting_counts = []
+    if "mig" in kinds:
+        fitting_counts += [m.max_on_node for m in pool.mig.values() if mem is not None and mem <= m.capacity_mib]
+    if "gpu" in kinds:
+        fitting_counts += [w.max_on_node for w in pool.whole.values() if mem is None or mem <= w.capacity_mib]
+    best = max(fitting_counts, default=0)
+    if count > 1 and 0 < best < count:
+        nouns = " or ".join(_NOUN[k][1] for k in kinds if k != "mps")
+        return _error("count-too-many", where=pool.where, count=count, nouns=nouns, request=req.spec(),
+                      best=best, spec=req.spec(count=best))
+    if auto and "mig" in kinds and mem is not None:
+        fits = sorted((m.capacity_mib, t) for t, m in pool.mig.items() if mem <= m.capacity_mib)
+        if fits:
+            cap, gtype = fits[0]
+            return _error("mig-waste", mem=req.mem_text or format_mib(mem), waste=_pct(cap - mem, cap),
+                          slice=gtype, size=_gib(cap), max=int(policy.mig_max_waste * 100 + 0.5))
+    nouns = " or ".join(_NOUN[k][1] for k in kinds if k != "mps" or count == 1)
+    return _error("count-too-many", where=pool.where, count=count, nouns=nouns or "GPUs", request=req.spec(),
+                  best=max(best, 1), spec=req.spec(count=max(best, 1)))
+
+
+# --- decide --------------------------------------------------------------------------------------------
+
+
+def decide(tres_per_node: str | None, tres_per_job: str | None, *, partitions: tuple[str, ...] | None,
+           inventory: ClusterInventory, policy: SitePolicy) -> Decision:
+    """Decide what to do with one job's GRES request (job_submit / job_modify). Pure; never raises
+    for a bad request.
+
+    Args:
+        tres_per_node: ``job_desc.tres_per_node`` (``gres:gpushare:mem=10G``), or None.
+        tres_per_job: ``job_desc.tres_per_job`` (``--gpus``: ``gres:gpu:a100:2``), or None.
+        partitions: the job's partitions (``job_desc.partition`` split on ``,``); None or empty for
+            the cluster's default partition.
+        inventory: the controller's cluster snapshot; only usable nodes count.
+        policy: the site policy.
+
+    Returns:
+        ``pass`` for jobs without ``gpushare``/``shard``/``mps`` items (and direct ones when
+        ``police_direct`` is off), untouched; ``rewrite`` with the new ``tres_per_node`` and the
+        audit record; ``reject`` with a ``gpushare: ...`` message and ``ESLURM_INVALID_GRES``.
+    """
+    if not (mentions_share(tres_per_node) or mentions_share(tres_per_job)):
+        return Decision("pass", tres_per_node)
+    gpushare = any(item_name(t) == "gpushare" for s in (tres_per_node, tres_per_job) if s for t in s.split(","))
+    if not gpushare and not policy.police_direct:
+        return Decision("pass", tres_per_node)
+    audit: dict[str, Any] = {"version": AUDIT_VERSION, "original": tres_per_node or "",
+                             "request": _request_text(tres_per_node, tres_per_job)}
+    try:
+        return _decide(tres_per_node or "", tres_per_job or "", partitions, inventory, policy, audit)
+    except InputError as e:
+        text = f"gpushare: {e.message}" + (f"; {e.hint}" if e.hint else "")
+        audit.update(action="reject", reason=text[len("gpushare: "):])
+        return Decision("reject", tres_per_node, audit, text, ESLURM_INVALID_GRES)
+
+
+def _request_text(*tres: str | None) -> str:
+    """The share items as written, without prefix (and without the name for ``gpushare``)."""
+    out = []
+    for s in tres:
+        for t in (s or "").split(","):
+            name = item_name(t)
+            if name in SHARE_NAMES:
+                body = t[len(prefix_of(t)):]
+                out.append(body[len("gpushare:"):] if name == "gpushare" else body)
+    return ",".join(out)
+
+
+def _strip_prefix(text: str) -> str:
+    return text[len(prefix_of(text)):]
+
+
+def _decide(tpn: str, tpj: str, partitions: tuple[str, ...] | None, inventory: ClusterInventory,
+            policy: SitePolicy, audit: dict[str, Any]) -> Decision:
+    items = parse_tres(tpn)
+    has_gpushare = any(it.name == "gpushare" for it in items)
+    job_items = parse_tres(tpj) if tpj and (has_gpushare or mentions_share(tpj)) else ()
+    for it in job_items:
+        if it.name in SHARE_NAMES:
+            raise _error("per-job", item=it.text)
+    prefix = next((it.prefix for it in items if it.prefix), DEFAULT_PREFIX)
+    if has_gpushare:
+        for it in items:
+            if it.name in ("shard", "mps"):
+                raise _error("mixed-share", item=_strip_prefix(it.text))
+            if it.name == "gpu":
+                raise _error("mixed-gpu", item=_strip_prefix(it.text))
+        for it in job_items:
+            if it.name == "gpu":
+                raise _error("gpus-per-job", item=_strip_prefix(it.text))
+        req = parse_gpushare(items)
+        audit["request"] = req.text
+        parts = _resolve_partitions(inventory, partitions)
+        pool = _pool_for(inventory, parts, policy)
+        chosen, considered, reason = _choose(req, pool, policy, parts)
+        first = next(it for it in items if it.name == "gpushare")
+        new_item = TresItem(first.prefix or prefix, chosen.name, chosen.type, chosen.count)
+        out = []
+        for it in items:
+            if it is first:
+                out.append(new_item.render(prefix))
+            elif it.name != "gpushare":
+                out.append(it.render(prefix))
+        grant = new_item.render(prefix)
+        audit.update(action="rewrite", kind=chosen.kind, grant=grant, gres_type=chosen.type,
+                     model=",".join(chosen.models), mem_asked_mib=req.mem_mib, mem_granted_mib=chosen.granted_mib,
+                     sm_percent=req.sm_percent, count=req.count, mode=req.mode, partitions=list(parts),
+                     candidates=[c.label for c in considered],
+                     models_considered=sorted({m for c in considered for m in c.models}), reason=reason)
+        return Decision("rewrite", ",".join(out), audit, _granted_message(req, chosen), SUCCESS)
+    return _direct(items, prefix, partitions, inventory, policy, audit)
+
+
+def _granted_message(req: GpushareRequest, c: Candidate) -> str:
+    ask = f"gpushare:{req.text}" if req.text else "gpushare"
+    each = " each" if c.count > 1 else ""
+    if c.kind == "mig":
+        what = (f"a MIG slice {c.type}" if c.count == 1 else f"{c.count} MIG slices {c.type}")
+        return f"gpushare: {ask} -> {what} ({_gib(c.granted_mib)}{each})"
+    if c.kind == "mps":
+        sm = f", {req.sm_percent}% of its compute" if req.sm_percent is not None else ""
+        return (f"gpushare: {ask} -> an MPS share of one {'/'.join(c.models)} GPU, {c.gres} "
+                f"({_gib(c.granted_mib)}{sm})")
+    plural = "GPU" if c.count == 1 else "GPUs"
+    return f"gpushare: {ask} -> {c.count} whole {c.type} {plural} ({_gib(c.granted_mib)}{each})"
+
+
+def _direct(items: tuple[TresItem, ...], prefix: str, partitions: tuple[str, ...] | None,
+            inventory: ClusterInventory, policy: SitePolicy, audit: dict[str, Any]) -> Decision:
+    """Police direct ``shard:N`` / ``mps:N`` requests."""
+    shards = [it for it in items if it.name == "shard"]
+    mps = [it for it in items if it.name == "mps"]
+    if shards and mps:
+        raise _error("shard-mps")
+    direct = shards or mps
+    if not direct:  # unreachable: share items only in tres_per_job were refused by _decide
+        return Decision("pass", audit["original"] or None)
+    if len(direct) > 1:
+        raise _error("twice", name=direct[0].name, first=_strip_prefix(direct[0].text),
+                     second=_strip_prefix(direct[1].text))
+    it = direct[0]
+    n = 1 if it.count is None else it.count
+    if n == 0:
+        raise _error("direct-zero", item=_strip_prefix(it.text), name=it.name)
+    parts = _resolve_partitions(inventory, partitions)
+    unit = inventory.shard_unit_mib if inventory.shard_unit_mib > 0 else policy.shard_unit_mib
+    pool = _build_pool([x for x in inventory.nodes_in(parts) if x.usable], parts, unit, policy)
+    if it.name == "shard":
+        if not pool.shards:
+            raise _error("shard-none", where=pool.where)
+        most = max(pool.shards.values())
+        if n > most:
+            on = ", ".join(sorted(m for m, s in pool.shards.items() if s == most))
+            raise _error("shard-large", n=n, where=pool.where, most=most, on=on)
+        models = sorted(m for m, s in pool.shards.items() if s >= n)
+        audit.update(kind="shard-direct", mem_asked_mib=n * unit, mem_granted_mib=n * unit,
+                     model=",".join(models), candidates=[f"shard-direct:shard:{n}"])
+    else:
+        if not pool.mps:
+            raise _error("mps-none", n=n, where=pool.where)
+        if n > MPS_PER_GPU:
+            raise _error("mps-large", n=n)
+        audit.update(kind="mps-direct", sm_percent=n, candidates=[f"mps-direct:mps:{n}"])
+    grant = it.render(prefix)
+    audit.update(action="rewrite", grant=grant, gres_type=it.type, count=n, mode="direct", partitions=list(parts),
+                 reason=f"direct {it.name} request within the limits of {pool.where}")
+    return Decision("rewrite", ",".join(x.render(prefix) for x in items), audit, "", SUCCESS)
+
+
+__all__ = [
+    "AUDIT_VERSION",
+    "Candidate",
+    "Decision",
+    "ESLURM_INVALID_GRES",
+    "KINDS",
+    "MESSAGES",
+    "MPS_PER_GPU",
+    "SUCCESS",
+    "decide",
+    "nominal_gpu_mib",
+    "nominal_profile_mib",
+]

@@ -1,0 +1,278 @@
+"""The site policy: how ``gpushare`` requests become MIG slices, MPS shares or whole GPUs (TOML, strict).
+
+The file is versioned (``version = 1`` is required) and strict: an unknown key anywhere, or a value
+of the wrong type or out of range, is an error that names the key and the file, so a typo is
+reported instead of silently ignored. Every key is optional; the defaults are those of
+:class:`SitePolicy` and of ``etc/gpushare.toml.example``, which documents each key::
+
+    version = 1
+    mode_order = ["mig", "mps", "gpu"]
+    model_preference = []
+    max_count = 8
+    police_direct = true
+    shard_unit = "1G"
+
+    [mig]
+    enabled = true
+    fit = "nominal"
+    max_waste = 0.5
+
+    [whole_gpu]
+    fit = "nominal"
+    threshold = 1.0
+
+    [partitions.debug]
+    modes = ["mps"]
+
+Parsing is pure (:func:`parse_policy`); :func:`load_policy` reads the file first.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from slurm_gpushare.errors import ConfigError, InputError
+from slurm_gpushare.memsize import parse_mib
+
+POLICY_VERSION = 1
+#: The kinds of GPU share, as ``mode=`` names them.
+KINDS = ("mig", "mps", "gpu")
+#: Fit rules (see :class:`SitePolicy`).
+FITS = ("nominal", "exact")
+
+
+@dataclass(frozen=True)
+class SitePolicy:
+    """A site's rules for ``gpushare`` requests. The defaults are the shipped policy.
+
+    Attributes:
+        mode_order: the kinds ``mode=auto`` may use, most preferred first (default MIG, then an MPS
+            share, then whole GPUs). A kind left out is never chosen by ``auto`` (an explicit
+            ``mode=`` may still ask for it where the partition allows it).
+        mig_enabled: use MIG slices at all.
+        mig_fit: when a MIG profile holds a request. ``nominal`` (default): by the size in the
+            profile's name, so ``1g.10gb`` holds up to ``mem=10G`` although the instance has
+            9.75 GiB (9984 MiB) usable on an H100 80GB (NVML ``nvmlDeviceGetGpuInstanceProfileInfo``
+            ``memorySizeMB``); the job gets what the slice has. ``exact``: the instance's memory
+            (``memory_mib``) must be at least the request.
+        mig_max_waste: with ``mode=auto``, a MIG slice is used only when the part of it the request
+            leaves unused is at most this fraction of the slice (0-1; default 0.5): ``mem=3G`` would
+            leave 70% of a ``1g.10gb`` unused, so it gets an MPS share instead. ``mode=mig`` ignores it.
+        gpu_fit: when a whole GPU holds a request. ``nominal`` (default): its memory rounded to the
+            nearest GiB, so an H100 80GB (81559 MiB = 79.6 GiB, ``nvmlDeviceGetMemoryInfo().total``)
+            holds ``mem=80G`` and an RTX 4090 (24564 MiB) holds ``mem=24G``. ``exact``: its memory
+            in MiB must be at least the request.
+        whole_gpu_threshold: with ``mode=auto``, a request of at least this fraction of a GPU model's
+            memory (per ``gpu_fit``) gets whole GPUs of that model, whatever ``mode_order`` says
+            (0 < x <= 1; default 1.0: only requests of a whole GPU's size).
+        model_preference: GPU models (GRES types: ``h100``, ``a100``) to prefer on heterogeneous
+            clusters when two candidates of the same kind waste the same memory; earlier is
+            preferred, unlisted models come after, then by name. Default: none.
+        partitions: per-partition overrides: partition name -> the kinds allowed there. A job in
+            several partitions may use only the kinds all of them allow. Partitions not listed
+            allow all kinds.
+        police_direct: check direct ``--gres=shard:N`` / ``--gres=mps:N`` requests too (default on;
+            they would otherwise bypass the limits).
+        max_count: the largest count (GPUs or slices on one node) one request may ask for.
+        shard_unit_mib: GPU memory per shard in MiB (default 1024; must match the gres.conf
+            generator's unit, which the filter service passes to the cluster inventory).
+        source: where the policy came from (a file name, or ``built-in defaults``).
+    """
+
+    mode_order: tuple[str, ...] = ("mig", "mps", "gpu")
+    mig_enabled: bool = True
+    mig_fit: str = "nominal"
+    mig_max_waste: float = 0.5
+    gpu_fit: str = "nominal"
+    whole_gpu_threshold: float = 1.0
+    model_preference: tuple[str, ...] = ()
+    partitions: dict[str, tuple[str, ...]] = field(default_factory=dict, hash=False)
+    police_direct: bool = True
+    max_count: int = 8
+    shard_unit_mib: int = 1024
+    source: str = "built-in defaults"
+
+    def __post_init__(self):
+        problems = _check(self)
+        if problems:
+            raise ConfigError(problems[0], source=self.source)
+
+    def allowed_kinds(self, partitions: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+        """The kinds a job in all of ``partitions`` may get, in :data:`KINDS` order.
+
+        MIG is left out when ``mig_enabled`` is off; partitions without an override allow all kinds.
+        """
+        allowed = [k for k in KINDS if k != "mig" or self.mig_enabled]
+        for p in partitions:
+            if p in self.partitions:
+                allowed = [k for k in allowed if k in self.partitions[p]]
+        return tuple(allowed)
+
+
+def _check(p: SitePolicy) -> list[str]:
+    out = []
+    if not p.mode_order or len(set(p.mode_order)) != len(p.mode_order) or any(k not in KINDS for k in p.mode_order):
+        out.append(f"mode_order must list some of {', '.join(KINDS)}, each once, not {list(p.mode_order)}")
+    if p.mig_fit not in FITS:
+        out.append(f"mig.fit must be one of {', '.join(FITS)}, not {p.mig_fit!r}")
+    if p.gpu_fit not in FITS:
+        out.append(f"whole_gpu.fit must be one of {', '.join(FITS)}, not {p.gpu_fit!r}")
+    if not 0 <= p.mig_max_waste <= 1:
+        out.append(f"mig.max_waste must be between 0 and 1, not {p.mig_max_waste}")
+    if not 0 < p.whole_gpu_threshold <= 1:
+        out.append(f"whole_gpu.threshold must be more than 0 and at most 1, not {p.whole_gpu_threshold}")
+    if p.max_count < 1:
+        out.append(f"max_count must be at least 1, not {p.max_count}")
+    if p.shard_unit_mib < 1:
+        out.append(f"shard_unit must be at least 1 MiB, not {p.shard_unit_mib} MiB")
+    for name, modes in p.partitions.items():
+        if not modes or any(k not in KINDS for k in modes):
+            out.append(f"partitions.{name}.modes must list some of {', '.join(KINDS)}, not {list(modes)}")
+    return out
+
+
+# The keys each table may hold; anything else is an error.
+_TOP = {"version", "mode_order", "model_preference", "max_count", "police_direct", "shard_unit", "mig",
+        "whole_gpu", "partitions"}
+_MIG = {"enabled", "fit", "max_waste"}
+_WHOLE = {"fit", "threshold"}
+_PARTITION = {"modes"}
+
+
+def parse_policy(text: str, *, source: str = "<policy>") -> SitePolicy:
+    """Parse a policy file's text.
+
+    Args:
+        text: TOML text.
+        source: the file name, for messages.
+
+    Raises:
+        ConfigError: not TOML, no or another ``version``, an unknown key, a value of the wrong type
+            or out of range. The message names the key; ``source`` names the file.
+    """
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"not valid TOML: {e}", source=source) from None
+    return policy_from_dict(data, source=source)
+
+
+def policy_from_dict(data: dict[str, Any], *, source: str = "<policy>") -> SitePolicy:
+    """Build a :class:`SitePolicy` from parsed TOML (see :func:`parse_policy`).
+
+    Raises:
+        ConfigError: as :func:`parse_policy`.
+    """
+    version = data.get("version")
+    if version is None:
+        raise ConfigError("the policy file has no version", hint=f"write version = {POLICY_VERSION} at the top",
+                          source=source)
+    if isinstance(version, bool) or version != POLICY_VERSION:
+        raise ConfigError(f"unsupported policy version {version!r}",
+                          hint=f"this slurm-gpushare reads version {POLICY_VERSION}", source=source)
+    _unknown(data, _TOP, "", source)
+    kw: dict[str, Any] = {"source": source}
+    if "mode_order" in data:
+        kw["mode_order"] = _strs(data["mode_order"], "mode_order", source)
+    if "model_preference" in data:
+        kw["model_preference"] = _strs(data["model_preference"], "model_preference", source)
+    if "max_count" in data:
+        kw["max_count"] = _int(data["max_count"], "max_count", source)
+    if "police_direct" in data:
+        kw["police_direct"] = _bool(data["police_direct"], "police_direct", source)
+    if "shard_unit" in data:
+        value = _str(data["shard_unit"], "shard_unit", source)
+        try:
+            kw["shard_unit_mib"] = parse_mib(value, default_unit="M", what="shard_unit")
+        except InputError as e:
+            raise ConfigError(e.message, hint=e.hint, source=source) from None
+    mig = _table(data.get("mig", {}), "mig", source)
+    _unknown(mig, _MIG, "mig.", source)
+    if "enabled" in mig:
+        kw["mig_enabled"] = _bool(mig["enabled"], "mig.enabled", source)
+    if "fit" in mig:
+        kw["mig_fit"] = _str(mig["fit"], "mig.fit", source)
+    if "max_waste" in mig:
+        kw["mig_max_waste"] = _number(mig["max_waste"], "mig.max_waste", source)
+    whole = _table(data.get("whole_gpu", {}), "whole_gpu", source)
+    _unknown(whole, _WHOLE, "whole_gpu.", source)
+    if "fit" in whole:
+        kw["gpu_fit"] = _str(whole["fit"], "whole_gpu.fit", source)
+    if "threshold" in whole:
+        kw["whole_gpu_threshold"] = _number(whole["threshold"], "whole_gpu.threshold", source)
+    parts = _table(data.get("partitions", {}), "partitions", source)
+    overrides: dict[str, tuple[str, ...]] = {}
+    for name, table in parts.items():
+        t = _table(table, f"partitions.{name}", source)
+        _unknown(t, _PARTITION, f"partitions.{name}.", source)
+        if "modes" not in t:
+            raise ConfigError(f"partitions.{name} has no modes", hint='write modes = ["mig", "mps", "gpu"] '
+                              "with the kinds allowed there", source=source)
+        overrides[name] = _strs(t["modes"], f"partitions.{name}.modes", source)
+    kw["partitions"] = overrides
+    return SitePolicy(**kw)
+
+
+def load_policy(path: str | Path) -> SitePolicy:
+    """Read and parse a policy file.
+
+    Raises:
+        ConfigError: unreadable or invalid (the message names the file).
+    """
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise ConfigError(f"cannot read the policy file: {e.strerror}", source=str(p)) from None
+    return parse_policy(text, source=str(p))
+
+
+def _unknown(table: dict[str, Any], known: set[str], where: str, source: str) -> None:
+    unknown = sorted(set(table) - known)
+    if unknown:
+        raise ConfigError(f"unknown key {where}{unknown[0]}",
+                          hint=f"known keys{' in [' + where[:-1] + ']' if where else ''}: {', '.join(sorted(known))}",
+                          source=source)
+
+
+def _wrong(value: Any, key: str, expected: str, source: str) -> ConfigError:
+    return ConfigError(f"{key} must be {expected}, not {type(value).__name__} {value!r}", source=source)
+
+
+def _table(value: Any, key: str, source: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise _wrong(value, key, "a table", source)
+    return value
+
+
+def _bool(value: Any, key: str, source: str) -> bool:
+    if not isinstance(value, bool):
+        raise _wrong(value, key, "true or false", source)
+    return value
+
+
+def _int(value: Any, key: str, source: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _wrong(value, key, "a whole number", source)
+    return value
+
+
+def _number(value: Any, key: str, source: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _wrong(value, key, "a number", source)
+    return float(value)
+
+
+def _str(value: Any, key: str, source: str) -> str:
+    if not isinstance(value, str):
+        raise _wrong(value, key, "a string", source)
+    return value
+
+
+def _strs(value: Any, key: str, source: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise _wrong(value, key, "a list of strings", source)
+    return tuple(value)
