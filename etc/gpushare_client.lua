@@ -76,27 +76,27 @@ end
 -- Returns a table, or nil and a reason.
 function M.decode(s)
   local i, n = 1, #s
-  local function ws() while i <= n and string.find(string.sub(s, i, i), "^[ \t\r\n]") do i = i + 1 end end
+  local function ws() i = string.find(s, "[^ \t\r\n]", i) or n + 1 end
   local function str()
     if string.sub(s, i, i) ~= '"' then return nil end
     i = i + 1
     local out = {}
     while i <= n do
-      local c = string.sub(s, i, i)
-      if c == '"' then i = i + 1; return table.concat(out) end
-      if c == "\\" then
-        local e = string.sub(s, i + 1, i + 1)
-        if e == "u" then
-          local cp = tonumber(string.sub(s, i + 2, i + 5), 16)
-          if not cp then return nil end
-          out[#out + 1] = utf8(cp); i = i + 6
-        elseif ESC[e] then
-          out[#out + 1] = ESC[e]; i = i + 2
-        else
-          return nil
-        end
+      -- copy the run up to the next quote or backslash in one piece (answers are mostly plain text)
+      local j = string.find(s, '["\\]', i)
+      if not j then return nil end
+      if j > i then out[#out + 1] = string.sub(s, i, j - 1) end
+      i = j
+      if string.sub(s, i, i) == '"' then i = i + 1; return table.concat(out) end
+      local e = string.sub(s, i + 1, i + 1)
+      if e == "u" then
+        local cp = tonumber(string.sub(s, i + 2, i + 5), 16)
+        if not cp then return nil end
+        out[#out + 1] = utf8(cp); i = i + 6
+      elseif ESC[e] then
+        out[#out + 1] = ESC[e]; i = i + 2
       else
-        out[#out + 1] = c; i = i + 1
+        return nil
       end
     end
     return nil

@@ -574,7 +574,7 @@ class DevCluster:
         policy = r / "etc" / "gpushare.toml"
         argv = [sys.executable, "-m", "slurm_gpushare", "filterd", f"--socket={self.filterd_socket}",
                 f"--machines={r / 'machines'}", f"--log={r / 'log' / 'filterd.log'}",
-                f"--pid-file={self.pidfile('filterd')}", "--refresh=5"]
+                f"--pid-file={self.pidfile('filterd')}"]
         if policy.exists():
             argv.append(f"--policy={policy}")
         self._mark_log("log/filterd.stderr")

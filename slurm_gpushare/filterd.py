@@ -138,10 +138,32 @@ class InventoryCache:
 class FilterService:
     """The decision logic behind the socket (no sockets here: :meth:`handle_line` is the whole protocol)."""
 
+    #: decisions remembered per inventory snapshot (the policy is pure: same inputs, same answer)
+    MEMO_MAX = 4096
+
     def __init__(self, cache: InventoryCache, policy: SitePolicy, log: Log):
         self.cache = cache
         self.policy = policy
         self.log = log
+        self._memo: dict[tuple, object] = {}
+        self._memo_inventory: ClusterInventory | None = None
+        self._memo_lock = threading.Lock()
+
+    def _decide(self, inv: ClusterInventory, tpn: str | None, tpj: str | None, parts: tuple[str, ...] | None):
+        key = (tpn, tpj, parts)
+        with self._memo_lock:
+            if self._memo_inventory is not inv:
+                self._memo.clear()
+                self._memo_inventory = inv
+            d = self._memo.get(key)
+        if d is None:
+            d = decide(tpn, tpj, partitions=parts, inventory=inv, policy=self.policy)
+            with self._memo_lock:
+                if self._memo_inventory is inv:
+                    if len(self._memo) >= self.MEMO_MAX:
+                        self._memo.clear()
+                    self._memo[key] = d
+        return d
 
     def handle_line(self, line: bytes | str) -> dict:
         """Answer one request line. Never raises: anything unexpected becomes a reject with a message."""
@@ -181,7 +203,7 @@ class FilterService:
             return self._reject("gpushare: the filter service has no cluster inventory yet "
                                 f"({self.cache.error or 'starting'}); try again in a minute")
         parts = tuple(p for p in (req.get("partition") or "").split(",") if p) or None
-        d = decide(tpn_for_decision or None, tpj or None, partitions=parts, inventory=inv, policy=self.policy)
+        d = self._decide(inv, tpn_for_decision or None, tpj or None, parts)
         if d.action == "pass":
             return {"v": PROTOCOL, "action": "pass"}
         if d.action == "reject":

@@ -363,9 +363,25 @@ def _resolve_partitions(inventory: ClusterInventory, partitions: tuple[str, ...]
     return parts
 
 
+#: Pools already built, per (inventory, partitions, policy) object: the filter service decides every
+#: job from one snapshot, so the pool of a partition is built once per snapshot, not once per job.
+#: The entry keeps the inventory and policy alive, so an ``id`` is never reused while cached.
+_POOLS: dict[tuple[int, tuple[str, ...], int], tuple[ClusterInventory, SitePolicy, _Pool]] = {}
+_POOLS_MAX = 256
+
+
 def _pool_for(inventory: ClusterInventory, parts: tuple[str, ...], policy: SitePolicy) -> _Pool:
-    unit = inventory.shard_unit_mib if inventory.shard_unit_mib > 0 else policy.shard_unit_mib
-    pool = _build_pool([n for n in inventory.nodes_in(parts) if n.usable], parts, unit, policy)
+    key = (id(inventory), parts, id(policy))
+    hit = _POOLS.get(key)
+    if hit is not None and hit[0] is inventory and hit[1] is policy:
+        pool = hit[2]
+    else:
+        unit = inventory.shard_unit_mib if inventory.shard_unit_mib > 0 else policy.shard_unit_mib
+        pool = _build_pool([n for n in inventory.nodes_in(parts) if n.usable], parts, unit, policy)
+        if len(_POOLS) >= _POOLS_MAX:
+            _POOLS.clear()
+        _POOLS[key] = (inventory, policy, pool)
+    unit = pool.unit_mib
     if pool.empty:
         others = [p for p in sorted(inventory.partitions) if p not in parts and not _build_pool(
             [n for n in inventory.nodes_in((p,)) if n.usable], (p,), unit, policy).empty]

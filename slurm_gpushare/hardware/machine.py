@@ -545,6 +545,7 @@ def mig_cap_minors(gpu_minor: int, gi_id: int, ci_id: int) -> tuple[int, int]:
     return gi, gi + 1 + ci_id
 
 
+@functools.lru_cache(maxsize=1024)
 def gpu_model(name: str) -> str:
     """Short lower-case GPU model for GRES ``Type=`` from an NVML product name.
 
