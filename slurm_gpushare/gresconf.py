@@ -34,7 +34,7 @@ line per node whose counts equal the gres.conf records.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from slurm_gpushare.errors import InputError
 from slurm_gpushare.hardware.machine import Gpu, Machine
@@ -90,6 +90,8 @@ class GresRecord:
         count: ``Count=`` (shards) or None.
         cores: Slurm core ids for ``Cores=``; empty for none.
         links: ``Links=`` values; empty for none.
+        gpu_index: NVML index of the (parent) GPU of a ``gpu`` record (not written).
+        mig_gi: GPU instance id of a MIG record (not written).
     """
 
     name: str
@@ -99,6 +101,8 @@ class GresRecord:
     count: int | None = None
     cores: tuple[int, ...] = ()
     links: tuple[int, ...] = ()
+    gpu_index: int | None = field(default=None, compare=False)
+    mig_gi: int | None = field(default=None, compare=False)
 
     def render(self, node_name: str | None = None) -> str:
         """The gres.conf line, ``NodeName=`` first when given."""
@@ -185,9 +189,8 @@ def node_gres(machine: Machine, node_name: str | None = None, options: GresOptio
         links = None  # all SYS: all-zero Links= say nothing Slurm does not assume anyway
     position = {g.index: i for i, g in enumerate(gpus)}
 
-    records: list[GresRecord] = []
+    gpu_records: list[GresRecord] = []
     notes: list[str] = []
-    counts: Counter[tuple[str, str]] = Counter()
     for g in gpus:
         cores = ()
         if opts.cores and machine.cpus is not None and g.cpu_affinity:
@@ -206,15 +209,24 @@ def node_gres(machine: Machine, node_name: str | None = None, options: GresOptio
                         source=machine.source or machine.hostname)
                 caps = tuple(f"{opts.caps.rstrip('/')}/nvidia-cap{c}" for c in inst.caps)
                 t = mig_type(g, inst.profile)
-                if opts.mig_multiple_files:
-                    records.append(GresRecord("gpu", t, (gpu_file, *caps), multiple_files=True, cores=cores))
-                else:
-                    records.append(GresRecord("gpu", t, (caps[0],), cores=cores))
-                counts[("gpu", t)] += 1
+                files = (gpu_file, *caps) if opts.mig_multiple_files else (caps[0],)
+                gpu_records.append(GresRecord("gpu", t, files, multiple_files=opts.mig_multiple_files,
+                                              cores=cores, gpu_index=g.index, mig_gi=inst.gi_id))
             continue
-        row = tuple(int(v) for v in links[position[g.index]]) if links is not None else ()
-        records.append(GresRecord("gpu", g.model, (gpu_file,), cores=cores, links=row))
-        counts[("gpu", g.model)] += 1
+        gpu_records.append(GresRecord("gpu", g.model, (gpu_file,), cores=cores, gpu_index=g.index))
+    # slurmd numbers a node's GPUs (the IDX of `scontrol -d show job`, the rows of Links=) after
+    # grouping its gpu records by type, in the order the types first appear (measured on slurmd
+    # 22.05.8): write them in that order, so that file order, device index and Links agree.
+    type_order = list(dict.fromkeys(r.type for r in gpu_records))
+    gpu_records.sort(key=lambda r: type_order.index(r.type))
+    if links is not None:
+        order = [position[r.gpu_index] for r in gpu_records]
+        gpu_records = [replace(r, links=tuple(int(links[i][j]) for j in order))
+                       for r, i in zip(gpu_records, order, strict=True)]
+    records: list[GresRecord] = list(gpu_records)
+    counts: Counter[tuple[str, str]] = Counter()
+    for r in gpu_records:
+        counts[("gpu", r.type)] += 1
     if opts.shards:
         for g in gpus:
             if not g.mig_enabled:

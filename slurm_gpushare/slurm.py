@@ -45,5 +45,6 @@ def partitions_text(**kw) -> str:
 
 
 def show_job(job_id: str | int, **kw) -> str:
-    """``scontrol -d -o show job ID``: one line with AdminComment and GRES detail (``GRES=...(IDX:..)``)."""
-    return run(["scontrol", "-d", "-o", "show", "job", str(job_id)], **kw)
+    """``scontrol -d show job ID``: the multi-line record, free-text fields (AdminComment) on lines of
+    their own, and the per-node GRES detail (``Nodes=... GRES=shard:10(IDX:0)``)."""
+    return run(["scontrol", "-d", "show", "job", str(job_id)], **kw)

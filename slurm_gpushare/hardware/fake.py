@@ -31,6 +31,8 @@ no NICs, ``source`` ``"nvml"``):
   listed; profiles are reported only while MIG is enabled (as NVML does); new GPU instances get the
   lowest free GPU instance id from 1 and compute instance 0; utilization is NOT_SUPPORTED on MIG GPUs.
 - Memory used: the sum of the processes' memory. Utilization: 0 % until :meth:`FakeNvml.set_utilization`.
+- Compute mode: ``DEFAULT`` until :meth:`FakeNvml.set_compute_mode` (any user may set it; the real
+  call needs root).
 """
 
 from __future__ import annotations
@@ -55,7 +57,8 @@ from slurm_gpushare.hardware.port import (
     P2pStatus,
     Utilization,
     call_source,
-        nvml_error,
+    compute_mode_value,
+    nvml_error,
     plan_gpu_instance,
 )
 
@@ -77,7 +80,7 @@ NVML_FUNCTIONS = frozenset({
     "nvmlDeviceGetGpuInstanceById", "nvmlGpuInstanceGetInfo", "nvmlDeviceCreateGpuInstance",
     "nvmlDeviceCreateGpuInstanceWithPlacement", "nvmlGpuInstanceCreateComputeInstance",
     "nvmlComputeInstanceDestroy", "nvmlGpuInstanceDestroy", "nvmlDeviceGetComputeRunningProcesses",
-    "nvmlDeviceGetUtilizationRates",
+    "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetComputeMode", "nvmlDeviceSetComputeMode",
 })
 
 #: A failure rule: a code (every call fails), ``(code, times)`` (the next ``times`` calls fail), or a
@@ -112,6 +115,7 @@ class _GpuState:
     instances: list[MigInstance] = field(default_factory=list)
     processes: list[GpuProcess] = field(default_factory=list)
     utilization: Utilization = Utilization(0, 0)
+    compute_mode: str = "DEFAULT"
 
 
 class FakeNvml:
@@ -509,6 +513,19 @@ class FakeNvml:
         if state.gpu.mig_enabled:
             raise nvml_error(call_source("nvmlDeviceGetUtilizationRates", f"gpu {index}"), NVML_ERROR_NOT_SUPPORTED)
         return state.utilization
+
+    # --- compute mode ------------------------------------------------------------------------------
+
+    def compute_mode(self, index: int) -> str:
+        """The last mode set (``DEFAULT`` at first, as after a reboot)."""
+        return self._dev("nvmlDeviceGetComputeMode", index).compute_mode
+
+    def set_compute_mode(self, index: int, mode: str) -> None:
+        """Remember ``mode`` for :meth:`compute_mode`; an unknown name fails as in the real port."""
+        compute_mode_value(index, mode)
+        self._handle(index)
+        self._nvml("nvmlDeviceSetComputeMode", index, f"gpu {index}", f"mode {mode}")
+        self._state[index].compute_mode = mode
 
     def set_processes(self, index: int, processes: Iterable[GpuProcess]) -> None:
         """Replace the processes running on GPU ``index`` (what later ``processes()`` calls report).

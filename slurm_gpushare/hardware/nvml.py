@@ -25,6 +25,7 @@ from typing import Any
 from slurm_gpushare.errors import HardwareError, MigPlacementError, NvmlError
 from slurm_gpushare.hardware.machine import GpuProcess, MigInstance, MigProfile
 from slurm_gpushare.hardware.port import (
+    COMPUTE_MODES,
     NVLINK_DEVICE_TYPES,
     NVML_ERROR_FUNCTION_NOT_FOUND,
     NVML_ERROR_INVALID_ARGUMENT,
@@ -40,6 +41,7 @@ from slurm_gpushare.hardware.port import (
     P2pStatus,
     Utilization,
     call_source,
+    compute_mode_value,
     nvml_error,
     plan_gpu_instance,
 )
@@ -415,3 +417,19 @@ class RealNvml:
         """``nvmlDeviceGetUtilizationRates``."""
         u = self._dev("nvmlDeviceGetUtilizationRates", index)
         return Utilization(gpu_percent=int(u.gpu), memory_percent=int(u.memory))
+
+    # --- compute mode --------------------------------------------------------------------------------
+
+    def compute_mode(self, index: int) -> str:
+        """``nvmlDeviceGetComputeMode``, by name (:data:`~.port.COMPUTE_MODES`); an unknown value raises."""
+        value = int(self._dev("nvmlDeviceGetComputeMode", index))
+        try:
+            return COMPUTE_MODES[value]
+        except KeyError:
+            raise nvml_error(call_source("nvmlDeviceGetComputeMode", f"gpu {index}"), None,
+                             detail=f"unknown compute mode {value}") from None
+
+    def set_compute_mode(self, index: int, mode: str) -> None:
+        """``nvmlDeviceSetComputeMode`` with the ``NVML_COMPUTEMODE_*`` value of ``mode``."""
+        value = compute_mode_value(index, mode)
+        self._call("nvmlDeviceSetComputeMode", (f"gpu {index}", f"mode {mode}"), self._handle(index), value)

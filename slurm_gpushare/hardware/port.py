@@ -103,6 +103,23 @@ NVLINK_DEVICE_TYPES = {
     NVML_NVLINK_DEVICE_TYPE_UNKNOWN: "UNKNOWN",
 }
 
+#: ``nvmlComputeMode_t`` values (``nvmlDeviceGetComputeMode`` / ``nvmlDeviceSetComputeMode``).
+NVML_COMPUTEMODE_DEFAULT = 0
+NVML_COMPUTEMODE_EXCLUSIVE_THREAD = 1  # deprecated by NVIDIA; never set, only reported by old drivers
+NVML_COMPUTEMODE_PROHIBITED = 2
+NVML_COMPUTEMODE_EXCLUSIVE_PROCESS = 3
+
+#: Compute modes by name, as ``nvidia-smi -c`` takes them and ``--query-gpu=compute_mode`` prints them
+#: (``Default``, ``Exclusive_Process``, ``Prohibited``), upper-cased.
+COMPUTE_MODES = {
+    NVML_COMPUTEMODE_DEFAULT: "DEFAULT",
+    NVML_COMPUTEMODE_EXCLUSIVE_THREAD: "EXCLUSIVE_THREAD",
+    NVML_COMPUTEMODE_PROHIBITED: "PROHIBITED",
+    NVML_COMPUTEMODE_EXCLUSIVE_PROCESS: "EXCLUSIVE_PROCESS",
+}
+#: The modes :meth:`NvmlPort.set_compute_mode` accepts.
+SETTABLE_COMPUTE_MODES = ("DEFAULT", "EXCLUSIVE_PROCESS", "PROHIBITED")
+
 
 _ERROR_TEXT = {
     NVML_ERROR_UNINITIALIZED: ("UNINITIALIZED", "NVML is not initialized"),
@@ -181,6 +198,22 @@ def nvml_error(source: str, code: int | None, *, detail: str | None = None) -> N
     message = f"{detail} [{error_name(code)}]" if code is not None else detail
     return NvmlError(message, hint=_ERROR_HINTS.get(code) if code is not None else None,
                      source=source, code=code)
+
+
+def compute_mode_value(index: int, mode: str) -> int:
+    """The ``NVML_COMPUTEMODE_*`` value of a mode name that :meth:`NvmlPort.set_compute_mode` accepts.
+
+    Both ports check the name with this before calling NVML, so both refuse a bad one alike.
+
+    Raises:
+        NvmlError: ``NVML_ERROR_INVALID_ARGUMENT`` naming ``nvmlDeviceSetComputeMode(gpu N, mode M)``
+            when ``mode`` is not ``DEFAULT``, ``EXCLUSIVE_PROCESS`` or ``PROHIBITED``.
+    """
+    if mode not in SETTABLE_COMPUTE_MODES:
+        raise nvml_error(call_source("nvmlDeviceSetComputeMode", f"gpu {index}", f"mode {mode}"),
+                         NVML_ERROR_INVALID_ARGUMENT,
+                         detail=f"unknown compute mode {mode!r}; use {', '.join(SETTABLE_COMPUTE_MODES)}")
+    return next(value for value, name in COMPUTE_MODES.items() if name == mode)
 
 
 # --- values the port returns ---------------------------------------------------------------------
@@ -411,6 +444,25 @@ class NvmlPort(Protocol):
     def utilization(self, index: int) -> Utilization:
         """GPU and memory utilization, percent (``nvmlDeviceGetUtilizationRates``;
         ``--query-gpu=utilization.gpu,utilization.memory``). NVML refuses it on MIG-enabled GPUs."""
+        ...
+
+    def compute_mode(self, index: int) -> str:
+        """Compute mode: ``DEFAULT``, ``EXCLUSIVE_PROCESS``, ``PROHIBITED`` (or ``EXCLUSIVE_THREAD`` from
+        old drivers) (``nvmlDeviceGetComputeMode``; ``nvidia-smi --query-gpu=compute_mode``)."""
+        ...
+
+    def set_compute_mode(self, index: int, mode: str) -> None:
+        """Set the compute mode to ``DEFAULT``, ``EXCLUSIVE_PROCESS`` or ``PROHIBITED``
+        (``nvmlDeviceSetComputeMode``; ``nvidia-smi -i N -c MODE``). Needs root; takes effect at once;
+        on Linux it does not survive a reboot (the GPU comes back ``DEFAULT``). NVIDIA's MPS
+        documentation sets ``EXCLUSIVE_PROCESS`` before starting the control daemon, so that only the
+        MPS server opens a context on the GPU. (With MIG enabled NVML wants a MIG device handle, which
+        this port does not take: MIG jobs do not use MPS.)
+
+        Raises:
+            NvmlError: an unknown mode (``NVML_ERROR_INVALID_ARGUMENT``, checked before NVML is
+                called), no permission, or another NVML failure.
+        """
         ...
 
 

@@ -15,6 +15,7 @@ from slurm_gpushare.hardware.port import (
     NVML_ERROR_GPU_IS_LOST,
     NVML_ERROR_INVALID_ARGUMENT,
     NVML_ERROR_LIBRARY_NOT_FOUND,
+    NVML_ERROR_NO_PERMISSION,
     NVML_ERROR_NOT_FOUND,
     NVML_ERROR_NOT_SUPPORTED,
     NVML_ERROR_UNINITIALIZED,
@@ -343,6 +344,37 @@ def test_utilization():
         fake.set_utilization(0, 101)
 
 
+def test_compute_mode_starts_default_and_keeps_what_was_set():
+    fake = opened(A100)
+    assert [fake.compute_mode(i) for i in range(4)] == ["DEFAULT"] * 4
+    fake.set_compute_mode(1, "EXCLUSIVE_PROCESS")
+    fake.set_compute_mode(2, "PROHIBITED")
+    assert [fake.compute_mode(i) for i in range(4)] == ["DEFAULT", "EXCLUSIVE_PROCESS", "PROHIBITED", "DEFAULT"]
+    fake.set_compute_mode(1, "DEFAULT")
+    assert fake.compute_mode(1) == "DEFAULT"
+
+
+@pytest.mark.parametrize("mode", ["EXCLUSIVE_THREAD", "exclusive_process", "E. Process", ""])
+def test_unknown_compute_mode_is_refused_and_changes_nothing(mode):
+    fake = opened(A100)
+    with pytest.raises(NvmlError) as err:
+        fake.set_compute_mode(0, mode)
+    assert err.value.code == NVML_ERROR_INVALID_ARGUMENT
+    assert err.value.source == f"nvmlDeviceSetComputeMode(gpu 0, mode {mode})"
+    assert "DEFAULT, EXCLUSIVE_PROCESS, PROHIBITED" in str(err.value)
+    assert fake.compute_mode(0) == "DEFAULT"
+
+
+def test_compute_mode_needs_init_and_a_gpu():
+    fake = FakeNvml(load(A100))
+    with pytest.raises(NvmlError) as err:
+        fake.compute_mode(0)
+    assert err.value.code == NVML_ERROR_UNINITIALIZED
+    fake.init()
+    with pytest.raises(NvmlError, match=r"nvmlDeviceGetHandleByIndex\(gpu 7\)"):
+        fake.set_compute_mode(7, "DEFAULT")
+
+
 # --- failure injection ----------------------------------------------------------------------------
 
 
@@ -391,6 +423,21 @@ def test_injected_absent_link_is_skipped_like_the_real_port_does():
     fake.fail_next("nvmlDeviceGetNvLinkRemotePciInfo", NVML_ERROR_UNKNOWN)
     with pytest.raises(NvmlError, match=r"nvmlDeviceGetNvLinkRemotePciInfo\(gpu 0, link 0\)"):
         fake.nvlink_peers(0)
+
+
+def test_injected_compute_mode_failures():
+    fake = opened(A100, fail={"nvmlDeviceSetComputeMode": lambda gpu: NVML_ERROR_NO_PERMISSION if gpu == 1 else None})
+    with pytest.raises(NvmlError) as err:
+        fake.set_compute_mode(1, "EXCLUSIVE_PROCESS")
+    assert err.value.code == NVML_ERROR_NO_PERMISSION
+    assert str(err.value).startswith(
+        "nvmlDeviceSetComputeMode(gpu 1, mode EXCLUSIVE_PROCESS): insufficient permissions")
+    assert fake.compute_mode(1) == "DEFAULT"  # a failed set changes nothing
+    fake.set_compute_mode(0, "EXCLUSIVE_PROCESS")
+    fake.fail_next("nvmlDeviceGetComputeMode", NVML_ERROR_GPU_IS_LOST, gpu=0)
+    with pytest.raises(NvmlError, match=r"nvmlDeviceGetComputeMode\(gpu 0\): GPU is lost"):
+        fake.compute_mode(0)
+    assert fake.compute_mode(0) == "EXCLUSIVE_PROCESS"
 
 
 def test_init_failure_carries_the_no_driver_hint():

@@ -85,6 +85,9 @@ def test_constants_match_pynvml():
         assert getattr(pynvml, f"NVML_P2P_STATUS_{status}") == code
     for code in (NVML_ERROR_GPU_IS_LOST, NVML_ERROR_NOT_SUPPORTED, 8, 11, 14, 17, 20, 21, 27, 28, 29):
         assert getattr(pynvml, port.error_name(code)) == code
+    for code, mode in port.COMPUTE_MODES.items():
+        assert getattr(pynvml, f"NVML_COMPUTEMODE_{mode}") == code == getattr(port, f"NVML_COMPUTEMODE_{mode}")
+    assert len(port.COMPUTE_MODES) == pynvml.NVML_COMPUTEMODE_COUNT
 
 
 def test_every_nvml_function_we_name_exists_in_pynvml():
@@ -295,6 +298,12 @@ class PynvmlShim:
         u = self._port("utilization", h[1])
         return SimpleNamespace(gpu=u.gpu_percent, memory=u.memory_percent)
 
+    def nvmlDeviceGetComputeMode(self, h):
+        return {name: value for value, name in port.COMPUTE_MODES.items()}[self._port("compute_mode", h[1])]
+
+    def nvmlDeviceSetComputeMode(self, h, mode):
+        self._port("set_compute_mode", h[1], port.COMPUTE_MODES[mode])
+
 
 def mig_minors(m: Machine, path: Path) -> Path:
     """A ``/proc/driver/nvidia-caps/mig-minors`` for every GPU instance id the driver allows."""
@@ -359,6 +368,35 @@ def test_real_port_creates_and_destroys_through_nvml(tmp_path):
         assert fake.gpu_instances(2) == real.gpu_instances(2)
         real.destroy_gpu_instance(2, 2)
         assert real.create_gpu_instance(2, 19).start == 6
+
+
+def test_real_port_reads_and_sets_the_compute_mode(tmp_path):
+    real, fake = real_over_fake(load("a100-pcie-4gpu-nvlink-pairs.json"), tmp_path)
+    with real:
+        assert real.compute_mode(0) == "DEFAULT"
+        real.set_compute_mode(0, "EXCLUSIVE_PROCESS")
+        assert fake.compute_mode(0) == real.compute_mode(0) == "EXCLUSIVE_PROCESS"
+        real.set_compute_mode(0, "PROHIBITED")
+        assert real.compute_mode(0) == "PROHIBITED"
+
+
+def test_real_port_passes_nvml_compute_mode_values():
+    calls = []
+    lib = SimpleNamespace(NVMLError=ShimNVMLError, nvmlDeviceGetHandleByIndex=lambda i: ("gpu", i),
+                          nvmlDeviceSetComputeMode=lambda h, mode: calls.append((h, mode)),
+                          nvmlDeviceGetComputeMode=lambda h: 1)
+    real = RealNvml(lib=lib)
+    for mode in ("DEFAULT", "PROHIBITED", "EXCLUSIVE_PROCESS"):
+        real.set_compute_mode(2, mode)
+    assert calls == [(("gpu", 2), 0), (("gpu", 2), 2), (("gpu", 2), 3)]
+    assert real.compute_mode(2) == "EXCLUSIVE_THREAD"  # an old driver's deprecated mode is reported by name
+    with pytest.raises(NvmlError) as err:
+        real.set_compute_mode(2, "EXCLUSIVE_THREAD")  # refused before NVML is called
+    assert err.value.code == NVML_ERROR_INVALID_ARGUMENT
+    assert len(calls) == 3
+    lib.nvmlDeviceGetComputeMode = lambda h: 7
+    with pytest.raises(NvmlError, match=r"nvmlDeviceGetComputeMode\(gpu 2\): unknown compute mode 7"):
+        real.compute_mode(2)
 
 
 def test_missing_mig_minors_file_is_a_hardware_error(tmp_path):
@@ -433,6 +471,9 @@ def test_process_without_memory_figure_is_an_error():
     ("nvmlDeviceGetMemoryInfo", lambda p: p.memory_total_mib(2)),
     ("nvmlSystemGetDriverVersion", lambda p: p.driver_version()),
     ("nvmlDeviceGetMigMode", lambda p: p.mig_mode(3)),
+    ("nvmlDeviceGetComputeMode", lambda p: p.compute_mode(1)),
+    ("nvmlDeviceSetComputeMode", lambda p: p.set_compute_mode(1, "EXCLUSIVE_PROCESS")),
+    ("nvmlDeviceSetComputeMode", lambda p: p.set_compute_mode(1, "BOGUS")),
 ])
 def test_fake_and_real_port_raise_the_same_error(function, call, tmp_path):
     m = load("h100-sxm5-4gpu-mig-mixed.json")

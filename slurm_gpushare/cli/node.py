@@ -1,0 +1,66 @@
+"""``hook prolog|epilog`` (slurmd runs them as root) and ``doctor`` (repairs leftovers on a node)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+
+import click
+
+from slurm_gpushare.cli import main
+from slurm_gpushare.errors import GpushareError
+
+
+def _context(config_path: str | None, node: str | None):
+    from slurm_gpushare.hooks import HookContext
+    from slurm_gpushare.nodeconfig import load_node_config
+
+    name = node or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    return HookContext(load_node_config(config_path), name)
+
+
+@main.command()
+@click.argument("which", type=click.Choice(["prolog", "epilog"]))
+@click.option("--config", "config_path", help="node config TOML (default /etc/slurm/gpushare/node.toml)")
+def hook(which, config_path):
+    """Run as slurmd's Prolog or Epilog (root): start/stop the job's MPS daemon, write its environment.
+
+    Reads SLURM_JOB_ID and SLURMD_NODENAME from slurmd's environment and the job's record from
+    slurmctld. Exit status 1 (which drains the node) only for node faults; the drain reason says what
+    to fix. Errors go to stderr, which slurmd logs.
+    """
+    from slurm_gpushare.hooks import NodeFault, epilog, prolog
+
+    ctx = _context(config_path, None)
+    try:
+        rc = (prolog if which == "prolog" else epilog)(ctx, dict(os.environ))
+    except NodeFault as e:
+        click.echo(f"slurm-gpushare {which}: node fault: {e}", err=True)
+        sys.exit(1)
+    except GpushareError as e:
+        click.echo(f"slurm-gpushare {which}: {e}", err=True)
+        sys.exit(1)
+    sys.exit(rc)
+
+
+@main.command()
+@click.option("--config", "config_path", help="node config TOML (default /etc/slurm/gpushare/node.toml)")
+@click.option("--node", help="Slurm node name (default: SLURMD_NODENAME, else this host's short name)")
+@click.option("--repair", is_flag=True, help="clean up and restart what can be, instead of only reporting")
+def doctor(config_path, node, repair):
+    """Find leftovers of the gpushare hooks on a node, and with --repair fix them.
+
+    Job directories and MPS daemons of jobs that no longer run here are stopped and removed; a running
+    job whose MPS daemon died gets a new one with its limits. Exit status 1 when something was found
+    and not repaired.
+    """
+    from slurm_gpushare.hooks import doctor as run_doctor
+
+    ctx = _context(config_path, node)
+    findings = run_doctor(ctx, repair=repair)
+    for f in findings:
+        click.echo(f"job {f.job_id}: {f.problem}: {f.action}")
+    if not findings:
+        click.echo(f"{ctx.node}: nothing left over in {ctx.run_dir}")
+    sys.exit(1 if findings and not repair else 0)

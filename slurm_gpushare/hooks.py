@@ -1,0 +1,312 @@
+"""Prolog and Epilog: set up and tear down each job's GPU share on the node; ``doctor`` repairs leftovers.
+
+Run by slurmd as root (``Prolog=``/``Epilog=`` wrappers in ``etc/`` call ``slurm-gpushare hook
+prolog|epilog``). Per job and node, everything lives in one directory,
+``<run_dir>/jobs/<job id>/``:
+
+* ``state.json``: what the Prolog decided and started (kind, GPUs, limits, phase);
+* ``env``: ``export NAME=value`` lines that the TaskProlog (``etc/taskprolog.sh``, a few lines of
+  shell, no Python) prints before every task;
+* ``mps/pipe``, ``mps/log``: the job's own MPS control daemon's directories (owned by the job's
+  user, mode 0700).
+
+Decisions come from trusted inputs only (:mod:`slurm_gpushare.jobplan`). Every step is idempotent
+and guarded by a per-job lock (``fcntl.flock``), so concurrent Prologs and Epilogs of different jobs
+never block each other and a retried or half-finished one is repaired by the next. The exit status is
+non-zero (which drains the node) only for node faults, after setting a drain reason that says what
+to fix; a user's bad request was refused at submit time and never gets here.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from slurm_gpushare import slurm
+from slurm_gpushare.errors import GpushareError, InputError
+from slurm_gpushare.gresconf import GresOptions, node_gres
+from slurm_gpushare.hardware.machine import Machine
+from slurm_gpushare.hardware.ports import open_nvml
+from slurm_gpushare.jobinfo import JobInfo, parse_show_job
+from slurm_gpushare.jobplan import JobPlan, plan_job
+from slurm_gpushare.mps import MpsDaemon, MpsError, MpsSettings
+from slurm_gpushare.nodeconfig import NodeConfig
+
+STATE_VERSION = 1
+
+
+class NodeFault(GpushareError):
+    """A problem of the node (not of the job): the hook exits non-zero and the node is drained."""
+
+
+@dataclass(frozen=True)
+class HookContext:
+    """What a hook runs with: the node's settings and name, and how to reach Slurm (injectable)."""
+
+    config: NodeConfig
+    node: str
+    show_job: object = slurm.show_job  # callable(job_id) -> text of `scontrol -d show job`
+    drain: object = None  # callable(node, reason); default: scontrol update
+
+    @property
+    def run_dir(self) -> Path:
+        return self.config.run_dir_for(self.node)
+
+    def job_dir(self, job_id: str) -> Path:
+        return self.run_dir / "jobs" / job_id
+
+    def mps(self, job_id: str, plan: JobPlan | None = None) -> MpsDaemon:
+        d = self.job_dir(job_id) / "mps"
+        settings = MpsSettings(control_binary=self.config.mps_control,
+                               start_timeout_s=self.config.mps_start_timeout,
+                               quit_timeout_s=self.config.mps_quit_timeout)
+        return MpsDaemon(d / "pipe", d / "log", settings=settings,
+                         visible_devices=plan.visible_devices if plan else "",
+                         uid=plan.uid if plan and plan.uid >= 0 else None,
+                         gid=plan.gid if plan and plan.gid >= 0 else None,
+                         extra_env=dict(self.config.mps_env))
+
+    def do_drain(self, reason: str) -> None:
+        if self.drain is not None:
+            self.drain(self.node, reason)
+            return
+        try:
+            slurm.run(["scontrol", "update", f"nodename={self.node}", "state=drain", f"reason={reason[:250]}"])
+        except GpushareError:
+            pass  # slurmd drains the node anyway when the hook fails; the reason is then Slurm's
+
+
+@contextmanager
+def job_lock(job_dir: Path, *, remove: bool = False):
+    """Exclusive lock for one job's directory (a file next to it, so removing the directory is safe).
+
+    With ``remove``, the lock file is unlinked before the lock is released (the Epilog, once the job
+    is gone). A waiter that then gets the lock on the unlinked file notices (the path no longer names
+    the file it locked) and locks the new one: the classic lock-file race, closed.
+    """
+    job_dir.parent.mkdir(parents=True, exist_ok=True)
+    lock = job_dir.parent / f".{job_dir.name}.lock"
+    while True:
+        fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            same = os.fstat(fd).st_ino == os.stat(lock).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    try:
+        yield
+    finally:
+        if remove:
+            try:
+                lock.unlink()
+            except FileNotFoundError:
+                pass
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def _write(path: Path, text: str, mode: int = 0o644) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+def _export_line(name: str, value: str) -> str:
+    """``export NAME=value`` for the TaskProlog. slurmd takes the value literally (no shell quoting),
+    so a value must be one line."""
+    if "\n" in value or "\n" in name:
+        raise InputError(f"environment value for {name} spans lines: {value!r}")
+    return f"export {name}={value}\n"
+
+
+def read_state(job_dir: Path) -> dict | None:
+    """The job's state.json, or None when missing or unreadable (a Prolog that died half-way)."""
+    try:
+        return json.loads((job_dir / "state.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _job_info(ctx: HookContext, job_id: str) -> JobInfo:
+    last: Exception | None = None
+    for delay in (0, 0.5, 1.0):
+        time.sleep(delay)
+        try:
+            return parse_show_job(ctx.show_job(job_id))
+        except GpushareError as e:
+            last = e
+    raise NodeFault(f"cannot read job {job_id} from slurmctld: {last}",
+                    hint="check that this node reaches slurmctld (scontrol ping)")
+
+
+def _plan(ctx: HookContext, info: JobInfo) -> JobPlan:
+    try:
+        machine = Machine.load(ctx.config.machine_for(ctx.node))
+    except GpushareError as e:
+        raise NodeFault(f"no usable machine description for {ctx.node}: {e}",
+                        hint="write it with 'slurm-gpushare inventory -o' on the node") from None
+    gres = node_gres(machine, ctx.node, GresOptions(shard_unit_mib=ctx.config.shard_unit_mib, links=False))
+    gpu_uuids: dict[int, str] = {}
+    mig_uuids: dict[tuple[int, int], str] = {}
+    try:
+        with open_nvml() as port:
+            for g in machine.gpus:
+                gpu_uuids[g.index] = port.uuid(g.index)
+                if g.mig_enabled:
+                    for inst in port.gpu_instances(g.index):
+                        mig_uuids[(g.index, inst.gi_id)] = inst.uuid
+    except GpushareError as e:
+        raise NodeFault(f"NVML failed on {ctx.node}: {e}", hint="check the driver (nvidia-smi)") from None
+    try:
+        return plan_job(info, ctx.node, gres, gpu_uuids=gpu_uuids, mig_uuids=mig_uuids,
+                        shard_unit_mib=ctx.config.shard_unit_mib)
+    except InputError as e:
+        raise NodeFault(e.message, hint=e.hint) from None
+
+
+def prolog(ctx: HookContext, env: dict[str, str]) -> int:
+    """Prepare the job's share on this node. Returns the exit status (non-zero drains the node).
+
+    Jobs without GPU GRES on this node (Slurm sets no ``SLURM_JOB_GPUS``/``CUDA_VISIBLE_DEVICES``
+    in the Prolog's environment for them) cost nothing: no Slurm call, no file.
+    """
+    job_id = env.get("SLURM_JOB_ID", "")
+    if not job_id:
+        raise InputError("SLURM_JOB_ID is not set: run this as slurmd's Prolog")
+    if not (env.get("SLURM_JOB_GPUS") or env.get("CUDA_VISIBLE_DEVICES")):
+        return 0
+    try:
+        info = _job_info(ctx, job_id)
+        plan = _plan(ctx, info)
+        if plan.kind in ("none", "gpu"):
+            return 0
+        job_dir = ctx.job_dir(job_id)
+        with job_lock(job_dir):
+            _prepare(ctx, plan, job_dir)
+    except NodeFault as e:
+        ctx.do_drain(f"gpushare prolog job {job_id}: {e}")
+        raise
+    return 0
+
+
+def _prepare(ctx: HookContext, plan: JobPlan, job_dir: Path) -> None:
+    job_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(job_dir, 0o755)
+    state = {"version": STATE_VERSION, "phase": "starting", "plan": asdict(plan)}
+    prev = read_state(job_dir)
+    if prev and prev.get("phase") == "ready" and (job_dir / "env").exists():
+        return  # a retried Prolog: everything is in place
+    _write(job_dir / "state.json", json.dumps(state))
+    env: dict[str, str] = plan.env()
+    if plan.kind == "mps":
+        daemon = ctx.mps(plan.job_id, plan)
+        daemon.stop()  # leftovers of a Prolog that died half-way
+        try:
+            daemon.start()
+            if plan.mem_limit_mib is not None:
+                for i in range(len(plan.gpu_indices)):
+                    daemon.set_pinned_mem_limit(i, plan.mem_limit_mib)
+            if plan.sm_percent is not None:
+                daemon.set_active_thread_percentage(plan.sm_percent)
+        except MpsError as e:
+            daemon.stop()
+            raise NodeFault(f"MPS control daemon for job {plan.job_id} failed: {e}",
+                            hint=f"check {ctx.config.mps_control} and the driver") from None
+        env = plan.env(pipe_dir=str(daemon.pipe_dir), log_dir=str(daemon.log_dir))
+    _write(job_dir / "env", "".join(_export_line(k, v) for k, v in env.items()))
+    state["phase"] = "ready"
+    _write(job_dir / "state.json", json.dumps(state))
+
+
+def epilog(ctx: HookContext, env: dict[str, str]) -> int:
+    """Tear down what the Prolog prepared (or half-prepared). Returns the exit status."""
+    job_id = env.get("SLURM_JOB_ID", "")
+    if not job_id:
+        raise InputError("SLURM_JOB_ID is not set: run this as slurmd's Epilog")
+    job_dir = ctx.job_dir(job_id)
+    if not job_dir.exists():
+        return 0
+    problem = None
+    with job_lock(job_dir, remove=True):
+        problem = cleanup_job(ctx, job_id)
+    if problem:
+        ctx.do_drain(problem)
+        return 1
+    return 0
+
+
+def cleanup_job(ctx: HookContext, job_id: str) -> str | None:
+    """Stop the job's MPS daemon and remove its directory. Returns a drain reason when a process is stuck."""
+    job_dir = ctx.job_dir(job_id)
+    result = ctx.mps(job_id).stop()
+    stuck = list(getattr(result, "survivors", ()) or ())
+    if stuck and ctx.config.drain_on_stuck_daemon:
+        return (f"gpushare: MPS daemon of job {job_id} (pid {', '.join(map(str, stuck))}) survives SIGKILL: "
+                f"check the GPU and the driver, then run 'slurm-gpushare doctor --repair'")
+    shutil.rmtree(job_dir, ignore_errors=True)
+    return None
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One thing ``doctor`` found: what, and what it did or would do."""
+
+    job_id: str
+    problem: str
+    action: str
+
+
+def doctor(ctx: HookContext, *, repair: bool, running_jobs: set[str] | None = None) -> list[Finding]:
+    """Find leftovers on this node: job directories and MPS daemons of jobs no longer running here,
+    and dead daemons of running jobs. With ``repair``, clean up and restart what can be.
+
+    Args:
+        running_jobs: ids of jobs running on this node (default: asks slurmctld with ``squeue``).
+    """
+    jobs_dir = ctx.run_dir / "jobs"
+    if not jobs_dir.is_dir():
+        return []
+    if running_jobs is None:
+        out = slurm.run(["squeue", "-h", "-w", ctx.node, "-t", "RUNNING,COMPLETING,CONFIGURING", "-o", "%A"])
+        running_jobs = set(out.split())
+    findings: list[Finding] = []
+    for d in sorted(p for p in jobs_dir.iterdir() if p.is_dir()):
+        job_id = d.name
+        state = read_state(d)
+        if job_id not in running_jobs:
+            action = "stopped its MPS daemon and removed its directory" if repair else "would clean up"
+            problem = None
+            if repair:
+                with job_lock(d, remove=True):
+                    problem = cleanup_job(ctx, job_id)
+            findings.append(Finding(job_id, f"job {job_id} is not running here but left {d}",
+                                    problem or action))
+            continue
+        plan = (state or {}).get("plan") or {}
+        if plan.get("kind") == "mps" and not ctx.mps(job_id).alive():
+            action = "would restart it"
+            if repair:
+                with job_lock(d):
+                    _restart(ctx, job_id, plan, d)
+                action = "restarted it with the job's limits"
+            findings.append(Finding(job_id, f"MPS daemon of running job {job_id} is not running", action))
+    return findings
+
+
+def _restart(ctx: HookContext, job_id: str, plan_fields: dict, job_dir: Path) -> None:
+    plan = JobPlan(**{**plan_fields, "gpu_indices": tuple(plan_fields.get("gpu_indices", ()))})
+    (job_dir / "state.json").unlink(missing_ok=True)
+    _prepare(ctx, plan, job_dir)

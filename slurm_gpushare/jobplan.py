@@ -1,0 +1,128 @@
+"""What the node hooks must prepare for one job on one node (pure).
+
+Inputs are trusted facts only: what slurmctld recorded for the job (its GRES with device indices,
+its AdminComment audit), the node's machine description and the gres.conf records generated from it
+(their order is slurmd's device numbering), and the UUIDs NVML reports. Output: a :class:`JobPlan`
+saying which kind of share the job holds and the environment its tasks get.
+
+Kinds:
+    ``mps``: the job holds ``shard:N`` (N shards of ``shard_unit`` MiB): one MPS control daemon for
+        the job, the pinned-memory limit N x unit per device and, when the audit says ``sm=P``, the
+        active thread percentage P.
+    ``mig``: the job holds MIG devices (``gpu:<model>_<profile>``): ``CUDA_VISIBLE_DEVICES`` names
+        the MIG device UUIDs; no MPS.
+    ``gpu``: whole GPUs: Slurm's own ``CUDA_VISIBLE_DEVICES`` stands; nothing to prepare.
+    ``none``: no GPU GRES on this node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from slurm_gpushare.errors import InputError
+from slurm_gpushare.gresconf import NodeGres
+from slurm_gpushare.jobinfo import JobInfo
+from slurm_gpushare.memsize import format_mib
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    """What to prepare (see module docstring).
+
+    Attributes:
+        kind: ``mps``, ``mig``, ``gpu`` or ``none``.
+        job_id, uid, gid: the job and its owner (from slurmctld).
+        gpu_indices: NVML indices of the GPUs (parents of MIG devices) the job holds here.
+        visible_devices: what ``CUDA_VISIBLE_DEVICES`` must say (GPU or MIG UUIDs), ``""`` to leave it.
+        mem_limit_mib: MPS pinned-memory limit per device, MiB (``mps`` only).
+        sm_percent: MPS active thread percentage (``mps`` with ``sm=`` only).
+        note: a remark for the log (e.g. shards spread over several GPUs).
+    """
+
+    kind: str
+    job_id: str
+    uid: int = -1
+    gid: int = -1
+    gpu_indices: tuple[int, ...] = ()
+    visible_devices: str = ""
+    mem_limit_mib: int | None = None
+    sm_percent: int | None = None
+    note: str = ""
+
+    def env(self, *, pipe_dir: str = "", log_dir: str = "") -> dict[str, str]:
+        """The variables the TaskProlog exports for this job (ordered)."""
+        out: dict[str, str] = {}
+        if self.visible_devices:
+            out["CUDA_VISIBLE_DEVICES"] = self.visible_devices
+        if self.kind == "mps":
+            out["CUDA_MPS_PIPE_DIRECTORY"] = pipe_dir
+            out["CUDA_MPS_LOG_DIRECTORY"] = log_dir
+            if self.mem_limit_mib is not None:
+                limit = format_mib(self.mem_limit_mib)
+                out["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(
+                    f"{i}={limit}" for i in range(len(self.gpu_indices)))
+            if self.sm_percent is not None:
+                out["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(self.sm_percent)
+        return out
+
+
+def plan_job(info: JobInfo, node: str, gres: NodeGres, *, gpu_uuids: dict[int, str],
+             mig_uuids: dict[tuple[int, int], str], shard_unit_mib: int) -> JobPlan:
+    """Decide what the job needs on ``node``.
+
+    Args:
+        info: the job as slurmctld recorded it (``scontrol -d show job``).
+        node: this node's Slurm name.
+        gres: the node's generated gres.conf records (device order = slurmd's IDX).
+        gpu_uuids: NVML index -> GPU UUID (``nvmlDeviceGetUUID``) for the node's GPUs.
+        mig_uuids: (NVML index, GPU instance id) -> MIG device UUID.
+        shard_unit_mib: GPU memory per shard, MiB.
+
+    Raises:
+        InputError: the job holds a device index the node's description does not have (stale
+            description or gres.conf: a node problem), or a MIG device NVML does not know.
+    """
+    devices = [r for r in gres.records if r.name == "gpu"]
+    base = JobPlan("none", info.job_id, info.uid, info.gid)
+    allocs = info.gres_on(node)
+
+    def record(i: int):
+        if i >= len(devices):
+            raise InputError(f"job {info.job_id} holds GPU index {i} on {node}, but its machine description "
+                             f"gives {len(devices)} GPU device(s)",
+                             hint="the description or gres.conf is stale: regenerate them with "
+                                  "'slurm-gpushare inventory' and 'slurm-gpushare gres-conf'")
+        return devices[i]
+
+    shards = [a for a in allocs if a.name == "shard"]
+    if shards:
+        idx = sorted({i for a in shards for i in a.indices})
+        if not idx:
+            raise InputError(f"job {info.job_id} holds shards on {node} without device indices",
+                             source="scontrol -d show job")
+        gpus = tuple(dict.fromkeys(record(i).gpu_index for i in idx))
+        count = sum(a.count for a in shards)
+        audit = info.audit or {}
+        sm = audit.get("sm")
+        note = ""
+        if len(gpus) > 1:
+            note = (f"{count} shards spread over GPUs {', '.join(map(str, gpus))}: each device's limit is the "
+                    "whole share (Slurm does not say how many shards come from each GPU)")
+        return JobPlan("mps", info.job_id, info.uid, info.gid, gpus,
+                       ",".join(gpu_uuids[g] for g in gpus), count * shard_unit_mib,
+                       int(sm) if sm and sm.isdigit() else None, note)
+    gpu_allocs = [a for a in allocs if a.name == "gpu"]
+    if not gpu_allocs:
+        return base
+    recs = [record(i) for a in gpu_allocs for i in a.indices]
+    if any(r.mig_gi is not None for r in recs):
+        uuids = []
+        for r in recs:
+            key = (r.gpu_index, r.mig_gi)
+            if key not in mig_uuids:
+                raise InputError(f"job {info.job_id}: MIG device GPU {r.gpu_index} instance {r.mig_gi} ({r.type}) "
+                                 "is not known to NVML on this node",
+                                 hint="the MIG layout changed: regenerate the machine description and gres.conf")
+            uuids.append(mig_uuids[key])
+        return JobPlan("mig", info.job_id, info.uid, info.gid, tuple(r.gpu_index for r in recs), ",".join(uuids))
+    return JobPlan("gpu", info.job_id, info.uid, info.gid, tuple(r.gpu_index for r in recs))

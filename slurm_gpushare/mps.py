@@ -1,0 +1,721 @@
+"""Control of one NVIDIA MPS control daemon (``nvidia-cuda-mps-control``), for Prolog and Epilog.
+
+Facts used here come from NVIDIA's Multi-Process Service documentation ("Appendix: Tools and
+Interface Reference", "Legacy MPS v2 Interface", "Appendix: Environment Variables") and the
+``nvidia-cuda-mps-control(1)`` man page:
+
+- ``nvidia-cuda-mps-control -d`` starts the control daemon in the background (``-f``: foreground).
+  It talks to its clients through ``CUDA_MPS_PIPE_DIRECTORY`` (default ``/tmp/nvidia-mps``; the
+  ``control`` socket lives there) and logs to ``CUDA_MPS_LOG_DIRECTORY`` (default
+  ``/var/log/nvidia-mps``; ``control.log``). It writes its PID to ``nvidia-cuda-mps-control.pid`` in
+  the pipe directory. ``CUDA_VISIBLE_DEVICES`` set when the daemon starts selects, and renumbers,
+  the GPUs its servers use.
+- Running the binary without ``-d``/``-f`` is the front end: it reads commands from stdin, one per
+  line, prints the daemon's answers on stdout, and exits non-zero only when the daemon cannot be
+  reached or the connection breaks; a rejected command prints an error on stdout with exit status 0.
+  That is why the setters here read their value back.
+- The daemon runs one MPS server at a time, started for the UID of the first client (or by
+  ``start_server -uid UID``). A client of another UID makes the daemon ask the running server to
+  shut down once its clients are done and queues the newcomer: two users' jobs behind one daemon
+  take turns, they never share the GPU at once. This is why slurm-gpushare starts one daemon per job
+  (this class, ``uid`` = the job's user), each with its own pipe and log directories; whether two
+  such daemons may drive one GPU is decided above this layer (compute mode ``EXCLUSIVE_PROCESS``
+  lets only one server create a context on the GPU).
+
+Nothing here prints; every error is an :class:`MpsError` that names the binary, the pipe directory
+and, where one ran, the command.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import signal
+import stat
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NoReturn
+
+from slurm_gpushare.errors import HardwareError, InputError
+from slurm_gpushare.memsize import parse_mib
+
+#: The daemon's PID file in the pipe directory (MPS documentation, "nvidia-cuda-mps-control").
+PID_FILE = "nvidia-cuda-mps-control.pid"
+#: The control socket in the pipe directory, which CUDA clients look for.
+CONTROL_SOCKET = "control"
+#: The daemon's log in the log directory ("MPS Logging Format": ``control.log``).
+CONTROL_LOG = "control.log"
+#: Longest Unix socket path Linux accepts (``sun_path`` is 108 bytes with the terminating NUL). A longer
+#: pipe directory makes the real daemon fail to bind and report only that it cannot be found.
+MAX_SOCKET_PATH_BYTES = 107
+#: PATH given to the daemon when the caller's environment has none (slurmd's Prolog environment is bare).
+DEFAULT_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+#: Variables the class sets itself; ``extra_env`` may not override them.
+MPS_ENV = ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY", "CUDA_VISIBLE_DEVICES")
+
+_POLL_S = 0.05
+_LOG_TAIL_LINES = 10
+
+
+class MpsError(HardwareError):
+    """The MPS control daemon could not be started, answered a command wrongly, or could not be stopped.
+
+    ``source`` names the daemon by its pipe directory (``MPS control daemon /run/gpushare/job42/pipe``);
+    the message names the binary and the command.
+    """
+
+
+@dataclass(frozen=True)
+class MpsSettings:
+    """How to run the MPS control daemon (site configuration).
+
+    Attributes:
+        control_binary: ``nvidia-cuda-mps-control``, by name (looked up in PATH) or by path; tests use
+            the stand-in ``tests/fake_mps/nvidia-cuda-mps-control``.
+        start_timeout_s: seconds :meth:`MpsDaemon.start` waits for the daemon to answer.
+        quit_timeout_s: seconds :meth:`MpsDaemon.stop` waits after ``quit`` for the daemon to exit.
+        kill_timeout_s: seconds to wait after SIGTERM, and again after SIGKILL.
+        command_timeout_s: seconds one front-end command may take.
+
+    Raises:
+        InputError: a timeout that is not positive, or an empty binary name.
+    """
+
+    control_binary: str = "nvidia-cuda-mps-control"
+    start_timeout_s: float = 10.0
+    quit_timeout_s: float = 10.0
+    kill_timeout_s: float = 5.0
+    command_timeout_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if not self.control_binary:
+            raise InputError("MPS control binary: empty name", hint="nvidia-cuda-mps-control or a path to it")
+        for name in ("start_timeout_s", "quit_timeout_s", "kill_timeout_s", "command_timeout_s"):
+            value = getattr(self, name)
+            if not value > 0:
+                raise InputError(f"MPS settings: {name} = {value!r} is not a positive number of seconds")
+
+
+@dataclass(frozen=True)
+class StopResult:
+    """What :meth:`MpsDaemon.stop` did.
+
+    Attributes:
+        daemon_pid: the daemon found running (verified, see :meth:`MpsDaemon.pid`), or None.
+        quit_ok: ``quit`` was accepted and the daemon exited within ``quit_timeout_s``.
+        terminated: PIDs that exited after SIGTERM.
+        killed: PIDs that needed SIGKILL and exited.
+        survivors: PIDs still there after SIGKILL and ``kill_timeout_s`` (a process stuck in the
+            kernel, state ``D``): reported, never hidden; the GPU may still be in use.
+        removed: directories removed.
+        not_removed: ``"path: reason"`` for directories that could not be removed.
+    """
+
+    daemon_pid: int | None
+    quit_ok: bool
+    terminated: tuple[int, ...] = ()
+    killed: tuple[int, ...] = ()
+    survivors: tuple[int, ...] = ()
+    removed: tuple[str, ...] = ()
+    not_removed: tuple[str, ...] = ()
+
+    @property
+    def clean(self) -> bool:
+        """No process survived and every directory was removed."""
+        return not self.survivors and not self.not_removed
+
+
+def pinned_mem_value(mib: int) -> str:
+    """The VALUE of ``set_default_device_pinned_mem_limit``: ``<n>G`` when whole GiB, else ``<n>M``.
+
+    The MPS documentation allows only an integer followed by ``G`` or ``M`` (no ``T``, no fractions).
+
+    Raises:
+        InputError: not a positive whole number of MiB.
+    """
+    if isinstance(mib, bool) or not isinstance(mib, int) or mib < 1:
+        raise InputError(f"MPS pinned memory limit: {mib!r} is not a positive number of MiB")
+    return f"{mib // 1024}G" if mib % 1024 == 0 else f"{mib}M"
+
+
+# --- /proc -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Proc:
+    """One line of ``/proc/PID/stat``: enough to find a process tree and to notice a reused PID."""
+
+    pid: int
+    state: str
+    ppid: int
+    sid: int
+    start: int  # clock ticks since boot; a reused PID has another start time
+
+
+def _read_proc(pid: int) -> _Proc | None:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except (OSError, ValueError):
+        return None
+    # comm (field 2) may hold spaces and parentheses; the fields after the last ")" are plain
+    fields = text[text.rindex(")") + 2:].split()
+    try:
+        return _Proc(pid=pid, state=fields[0], ppid=int(fields[1]), sid=int(fields[3]), start=int(fields[19]))
+    except (IndexError, ValueError):
+        return None
+
+
+def _status_uid(status: str) -> int | None:
+    """The real uid from the text of ``/proc/PID/status``."""
+    for line in status.splitlines():
+        if line.startswith("Uid:"):
+            fields = line.split()
+            return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
+    return None
+
+
+def _proc_uid(pid: int) -> int | None:
+    try:
+        return _status_uid(Path(f"/proc/{pid}/status").read_text())
+    except OSError:
+        return None
+
+
+def _all_procs() -> dict[int, _Proc]:
+    procs = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            p = _read_proc(int(name))
+            if p is not None:
+                procs[p.pid] = p
+    return procs
+
+
+def _running(p: _Proc) -> bool:
+    """The same process (PID and start time) still exists and is not a zombie waiting to be reaped."""
+    now = _read_proc(p.pid)
+    return now is not None and now.start == p.start and now.state not in ("Z", "X", "x")
+
+
+def _our_ancestry() -> tuple[set[int], set[int]]:
+    """PIDs and session ids of this process and its ancestors: never signalled, whatever a pid file says."""
+    pids, sids = {0, 1}, {0}
+    pid = os.getpid()
+    while pid > 1 and pid not in pids:
+        pids.add(pid)
+        p = _read_proc(pid)
+        if p is None:
+            break
+        sids.add(p.sid)
+        pid = p.ppid
+    return pids, sids
+
+
+def _wait_gone(procs: Iterable[_Proc], deadline: float) -> list[_Proc]:
+    """Wait until every process is gone or ``deadline`` (monotonic) passes; return those still running."""
+    left = [p for p in procs if _running(p)]
+    while left and time.monotonic() < deadline:
+        time.sleep(_POLL_S)
+        left = [p for p in left if _running(p)]
+    return left
+
+
+# --- the daemon ------------------------------------------------------------------------------------
+
+
+class MpsDaemon:
+    """One MPS control daemon with its own pipe and log directories.
+
+    The object holds no live state: a Prolog calls :meth:`start`, and an Epilog in another process
+    builds an equal object and calls :meth:`stop`; everything is found again from the pid file and
+    ``/proc``.
+
+    The daemon and every front-end command run with a constructed environment, not the caller's:
+    ``PATH`` (the caller's, or :data:`DEFAULT_PATH`), then ``extra_env``, then
+    ``CUDA_MPS_PIPE_DIRECTORY``, ``CUDA_MPS_LOG_DIRECTORY`` and ``CUDA_VISIBLE_DEVICES``. Nothing of a
+    job's or of slurmd's environment leaks into the daemon.
+
+    Identity: when the caller is root and ``uid`` is given, the directories are owned by
+    ``uid:gid``, and the daemon and the front-end commands run as ``uid:gid`` with no supplementary
+    groups (a per-user daemon: its server runs as the job's user, and commands come from the daemon's
+    owner). Otherwise everything runs as the caller, and ``uid`` may only name the caller.
+
+    Args:
+        pipe_dir: absolute path of ``CUDA_MPS_PIPE_DIRECTORY``; ``pipe_dir/control`` must fit a Unix
+            socket path (107 bytes). Its parent directories must be searchable by ``uid``.
+        log_dir: absolute path of ``CUDA_MPS_LOG_DIRECTORY``.
+        settings: the binary and the timeouts.
+        visible_devices: ``CUDA_VISIBLE_DEVICES`` for the daemon: GPU UUIDs (``GPU-...``), as NVIDIA
+            recommends, or indices. The daemon's servers renumber them from 0, which is the ``DEV``
+            that :meth:`set_pinned_mem_limit` takes. May be empty for an object that only stops or
+            inspects a daemon; :meth:`start` refuses it.
+        uid: user to run the daemon as (see above); None: the caller. Root may leave it None to
+            :meth:`stop` a daemon it does not know the user of (an Epilog): the daemon is then
+            recognised by binary and pipe directory alone.
+        gid: its group; None: the user's primary group.
+        extra_env: more variables for the daemon and the front end (e.g. ``CUDA_MPS_*`` defaults);
+            may not set the three above.
+
+    Raises:
+        InputError: relative paths, a pipe directory too long for the socket, a user or group that
+            cannot be used, or ``extra_env`` overriding the MPS variables.
+    """
+
+    def __init__(self, pipe_dir: str | Path, log_dir: str | Path, *, settings: MpsSettings | None = None,
+                 visible_devices: str, uid: int | None = None, gid: int | None = None,
+                 extra_env: Mapping[str, str] | None = None):
+        self.pipe_dir = Path(pipe_dir)
+        self.log_dir = Path(log_dir)
+        self.settings = settings if settings is not None else MpsSettings()
+        self.visible_devices = visible_devices
+        self._source = f"MPS control daemon {self.pipe_dir}"
+        for what, path in (("pipe directory", self.pipe_dir), ("log directory", self.log_dir)):
+            if not path.is_absolute():
+                raise InputError(f"MPS {what} {str(path)!r} is not an absolute path",
+                                 hint="the daemon runs in /; give /run/... or /tmp/...")
+        socket_bytes = len(os.fsencode(self.pipe_dir / CONTROL_SOCKET))
+        if socket_bytes > MAX_SOCKET_PATH_BYTES:
+            raise InputError(f"MPS pipe directory {self.pipe_dir} is too long: its control socket path has "
+                             f"{socket_bytes} bytes, Linux allows {MAX_SOCKET_PATH_BYTES}",
+                             hint="use a shorter run directory")
+        extra = dict(extra_env or {})
+        clash = sorted(set(extra) & set(MPS_ENV))
+        if clash:
+            raise InputError(f"extra_env may not set {', '.join(clash)}", source=self._source,
+                             hint="they come from pipe_dir, log_dir and visible_devices")
+        self._extra_env = extra
+        self._switch = uid is not None and os.geteuid() == 0
+        if uid is not None and not self._switch and uid != os.geteuid():
+            raise InputError(f"cannot run the MPS control daemon as uid {uid}: only root can switch users "
+                             f"(this process runs as uid {os.geteuid()})", source=self._source)
+        if self._switch and gid is None:
+            try:
+                gid = pwd.getpwuid(uid).pw_gid
+            except KeyError:
+                raise InputError(f"uid {uid} has no passwd entry, so no primary group", source=self._source,
+                                 hint="pass gid (SLURM_JOB_GID)") from None
+        self.uid = uid if self._switch else os.geteuid()
+        self.gid = gid if self._switch else os.getegid()
+        # root that was not told the user (an Epilog that knows only the pipe directory) accepts a
+        # daemon of any user; see _is_our_daemon
+        self._any_owner = uid is None and os.geteuid() == 0
+        self._binary_name = Path(self.settings.control_binary).name
+
+    # --- environment and identity -------------------------------------------------------------------
+
+    def env(self) -> dict[str, str]:
+        """The environment of the daemon and of every front-end command (see the class docstring)."""
+        env = {"PATH": os.environ.get("PATH") or DEFAULT_PATH}
+        env.update(self._extra_env)
+        env["CUDA_MPS_PIPE_DIRECTORY"] = str(self.pipe_dir)
+        env["CUDA_MPS_LOG_DIRECTORY"] = str(self.log_dir)
+        env["CUDA_VISIBLE_DEVICES"] = self.visible_devices
+        return env
+
+    def client_env(self) -> dict[str, str]:
+        """What a job's tasks need to use this daemon: ``CUDA_MPS_PIPE_DIRECTORY`` and
+        ``CUDA_MPS_LOG_DIRECTORY`` (MPS documentation, "Starting MPS client application": the same
+        locations as the daemon's). ``CUDA_VISIBLE_DEVICES`` is not included: the daemon already
+        selected and renumbered the GPUs, and repeating non-zero indices in the client is an error."""
+        return {"CUDA_MPS_PIPE_DIRECTORY": str(self.pipe_dir), "CUDA_MPS_LOG_DIRECTORY": str(self.log_dir)}
+
+    def _credentials(self) -> dict:
+        if not self._switch:
+            return {}
+        return {"user": self.uid, "group": self.gid, "extra_groups": []}
+
+    # --- the pid file and /proc ---------------------------------------------------------------------
+
+    def _pid_file_value(self) -> int | None:
+        try:
+            text = (self.pipe_dir / PID_FILE).read_text().strip()
+        except (OSError, UnicodeDecodeError):
+            return None
+        return int(text) if text.isdigit() and int(text) > 1 else None
+
+    def _is_our_daemon(self, pid: int) -> bool:
+        """``pid`` is a live control daemon of this pipe directory, run by the daemon's user.
+
+        The pid file lives in a directory the job's user owns, so its content is not trusted: the process
+        must run the binary, have been started with this ``CUDA_MPS_PIPE_DIRECTORY``, and belong to the
+        daemon's uid (any uid when root was not told it). Otherwise it is never signalled.
+        """
+        p = _read_proc(pid)
+        if p is None or p.state in ("Z", "X", "x"):
+            return False
+        proc = Path(f"/proc/{pid}")
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            status = (proc / "status").read_text()
+            environ = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            return False
+        if not any(Path(os.fsdecode(a)).name == self._binary_name for a in argv if a):
+            return False
+        uid = _status_uid(status)
+        if uid is None or (uid != self.uid and not self._any_owner):
+            return False
+        want = b"CUDA_MPS_PIPE_DIRECTORY=" + os.fsencode(self.pipe_dir)
+        return any(e == want or e == want + b"/" for e in environ)
+
+    def pid(self) -> int | None:
+        """PID of the running daemon, from ``nvidia-cuda-mps-control.pid`` in the pipe directory.
+
+        None when there is no pid file, or it names a process that is gone, is a zombie, does not run
+        the control binary, belongs to another user, or serves another pipe directory.
+        """
+        pid = self._pid_file_value()
+        return pid if pid is not None and self._is_our_daemon(pid) else None
+
+    def alive(self) -> bool:
+        """A daemon of this pipe directory is running (:meth:`pid` is not None)."""
+        return self.pid() is not None
+
+    def log_tail(self, lines: int = _LOG_TAIL_LINES) -> tuple[str, ...]:
+        """The last ``lines`` lines of ``control.log`` (empty when there is none)."""
+        try:
+            text = (self.log_dir / CONTROL_LOG).read_text(errors="replace")
+        except OSError:
+            return ()
+        return tuple(text.splitlines()[-lines:])
+
+    def _tree(self, daemon: _Proc) -> dict[int, _Proc]:
+        """The daemon, its descendants, and the other members of its session that run as its user.
+
+        The session catches MPS servers and helpers the daemon started that were re-parented after a
+        double fork. It is used only when it is not the session of this process or of an ancestor
+        (the daemon is launched in a session of its own, so it never is unless something is wrong),
+        and only for processes of the daemon's uid (a session a user built may hold setuid programs).
+        """
+        procs = _all_procs()
+        procs[daemon.pid] = daemon
+        never_pids, never_sids = _our_ancestry()
+        members = {daemon.pid: daemon}
+        frontier = [daemon.pid]
+        while frontier:
+            parent = frontier.pop()
+            for p in procs.values():
+                if p.ppid == parent and p.pid not in members:
+                    members[p.pid] = p
+                    frontier.append(p.pid)
+        if daemon.sid not in never_sids:
+            owner = _proc_uid(daemon.pid)
+            members.update({p.pid: p for p in procs.values()
+                            if p.sid == daemon.sid and p.pid not in members and _proc_uid(p.pid) == owner})
+        return {pid: p for pid, p in members.items() if pid not in never_pids}
+
+    # --- directories ----------------------------------------------------------------------------------
+
+    def _make_dir(self, path: Path) -> None:
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            os.mkdir(path, 0o700)
+            if self._switch:
+                os.chown(path, self.uid, self.gid)
+            os.chmod(path, 0o700)
+            return
+        if not stat.S_ISDIR(st.st_mode):
+            raise MpsError(f"{path} exists and is not a directory (a symbolic link is refused)",
+                           source=self._source, hint="remove it, or run slurm-gpushare doctor")
+        if st.st_uid != self.uid:
+            raise MpsError(f"{path} is owned by uid {st.st_uid}, not by the daemon's uid {self.uid}",
+                           source=self._source, hint="remove it, or run slurm-gpushare doctor")
+        if stat.S_IMODE(st.st_mode) != 0o700:
+            os.chmod(path, 0o700)
+
+    def _remove_dirs(self, keep_logs: bool) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        removed, not_removed = [], []
+        dirs = [self.pipe_dir] if keep_logs else [self.pipe_dir, self.log_dir]
+        for d in dirs:
+            if not os.path.lexists(d):
+                continue
+            try:
+                shutil.rmtree(d)
+            except OSError as e:
+                not_removed.append(f"{d}: {e.strerror or e}")
+            else:
+                removed.append(str(d))
+        return tuple(removed), tuple(not_removed)
+
+    # --- front-end commands ---------------------------------------------------------------------------
+
+    def _run_client(self, line: str, timeout: float) -> str:
+        binary = self.settings.control_binary
+        try:
+            proc = subprocess.run([binary], input=line + "\n", env=self.env(), capture_output=True, text=True,
+                                  timeout=timeout, cwd="/", **self._credentials())
+        except subprocess.TimeoutExpired:
+            raise MpsError(f"{binary}: command {line!r} got no answer within {timeout:g} s",
+                           source=self._source, hint="the daemon hangs; stop it (Epilog) and see control.log") from None
+        except OSError as e:
+            raise MpsError(f"cannot run {binary}: {e.strerror or e}", source=self._source,
+                           hint="install the NVIDIA compute utilities or set the MPS control binary path") from None
+        if proc.returncode != 0:
+            said = " ".join((proc.stderr.strip() + " " + proc.stdout.strip()).split()) or "no output"
+            raise MpsError(f"{binary}: command {line!r} failed with exit status {proc.returncode}: {said}",
+                           source=self._source)
+        return proc.stdout.strip()
+
+    def command(self, line: str) -> str:
+        """Send one command to the daemon through the front end and return its answer.
+
+        Runs ``nvidia-cuda-mps-control`` (no ``-d``) with the command on stdin, the daemon's
+        environment and identity, and ``command_timeout_s``. The commands are those of the MPS
+        documentation ("Legacy MPS v2 Interface"; man page ``nvidia-cuda-mps-control(1)``), e.g.
+        ``get_server_list``, ``start_server -uid UID``, ``shutdown_server PID [-f]``,
+        ``get_client_list PID``, ``quit [-t SECONDS]``. A command the daemon rejects is answered with
+        an error line and exit status 0, so the answer is returned as it is; the setters of this class
+        check by reading back.
+
+        Args:
+            line: one command line, without a newline.
+
+        Returns:
+            The front end's stdout, stripped.
+
+        Raises:
+            InputError: ``line`` is empty or has more than one line.
+            MpsError: the binary is missing, the daemon cannot be reached (the front end exits non-zero,
+                e.g. "Cannot find MPS control daemon process"), or no answer came within the timeout.
+        """
+        if not line.strip() or any(c in line for c in "\n\r\0"):
+            raise InputError(f"MPS command {line!r} is not one non-empty line", source=self._source)
+        return self._run_client(line.strip(), self.settings.command_timeout_s)
+
+    def set_pinned_mem_limit(self, device_index: int, mib: int) -> None:
+        """Limit the device memory each new MPS client may pin on one GPU.
+
+        Sends ``set_default_device_pinned_mem_limit DEV VALUE`` (VALUE from :func:`pinned_mem_value`:
+        ``10G``, ``10240M`` is sent as ``10G``, ``1536M`` as ``1536M``) and reads it back with
+        ``get_default_device_pinned_mem_limit DEV``. Per the MPS documentation the default applies to
+        servers started afterwards (set it before the job's first CUDA client) and is lost on ``quit``;
+        clients may lower it further with ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``. A read-back in whole
+        ``G`` that equals the limit rounded down to GiB is accepted, as some drivers display it so.
+
+        Args:
+            device_index: ``DEV``, the GPU's ordinal among the daemon's ``CUDA_VISIBLE_DEVICES`` (0 first).
+            mib: the limit in MiB.
+
+        Raises:
+            InputError: a negative device or a limit that is not a positive number of MiB.
+            MpsError: the command failed or the daemon reports another limit.
+        """
+        if isinstance(device_index, bool) or not isinstance(device_index, int) or device_index < 0:
+            raise InputError(f"MPS device {device_index!r} is not a device ordinal (0, 1, ...)", source=self._source)
+        value = pinned_mem_value(mib)
+        self.command(f"set_default_device_pinned_mem_limit {device_index} {value}")
+        back = self.command(f"get_default_device_pinned_mem_limit {device_index}")
+        try:
+            shown = parse_mib(back, default_unit="M", what="pinned memory limit")
+        except InputError:
+            shown = None
+        floor_g = back.strip().upper().endswith("G") and mib >= 1024 and shown == mib // 1024 * 1024
+        if shown != mib and not floor_g:
+            raise MpsError(f"set_default_device_pinned_mem_limit {device_index} {value} was not applied: the daemon "
+                           f"reports {back!r}", source=self._source)
+
+    def set_active_thread_percentage(self, pct: int | float) -> None:
+        """Limit the share of SMs each new MPS client may use.
+
+        Sends ``set_default_active_thread_percentage P`` and reads it back with
+        ``get_default_active_thread_percentage`` (MPS documentation: applies to servers started
+        afterwards, lost on ``quit``, default 100; clients see it as ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``
+        would set it).
+
+        Args:
+            pct: percent, more than 0 and at most 100.
+
+        Raises:
+            InputError: outside (0, 100].
+            MpsError: the command failed or the daemon reports another value.
+        """
+        if isinstance(pct, bool) or not isinstance(pct, (int, float)) or not 0 < pct <= 100:
+            raise InputError(f"MPS active thread percentage {pct!r} is not in (0, 100]", source=self._source)
+        text = str(int(pct)) if float(pct).is_integer() else f"{pct:g}"
+        self.command(f"set_default_active_thread_percentage {text}")
+        back = self.command("get_default_active_thread_percentage")
+        try:
+            ok = abs(float(back) - float(pct)) < 0.01
+        except ValueError:
+            ok = False
+        if not ok:
+            raise MpsError(f"set_default_active_thread_percentage {text} was not applied: the daemon reports {back!r}",
+                           source=self._source)
+
+    def set_client_priority(self, priority: int) -> None:
+        """Set the priority of new MPS clients: 0 (normal, the default) or 1 (below normal).
+
+        Sends ``set_default_client_priority`` and reads it back with ``get_default_client_priority``
+        (MPS documentation: a hint to the driver, not a guarantee; lost on ``quit``). A client may set
+        its own with ``CUDA_MPS_CLIENT_PRIORITY``.
+
+        Raises:
+            InputError: not 0 or 1.
+            MpsError: the command failed or the daemon reports another value.
+        """
+        if priority not in (0, 1) or isinstance(priority, bool):
+            raise InputError(f"MPS client priority {priority!r} is not 0 (normal) or 1 (below normal)",
+                             source=self._source)
+        self.command(f"set_default_client_priority {priority}")
+        back = self.command("get_default_client_priority")
+        if back.split()[:1] != [str(priority)]:
+            raise MpsError(f"set_default_client_priority {priority} was not applied: the daemon reports {back!r}",
+                           source=self._source)
+
+    # --- start and stop ---------------------------------------------------------------------------------
+
+    def start(self) -> int:
+        """Start the daemon and wait until it answers.
+
+        Creates the pipe and log directories (mode 0700, owned by the daemon's user) when missing;
+        existing ones must be real directories owned by that user. Removes a stale pid file and socket
+        left by a crashed daemon, runs ``nvidia-cuda-mps-control -d`` in a session of its own, then
+        waits (``start_timeout_s``) until the pid file names a live daemon (see :meth:`pid`) and
+        ``get_server_list`` is answered. If that does not happen, whatever started is stopped (the log
+        directory is kept for the administrator) and the error quotes the end of ``control.log``.
+
+        Returns:
+            The daemon's PID.
+
+        Raises:
+            InputError: no ``visible_devices``.
+            MpsError: a daemon already runs on this pipe directory, a directory cannot be used, the
+                binary is missing or failed, the daemon exited, or it did not answer in time.
+        """
+        binary = self.settings.control_binary
+        if not self.visible_devices.strip():
+            raise InputError("MPS control daemon: empty CUDA_VISIBLE_DEVICES", source=self._source,
+                             hint="give the GPU UUIDs (GPU-...) the job was allocated")
+        running = self.pid()
+        if running is not None:
+            raise MpsError(f"a control daemon already runs on this pipe directory (pid {running})",
+                           source=self._source, hint="stop it first (Epilog, or slurm-gpushare doctor)")
+        try:
+            self._make_dir(self.pipe_dir)
+            self._make_dir(self.log_dir)
+            for name in (PID_FILE, CONTROL_SOCKET):
+                (self.pipe_dir / name).unlink(missing_ok=True)
+        except OSError as e:
+            raise MpsError(f"cannot prepare the MPS directories: {e.strerror or e}", source=self._source) from None
+        deadline = time.monotonic() + self.settings.start_timeout_s
+        with tempfile.TemporaryFile(mode="w+") as out:
+            # output to a file, not a pipe: a daemon that keeps its stdio open must not block us
+            try:
+                proc = subprocess.run([binary, "-d"], env=self.env(), stdin=subprocess.DEVNULL, stdout=out,
+                                      stderr=subprocess.STDOUT, cwd="/", start_new_session=True,
+                                      timeout=self.settings.start_timeout_s, **self._credentials())
+            except subprocess.TimeoutExpired:
+                self._fail_start(f"'{binary} -d' did not return within {self.settings.start_timeout_s:g} s")
+            except OSError as e:
+                self._fail_start(f"cannot run '{binary} -d': {e.strerror or e}",
+                                 hint="install the NVIDIA compute utilities or set the MPS control binary path")
+            out.seek(0)
+            said = " ".join(out.read().split())
+        if proc.returncode != 0:
+            self._fail_start(f"'{binary} -d' exited with status {proc.returncode}: {said or 'no output'}")
+        last = "no pid file yet"
+        while True:
+            pid = self.pid()
+            if pid is None:
+                named = self._pid_file_value()
+                gone = named is not None and ((q := _read_proc(named)) is None or q.state in ("Z", "X", "x"))
+                if gone:
+                    self._fail_start(f"the daemon (pid {named}) exited while starting")
+                if named is not None:
+                    last = f"the pid file names pid {named}, which is not a control daemon of this pipe directory"
+            elif (self.pipe_dir / CONTROL_SOCKET).exists():
+                remaining = deadline - time.monotonic()
+                try:
+                    self._run_client("get_server_list", max(0.1, min(self.settings.command_timeout_s, remaining)))
+                    return pid
+                except MpsError as e:
+                    last = e.message
+            else:
+                last = f"pid {pid} runs but has no control socket yet"
+            if time.monotonic() >= deadline:
+                self._fail_start(f"not ready within {self.settings.start_timeout_s:g} s ({last})")
+            time.sleep(_POLL_S)
+
+    def _fail_start(self, reason: str, *, hint: str | None = None) -> NoReturn:
+        """Stop whatever started, keep the logs, and raise the start error."""
+        tail = self.log_tail()
+        result = self.stop(keep_logs=True)
+        message = f"{self.settings.control_binary} did not start: {reason}"
+        if tail:
+            message += f"; last lines of {self.log_dir / CONTROL_LOG}: {' | '.join(tail)}"
+        else:
+            message += f"; {self.log_dir / CONTROL_LOG} is empty or missing"
+        if result.survivors:
+            message += f"; processes that survived SIGKILL: {', '.join(map(str, result.survivors))}"
+        raise MpsError(message, source=self._source, hint=hint or f"the log directory {self.log_dir} was kept")
+
+    def stop(self, *, keep_logs: bool = False) -> StopResult:
+        """Stop the daemon and everything it started, then remove its directories.
+
+        Sends ``quit`` (the man page: the daemon shuts its servers down and exits; the front end waits)
+        and waits ``quit_timeout_s`` for the daemon's PID to go. Then every process still left of the
+        daemon's tree (the daemon, its descendants, the other members of its session, as found before
+        ``quit``) gets SIGTERM, and after ``kill_timeout_s`` SIGKILL; what is still there after another
+        ``kill_timeout_s`` is reported as a survivor. Processes are tracked by PID and start time, so a
+        reused PID is never signalled. The pipe directory is removed, and the log directory unless
+        ``keep_logs``.
+
+        Idempotent: with no pid file, or one naming a process that is not this daemon (see
+        :meth:`pid`), nothing is signalled and only the directories are removed.
+
+        Returns:
+            What happened; check :attr:`StopResult.clean`.
+        """
+        daemon_pid = self.pid()
+        daemon = _read_proc(daemon_pid) if daemon_pid is not None else None
+        if daemon is None:
+            removed, not_removed = self._remove_dirs(keep_logs)
+            return StopResult(daemon_pid=None, quit_ok=False, removed=removed, not_removed=not_removed)
+        tracked = self._tree(daemon)
+        deadline = time.monotonic() + self.settings.quit_timeout_s
+        try:
+            self._run_client("quit", self.settings.quit_timeout_s)
+            quit_sent = True
+        except MpsError:
+            quit_sent = False  # no socket (still starting, or hung): go on with signals
+        quit_ok = quit_sent and not _wait_gone([daemon], deadline)
+        if _running(daemon):
+            tracked.update(self._tree(daemon))
+        terminated, killed = [], []
+        left = [p for p in tracked.values() if _running(p)]
+        if left:
+            sent = self._signal(left, signal.SIGTERM)
+            left = _wait_gone(sent, time.monotonic() + self.settings.kill_timeout_s)
+            terminated = sorted(p.pid for p in sent if p not in left)
+        survivors: list[_Proc] = []
+        if left:
+            sent = self._signal(left, signal.SIGKILL)
+            survivors = _wait_gone(left, time.monotonic() + self.settings.kill_timeout_s)
+            killed = sorted(p.pid for p in sent if p not in survivors)
+        removed, not_removed = self._remove_dirs(keep_logs)
+        return StopResult(daemon_pid=daemon_pid, quit_ok=quit_ok, terminated=tuple(terminated), killed=tuple(killed),
+                          survivors=tuple(sorted(p.pid for p in survivors)), removed=removed,
+                          not_removed=not_removed)
+
+    @staticmethod
+    def _signal(procs: Iterable[_Proc], signum: int) -> list[_Proc]:
+        """Signal each process that is still the same process; return those signalled or unsignallable."""
+        sent = []
+        for p in procs:
+            if not _running(p):
+                continue
+            try:
+                os.kill(p.pid, signum)
+            except ProcessLookupError:
+                continue
+            except PermissionError:
+                pass  # not ours to kill: it stays in the list and is reported if it survives
+            sent.append(p)
+        return sent

@@ -1,0 +1,123 @@
+"""Node-side settings of the hooks: where state lives, which MPS binary, which machine description.
+
+A TOML file (default ``/etc/slurm/gpushare/node.toml``; the hooks' ``--config``), versioned and
+strict like the site policy: unknown keys and wrong types are errors naming the key and the file.
+Every key is optional::
+
+    version = 1
+    run_dir = "/run/slurm-gpushare"            # per-job state, MPS pipe and log directories
+    machine = "/etc/slurm/gpushare/machines/{node}.json"
+    mps_control = "/usr/bin/nvidia-cuda-mps-control"
+    shard_unit = "1G"                          # must match the gres.conf generator's --shard-unit
+    mps_start_timeout = 10.0                   # seconds
+    mps_quit_timeout = 10.0                    # seconds before SIGTERM/SIGKILL of a daemon that ignores quit
+    drain_on_stuck_daemon = true               # an MPS daemon that survives SIGKILL drains the node
+
+    [mps_env]                                  # extra environment of the MPS control daemon
+    LD_LIBRARY_PATH = "/usr/local/cuda/lib64"
+
+``{node}`` in ``run_dir`` and ``machine`` is the Slurm node name (``SLURMD_NODENAME``): several
+slurmd on one host (the dev cluster) keep their state apart.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from slurm_gpushare.errors import ConfigError, InputError
+from slurm_gpushare.memsize import parse_mib
+
+NODE_CONFIG_VERSION = 1
+DEFAULT_PATH = "/etc/slurm/gpushare/node.toml"
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """See the module docstring for each key (seconds, MiB)."""
+
+    run_dir: str = "/run/slurm-gpushare"
+    machine: str = "/etc/slurm/gpushare/machines/{node}.json"
+    mps_control: str = "/usr/bin/nvidia-cuda-mps-control"
+    shard_unit_mib: int = 1024
+    mps_start_timeout: float = 10.0
+    mps_quit_timeout: float = 10.0
+    drain_on_stuck_daemon: bool = True
+    mps_env: tuple[tuple[str, str], ...] = ()
+
+    def run_dir_for(self, node: str) -> Path:
+        return Path(self.run_dir.replace("{node}", node))
+
+    def machine_for(self, node: str) -> Path:
+        return Path(self.machine.replace("{node}", node))
+
+
+_KEYS: dict[str, type | tuple[type, ...]] = {
+    "version": int, "run_dir": str, "machine": str, "mps_control": str, "shard_unit": str,
+    "mps_start_timeout": (int, float), "mps_quit_timeout": (int, float), "drain_on_stuck_daemon": bool,
+    "mps_env": dict,
+}
+
+
+def parse_node_config(text: str, *, source: str = "<node config>") -> NodeConfig:
+    """Parse node.toml text.
+
+    Raises:
+        ConfigError: not TOML, wrong version, an unknown key, a value of the wrong type or range.
+    """
+    try:
+        data: dict[str, Any] = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"not valid TOML: {e}", source=source) from None
+    unknown = sorted(set(data) - set(_KEYS))
+    if unknown:
+        raise ConfigError(f"unknown key(s) {', '.join(unknown)}", hint=f"known keys: {', '.join(_KEYS)}",
+                          source=source)
+    if data.get("version") != NODE_CONFIG_VERSION:
+        raise ConfigError(f"version = {data.get('version')!r} is not supported",
+                          hint=f"write version = {NODE_CONFIG_VERSION}", source=source)
+    kw: dict[str, Any] = {}
+    for key, value in data.items():
+        want = _KEYS[key]
+        if isinstance(value, bool) and want is not bool or not isinstance(value, want):
+            raise ConfigError(f"{key} has the wrong type ({type(value).__name__})", source=source)
+        if key == "version":
+            continue
+        if key == "shard_unit":
+            try:
+                kw["shard_unit_mib"] = parse_mib(value, default_unit="G", what="shard_unit")
+            except InputError as e:
+                raise ConfigError(e.message, hint=e.hint, source=source) from None
+        elif key == "mps_env":
+            bad = [k for k, v in value.items() if not isinstance(v, str) or k.startswith("CUDA_MPS_")]
+            if bad:
+                raise ConfigError(f"mps_env: {', '.join(bad)} must be strings and not CUDA_MPS_* (the hooks set "
+                                  "those per job)", source=source)
+            kw["mps_env"] = tuple(sorted(value.items()))
+        elif key in ("mps_start_timeout", "mps_quit_timeout"):
+            if not 0 < value <= 600:
+                raise ConfigError(f"{key} = {value} is out of range (0-600 seconds)", source=source)
+            kw[key] = float(value)
+        else:
+            kw[key] = value
+    return NodeConfig(**kw)
+
+
+def load_node_config(path: str | Path | None) -> NodeConfig:
+    """Read the node config; a missing default file means the defaults, a missing given file is an error.
+
+    Raises:
+        ConfigError: unreadable or invalid file.
+    """
+    p = Path(path or DEFAULT_PATH)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        if path is None:
+            return NodeConfig()
+        raise ConfigError(f"node config {p} does not exist") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"cannot read node config {p}: {e}") from None
+    return parse_node_config(text, source=str(p))

@@ -1,0 +1,224 @@
+"""Prolog/Epilog/doctor without Slurm: recorded `scontrol -d show job` text, the fake NVML, the MPS stand-in."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from slurm_gpushare.devcluster import MPS_STANDIN, packaged_machine
+from slurm_gpushare.hooks import HookContext, NodeFault, doctor, epilog, prolog, read_state
+from slurm_gpushare.nodeconfig import NodeConfig
+
+SHOW = """\
+JobId={job} JobName=wrap
+   UserId=root(0) GroupId=root(0) MCS_label=N/A
+   JobState=RUNNING Reason=None Dependency=(null)
+   Partition=nomig AllocNode:Sid=localhost:1
+   NodeList={node}
+   JOB_GRES={gres}
+     Nodes={node} CPU_IDs=0 Mem=100 GRES={detail}
+   AdminComment={ac}
+   TresPerNode=gres:{gres}
+"""
+
+
+@pytest.fixture
+def node(monkeypatch):
+    """A simulated node: run dir and machine description under a short /tmp path, fake NVML."""
+    root = Path(tempfile.mkdtemp(prefix="gps-h-", dir="/tmp"))
+    (root / "machines").mkdir()
+    for name, f in (("a100", "8x-a100-nv12-bridge.json"), ("mig", "4x-h100-mig-mixed.json")):
+        (root / "machines" / f"{name}.json").write_text(packaged_machine(f).to_json())
+    monkeypatch.setenv("GPUSHARE_NVML", f"fake:{root}/machines/a100.json")
+    mode = root / "mps-mode"
+    cfg = NodeConfig(run_dir=f"{root}/run/{{node}}", machine=f"{root}/machines/{{node}}.json",
+                     mps_control=str(MPS_STANDIN), mps_start_timeout=5.0, mps_quit_timeout=1.0,
+                     mps_env=(("GPUSHARE_FAKE_MPS_MODE_FILE", str(mode)),))
+    drained: list[tuple[str, str]] = []
+    jobs: dict[str, str] = {}
+    ctx = HookContext(cfg, "a100", show_job=lambda j: jobs[str(j)], drain=lambda n, r: drained.append((n, r)))
+    ctx_obj = type("Node", (), {})()
+    ctx_obj.root, ctx_obj.ctx, ctx_obj.jobs, ctx_obj.drained, ctx_obj.mode = root, ctx, jobs, drained, mode
+    yield ctx_obj
+    for d in (root / "run" / "a100" / "jobs").glob("*"):
+        if d.is_dir():
+            ctx.mps(d.name).stop()
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _env(job):
+    return {"SLURM_JOB_ID": job, "SLURMD_NODENAME": "a100", "SLURM_JOB_GPUS": "0", "CUDA_VISIBLE_DEVICES": "0"}
+
+
+def _shard_job(n, job="101", idx="0", ac="[gpushare:v1 req=mem=10G+sm=25 grant=gres:shard:10 kind=mps sm=25]"):
+    n.jobs[job] = SHOW.format(job=job, node="a100", gres="shard:10", detail=f"shard:10(IDX:{idx})", ac=ac)
+
+
+def _commands(n, job):
+    log = n.ctx.job_dir(job) / "mps" / "log" / "commands.jsonl"
+    return [json.loads(line)["command"] + " " + " ".join(json.loads(line)["args"])
+            for line in log.read_text().splitlines()]
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_shard_job_gets_its_own_daemon_limits_and_environment(node):
+    _shard_job(node)
+    assert prolog(node.ctx, _env("101")) == 0
+    jd = node.ctx.job_dir("101")
+    env = dict(line[len("export "):].split("=", 1) for line in (jd / "env").read_text().splitlines())
+    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=10G"
+    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
+    assert env["CUDA_MPS_PIPE_DIRECTORY"] == str(jd / "mps" / "pipe")
+    assert env["CUDA_VISIBLE_DEVICES"].startswith("GPU-")
+    assert "set_default_device_pinned_mem_limit 0 10G" in _commands(node, "101")
+    assert "set_default_active_thread_percentage 25" in _commands(node, "101")
+    assert oct((jd / "mps" / "pipe").stat().st_mode & 0o777) == "0o700"
+    pid = node.ctx.mps("101").pid()
+    assert pid and _alive(pid)
+    assert read_state(jd)["phase"] == "ready"
+    assert epilog(node.ctx, _env("101")) == 0
+    assert not jd.exists() and not _alive(pid)
+    assert not list((node.root / "run" / "a100" / "jobs").iterdir())  # no lock file left either
+    assert epilog(node.ctx, _env("101")) == 0  # twice is harmless
+
+
+def test_jobs_without_gpus_cost_nothing(node):
+    env = {"SLURM_JOB_ID": "5", "SLURMD_NODENAME": "a100"}
+    assert prolog(node.ctx, env) == 0 and not (node.root / "run").exists()
+
+
+def test_whole_gpu_and_mig_jobs_start_no_daemon(node, monkeypatch):
+    node.jobs["7"] = SHOW.format(job="7", node="a100", gres="gpu:a100:2", detail="gpu:a100:2(IDX:0,2)", ac="")
+    assert prolog(node.ctx, _env("7")) == 0 and not node.ctx.job_dir("7").exists()
+    monkeypatch.setenv("GPUSHARE_NVML", f"fake:{node.root}/machines/mig.json")
+    mig = HookContext(node.ctx.config, "mig", show_job=lambda j: node.jobs[str(j)], drain=node.ctx.drain)
+    # device index 4 is the first 1g.10gb slice (slurmd groups the gpu records by type)
+    node.jobs["8"] = SHOW.format(job="8", node="mig", gres="gpu:h100_1g.10gb:1",
+                                 detail="gpu:h100_1g.10gb:1(IDX:4)", ac="")
+    assert prolog(mig, {**_env("8"), "SLURMD_NODENAME": "mig"}) == 0
+    text = (mig.job_dir("8") / "env").read_text()
+    assert text.startswith("export CUDA_VISIBLE_DEVICES=MIG-") and "MPS" not in text
+    assert epilog(mig, {**_env("8"), "SLURMD_NODENAME": "mig"}) == 0 and not mig.job_dir("8").exists()
+
+
+def test_epilog_after_a_prolog_that_died_half_way(node):
+    # the Prolog started the daemon and died before writing the env file and the final state
+    _shard_job(node, "102")
+    jd = node.ctx.job_dir("102")
+    jd.mkdir(parents=True)
+    (jd / "state.json").write_text('{"version": 1, "phase": "starting"')  # truncated write
+    from slurm_gpushare.jobplan import JobPlan
+    d = node.ctx.mps("102", JobPlan("mps", "102", visible_devices="GPU-x"))
+    d.start()
+    pid = d.pid()
+    assert epilog(node.ctx, _env("102")) == 0
+    assert not jd.exists() and not _alive(pid)
+
+
+def test_a_retried_prolog_replaces_a_half_started_daemon(node):
+    _shard_job(node, "103")
+    jd = node.ctx.job_dir("103")
+    from slurm_gpushare.jobplan import JobPlan
+    jd.mkdir(parents=True)
+    stale = node.ctx.mps("103", JobPlan("mps", "103", visible_devices="GPU-x"))
+    stale.start()
+    old = stale.pid()
+    assert prolog(node.ctx, _env("103")) == 0
+    new = node.ctx.mps("103").pid()
+    assert new != old and not _alive(old) and _alive(new)
+    assert epilog(node.ctx, _env("103")) == 0
+
+
+def test_daemon_ignoring_quit_is_killed_without_draining(node):
+    node.mode.write_text("ignore-quit")
+    _shard_job(node, "104")
+    assert prolog(node.ctx, _env("104")) == 0
+    pid = node.ctx.mps("104").pid()
+    assert epilog(node.ctx, _env("104")) == 0
+    assert not _alive(pid) and node.drained == []
+
+
+def test_daemon_that_cannot_start_is_a_node_fault_with_a_reason(node):
+    node.mode.write_text("crash-on-start")
+    _shard_job(node, "105")
+    with pytest.raises(NodeFault, match="MPS control daemon for job 105 failed"):
+        prolog(node.ctx, _env("105"))
+    assert node.drained and node.drained[0][0] == "a100"
+    assert "gpushare prolog job 105" in node.drained[0][1] and "MPS" in node.drained[0][1]
+
+
+def test_stale_description_is_a_node_fault_naming_the_fix(node):
+    _shard_job(node, "106", idx="9")  # the A100 node has devices 0-7
+    with pytest.raises(NodeFault, match="GPU index 9"):
+        prolog(node.ctx, _env("106"))
+    assert "regenerate" in str(node.drained[0][1]) or "stale" in str(node.drained[0][1])
+
+
+def test_stuck_daemon_drains_the_node_and_names_it(node):
+    _shard_job(node, "107")
+    assert prolog(node.ctx, _env("107")) == 0
+    pid = node.ctx.mps("107").pid()
+    # a daemon stuck in the kernel survives SIGKILL; here: a stop that reports it as a survivor
+    from slurm_gpushare import hooks
+
+    class Stuck:
+        def stop(self):
+            return type("R", (), {"survivors": (pid,)})()
+
+    stuck = HookContext(node.ctx.config, "a100", show_job=node.ctx.show_job, drain=node.ctx.drain)
+    object.__setattr__(stuck, "mps", lambda job_id, plan=None: Stuck())
+    assert hooks.epilog(stuck, _env("107")) == 1
+    assert f"pid {pid}" in node.drained[-1][1] and "job 107" in node.drained[-1][1]
+    assert node.ctx.job_dir("107").exists()  # kept for doctor; nothing hidden
+    assert epilog(node.ctx, _env("107")) == 0  # the real stop kills it
+
+
+def test_doctor_restarts_a_dead_daemon_and_removes_leftovers(node):
+    _shard_job(node, "108")
+    _shard_job(node, "109")
+    assert prolog(node.ctx, _env("108")) == 0 and prolog(node.ctx, _env("109")) == 0
+    dead = node.ctx.mps("108").pid()
+    os.kill(dead, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while _alive(dead) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    leftover = node.ctx.mps("109").pid()
+    report = doctor(node.ctx, repair=False, running_jobs={"108"})
+    assert sorted(f.job_id for f in report) == ["108", "109"] and node.ctx.job_dir("109").exists()
+    fixed = doctor(node.ctx, repair=True, running_jobs={"108"})
+    assert {f.job_id: f.action for f in fixed}["108"] == "restarted it with the job's limits"
+    assert node.ctx.mps("108").alive() and not _alive(leftover) and not node.ctx.job_dir("109").exists()
+    assert "set_default_device_pinned_mem_limit 0 10G" in _commands(node, "108")
+    assert doctor(node.ctx, repair=True, running_jobs={"108"}) == []
+    assert epilog(node.ctx, _env("108")) == 0
+
+
+def test_taskprolog_prints_the_env_file(node, tmp_path):
+    _shard_job(node, "110")
+    assert prolog(node.ctx, _env("110")) == 0
+    script = tmp_path / "tp.sh"
+    etc = Path(__file__).resolve().parent.parent / "etc" / "taskprolog.sh"
+    script.write_text(etc.read_text().replace('RUN_DIR="/run/slurm-gpushare"', f'RUN_DIR="{node.root}/run/{{node}}"'))
+    out = subprocess.run(["sh", str(script)], env={"SLURM_JOB_ID": "110", "SLURMD_NODENAME": "a100"},
+                         capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout == (node.ctx.job_dir("110") / "env").read_text()
+    none = subprocess.run(["sh", str(script)], env={"SLURM_JOB_ID": "999", "SLURMD_NODENAME": "a100"},
+                          capture_output=True, text=True)
+    assert none.returncode == 0 and none.stdout == ""
+    assert epilog(node.ctx, _env("110")) == 0

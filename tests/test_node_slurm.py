@@ -1,0 +1,159 @@
+"""The node path on the real dev cluster: slurmd runs the Prolog/TaskProlog/Epilog hooks, which start
+and stop each job's MPS control daemon (the test stand-in) with the job's limits."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytestmark = pytest.mark.slurm
+
+PROBE = ('env | grep -E "^(CUDA_|SLURM_SHARDS)" | sort; echo "PID=$(cat $CUDA_MPS_PIPE_DIRECTORY/'
+         'nvidia-cuda-mps-control.pid)"; cat "$CUDA_MPS_LOG_DIRECTORY/commands.jsonl"')
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _jobs_dir(cluster, node):
+    return cluster.root / "run" / "gpushare" / node / "jobs"
+
+
+def _env_and_commands(output: str):
+    env = dict(line.split("=", 1) for line in output.splitlines() if "=" in line and not line.startswith("{"))
+    commands = [json.loads(line) for line in output.splitlines() if line.startswith("{")]
+    return env, commands
+
+
+def test_mps_job_gets_its_limits_and_leaves_nothing_behind(cluster, slurm):
+    job = slurm.wait(slurm.sbatch("-p", "pcie", "--gres=gpushare:mem=10G+sm=25", wrap=PROBE))
+    assert job.state == "COMPLETED", (job.fields, job.output())
+    env, commands = _env_and_commands(job.output())
+    jobdir = _jobs_dir(cluster, "rtx4090-pcie") / job.id
+    assert env["CUDA_MPS_PIPE_DIRECTORY"] == str(jobdir / "mps" / "pipe")
+    assert env["CUDA_MPS_LOG_DIRECTORY"] == str(jobdir / "mps" / "log")
+    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=10G"
+    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
+    assert re.fullmatch(r"GPU-[0-9a-f-]{36}", env["CUDA_VISIBLE_DEVICES"])
+    assert env["SLURM_SHARDS_ON_NODE"] == "10"
+    received = [(c["command"], c["args"]) for c in commands]
+    assert ("set_default_device_pinned_mem_limit", ["0", "10G"]) in received
+    assert ("set_default_active_thread_percentage", ["25"]) in received
+    assert all(c["cuda_visible_devices"] == env["CUDA_VISIBLE_DEVICES"] for c in commands)
+    # after the job: the daemon is gone and its directories removed (the Epilog ran)
+    pid = int(env["PID"])
+    deadline = time.monotonic() + 15
+    while (jobdir.exists() or _alive(pid)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not jobdir.exists() and not _alive(pid)
+
+
+def test_mig_job_sees_its_mig_device_and_no_mps(cluster, slurm):
+    job = slurm.wait(slurm.sbatch("--gres=gpushare:mem=10G", wrap='env | grep -E "^CUDA_" | sort'))
+    assert job.fields["NodeList"] == "h100-mig"
+    env, _ = _env_and_commands(job.output())
+    assert re.fullmatch(r"MIG-[0-9a-f-]{36}", env["CUDA_VISIBLE_DEVICES"]), job.output()
+    assert not any(k.startswith("CUDA_MPS_") for k in env)
+
+
+def test_twenty_concurrent_10g_jobs_on_one_node(cluster, slurm):
+    jobs = [slurm.sbatch("-w", "a100-nvb", "-p", "nomig", "--gres=gpushare:mem=10G",
+                         wrap='echo "PID=$(cat $CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid)"; sleep 2')
+            for _ in range(20)]
+    pids = []
+    for job in jobs:
+        slurm.wait(job, timeout=180)
+        assert job.state == "COMPLETED", (job.id, job.fields.get("Reason"), job.output())
+        pids.append(int(job.output().split("PID=")[1].split()[0]))
+    assert len(set(pids)) == 20  # one daemon per job
+    jobs_dir = _jobs_dir(cluster, "a100-nvb")
+    deadline = time.monotonic() + 30
+    while (any(jobs_dir.iterdir()) or any(_alive(p) for p in pids)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert [p for p in pids if _alive(p)] == []  # no daemon leaked
+    assert list(jobs_dir.iterdir()) == []  # every Epilog ran: no job directory, no lock file left
+    state = slurm.run(["sinfo", "-h", "-n", "a100-nvb", "-o", "%T"]).stdout.strip()
+    assert state in ("idle", "mixed"), state
+
+
+def test_daemon_killed_mid_job_is_restarted_by_doctor_and_cleaned_by_the_epilog(cluster, slurm):
+    job = slurm.sbatch("-p", "pcie", "--gres=gpushare:mem=5G", wrap="sleep 60")
+    slurm.wait(job, {"RUNNING"})
+    jobdir = _jobs_dir(cluster, "rtx4090-pcie") / job.id
+    pidfile = jobdir / "mps" / "pipe" / "nvidia-cuda-mps-control.pid"
+    deadline = time.monotonic() + 15
+    while not (jobdir / "env").exists() and time.monotonic() < deadline:  # the Prolog has finished
+        time.sleep(0.1)
+    first = int(pidfile.read_text())
+    os.kill(first, signal.SIGKILL)
+    doctor = [sys.executable, "-m", "slurm_gpushare", "doctor", "--node", "rtx4090-pcie",
+              "--config", str(cluster.root / "etc" / "gpushare-node.toml")]
+    env = {**cluster.env, "GPUSHARE_NVML": f"fake:{cluster.root}/machines/rtx4090-pcie.json"}
+    report = subprocess.run(doctor, env=env, capture_output=True, text=True)
+    assert report.returncode == 1 and f"MPS daemon of running job {job.id} is not running" in report.stdout
+    fixed = subprocess.run([*doctor, "--repair"], env=env, capture_output=True, text=True)
+    assert fixed.returncode == 0 and "restarted it with the job's limits" in fixed.stdout, fixed.stdout + fixed.stderr
+    second = int(pidfile.read_text())
+    assert second != first and _alive(second)
+    slurm.run(["scancel", job.id])
+    slurm.wait(job)
+    deadline = time.monotonic() + 15
+    while (jobdir.exists() or _alive(second)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not jobdir.exists() and not _alive(second)
+
+
+def test_daemon_ignoring_quit_is_killed_and_the_node_stays_up(cluster, slurm):
+    cluster.fake_mps_mode_file.write_text("ignore-quit")
+    try:
+        job = slurm.wait(slurm.sbatch("-p", "pcie", "--gres=gpushare:mem=5G",
+                                      wrap='echo "PID=$(cat $CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid)"'))
+    finally:
+        cluster.fake_mps_mode_file.unlink()
+    pid = int(job.output().split("PID=")[1].split()[0])
+    jobdir = _jobs_dir(cluster, "rtx4090-pcie") / job.id
+    deadline = time.monotonic() + 20
+    while (jobdir.exists() or _alive(pid)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(pid) and not jobdir.exists()
+    state = slurm.run(["sinfo", "-h", "-n", "rtx4090-pcie", "-o", "%T"]).stdout.strip()
+    assert state in ("idle", "mixed"), state
+
+
+def test_daemon_that_cannot_start_drains_the_node_with_a_reason(cluster, slurm):
+    cluster.fake_mps_mode_file.write_text("crash-on-start")
+    try:
+        job = slurm.sbatch("-p", "pcie", "--gres=gpushare:mem=5G", wrap="true")
+        deadline = time.monotonic() + 30
+        reason = ""
+        while time.monotonic() < deadline:
+            node = slurm.run(["scontrol", "show", "node", "rtx4090-pcie"]).stdout
+            m = re.search(r"Reason=(.*?)(?: \[|$)", node, re.M)
+            if "DRAIN" in node and m:
+                reason = m.group(1)
+                break
+            time.sleep(0.2)
+        assert "gpushare prolog job" in reason and "MPS" in reason, reason
+    finally:
+        cluster.fake_mps_mode_file.unlink(missing_ok=True)
+        slurm.run(["scancel", job.id], check=False)
+        slurm.run(["scontrol", "update", "nodename=rtx4090-pcie", "state=resume"], check=False)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            st = slurm.run(["sinfo", "-h", "-n", "rtx4090-pcie", "-o", "%T"]).stdout.strip()
+            if st in ("idle", "mixed"):
+                break
+            time.sleep(0.2)
