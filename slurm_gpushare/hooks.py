@@ -61,8 +61,9 @@ class HookContext:
     def job_dir(self, job_id: str) -> Path:
         return self.run_dir / "jobs" / job_id
 
-    def mps(self, job_id: str, plan: JobPlan | None = None) -> MpsDaemon:
-        d = self.job_dir(job_id) / "mps"
+    def mps(self, job_id: str, plan: JobPlan | None = None, *, base: Path | None = None) -> MpsDaemon:
+        """The MPS daemon of a job (``<job dir>/mps``), or the shared one under ``base``."""
+        d = base if base is not None else self.job_dir(job_id) / "mps"
         settings = MpsSettings(control_binary=self.config.mps_control,
                                start_timeout_s=self.config.mps_start_timeout,
                                quit_timeout_s=self.config.mps_quit_timeout)
@@ -211,7 +212,13 @@ def _prepare(ctx: HookContext, plan: JobPlan, job_dir: Path) -> None:
         return  # a retried Prolog: everything is in place
     _write(job_dir / "state.json", json.dumps(state))
     env: dict[str, str] = plan.env()
-    if plan.kind == "mps":
+    if plan.kind == "mps" and ctx.config.mps_mode == "per-gpu" and len(plan.gpu_indices) == 1 and plan.uid >= 0:
+        shared = shared_dir(ctx, plan.gpu_indices[0], plan.uid)
+        state["shared"] = str(shared)
+        _write(job_dir / "state.json", json.dumps(state))
+        daemon = _join_shared(ctx, plan, shared)
+        env = plan.env(pipe_dir=str(daemon.pipe_dir), log_dir=str(daemon.log_dir))
+    elif plan.kind == "mps":
         daemon = ctx.mps(plan.job_id, plan)
         daemon.stop()  # leftovers of a Prolog that died half-way
         try:
@@ -248,9 +255,81 @@ def epilog(ctx: HookContext, env: dict[str, str]) -> int:
     return 0
 
 
+def shared_dir(ctx: HookContext, gpu: int, uid: int) -> Path:
+    """The shared daemon of one GPU and one user (``mps_mode = "per-gpu"``)."""
+    return ctx.run_dir / "shared" / f"gpu{gpu}-uid{uid}"
+
+
+def _members(d: Path) -> dict[str, dict]:
+    try:
+        return json.loads((d / "jobs.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _join_shared(ctx: HookContext, plan: JobPlan, d: Path) -> MpsDaemon:
+    """Add the job to the GPU's shared daemon of its user, starting the daemon for the first job.
+
+    An MPS control daemon runs one server per user at a time (NVIDIA: a server of another user must
+    wait until the first user's clients are done), so a daemon is shared only by one user's jobs on
+    one GPU; other users' jobs get their own. The server-side default pinned-memory limit is the
+    largest share among the jobs (a running server is raised to it with
+    ``set_device_pinned_mem_limit``); each job's own share is in its client environment. docs/mps.md
+    explains what that does and does not enforce.
+    """
+    with job_lock(d):
+        d.mkdir(parents=True, exist_ok=True)
+        daemon = ctx.mps(plan.job_id, plan, base=d)
+        members = _members(d)
+        try:
+            if not daemon.alive():
+                daemon.stop()
+                members = {}
+                daemon.start()
+            members[plan.job_id] = {"mem_limit_mib": plan.mem_limit_mib, "sm_percent": plan.sm_percent}
+            limits = [m["mem_limit_mib"] for m in members.values() if m.get("mem_limit_mib")]
+            if limits:
+                daemon.set_pinned_mem_limit(0, max(limits))
+                for pid in daemon.command("get_server_list").split():
+                    if pid.isdigit():
+                        daemon.command(f"set_device_pinned_mem_limit {pid} 0 {max(limits)}M")
+            shares = [m.get("sm_percent") or 100 for m in members.values()]
+            if max(shares) < 100:
+                daemon.set_active_thread_percentage(max(shares))
+        except MpsError as e:
+            if not members or list(members) == [plan.job_id]:
+                daemon.stop()
+            raise NodeFault(f"shared MPS control daemon {d} for job {plan.job_id} failed: {e}",
+                            hint=f"check {ctx.config.mps_control} and the driver") from None
+        _write(d / "jobs.json", json.dumps(members))
+        return daemon
+
+
+def _leave_shared(ctx: HookContext, job_id: str, d: Path) -> str | None:
+    """Remove the job from a shared daemon; the last job stops it. Returns a drain reason if stuck."""
+    with job_lock(d, remove=False):
+        members = _members(d)
+        members.pop(job_id, None)
+        if members:
+            _write(d / "jobs.json", json.dumps(members))
+            return None
+        result = ctx.mps(job_id, base=d).stop()
+        stuck = list(getattr(result, "survivors", ()) or ())
+        if stuck and ctx.config.drain_on_stuck_daemon:
+            return (f"gpushare: shared MPS daemon {d} (pid {', '.join(map(str, stuck))}) survives SIGKILL: "
+                    "check the GPU and the driver, then run 'slurm-gpushare doctor --repair'")
+        shutil.rmtree(d, ignore_errors=True)
+        return None
+
+
 def cleanup_job(ctx: HookContext, job_id: str) -> str | None:
     """Stop the job's MPS daemon and remove its directory. Returns a drain reason when a process is stuck."""
     job_dir = ctx.job_dir(job_id)
+    shared = (read_state(job_dir) or {}).get("shared")
+    if shared:
+        problem = _leave_shared(ctx, job_id, Path(shared))
+        if problem:
+            return problem
     result = ctx.mps(job_id).stop()
     stuck = list(getattr(result, "survivors", ()) or ())
     if stuck and ctx.config.drain_on_stuck_daemon:
@@ -269,21 +348,58 @@ class Finding:
     action: str
 
 
-def doctor(ctx: HookContext, *, repair: bool, running_jobs: set[str] | None = None) -> list[Finding]:
+def _compute_modes(ctx: HookContext, repair: bool, port=None) -> list[Finding]:
+    """GPUs left in a compute mode other than DEFAULT (nothing of ours sets one: several jobs' MPS
+    servers share a GPU, which EXCLUSIVE_PROCESS would forbid). ``nvmlDeviceGetComputeMode``."""
+    try:
+        machine = Machine.load(ctx.config.machine_for(ctx.node))
+    except GpushareError:
+        return []
+    out = []
+    try:
+        with (port or open_nvml()) as p:
+            for g in machine.gpus:
+                mode = p.compute_mode(g.index)
+                if mode != "DEFAULT":
+                    action = "would set it to DEFAULT"
+                    if repair:
+                        p.set_compute_mode(g.index, "DEFAULT")
+                        action = "set it to DEFAULT"
+                    out.append(Finding("-", f"GPU {g.index} is in compute mode {mode}", action))
+    except GpushareError as e:
+        out.append(Finding("-", f"cannot read compute modes: {e}", "none"))
+    return out
+
+
+def doctor(ctx: HookContext, *, repair: bool, running_jobs: set[str] | None = None, port=None) -> list[Finding]:
     """Find leftovers on this node: job directories and MPS daemons of jobs no longer running here,
-    and dead daemons of running jobs. With ``repair``, clean up and restart what can be.
+    shared daemons listing such jobs, dead daemons of running jobs, GPUs left in a non-DEFAULT
+    compute mode. With ``repair``, clean up and restart what can be.
 
     Args:
         running_jobs: ids of jobs running on this node (default: asks slurmctld with ``squeue``).
+        port: the NVML port for the compute modes (default: :func:`open_nvml`).
     """
     jobs_dir = ctx.run_dir / "jobs"
-    if not jobs_dir.is_dir():
-        return []
+    shared_root = ctx.run_dir / "shared"
+    findings: list[Finding] = _compute_modes(ctx, repair, port)
+    if not jobs_dir.is_dir() and not shared_root.is_dir():
+        return findings
     if running_jobs is None:
         out = slurm.run(["squeue", "-h", "-w", ctx.node, "-t", "RUNNING,COMPLETING,CONFIGURING", "-o", "%A"])
         running_jobs = set(out.split())
-    findings: list[Finding] = []
-    for d in sorted(p for p in jobs_dir.iterdir() if p.is_dir()):
+    for d in sorted(p for p in shared_root.glob("*") if p.is_dir()):
+        gone = sorted(set(_members(d)) - running_jobs)
+        if gone or not _members(d):
+            action = "would remove them (and stop the daemon when none is left)"
+            if repair:
+                problem = None
+                for job_id in gone or ["-"]:
+                    problem = _leave_shared(ctx, job_id, d) or problem
+                action = problem or "removed them; the daemon stops with its last job"
+            findings.append(Finding(",".join(gone) or "-",
+                                    f"shared MPS daemon {d.name} lists jobs not running here", action))
+    for d in sorted(p for p in jobs_dir.glob("*") if p.is_dir()):
         job_id = d.name
         state = read_state(d)
         if job_id not in running_jobs:

@@ -12,6 +12,7 @@ Every key is optional::
     mps_start_timeout = 10.0                   # seconds
     mps_quit_timeout = 10.0                    # seconds before SIGTERM/SIGKILL of a daemon that ignores quit
     drain_on_stuck_daemon = true               # an MPS daemon that survives SIGKILL drains the node
+    mps_mode = "per-job"                       # or "per-gpu": one daemon per GPU and user, shared by jobs
 
     [mps_env]                                  # extra environment of the MPS control daemon
     LD_LIBRARY_PATH = "/usr/local/cuda/lib64"
@@ -46,6 +47,7 @@ class NodeConfig:
     mps_quit_timeout: float = 10.0
     drain_on_stuck_daemon: bool = True
     mps_env: tuple[tuple[str, str], ...] = ()
+    mps_mode: str = "per-job"
 
     def run_dir_for(self, node: str) -> Path:
         return Path(self.run_dir.replace("{node}", node))
@@ -57,7 +59,7 @@ class NodeConfig:
 _KEYS: dict[str, type | tuple[type, ...]] = {
     "version": int, "run_dir": str, "machine": str, "mps_control": str, "shard_unit": str,
     "mps_start_timeout": (int, float), "mps_quit_timeout": (int, float), "drain_on_stuck_daemon": bool,
-    "mps_env": dict,
+    "mps_env": dict, "mps_mode": str,
 }
 
 
@@ -90,6 +92,11 @@ def parse_node_config(text: str, *, source: str = "<node config>") -> NodeConfig
                 kw["shard_unit_mib"] = parse_mib(value, default_unit="G", what="shard_unit")
             except InputError as e:
                 raise ConfigError(e.message, hint=e.hint, source=source) from None
+        elif key == "mps_mode":
+            if value not in ("per-job", "per-gpu"):
+                raise ConfigError(f"mps_mode = {value!r} is not a mode", hint="use \"per-job\" or \"per-gpu\"",
+                                  source=source)
+            kw[key] = value
         elif key == "mps_env":
             bad = [k for k, v in value.items() if not isinstance(v, str) or k.startswith("CUDA_MPS_")]
             if bad:

@@ -222,3 +222,56 @@ def test_taskprolog_prints_the_env_file(node, tmp_path):
                           capture_output=True, text=True)
     assert none.returncode == 0 and none.stdout == ""
     assert epilog(node.ctx, _env("110")) == 0
+
+
+@pytest.fixture
+def shared(node):
+    from dataclasses import replace
+    node.ctx = HookContext(replace(node.ctx.config, mps_mode="per-gpu"), "a100", show_job=node.ctx.show_job,
+                           drain=node.ctx.drain)
+    return node
+
+
+def test_per_gpu_mode_shares_one_daemon_per_gpu_and_user(shared):
+    n = shared
+    _shard_job(n, "201", ac="[gpushare:v1 req=mem=10G grant=gres:shard:10 kind=mps]")
+    n.jobs["202"] = SHOW.format(job="202", node="a100", gres="shard:30", detail="shard:30(IDX:0)",
+                                ac="[gpushare:v1 req=mem=30G grant=gres:shard:30 kind=mps]")
+    assert prolog(n.ctx, _env("201")) == 0 and prolog(n.ctx, _env("202")) == 0
+    from slurm_gpushare.hooks import shared_dir
+    d = shared_dir(n.ctx, 0, 0)
+    daemon = n.ctx.mps("-", base=d)
+    pid = daemon.pid()
+    env1 = (n.ctx.job_dir("201") / "env").read_text()
+    env2 = (n.ctx.job_dir("202") / "env").read_text()
+    assert f"CUDA_MPS_PIPE_DIRECTORY={d / 'pipe'}" in env1 and f"CUDA_MPS_PIPE_DIRECTORY={d / 'pipe'}" in env2
+    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10G" in env1 and "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=30G" in env2
+    commands = [json.loads(line) for line in (d / "log" / "commands.jsonl").read_text().splitlines()]
+    # the server-side default is raised to the largest share when the second job joins
+    assert [c["args"] for c in commands if c["command"] == "set_default_device_pinned_mem_limit"] == [
+        ["0", "10G"], ["0", "30G"]]
+    assert epilog(n.ctx, _env("201")) == 0
+    assert _alive(pid) and json.loads((d / "jobs.json").read_text()) == {
+        "202": {"mem_limit_mib": 30720, "sm_percent": None}}
+    assert epilog(n.ctx, _env("202")) == 0
+    assert not _alive(pid) and not d.exists()
+
+
+def test_doctor_cleans_a_shared_daemon_of_jobs_gone_and_resets_compute_modes(shared):
+    from slurm_gpushare.hardware.fake import FakeNvml
+    from slurm_gpushare.hooks import shared_dir
+    n = shared
+    _shard_job(n, "203")
+    assert prolog(n.ctx, _env("203")) == 0
+    d = shared_dir(n.ctx, 0, 0)
+    pid = n.ctx.mps("-", base=d).pid()
+    fake = FakeNvml(packaged_machine("8x-a100-nv12-bridge.json"))
+    with fake:
+        fake.set_compute_mode(3, "EXCLUSIVE_PROCESS")
+    report = doctor(n.ctx, repair=False, running_jobs=set(), port=fake)
+    assert {f.problem for f in report} >= {"GPU 3 is in compute mode EXCLUSIVE_PROCESS",
+                                           "shared MPS daemon gpu0-uid0 lists jobs not running here"}
+    doctor(n.ctx, repair=True, running_jobs=set(), port=fake)
+    with fake:
+        assert fake.compute_mode(3) == "DEFAULT"
+    assert not _alive(pid) and not d.exists()
