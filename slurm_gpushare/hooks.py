@@ -173,7 +173,8 @@ def _plan(ctx: HookContext, info: JobInfo) -> JobPlan:
         raise NodeFault(f"NVML failed on {ctx.node}: {e}", hint="check the driver (nvidia-smi)") from None
     try:
         return plan_job(info, ctx.node, gres, gpu_uuids=gpu_uuids, mig_uuids=mig_uuids,
-                        shard_unit_mib=ctx.config.shard_unit_mib)
+                        shard_unit_mib=ctx.config.shard_unit_mib,
+                        low_priority_partitions=ctx.config.low_priority_partitions)
     except InputError as e:
         raise NodeFault(e.message, hint=e.hint) from None
 
@@ -228,6 +229,7 @@ def _prepare(ctx: HookContext, plan: JobPlan, job_dir: Path) -> None:
                     daemon.set_pinned_mem_limit(i, plan.mem_limit_mib)
             if plan.sm_percent is not None:
                 daemon.set_active_thread_percentage(plan.sm_percent)
+            _client_priority(daemon, plan)
         except MpsError as e:
             daemon.stop()
             raise NodeFault(f"MPS control daemon for job {plan.job_id} failed: {e}",
@@ -253,6 +255,17 @@ def epilog(ctx: HookContext, env: dict[str, str]) -> int:
         ctx.do_drain(problem)
         return 1
     return 0
+
+
+def _client_priority(daemon: MpsDaemon, plan: JobPlan) -> None:
+    """Set the daemon's default client priority where the driver has the command (CUDA 11.8+ MPS);
+    an older driver that refuses it is not a node fault: the job's environment still asks for it."""
+    if plan.client_priority is None:
+        return
+    try:
+        daemon.set_client_priority(plan.client_priority)
+    except MpsError:
+        pass
 
 
 def shared_dir(ctx: HookContext, gpu: int, uid: int) -> Path:

@@ -37,6 +37,8 @@ class JobPlan:
         mem_limit_mib: MPS pinned-memory limit per device, MiB (``mps`` only).
         sm_percent: MPS active thread percentage (``mps`` with ``sm=`` only).
         note: a remark for the log (e.g. shards spread over several GPUs).
+        client_priority: MPS client priority, 0 normal or 1 below normal (``CUDA_MPS_CLIENT_PRIORITY``),
+            or None to leave the driver's default.
     """
 
     kind: str
@@ -48,6 +50,7 @@ class JobPlan:
     mem_limit_mib: int | None = None
     sm_percent: int | None = None
     note: str = ""
+    client_priority: int | None = None
 
     def env(self, *, pipe_dir: str = "", log_dir: str = "") -> dict[str, str]:
         """The variables the TaskProlog exports for this job (ordered)."""
@@ -63,11 +66,14 @@ class JobPlan:
                     f"{i}={limit}" for i in range(len(self.gpu_indices)))
             if self.sm_percent is not None:
                 out["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(self.sm_percent)
+            if self.client_priority is not None:
+                out["CUDA_MPS_CLIENT_PRIORITY"] = str(self.client_priority)
         return out
 
 
 def plan_job(info: JobInfo, node: str, gres: NodeGres, *, gpu_uuids: dict[int, str],
-             mig_uuids: dict[tuple[int, int], str], shard_unit_mib: int) -> JobPlan:
+             mig_uuids: dict[tuple[int, int], str], shard_unit_mib: int,
+             low_priority_partitions: tuple[str, ...] = ()) -> JobPlan:
     """Decide what the job needs on ``node``.
 
     Args:
@@ -77,6 +83,7 @@ def plan_job(info: JobInfo, node: str, gres: NodeGres, *, gpu_uuids: dict[int, s
         gpu_uuids: NVML index -> GPU UUID (``nvmlDeviceGetUUID``) for the node's GPUs.
         mig_uuids: (NVML index, GPU instance id) -> MIG device UUID.
         shard_unit_mib: GPU memory per shard, MiB.
+        low_priority_partitions: jobs of these partitions get MPS client priority 1 (below normal).
 
     Raises:
         InputError: the job holds a device index the node's description does not have (stale
@@ -108,9 +115,10 @@ def plan_job(info: JobInfo, node: str, gres: NodeGres, *, gpu_uuids: dict[int, s
         if len(gpus) > 1:
             note = (f"{count} shards spread over GPUs {', '.join(map(str, gpus))}: each device's limit is the "
                     "whole share (Slurm does not say how many shards come from each GPU)")
+        low = bool(set(info.partition.split(",")) & set(low_priority_partitions))
         return JobPlan("mps", info.job_id, info.uid, info.gid, gpus,
                        ",".join(gpu_uuids[g] for g in gpus), count * shard_unit_mib,
-                       int(sm) if sm and sm.isdigit() else None, note)
+                       int(sm) if sm and sm.isdigit() else None, note, 1 if low else None)
     gpu_allocs = [a for a in allocs if a.name == "gpu"]
     if not gpu_allocs:
         return base

@@ -676,9 +676,48 @@ class MpsDaemon:
         daemon_pid = self.pid()
         daemon = _read_proc(daemon_pid) if daemon_pid is not None else None
         if daemon is None:
-            removed, not_removed = self._remove_dirs(keep_logs)
-            return StopResult(daemon_pid=None, quit_ok=False, removed=removed, not_removed=not_removed)
-        tracked = self._tree(daemon)
+            orphans = self._orphans()
+            if not orphans:
+                removed, not_removed = self._remove_dirs(keep_logs)
+                return StopResult(daemon_pid=None, quit_ok=False, removed=removed, not_removed=not_removed)
+            tracked, quit_ok = orphans, False
+        else:
+            tracked, quit_ok = self._tree(daemon), None
+        if quit_ok is None:
+            quit_ok = self._quit(daemon, tracked)
+        tracked.update(self._orphans())
+        return self._kill(daemon_pid, quit_ok, tracked, keep_logs)
+
+    def _orphans(self) -> dict[int, _Proc]:
+        """MPS processes started for this pipe directory whose daemon is gone (an MPS server whose
+        control daemon was SIGKILLed is re-parented and outlives it): found by ``CUDA_MPS_PIPE_DIRECTORY``
+        in their environment (``/proc/<pid>/environ``; readable for root or the same user) and an MPS
+        program (``nvidia-cuda-mps-*``, or the configured binary) on their command line, so that the
+        job's own processes, which carry the same variable, are never touched."""
+        want = f"CUDA_MPS_PIPE_DIRECTORY={self.pipe_dir}".encode()
+        never_pids, _ = _our_ancestry()
+        out: dict[int, _Proc] = {}
+        for pid, proc in _all_procs().items():
+            if pid in never_pids:
+                continue
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    env = f.read().split(b"\0")
+            except OSError:
+                continue
+            if want not in env or not _running(proc):
+                continue
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmdline = f.read()
+            except OSError:
+                continue
+            # only MPS processes: the job's own tasks carry the same variable (the TaskProlog exports it)
+            if b"nvidia-cuda-mps" in cmdline or self._binary_name.encode() in cmdline:
+                out[pid] = proc
+        return out
+
+    def _quit(self, daemon: _Proc, tracked: dict[int, _Proc]) -> bool:
         deadline = time.monotonic() + self.settings.quit_timeout_s
         try:
             self._run_client("quit", self.settings.quit_timeout_s)
@@ -688,6 +727,9 @@ class MpsDaemon:
         quit_ok = quit_sent and not _wait_gone([daemon], deadline)
         if _running(daemon):
             tracked.update(self._tree(daemon))
+        return quit_ok
+
+    def _kill(self, daemon_pid: int | None, quit_ok: bool, tracked: dict[int, _Proc], keep_logs: bool) -> StopResult:
         terminated, killed = [], []
         left = [p for p in tracked.values() if _running(p)]
         if left:

@@ -13,6 +13,7 @@ Every key is optional::
     mps_quit_timeout = 10.0                    # seconds before SIGTERM/SIGKILL of a daemon that ignores quit
     drain_on_stuck_daemon = true               # an MPS daemon that survives SIGKILL drains the node
     mps_mode = "per-job"                       # or "per-gpu": one daemon per GPU and user, shared by jobs
+    low_priority_partitions = ["scavenger"]    # their jobs' MPS clients run below normal priority
 
     [mps_env]                                  # extra environment of the MPS control daemon
     LD_LIBRARY_PATH = "/usr/local/cuda/lib64"
@@ -48,6 +49,7 @@ class NodeConfig:
     drain_on_stuck_daemon: bool = True
     mps_env: tuple[tuple[str, str], ...] = ()
     mps_mode: str = "per-job"
+    low_priority_partitions: tuple[str, ...] = ()
 
     def run_dir_for(self, node: str) -> Path:
         return Path(self.run_dir.replace("{node}", node))
@@ -59,7 +61,7 @@ class NodeConfig:
 _KEYS: dict[str, type | tuple[type, ...]] = {
     "version": int, "run_dir": str, "machine": str, "mps_control": str, "shard_unit": str,
     "mps_start_timeout": (int, float), "mps_quit_timeout": (int, float), "drain_on_stuck_daemon": bool,
-    "mps_env": dict, "mps_mode": str,
+    "mps_env": dict, "mps_mode": str, "low_priority_partitions": list,
 }
 
 
@@ -92,6 +94,10 @@ def parse_node_config(text: str, *, source: str = "<node config>") -> NodeConfig
                 kw["shard_unit_mib"] = parse_mib(value, default_unit="G", what="shard_unit")
             except InputError as e:
                 raise ConfigError(e.message, hint=e.hint, source=source) from None
+        elif key == "low_priority_partitions":
+            if not all(isinstance(v, str) and v for v in value):
+                raise ConfigError("low_priority_partitions must be a list of partition names", source=source)
+            kw[key] = tuple(value)
         elif key == "mps_mode":
             if value not in ("per-job", "per-gpu"):
                 raise ConfigError(f"mps_mode = {value!r} is not a mode", hint="use \"per-job\" or \"per-gpu\"",

@@ -275,3 +275,41 @@ def test_doctor_cleans_a_shared_daemon_of_jobs_gone_and_resets_compute_modes(sha
     with fake:
         assert fake.compute_mode(3) == "DEFAULT"
     assert not _alive(pid) and not d.exists()
+
+
+def test_low_priority_partition_sets_the_mps_client_priority(node):
+    from dataclasses import replace
+    ctx = HookContext(replace(node.ctx.config, low_priority_partitions=("nomig",)), "a100",
+                      show_job=node.ctx.show_job, drain=node.ctx.drain)
+    _shard_job(node, "301")  # the recorded job is in partition nomig
+    assert prolog(ctx, _env("301")) == 0
+    assert "export CUDA_MPS_CLIENT_PRIORITY=1\n" in (ctx.job_dir("301") / "env").read_text()
+    assert "set_default_client_priority 1" in _commands(node, "301")
+    assert epilog(ctx, _env("301")) == 0
+    _shard_job(node, "302")
+    assert prolog(node.ctx, _env("302")) == 0  # default: no priority set
+    assert "CLIENT_PRIORITY" not in (node.ctx.job_dir("302") / "env").read_text()
+    assert epilog(node.ctx, _env("302")) == 0
+
+
+def test_server_orphaned_by_a_killed_daemon_is_stopped_but_the_jobs_tasks_are_not(node):
+    _shard_job(node, "401")
+    assert prolog(node.ctx, _env("401")) == 0
+    daemon = node.ctx.mps("401")
+    pid = daemon.pid()
+    children = [int(p) for p in open(f"/proc/{pid}/task/{pid}/children").read().split()]
+    assert children, "the stand-in starts a server child"
+    env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=str(daemon.pipe_dir))
+    task = subprocess.Popen(["sleep", "60"], env=env)  # one of the job's tasks: same variable, not MPS
+    try:
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert all(_alive(c) for c in children)  # orphaned
+        assert epilog(node.ctx, _env("401")) == 0
+        assert not any(_alive(c) for c in children)
+        assert task.poll() is None  # the task was left alone
+    finally:
+        task.kill()
+        task.wait()

@@ -1,0 +1,66 @@
+"""docs/mps.md stays true to the tree: the tests it cites exist, and the TaskProlog variables it lists
+are the ones ``slurm_gpushare/jobplan.py`` exports."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DOC = ROOT / "docs" / "mps.md"
+JOBPLAN = ROOT / "slurm_gpushare" / "jobplan.py"
+
+#: ``tests/<file>.py::test_name`` as the "Verified here" section cites a test.
+CITED_TEST = re.compile(r"`(tests/[\w/]+\.py)::(test_\w+)`")
+#: An environment variable name in backquotes, at the start of a table row.
+TABLE_VARIABLE = re.compile(r"^\|\s*`([A-Z][A-Z0-9_]*)`\s*\|", re.M)
+
+
+def section(text: str, heading: str) -> str:
+    """The body of the markdown section whose heading line contains ``heading``, up to the next heading
+    of the same or a higher level."""
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        m = re.match(r"^(#+)\s", line)
+        if m and heading in line:
+            level = len(m.group(1))
+            body = []
+            for following in lines[i + 1:]:
+                n = re.match(r"^(#+)\s", following)
+                if n and len(n.group(1)) <= level:
+                    break
+                body.append(following)
+            return "\n".join(body)
+    raise AssertionError(f"{DOC.relative_to(ROOT)} has no section {heading!r}")
+
+
+def defined_tests(path: Path) -> set[str]:
+    """Names of the test functions defined in a test module (module level and in classes)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    return {node.name for node in ast.walk(tree)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test_")}
+
+
+def test_every_test_named_in_verified_here_exists():
+    cited = CITED_TEST.findall(section(DOC.read_text(), "Verified here"))
+    assert cited, "the 'Verified here' section names no test"
+    missing = []
+    for rel, name in cited:
+        path = ROOT / rel
+        if not path.is_file():
+            missing.append(f"{rel} (no such file)")
+        elif name not in defined_tests(path):
+            missing.append(f"{rel}::{name}")
+    assert missing == [], f"docs/mps.md cites tests that do not exist: {missing}"
+
+
+def test_taskprolog_variables_are_those_jobplan_exports():
+    documented = set(TABLE_VARIABLE.findall(section(DOC.read_text(), "TaskProlog")))
+    assert documented, "the TaskProlog section of docs/mps.md lists no variable"
+    source = JOBPLAN.read_text()
+    not_in_code = sorted(v for v in documented if re.search(rf"\b{v}\b", source) is None)
+    assert not_in_code == [], f"docs/mps.md says the TaskProlog exports {not_in_code}, unknown to jobplan.py"
+    exported = set(re.findall(r'out\["([A-Z][A-Z0-9_]*)"\]', source))
+    assert exported, "found no exported variable in jobplan.py (JobPlan.env changed shape?)"
+    assert sorted(exported - documented) == [], "jobplan.py exports variables docs/mps.md does not list"
