@@ -152,3 +152,14 @@ def test_plain_jobs_never_reach_the_service(cluster, slurm):
     slurm.wait(slurm.sbatch(wrap="true"))
     assert log.read_text().count('"event": "decision"') == before
     subprocess.run(["true"])
+
+
+def test_sighup_reloads_the_inventory(cluster):
+    log = cluster.root / "log" / "filterd.log"
+    before = log.read_text().count('"reason": "SIGHUP"')
+    os.kill(cluster.pid("filterd"), signal.SIGHUP)
+    deadline = time.monotonic() + 10
+    while log.read_text().count('"reason": "SIGHUP"') == before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    lines = [ln for ln in log.read_text().splitlines() if '"reason": "SIGHUP"' in ln]
+    assert len(lines) == before + 1 and '"usable": 4' in lines[-1], lines[-1:]
