@@ -333,7 +333,7 @@ class DevCluster:
         for daemon in names:
             pids = list(found.get(daemon, []))
             pid = self.pid(daemon)
-            if pid is not None and _pid_alive(pid):
+            if pid is not None and pid_alive(pid):
                 if self.is_ours(daemon, pid):
                     pids = [pid] + [p for p in pids if p != pid]
                 else:
@@ -438,13 +438,13 @@ class DevCluster:
     def alive(self, daemon: str) -> bool:
         """Whether ``run/<daemon>.pid`` names a live process that is this cluster's ``daemon``."""
         pid = self.pid(daemon)
-        return pid is not None and _pid_alive(pid) and self.is_ours(daemon, pid)
+        return pid is not None and pid_alive(pid) and self.is_ours(daemon, pid)
 
     def pid_problem(self, daemon: str) -> str | None:
         """Why ``run/<daemon>.pid`` cannot be trusted (it names a live process that is not this
         cluster's ``daemon``), or None."""
         pid = self.pid(daemon)
-        if pid is not None and _pid_alive(pid) and not self.is_ours(daemon, pid):
+        if pid is not None and pid_alive(pid) and not self.is_ours(daemon, pid):
             return f"stale pid file (pid {pid} is not this cluster's {daemon})"
         return None
 
@@ -759,7 +759,7 @@ class DevCluster:
         order = {d: i for i, d in enumerate([f"slurmd-{n}" for n in self.nodes] + list(_STOP_ORDER))}
         stopped, seen = [], set()
         for daemon, pid in sorted(pids, key=lambda dp: order.get(dp[0], -1)):
-            if pid in seen or pid in st.before or not _pid_alive(pid) or not self.is_ours(daemon, pid):
+            if pid in seen or pid in st.before or not pid_alive(pid) or not self.is_ours(daemon, pid):
                 continue
             seen.add(pid)
             try:
@@ -856,7 +856,7 @@ class DevCluster:
                 continue
             argv = _proc_argv(pid)
             daemon = _daemon_of(argv) if argv else None
-            if daemon and self.is_ours(daemon, pid, strict=True) and _pid_alive(pid):
+            if daemon and self.is_ours(daemon, pid, strict=True) and pid_alive(pid):
                 found.setdefault(daemon, []).append(pid)
         return found
 
@@ -916,7 +916,8 @@ def _set_lua_setting(text: str, key: str, value: str) -> str:
     return "".join(out)
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """The process exists and is not a zombie (a zombie has exited; only its parent has not reaped it)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -945,7 +946,7 @@ def _stop_pid(pid: int, timeout: float = 10.0, *, what: str = "daemon") -> None:
         raise ClusterError(f"not allowed to stop {what} (pid {pid})", hint="run as root") from None
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if not _pid_alive(pid):
+        if not pid_alive(pid):
             return
         time.sleep(0.05)
     try:
@@ -953,7 +954,7 @@ def _stop_pid(pid: int, timeout: float = 10.0, *, what: str = "daemon") -> None:
     except ProcessLookupError:
         return
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and _pid_alive(pid):
+    while time.monotonic() < deadline and pid_alive(pid):
         time.sleep(0.05)
 
 

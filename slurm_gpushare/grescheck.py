@@ -37,7 +37,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from slurm_gpushare.errors import InputError
-from slurm_gpushare.gresconf import format_ranges
 from slurm_gpushare.hardware.machine import CpuLayout, Machine
 from slurm_gpushare.slurmconf import (
     GresConf,
@@ -45,6 +44,7 @@ from slurm_gpushare.slurmconf import (
     SlurmGresConf,
     SlurmNode,
     compress_hostlist,
+    format_ranges,
     parse_gres_conf,
     parse_slurm_conf_gres,
 )

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field, replace
 from slurm_gpushare.errors import InputError
 from slurm_gpushare.hardware.machine import Gpu, Machine
 from slurm_gpushare.memsize import format_mib
-from slurm_gpushare.topology import slurm_links
+from slurm_gpushare.slurmconf import format_ranges
 
 MIB_PER_GIB = 1024
 
@@ -184,7 +184,12 @@ def node_gres(machine: Machine, node_name: str | None = None, options: GresOptio
     dev = opts.device_dir.rstrip("/")
     gpus = sorted(machine.gpus, key=lambda g: g.index)
     has_mig = any(g.mig_enabled for g in gpus)
-    links = slurm_links(machine) if (opts.links and not has_mig and len(gpus) > 1) else None
+    links = None
+    if opts.links and not has_mig and len(gpus) > 1:
+        # imported here: numpy/networkx cost the node hooks' start-up, which never needs Links
+        from slurm_gpushare.topology import slurm_links
+
+        links = slurm_links(machine)
     if links is not None and not (links > 0).any():
         links = None  # all SYS: all-zero Links= say nothing Slurm does not assume anyway
     position = {g.index: i for i, g in enumerate(gpus)}
@@ -304,17 +309,3 @@ def render_slurm_conf(nodes: list[NodeGres], *, node_params: dict[str, str] | No
             parts.append(f"Gres={node.gres_value}")
         lines.append(" ".join(parts))
     return "\n".join(lines) + "\n"
-
-
-def format_ranges(ids: tuple[int, ...] | list[int]) -> str:
-    """``(0, 1, 2, 5, 7, 8)`` -> ``"0-2,5,7-8"`` (Slurm's range syntax)."""
-    vals = sorted(set(ids))
-    out = []
-    i = 0
-    while i < len(vals):
-        j = i
-        while j + 1 < len(vals) and vals[j + 1] == vals[j] + 1:
-            j += 1
-        out.append(str(vals[i]) if i == j else f"{vals[i]}-{vals[j]}")
-        i = j + 1
-    return ",".join(out)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from slurm_gpushare.errors import InputError
 from slurm_gpushare.hardware.machine import Gpu, Machine
-from slurm_gpushare.slurmconf import expand_hostlist
+from slurm_gpushare.slurmconf import expand_hostlist, split_outside
 
 _GRES_ITEM = re.compile(r"^(?P<name>[^:()]+)(?::(?P<type>[^:()]+))?:(?P<count>\d+)(?:\(.*\))?$")
 
@@ -40,31 +40,13 @@ def parse_gres_counts(text: str) -> dict[tuple[str, str], int]:
     text = (text or "").strip()
     if text in ("", "(null)"):
         return {}
-    for item in _split_top(text):
+    for item in split_outside(text, ",", "(", ")"):
         m = _GRES_ITEM.match(item.strip())
         if not m:
             raise InputError(f"cannot read GRES item {item!r} in {text!r}")
         if int(m.group("count")):
             out[(m.group("name"), m.group("type") or "")] += int(m.group("count"))
     return dict(out)
-
-
-def _split_top(text: str) -> list[str]:
-    """Split on commas outside parentheses (``(S:0-1)`` and ``(IDX:0,2)`` contain commas)."""
-    items, depth, cur = [], 0, ""
-    for ch in text:
-        if ch == "(":
-            depth += 1
-        elif ch == ")":
-            depth -= 1
-        if ch == "," and depth == 0:
-            items.append(cur)
-            cur = ""
-        else:
-            cur += ch
-    if cur:
-        items.append(cur)
-    return items
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from slurm_gpushare.admincomment import extract
 from slurm_gpushare.errors import InputError
-from slurm_gpushare.slurmconf import expand_hostlist
+from slurm_gpushare.slurmconf import expand_hostlist, split_outside
 
 _FREE_TEXT = ("AdminComment=", "Comment=", "Command=", "Reason=")
 _GRES_ITEM = re.compile(r"^(?P<name>[^:()]+)(?::(?P<type>[^:()]+))?:(?P<count>\d+)(?:\((?P<detail>[^)]*)\))?$")
@@ -87,17 +87,7 @@ def parse_gres_detail(text: str) -> tuple[GresAlloc, ...]:
     Raises:
         InputError: an item that is not ``name[:type]:count[(IDX:...)]``.
     """
-    items, depth, cur = [], 0, ""
-    for ch in text.strip():
-        depth += ch == "("
-        depth -= ch == ")"
-        if ch == "," and depth == 0:
-            items.append(cur)
-            cur = ""
-        else:
-            cur += ch
-    if cur:
-        items.append(cur)
+    items = [i for i in split_outside(text.strip(), ",", "(", ")") if i]
     out = []
     for item in items:
         m = _GRES_ITEM.match(item.strip())

@@ -75,7 +75,7 @@ def expand_hostlist(expr: str) -> tuple[str, ...]:
             ``source`` is None; callers add the file and line.
     """
     names: list[str] = []
-    for item in _split_outside(expr, ",", "[", "]"):
+    for item in split_outside(expr, ",", "[", "]"):
         if not item:
             raise ParseError(f"empty name in hostlist {expr!r}")
         parts = re.split(r"(\[[^\[\]]*\])", item)
@@ -130,6 +130,11 @@ def compress_hostlist(names: list[str] | tuple[str, ...]) -> str:
     return ",".join(out)
 
 
+def format_ranges(ids: tuple[int, ...] | list[int]) -> str:
+    """``(0, 1, 2, 5, 7, 8)`` -> ``"0-2,5,7-8"`` (Slurm's range syntax)."""
+    return ",".join(_ranges(sorted(set(ids)), 0))
+
+
 def _ranges(nums: list[int], width: int) -> list[str]:
     out = []
     i = 0
@@ -174,8 +179,9 @@ def parse_id_list(text: str) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _split_outside(text: str, sep: str, open_: str, close: str) -> list[str]:
-    """Split at ``sep`` where not inside ``open_ ... close``."""
+def split_outside(text: str, sep: str, open_: str, close: str) -> list[str]:
+    """Split at ``sep`` where not inside ``open_ ... close``: ``split_outside("a(1,2),b", ",", "(", ")")``
+    -> ``["a(1,2)", "b"]`` (Slurm's GRES lists: ``gpu:a100:2(IDX:0,2),shard:10(IDX:1)``)."""
     out, depth, cur = [], 0, []
     for ch in text:
         if ch == open_:
@@ -547,7 +553,7 @@ def parse_gres_value(text: str) -> tuple[GresSpec, ...]:
             (``source`` is None).
     """
     specs = []
-    for item in _split_outside(text, ",", "(", ")"):
+    for item in split_outside(text, ",", "(", ")"):
         item = item.strip()
         sockets = ""
         m = re.fullmatch(r"(.*?)\((.*)\)", item)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_gpushare.devcluster import DEFAULT_NODES, DevCluster, _pid_alive, _stop_pid, main, packaged_machine
+from slurm_gpushare.devcluster import DEFAULT_NODES, DevCluster, _stop_pid, main, packaged_machine, pid_alive
 from slurm_gpushare.errors import ClusterError
 from slurm_gpushare.gresconf import node_gres
 
@@ -99,9 +99,9 @@ def test_down_leaves_no_daemon_of_the_cluster(cluster):
                        {"downtest": cluster.nodes["rtx4090-pcie"]})
     small.up(out=open(os.devnull, "w"))
     pids = {d: small.pid(d) for d in small.daemons()}
-    assert all(pids.values()) and all(_pid_alive(p) for p in pids.values())
+    assert all(pids.values()) and all(pid_alive(p) for p in pids.values())
     small.down(out=open(os.devnull, "w"))
-    assert [d for d, p in pids.items() if _pid_alive(p)] == []
+    assert [d for d, p in pids.items() if pid_alive(p)] == []
     assert not list((root / "c2" / "run").glob("*.pid"))
     # the session's cluster is untouched
     assert cluster.alive("slurmctld") and cluster.all_idle()
@@ -151,7 +151,7 @@ def _processes_of(c: DevCluster) -> list[tuple[int, str]]:
             env = (entry / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if cmd and (str(c.root) in cmd or f"SLURM_CONF={c.slurm_conf}".encode() in env) and _pid_alive(int(entry.name)):
+        if cmd and (str(c.root) in cmd or f"SLURM_CONF={c.slurm_conf}".encode() in env) and pid_alive(int(entry.name)):
             found.append((int(entry.name), cmd))
     return found
 
@@ -256,7 +256,7 @@ def test_down_stops_the_real_daemons_behind_stale_pid_files(cluster):
         out = io.StringIO()
         small.down(out=out)
         assert sleeper.poll() is None
-        assert [d for d, p in real.items() if _pid_alive(p)] == []
+        assert [d for d, p in real.items() if pid_alive(p)] == []
         assert _processes_of(small) == []
         assert "stale pid file" in out.getvalue()
         assert not list((small.root / "run").glob("*.pid"))
@@ -344,7 +344,7 @@ def test_failed_up_stops_only_the_daemons_it_started(cluster, monkeypatch):
             small.up(timeout=1, out=DEVNULL)
         assert "waiting for all nodes IDLE" in str(e.value)
         assert "stopped what this 'up' had started: slurmd-failtest (pid" in str(e.value)
-        assert {d: small.pid(d) for d in kept} == kept and all(_pid_alive(p) for p in kept.values())
+        assert {d: small.pid(d) for d in kept} == kept and all(pid_alive(p) for p in kept.values())
         assert not any("slurmd -N failtest" in cmd for _, cmd in _processes_of(small))
 
         monkeypatch.undo()

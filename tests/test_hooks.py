@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_gpushare.devcluster import MPS_STANDIN, packaged_machine
+from slurm_gpushare.devcluster import MPS_STANDIN, packaged_machine, pid_alive
 from slurm_gpushare.hooks import HookContext, NodeFault, doctor, epilog, prolog, read_state
 from slurm_gpushare.nodeconfig import NodeConfig
 
@@ -68,15 +68,6 @@ def _commands(n, job):
             for line in log.read_text().splitlines()]
 
 
-def _alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-
-
 def test_shard_job_gets_its_own_daemon_limits_and_environment(node):
     _shard_job(node)
     assert prolog(node.ctx, _env("101")) == 0
@@ -90,10 +81,10 @@ def test_shard_job_gets_its_own_daemon_limits_and_environment(node):
     assert "set_default_active_thread_percentage 25" in _commands(node, "101")
     assert oct((jd / "mps" / "pipe").stat().st_mode & 0o777) == "0o700"
     pid = node.ctx.mps("101").pid()
-    assert pid and _alive(pid)
+    assert pid and pid_alive(pid)
     assert read_state(jd)["phase"] == "ready"
     assert epilog(node.ctx, _env("101")) == 0
-    assert not jd.exists() and not _alive(pid)
+    assert not jd.exists() and not pid_alive(pid)
     assert not list((node.root / "run" / "a100" / "jobs").iterdir())  # no lock file left either
     assert epilog(node.ctx, _env("101")) == 0  # twice is harmless
 
@@ -128,7 +119,7 @@ def test_epilog_after_a_prolog_that_died_half_way(node):
     d.start()
     pid = d.pid()
     assert epilog(node.ctx, _env("102")) == 0
-    assert not jd.exists() and not _alive(pid)
+    assert not jd.exists() and not pid_alive(pid)
 
 
 def test_a_retried_prolog_replaces_a_half_started_daemon(node):
@@ -141,7 +132,7 @@ def test_a_retried_prolog_replaces_a_half_started_daemon(node):
     old = stale.pid()
     assert prolog(node.ctx, _env("103")) == 0
     new = node.ctx.mps("103").pid()
-    assert new != old and not _alive(old) and _alive(new)
+    assert new != old and not pid_alive(old) and pid_alive(new)
     assert epilog(node.ctx, _env("103")) == 0
 
 
@@ -151,7 +142,7 @@ def test_daemon_ignoring_quit_is_killed_without_draining(node):
     assert prolog(node.ctx, _env("104")) == 0
     pid = node.ctx.mps("104").pid()
     assert epilog(node.ctx, _env("104")) == 0
-    assert not _alive(pid) and node.drained == []
+    assert not pid_alive(pid) and node.drained == []
 
 
 def test_daemon_that_cannot_start_is_a_node_fault_with_a_reason(node):
@@ -196,14 +187,14 @@ def test_doctor_restarts_a_dead_daemon_and_removes_leftovers(node):
     dead = node.ctx.mps("108").pid()
     os.kill(dead, signal.SIGKILL)
     deadline = time.monotonic() + 5
-    while _alive(dead) and time.monotonic() < deadline:
+    while pid_alive(dead) and time.monotonic() < deadline:
         time.sleep(0.05)
     leftover = node.ctx.mps("109").pid()
     report = doctor(node.ctx, repair=False, running_jobs={"108"})
     assert sorted(f.job_id for f in report) == ["108", "109"] and node.ctx.job_dir("109").exists()
     fixed = doctor(node.ctx, repair=True, running_jobs={"108"})
     assert {f.job_id: f.action for f in fixed}["108"] == "restarted it with the job's limits"
-    assert node.ctx.mps("108").alive() and not _alive(leftover) and not node.ctx.job_dir("109").exists()
+    assert node.ctx.mps("108").alive() and not pid_alive(leftover) and not node.ctx.job_dir("109").exists()
     assert "set_default_device_pinned_mem_limit 0 10G" in _commands(node, "108")
     assert doctor(node.ctx, repair=True, running_jobs={"108"}) == []
     assert epilog(node.ctx, _env("108")) == 0
@@ -251,10 +242,10 @@ def test_per_gpu_mode_shares_one_daemon_per_gpu_and_user(shared):
     assert [c["args"] for c in commands if c["command"] == "set_default_device_pinned_mem_limit"] == [
         ["0", "10G"], ["0", "30G"]]
     assert epilog(n.ctx, _env("201")) == 0
-    assert _alive(pid) and json.loads((d / "jobs.json").read_text()) == {
+    assert pid_alive(pid) and json.loads((d / "jobs.json").read_text()) == {
         "202": {"mem_limit_mib": 30720, "sm_percent": None}}
     assert epilog(n.ctx, _env("202")) == 0
-    assert not _alive(pid) and not d.exists()
+    assert not pid_alive(pid) and not d.exists()
 
 
 def test_doctor_cleans_a_shared_daemon_of_jobs_gone_and_resets_compute_modes(shared):
@@ -274,7 +265,7 @@ def test_doctor_cleans_a_shared_daemon_of_jobs_gone_and_resets_compute_modes(sha
     doctor(n.ctx, repair=True, running_jobs=set(), port=fake)
     with fake:
         assert fake.compute_mode(3) == "DEFAULT"
-    assert not _alive(pid) and not d.exists()
+    assert not pid_alive(pid) and not d.exists()
 
 
 def test_low_priority_partition_sets_the_mps_client_priority(node):
@@ -304,11 +295,11 @@ def test_server_orphaned_by_a_killed_daemon_is_stopped_but_the_jobs_tasks_are_no
     try:
         os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + 5
-        while _alive(pid) and time.monotonic() < deadline:
+        while pid_alive(pid) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert all(_alive(c) for c in children)  # orphaned
+        assert all(pid_alive(c) for c in children)  # orphaned
         assert epilog(node.ctx, _env("401")) == 0
-        assert not any(_alive(c) for c in children)
+        assert not any(pid_alive(c) for c in children)
         assert task.poll() is None  # the task was left alone
     finally:
         task.kill()

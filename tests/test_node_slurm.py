@@ -13,19 +13,12 @@ import time
 
 import pytest
 
+from slurm_gpushare.devcluster import pid_alive
+
 pytestmark = pytest.mark.slurm
 
 PROBE = ('env | grep -E "^(CUDA_|SLURM_SHARDS)" | sort; echo "PID=$(cat $CUDA_MPS_PIPE_DIRECTORY/'
          'nvidia-cuda-mps-control.pid)"; cat "$CUDA_MPS_LOG_DIRECTORY/commands.jsonl"')
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def _jobs_dir(cluster, node):
@@ -56,9 +49,9 @@ def test_mps_job_gets_its_limits_and_leaves_nothing_behind(cluster, slurm):
     # after the job: the daemon is gone and its directories removed (the Epilog ran)
     pid = int(env["PID"])
     deadline = time.monotonic() + 15
-    while (jobdir.exists() or _alive(pid)) and time.monotonic() < deadline:
+    while (jobdir.exists() or pid_alive(pid)) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not jobdir.exists() and not _alive(pid)
+    assert not jobdir.exists() and not pid_alive(pid)
 
 
 def test_mig_job_sees_its_mig_device_and_no_mps(cluster, slurm):
@@ -81,9 +74,9 @@ def test_twenty_concurrent_10g_jobs_on_one_node(cluster, slurm):
     assert len(set(pids)) == 20  # one daemon per job
     jobs_dir = _jobs_dir(cluster, "a100-nvb")
     deadline = time.monotonic() + 30
-    while (any(jobs_dir.iterdir()) or any(_alive(p) for p in pids)) and time.monotonic() < deadline:
+    while (any(jobs_dir.iterdir()) or any(pid_alive(p) for p in pids)) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert [p for p in pids if _alive(p)] == []  # no daemon leaked
+    assert [p for p in pids if pid_alive(p)] == []  # no daemon leaked
     assert list(jobs_dir.iterdir()) == []  # every Epilog ran: no job directory, no lock file left
     state = slurm.run(["sinfo", "-h", "-n", "a100-nvb", "-o", "%T"]).stdout.strip()
     assert state in ("idle", "mixed"), state
@@ -107,13 +100,13 @@ def test_daemon_killed_mid_job_is_restarted_by_doctor_and_cleaned_by_the_epilog(
     fixed = subprocess.run([*doctor, "--repair"], env=env, capture_output=True, text=True)
     assert fixed.returncode == 0 and "restarted it with the job's limits" in fixed.stdout, fixed.stdout + fixed.stderr
     second = int(pidfile.read_text())
-    assert second != first and _alive(second)
+    assert second != first and pid_alive(second)
     slurm.run(["scancel", job.id])
     slurm.wait(job)
     deadline = time.monotonic() + 15
-    while (jobdir.exists() or _alive(second)) and time.monotonic() < deadline:
+    while (jobdir.exists() or pid_alive(second)) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not jobdir.exists() and not _alive(second)
+    assert not jobdir.exists() and not pid_alive(second)
 
 
 def test_daemon_ignoring_quit_is_killed_and_the_node_stays_up(cluster, slurm):
@@ -126,9 +119,9 @@ def test_daemon_ignoring_quit_is_killed_and_the_node_stays_up(cluster, slurm):
     pid = int(job.output().split("PID=")[1].split()[0])
     jobdir = _jobs_dir(cluster, "rtx4090-pcie") / job.id
     deadline = time.monotonic() + 20
-    while (jobdir.exists() or _alive(pid)) and time.monotonic() < deadline:
+    while (jobdir.exists() or pid_alive(pid)) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not _alive(pid) and not jobdir.exists()
+    assert not pid_alive(pid) and not jobdir.exists()
     state = slurm.run(["sinfo", "-h", "-n", "rtx4090-pcie", "-o", "%T"]).stdout.strip()
     assert state in ("idle", "mixed"), state
 
