@@ -23,9 +23,10 @@ import fcntl
 import json
 import os
 import shutil
+import sys
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from slurm_gpushare import slurm
@@ -52,6 +53,7 @@ class HookContext:
     config: NodeConfig
     node: str
     show_job: object = slurm.show_job  # callable(job_id) -> text of `scontrol -d show job`
+    show_node: object = slurm.show_node  # callable(node) -> text of `scontrol -d show node`
     drain: object = None  # callable(node, reason); default: scontrol update
 
     @property
@@ -154,6 +156,10 @@ def _job_info(ctx: HookContext, job_id: str) -> JobInfo:
 
 
 def _plan(ctx: HookContext, info: JobInfo) -> JobPlan:
+    return _plan_with_machine(ctx, info)[0]
+
+
+def _plan_with_machine(ctx: HookContext, info: JobInfo):
     try:
         machine = Machine.load(ctx.config.machine_for(ctx.node))
     except GpushareError as e:
@@ -172,11 +178,13 @@ def _plan(ctx: HookContext, info: JobInfo) -> JobPlan:
     except GpushareError as e:
         raise NodeFault(f"NVML failed on {ctx.node}: {e}", hint="check the driver (nvidia-smi)") from None
     try:
-        return plan_job(info, ctx.node, gres, gpu_uuids=gpu_uuids, mig_uuids=mig_uuids,
+        plan = plan_job(info, ctx.node, gres, gpu_uuids=gpu_uuids, mig_uuids=mig_uuids,
                         shard_unit_mib=ctx.config.shard_unit_mib,
                         low_priority_partitions=ctx.config.low_priority_partitions)
     except InputError as e:
         raise NodeFault(e.message, hint=e.hint) from None
+    machine = replace(machine, gpus=tuple(replace(g, uuid=gpu_uuids.get(g.index, g.uuid)) for g in machine.gpus))
+    return plan, machine, gres
 
 
 def prolog(ctx: HookContext, env: dict[str, str]) -> int:
@@ -192,12 +200,15 @@ def prolog(ctx: HookContext, env: dict[str, str]) -> int:
         return 0
     try:
         info = _job_info(ctx, job_id)
-        plan = _plan(ctx, info)
-        if plan.kind in ("none", "gpu"):
+        plan, machine, gres = _plan_with_machine(ctx, info)
+        if plan.kind == "none" or (plan.kind == "gpu" and len(plan.gpu_indices) < 2):
             return 0
         job_dir = ctx.job_dir(job_id)
         with job_lock(job_dir):
-            _prepare(ctx, plan, job_dir)
+            if plan.kind == "gpu":
+                _prepare_topology(ctx, info, plan, machine, gres, job_dir)
+            else:
+                _prepare(ctx, plan, job_dir)
     except NodeFault as e:
         ctx.do_drain(f"gpushare prolog job {job_id}: {e}")
         raise
@@ -237,6 +248,62 @@ def _prepare(ctx: HookContext, plan: JobPlan, job_dir: Path) -> None:
         env = plan.env(pipe_dir=str(daemon.pipe_dir), log_dir=str(daemon.log_dir))
     _write(job_dir / "env", "".join(_export_line(k, v) for k, v in env.items()))
     state["phase"] = "ready"
+    _write(job_dir / "state.json", json.dumps(state))
+
+
+def _free_before(ctx: HookContext, gres, plan: JobPlan) -> tuple[int, ...]:
+    """NVML indices of the node's whole GPUs that were free when Slurm chose this job's: not in use
+    by another job's GPUs or shards (``scontrol -d show node``: ``GresUsed=...(IDX:..)``)."""
+    from slurm_gpushare.jobinfo import parse_gres_detail
+
+    devices = [r for r in gres.records if r.name == "gpu"]
+    text = ctx.show_node(ctx.node)
+    used_text = next((kv.split("=", 1)[1] for line in text.splitlines() for kv in line.split()
+                      if kv.startswith("GresUsed=")), "")
+    used = {i for a in parse_gres_detail(used_text) if a.name in ("gpu", "shard") for i in a.indices}
+    busy = {devices[i].gpu_index for i in used if i < len(devices)} - set(plan.gpu_indices)
+    return tuple(r.gpu_index for r in devices if r.mig_gi is None and r.gpu_index not in busy)
+
+
+def _prepare_topology(ctx: HookContext, info: JobInfo, plan: JobPlan, machine: Machine, gres,
+                      job_dir: Path) -> None:
+    """A multi-GPU whole-GPU job: audit Slurm's choice against the best free set, and bind tasks.
+
+    The audit (:func:`slurm_gpushare.placement.audit`) goes to state.json (accounting reads it) and,
+    when the job got a worse set than was free, to slurmd's log. The tasks get the GPUs in ring order
+    along NVLink and, per local rank, the nearest NIC and cores (:mod:`slurm_gpushare.binding`):
+    ``env`` for all tasks, ``env.<local id>`` for one (the TaskProlog prints both).
+    """
+    from slurm_gpushare.binding import bind
+    from slurm_gpushare.placement import audit
+    from slurm_gpushare.topology import hop_matrix
+
+    job_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(job_dir, 0o755)
+    order = sorted(g.index for g in machine.gpus)
+    pos = {g: i for i, g in enumerate(order)}
+    numa = [machine.gpu(g).numa_node for g in order]
+    hop = hop_matrix(machine)
+    try:
+        free = _free_before(ctx, gres, plan)
+        result = audit(hop, [pos[g] for g in plan.gpu_indices], [pos[g] for g in free], numa)
+        placement = {"given": [order[i] for i in result.allocated], "best": [order[i] for i in result.best.gpus],
+                     "cost_given": round(result.cost_given, 4), "cost_best": round(result.cost_best, 4),
+                     "excess": round(result.excess, 4), "free_before": list(free)}
+    except GpushareError as e:
+        placement = {"error": str(e)}
+    if placement.get("excess", 0) > 1e-9:
+        print(f"slurm-gpushare prolog: job {plan.job_id} got GPUs {placement['given']} (cost "
+              f"{placement['cost_given']}) while {placement['best']} (cost {placement['cost_best']}) were free",
+              file=sys.stderr)
+    binding = bind(machine, plan.gpu_indices, ntasks=len(plan.gpu_indices))
+    _write(job_dir / "env", "".join(_export_line(k, v) for k, v in binding.job_environment().items()))
+    for local in range(len(binding.tasks)):
+        task_env = binding.task_environment(local)
+        extra = {k: v for k, v in task_env.items() if k not in binding.job_environment()}
+        _write(job_dir / f"env.{local}", "".join(_export_line(k, v) for k, v in extra.items()))
+    state = {"version": STATE_VERSION, "phase": "ready", "plan": asdict(plan), "placement": placement,
+             "binding": binding.to_dict()}
     _write(job_dir / "state.json", json.dumps(state))
 
 

@@ -48,3 +48,8 @@ def show_job(job_id: str | int, **kw) -> str:
     """``scontrol -d show job ID``: the multi-line record, free-text fields (AdminComment) on lines of
     their own, and the per-node GRES detail (``Nodes=... GRES=shard:10(IDX:0)``)."""
     return run(["scontrol", "-d", "show", "job", str(job_id)], **kw)
+
+
+def show_node(node: str, **kw) -> str:
+    """``scontrol -d show node NODE``: its GRES, and which device indices are in use (``GresUsed=...(IDX:..)``)."""
+    return run(["scontrol", "-d", "show", "node", node], **kw)

@@ -6,10 +6,12 @@ MIG node, and an A100 node generated without Links= as the control for the topol
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -88,7 +90,19 @@ def test_mig_slice_job_runs_on_the_mig_node(hw):
     assert job.output().strip() != ""
 
 
-def _running_pairs(hw, node: str, jobs: int = 4) -> list[tuple[int, ...]]:
+def _placements(hw, node: str, ids) -> list[dict]:
+    """The Prolog's placement audit of each job (its state.json on the node)."""
+    out = []
+    for job in ids:
+        state = hw.cluster.root / "run" / "gpushare" / node / "jobs" / job.id / "state.json"
+        deadline = time.monotonic() + 15
+        while not state.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        out.append(json.loads(state.read_text())["placement"])
+    return out
+
+
+def _running_pairs(hw, node: str, jobs: int = 4, audits: list | None = None) -> list[tuple[int, ...]]:
     ids = [hw.sbatch("-w", node, "--gres=gpu:2", wrap="sleep 120") for _ in range(jobs)]
     pairs = []
     for job in ids:
@@ -100,6 +114,8 @@ def _running_pairs(hw, node: str, jobs: int = 4) -> list[tuple[int, ...]]:
             lo, _, hi = part.partition("-")
             gpus += range(int(lo), int(hi or lo) + 1)
         pairs.append(tuple(gpus))
+    if audits is not None:
+        audits += _placements(hw, node, ids)
     hw.run(["scancel", *(j.id for j in ids)])
     for job in ids:
         hw.wait(job)
@@ -107,14 +123,22 @@ def _running_pairs(hw, node: str, jobs: int = 4) -> list[tuple[int, ...]]:
 
 
 def test_generated_links_give_2gpu_jobs_nvlink_pairs(hw):
-    pairs = _running_pairs(hw, "a100-bridge")
+    audits: list = []
+    pairs = _running_pairs(hw, "a100-bridge", audits=audits)
     assert sorted(pairs) == [(0, 2), (1, 3), (4, 5), (6, 7)]
+    # the Prolog's audit: every job got the best set that was free when Slurm chose it
+    assert [a["excess"] for a in audits] == [0, 0, 0, 0], audits
 
 
 def test_without_links_slurm_hands_out_sys_pairs(hw):
     # the control: the same hardware without Links= gets index-adjacent pairs, 0-1 and 2-3 are SYS
     pairs = _running_pairs(hw, "a100-nolinks")
     assert (0, 1) in pairs and (2, 3) in pairs
+    # and the Prolog's audit says so: a job alone on the idle node got 0-1 (SYS) while every NVLink
+    # pair was free (the audit compares with what was free when the Prolog ran)
+    audits: list = []
+    assert _running_pairs(hw, "a100-nolinks", jobs=1, audits=audits) == [(0, 1)]
+    assert audits[0]["excess"] > 0 and audits[0]["best"] in ([0, 2], [1, 3], [4, 5], [6, 7])
 
 
 def test_all_sys_node_keeps_2gpu_jobs_within_one_numa_node(hw):
@@ -122,3 +146,21 @@ def test_all_sys_node_keeps_2gpu_jobs_within_one_numa_node(hw):
     numa = {g.index: g.numa_node for g in m.gpus}
     pairs = _running_pairs(hw, "rtx4090")
     assert len(pairs) == 4 and all(numa[a] == numa[b] for a, b in pairs), pairs
+
+
+def test_four_tasks_on_four_gpus_get_a_ring_and_their_nearest_nic(hw):
+    # DGX-1 V100: GPUs 0-3 are one NVLink island on socket 0; mlx5_0 hangs off GPUs 2 and 3 (PIX)
+    job = hw.wait(hw.sbatch("-w", "dgx1-v100", "--gres=gpu:4", "-n", "4", wrap=(
+        "srun -n 4 bash -c 'echo task=$SLURM_LOCALID gpus=$CUDA_VISIBLE_DEVICES ring=$GPUSHARE_GPU_RING "
+        "nic=$GPUSHARE_TASK_NIC devices=$GPUSHARE_TASK_DEVICES'")), timeout=90)
+    assert job.state == "COMPLETED", (job.fields, job.output())
+    rows = [dict(kv.split("=", 1) for kv in line.split()) for line in job.output().splitlines()
+            if line.startswith("task=")]
+    assert len(rows) == 4 and len({r["gpus"] for r in rows}) == 1  # one order for the whole job
+    m = hw.cluster.nodes["dgx1-v100"]
+    ring = [int(g) for g in rows[0]["ring"].split(",")]
+    assert sorted(ring) == [0, 1, 2, 3]
+    for a, b in zip(ring, ring[1:] + ring[:1], strict=True):
+        assert m.link(a, b).nvlinks > 0, (ring, a, b)  # every hop of the ring is an NVLink
+    # every task gets the one NIC of the node (the nearest there is for each of its GPUs)
+    assert {r["nic"] for r in rows} == {"mlx5_0"}

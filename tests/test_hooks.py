@@ -44,9 +44,12 @@ def node(monkeypatch):
                      mps_env=(("GPUSHARE_FAKE_MPS_MODE_FILE", str(mode)),))
     drained: list[tuple[str, str]] = []
     jobs: dict[str, str] = {}
-    ctx = HookContext(cfg, "a100", show_job=lambda j: jobs[str(j)], drain=lambda n, r: drained.append((n, r)))
+    used: dict[str, str] = {"a100": "GresUsed=gpu:a100:0(IDX:N/A),shard:a100:0(IDX:N/A)"}
+    ctx = HookContext(cfg, "a100", show_job=lambda j: jobs[str(j)], drain=lambda n, r: drained.append((n, r)),
+                      show_node=lambda n: f"NodeName={n}\n   {used[n]}\n")
     ctx_obj = type("Node", (), {})()
     ctx_obj.root, ctx_obj.ctx, ctx_obj.jobs, ctx_obj.drained, ctx_obj.mode = root, ctx, jobs, drained, mode
+    ctx_obj.used = used
     yield ctx_obj
     for d in (root / "run" / "a100" / "jobs").glob("*"):
         if d.is_dir():
@@ -95,8 +98,12 @@ def test_jobs_without_gpus_cost_nothing(node):
 
 
 def test_whole_gpu_and_mig_jobs_start_no_daemon(node, monkeypatch):
+    node.jobs["6"] = SHOW.format(job="6", node="a100", gres="gpu:a100:1", detail="gpu:a100:1(IDX:3)", ac="")
+    assert prolog(node.ctx, _env("6")) == 0 and not node.ctx.job_dir("6").exists()  # one GPU: nothing to do
     node.jobs["7"] = SHOW.format(job="7", node="a100", gres="gpu:a100:2", detail="gpu:a100:2(IDX:0,2)", ac="")
-    assert prolog(node.ctx, _env("7")) == 0 and not node.ctx.job_dir("7").exists()
+    assert prolog(node.ctx, _env("7")) == 0
+    assert not node.ctx.mps("7").alive() and not (node.ctx.job_dir("7") / "mps").exists()
+    assert epilog(node.ctx, _env("7")) == 0 and not node.ctx.job_dir("7").exists()
     monkeypatch.setenv("GPUSHARE_NVML", f"fake:{node.root}/machines/mig.json")
     mig = HookContext(node.ctx.config, "mig", show_job=lambda j: node.jobs[str(j)], drain=node.ctx.drain)
     # device index 4 is the first 1g.10gb slice (slurmd groups the gpu records by type)
@@ -304,3 +311,24 @@ def test_server_orphaned_by_a_killed_daemon_is_stopped_but_the_jobs_tasks_are_no
     finally:
         task.kill()
         task.wait()
+
+
+def test_multi_gpu_job_gets_the_ring_order_nic_hints_and_a_placement_audit(node):
+    # Slurm gave the NVLink pair 0-2 on the idle bridged A100 node: no excess
+    node.jobs["501"] = SHOW.format(job="501", node="a100", gres="gpu:a100:2", detail="gpu:a100:2(IDX:0,2)", ac="")
+    node.used["a100"] = "GresUsed=gpu:a100:2(IDX:0,2),shard:a100:0(IDX:N/A)"
+    assert prolog(node.ctx, _env("501")) == 0
+    state = read_state(node.ctx.job_dir("501"))
+    assert state["placement"]["given"] == [0, 2] and state["placement"]["excess"] == 0
+    env = (node.ctx.job_dir("501") / "env").read_text()
+    assert env.startswith("export CUDA_VISIBLE_DEVICES=GPU-") and "GPUSHARE_GPU_RING=" in env
+    assert (node.ctx.job_dir("501") / "env.0").exists() and (node.ctx.job_dir("501") / "env.1").exists()
+    assert epilog(node.ctx, _env("501")) == 0 and not node.ctx.job_dir("501").exists()
+    # a partly busy node: GPU 1 is another job's; Slurm gave 0,3 (SYS) although 0,2 (NV12) was free
+    node.jobs["502"] = SHOW.format(job="502", node="a100", gres="gpu:a100:2", detail="gpu:a100:2(IDX:0,3)", ac="")
+    node.used["a100"] = "GresUsed=gpu:a100:3(IDX:0-1,3),shard:a100:0(IDX:N/A)"
+    assert prolog(node.ctx, _env("502")) == 0
+    p = read_state(node.ctx.job_dir("502"))["placement"]
+    assert p["given"] == [0, 3] and p["best"] in ([0, 2], [4, 5], [6, 7]) and p["excess"] > 0
+    assert 1 not in p["free_before"]
+    assert epilog(node.ctx, _env("502")) == 0

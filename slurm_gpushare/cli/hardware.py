@@ -265,13 +265,21 @@ def inventory(machine: Machine, output: str | None) -> None:
 @main.command()
 @with_machine(placeholders=True)
 @click.option("--json", "as_json", is_flag=True, help="print the topology as JSON")
-def topology(machine: Machine, as_json: bool) -> None:
+@click.option("--score", "score_gpus", metavar="GPUS",
+              help="score a GPU set (e.g. 0,2,4): placement cost, ring order and excess over the best set "
+                   "of its size, as 'place --score' prints it")
+def topology(machine: Machine, as_json: bool, score_gpus: str | None) -> None:
     """Show the hop matrix, the Slurm Links= weights, NVLink islands and NUMA groups of a node.
 
     Hops: 0 same GPU; 1-1.5 direct NVLink (more links nearer); 2 through NVSwitch; 3 PIX, 3.2 PXB,
     3.4 PHB, 3.6 NODE, 3.8 SYS (PCIe only, and pairs the description does not describe). With
     --from-topo, --gpu-name and --memory are not needed: the matrix does not use them.
     """
+    if score_gpus is not None:
+        from slurm_gpushare.cli.placement import score_report
+
+        click.echo(score_report(machine, score_gpus, as_json=as_json))
+        return
     from slurm_gpushare.topology import Topology, format_table
 
     topo = Topology.from_machine(machine)

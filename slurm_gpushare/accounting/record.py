@@ -1,0 +1,549 @@
+"""The accounting record: what one job reserved and used on one GPU, versioned (``"v": 1``).
+
+One :class:`UsageRecord` per job, step, node and GPU device (a whole GPU, the GPU an MPS share lives
+on, or one MIG device), written by the Epilog as one JSON line (:meth:`UsageRecord.to_json`) and read
+back strictly (:meth:`UsageRecord.from_json`): every key of version 1 must be present, no other key is
+allowed, types are checked, and a record of another version is refused naming the version.
+
+Units: memory in MiB (as NVML reports it), times in epoch seconds (UTC), utilization in percent of
+the whole GPU (0-100). A measurement that does not exist is ``null``/None, never 0: NVML does not report
+SM utilization for MIG devices (``nvmlDeviceGetUtilizationRates`` answers ``NOT_SUPPORTED`` on a
+MIG-enabled GPU) nor on some older GPUs, and a job the monitor never sampled has no peaks at all.
+
+The builder :func:`records_for_job` is pure: the Epilog hands it what it already has (the job as
+slurmctld recorded it, the :class:`~slurm_gpushare.jobplan.JobPlan`, the node's machine description)
+and what the monitor measured (:class:`Usage` per GPU, see :class:`UsageTracker`).
+
+Jobs that got GPUs through ``--gres=gpu:N``, ``--gpus=N`` or ``--gpus-per-node=N`` all become records
+the same way: Slurm turns each into a ``gres/gpu`` allocation with device indices, which is what
+``scontrol -d show job`` lists (``GRES=gpu:a100:2(IDX:0-1)``) and what the plan is built from.
+"""
+
+from __future__ import annotations
+
+import json
+import operator
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from functools import partial
+from typing import Any
+
+from slurm_gpushare.errors import InputError
+from slurm_gpushare.hardware.machine import Gpu, Machine
+from slurm_gpushare.jobinfo import JobInfo
+from slurm_gpushare.jobplan import JobPlan
+
+#: Version of the record format; the ``"v"`` key of every JSON line.
+RECORD_VERSION = 1
+
+#: The modes a record can have: a MIG device, an MPS share of a GPU, a whole GPU.
+MODES = ("mig", "mps", "gpu")
+
+
+class RecordError(InputError):
+    """A record (or JSON line) that is not a valid version-1 record. ``source`` names file and line."""
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What the monitor measured for one job on one GPU device.
+
+    Attributes:
+        peak_mib: highest GPU memory the job's processes held together, MiB (sum of
+            ``nvmlDeviceGetComputeRunningProcesses`` ``usedGpuMemory`` of its processes), or None.
+        sm_mean: mean SM utilization over the samples that had it, percent of the GPU, or None.
+        sm_peak: highest sampled SM utilization, percent, or None.
+        samples: number of samples taken (0: never sampled).
+    """
+
+    peak_mib: int | None = None
+    sm_mean: float | None = None
+    sm_peak: float | None = None
+    samples: int = 0
+
+
+class UsageTracker:
+    """Running peaks and means per job and GPU device, fed sample by sample (for the node monitor).
+
+    Keys are whatever identifies a device for the caller: the NVML index of a GPU (``int``) or, for
+    MIG devices, the MIG device UUID (``str``), as :func:`records_for_job` looks them up.
+
+    Example::
+
+        tracker = UsageTracker()
+        tracker.add("1234", 0, used_mib=2048, sm_percent=35.0)   # each sampling interval
+        ...
+        usage = tracker.pop("1234")                               # in the Epilog: {0: Usage(...)}
+    """
+
+    def __init__(self) -> None:
+        # job id -> key -> [peak_mib, sm_sum, sm_n, sm_peak, samples]
+        self._jobs: dict[str, dict[int | str, list]] = {}
+
+    def add(self, job_id: str, key: int | str, *, used_mib: int | None, sm_percent: float | None) -> None:
+        """Record one sample of a job on a device: memory its processes hold (MiB) and SM utilization
+        (percent), either None when NVML gave nothing."""
+        acc = self._jobs.setdefault(str(job_id), {}).setdefault(key, [None, 0.0, 0, None, 0])
+        if used_mib is not None:
+            acc[0] = used_mib if acc[0] is None else max(acc[0], used_mib)
+        if sm_percent is not None:
+            acc[1] += sm_percent
+            acc[2] += 1
+            acc[3] = sm_percent if acc[3] is None else max(acc[3], sm_percent)
+        acc[4] += 1
+
+    def usage(self, job_id: str) -> dict[int | str, Usage]:
+        """The job's usage so far, per device key (empty when never sampled)."""
+        return {k: Usage(a[0], (a[1] / a[2]) if a[2] else None, a[3], a[4])
+                for k, a in self._jobs.get(str(job_id), {}).items()}
+
+    def pop(self, job_id: str) -> dict[int | str, Usage]:
+        """:meth:`usage`, then forget the job."""
+        out = self.usage(job_id)
+        self._jobs.pop(str(job_id), None)
+        return out
+
+    def jobs(self) -> tuple[str, ...]:
+        """Ids of the jobs with samples."""
+        return tuple(self._jobs)
+
+
+@dataclass(frozen=True)
+class UsageRecord:
+    """One job's reservation and use of one GPU device on one node (format version 1).
+
+    Attributes:
+        job_id: Slurm job id (``SLURM_JOB_ID``; for an array task its own id), decimal digits.
+        array_job_id, array_task_id: the array's job id and the task index, None outside arrays.
+        step: the job step (``batch``, ``0``, ...), ``""`` for the whole allocation (what the Epilog
+            writes).
+        user, account, partition, node: as slurmctld recorded them; ``""`` when unknown.
+        gpu_index: NVML index of the GPU (the parent GPU for a MIG device).
+        gpu_uuid: ``GPU-...`` or, for a MIG device, ``MIG-...`` (``nvmlDeviceGetUUID``); ``""`` unknown.
+        gpu_model: short model (``h100``, ``a100``, ``rtx4090``; :func:`~slurm_gpushare.hardware.machine.gpu_model`).
+        gpu_memory_mib: total memory of the GPU (the parent for MIG), MiB.
+        mode: ``mig`` (a MIG device), ``mps`` (an MPS memory share) or ``gpu`` (a whole GPU).
+        share: the MIG profile (``1g.10gb``), the MPS GRES (``shard:10``) or ``""`` for a whole GPU.
+        mem_asked_mib: memory asked per device (``gpushare:mem=``), MiB; None when nothing was asked
+            (plain ``--gres=gpu:N``, ``mode=gpu``).
+        sm_asked_percent: compute share asked (``sm=``), percent; None when not asked.
+        mem_granted_mib: memory the job could use on the device: the MPS pinned-memory limit, the MIG
+            profile's memory, the whole GPU's memory; MiB.
+        start, end: when the job started and ended, epoch seconds; ``end >= start``.
+        mem_peak_mib: peak memory the job's processes held on the device, MiB; None = no data.
+        sm_mean_percent, sm_peak_percent: mean and peak SM utilization of the device while the job
+            ran, percent of the whole GPU; None = no data (MIG, unsupported GPU, never sampled).
+        samples: how many monitor samples the peaks come from (0: none).
+        exit_state: ``COMPLETED``, ``FAILED`` or ``SIGNALED`` (:func:`exit_from_env`), or Slurm's state.
+        exit_code: ``exit:signal`` as Slurm prints it (``0:0``, ``1:0``, ``0:9``); ``""`` unknown.
+        placement_cost: the placement's cost from the topology-aware placement; None until it exists.
+        v: the format version, :data:`RECORD_VERSION`.
+    """
+
+    job_id: str
+    user: str
+    account: str
+    partition: str
+    node: str
+    gpu_index: int
+    gpu_uuid: str
+    gpu_model: str
+    gpu_memory_mib: int
+    mode: str
+    share: str
+    mem_asked_mib: int | None
+    sm_asked_percent: int | None
+    mem_granted_mib: int
+    start: int
+    end: int
+    mem_peak_mib: int | None = None
+    sm_mean_percent: float | None = None
+    sm_peak_percent: float | None = None
+    samples: int = 0
+    exit_state: str = ""
+    exit_code: str = ""
+    array_job_id: str | None = None
+    array_task_id: int | None = None
+    step: str = ""
+    placement_cost: float | None = None
+    v: int = RECORD_VERSION
+
+    def __post_init__(self) -> None:
+        _check(self.to_dict())
+
+    @property
+    def key(self) -> tuple[str, str, str, int, str, int]:
+        """What makes a record unique: job, step, node, GPU index and UUID, version."""
+        return (self.job_id, self.step, self.node, self.gpu_index, self.gpu_uuid, self.v)
+
+    @property
+    def duration_s(self) -> int:
+        """``end - start``, seconds."""
+        return self.end - self.start
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record as the JSON object (keys in :data:`FIELDS` order, ``v`` first)."""
+        return {name: getattr(self, name) for name in FIELDS}
+
+    def to_json(self) -> str:
+        """One line of compact JSON, no newline (ASCII only: names are escaped)."""
+        return json.dumps(self.to_dict(), separators=(",", ":"))
+
+    @classmethod
+    def from_dict(cls, data: Any, *, source: str | None = None) -> UsageRecord:
+        """Build from a decoded JSON object, strictly (see module docstring).
+
+        Raises:
+            RecordError: not an object, another version, unknown or missing keys, a wrong type or range.
+        """
+        _check(data, source)
+        return cls(**data)
+
+    @classmethod
+    def from_json(cls, line: str | bytes, *, source: str | None = None) -> UsageRecord:
+        """Parse one JSON line (see :meth:`from_dict`).
+
+        Raises:
+            RecordError: not JSON, or not a valid record.
+        """
+        return cls.from_dict(_decode(line, source), source=source)
+
+
+#: The JSON keys of a version-1 record, in the order they are written (``v`` first).
+FIELDS: tuple[str, ...] = ("v", "job_id", "array_job_id", "array_task_id", "step", "user", "account",
+                           "partition", "node", "gpu_index", "gpu_uuid", "gpu_model", "gpu_memory_mib",
+                           "mode", "share", "mem_asked_mib", "sm_asked_percent", "mem_granted_mib", "start",
+                           "end", "mem_peak_mib", "sm_mean_percent", "sm_peak_percent", "samples",
+                           "exit_state", "exit_code", "placement_cost")
+_FIELD_SET = frozenset(FIELDS)
+assert _FIELD_SET == {f.name for f in fields(UsageRecord)}
+
+_STR, _INT, _NUM = "str", "int", "num"
+# name -> (kind, may be None)
+_TYPES: dict[str, tuple[str, bool]] = {
+    "v": (_INT, False), "job_id": (_STR, False), "array_job_id": (_STR, True), "array_task_id": (_INT, True),
+    "step": (_STR, False), "user": (_STR, False), "account": (_STR, False), "partition": (_STR, False),
+    "node": (_STR, False), "gpu_index": (_INT, False), "gpu_uuid": (_STR, False), "gpu_model": (_STR, False),
+    "gpu_memory_mib": (_INT, False), "mode": (_STR, False), "share": (_STR, False),
+    "mem_asked_mib": (_INT, True), "sm_asked_percent": (_INT, True), "mem_granted_mib": (_INT, False),
+    "start": (_INT, False), "end": (_INT, False), "mem_peak_mib": (_INT, True), "sm_mean_percent": (_NUM, True),
+    "sm_peak_percent": (_NUM, True), "samples": (_INT, False), "exit_state": (_STR, False),
+    "exit_code": (_STR, False), "placement_cost": (_NUM, True),
+}
+_CHECKS = tuple((name, *_TYPES[name]) for name in FIELDS)
+
+
+def _decode(line: str | bytes, source: str | None) -> Any:
+    try:
+        return json.loads(line)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise RecordError(f"not a JSON record: {e}", source=source) from None
+
+
+def _check(data: Any, source: str | None = None) -> None:
+    """Raise :class:`RecordError` unless ``data`` is a valid version-1 record object."""
+    if type(data) is not dict:
+        raise RecordError(f"a record is a JSON object, not {type(data).__name__}", source=source)
+    version = data.get("v")
+    if version != RECORD_VERSION or type(version) is not int:
+        if "v" not in data:
+            raise RecordError('no "v" key: not a slurm-gpushare usage record', source=source)
+        raise RecordError(f"record version {version!r}; this slurm-gpushare reads version {RECORD_VERSION}",
+                          hint="ingest it with the slurm-gpushare release that wrote it, or upgrade",
+                          source=source)
+    if data.keys() != _FIELD_SET:
+        extra = sorted(set(data) - _FIELD_SET)
+        missing = sorted(_FIELD_SET - set(data))
+        parts = ([f"unknown key(s) {', '.join(extra)}"] if extra else []) + \
+                ([f"missing key(s) {', '.join(missing)}"] if missing else [])
+        raise RecordError(f"version-1 record with {'; '.join(parts)}", source=source)
+    for name, kind, nullable in _CHECKS:
+        value = data[name]
+        t = type(value)
+        if value is None:
+            if nullable:
+                continue
+        elif kind is _STR:
+            if t is str:
+                continue
+        elif kind is _INT:
+            if t is int:
+                continue
+        elif t is int or t is float:
+            continue
+        want = {"str": "a string", "int": "an integer", "num": "a number"}[kind]
+        raise RecordError(f"{name} is {value!r}, not {want}{' or null' if nullable else ''}", source=source)
+    if not data["job_id"]:
+        raise RecordError("job_id is empty", source=source)
+    if data["mode"] not in MODES:
+        raise RecordError(f"mode is {data['mode']!r}, not one of {', '.join(MODES)}", source=source)
+    if data["end"] < data["start"]:
+        raise RecordError(f"end {data['end']} is before start {data['start']}", source=source)
+    for name in ("gpu_index", "gpu_memory_mib", "mem_granted_mib", "samples", "mem_peak_mib", "mem_asked_mib"):
+        if data[name] is not None and data[name] < 0:
+            raise RecordError(f"{name} is negative ({data[name]})", source=source)
+    for name in ("sm_asked_percent", "sm_mean_percent", "sm_peak_percent"):
+        value = data[name]
+        if value is not None and not 0 <= value <= 100:
+            raise RecordError(f"{name} is {value}, not a percentage (0-100)", source=source)
+
+
+def row_from_json(line: str | bytes, *, source: str | None = None) -> tuple:
+    """Parse and check one JSON line into a tuple of values in :data:`FIELDS` order (the store's row),
+    without building a :class:`UsageRecord` (same checks as :meth:`UsageRecord.from_json`).
+
+    Raises:
+        RecordError: not JSON, or not a valid version-1 record.
+    """
+    data = _decode(line, source)
+    _check(data, source)
+    return tuple(data[name] for name in FIELDS)
+
+
+_FIELD_LIST = list(FIELDS)
+_NONE = type(None)
+_MODE_SET = frozenset(MODES)
+_ALLOWED: dict[str, frozenset[type]] = {
+    name: frozenset({str} if kind is _STR else {int} if kind is _INT else {int, float})
+    | ({_NONE} if nullable else frozenset())
+    for name, kind, nullable in _CHECKS}
+_NON_NEGATIVE = ("gpu_index", "gpu_memory_mib", "mem_granted_mib", "samples", "mem_peak_mib", "mem_asked_mib")
+_PERCENT = ("sm_asked_percent", "sm_mean_percent", "sm_peak_percent")
+_COL = {name: i for i, name in enumerate(FIELDS)}
+_IN_ORDER = operator.itemgetter(*FIELDS)
+_AT_LEAST_0 = partial(operator.le, 0)
+_AT_MOST_100 = partial(operator.ge, 100)
+_NOT_NONE = partial(operator.is_not, None)
+
+
+def _rows_checked_by_column(data: list) -> list[tuple] | None:
+    """The rows of many decoded records when all of them pass, checked column by column in C-level
+    loops (``map``, ``all``, ``set``): about a tenth of the cost of checking record by record. None when
+    anything is off: then :func:`_check` looks at each record and names what is wrong. Accepts
+    nothing :func:`_check` refuses."""
+    if not data:
+        return []
+    if not all(map(dict.__instancecheck__, data)) or set(map(len, data)) != {len(FIELDS)}:
+        return None
+    try:
+        rows = list(map(_IN_ORDER, data))  # every key present (and, by the count, no other)
+    except KeyError:
+        return None
+    columns = list(zip(*rows, strict=True))
+    for name, col in zip(FIELDS, columns, strict=True):
+        if not set(map(type, col)) <= _ALLOWED[name]:
+            return None
+    c = _COL
+    if (set(columns[c["v"]]) != {RECORD_VERSION} or not all(columns[c["job_id"]])
+            or not set(columns[c["mode"]]) <= _MODE_SET
+            or not all(map(operator.ge, columns[c["end"]], columns[c["start"]]))):
+        return None
+    for name in _NON_NEGATIVE:
+        if not all(map(_AT_LEAST_0, filter(_NOT_NONE, columns[c[name]]))):
+            return None
+    for name in _PERCENT:
+        values = list(filter(_NOT_NONE, columns[c[name]]))
+        # written as 0 <= x and 100 >= x, so that NaN (which json accepts) fails both
+        if not (all(map(_AT_LEAST_0, values)) and all(map(_AT_MOST_100, values))):
+            return None
+    return rows
+
+
+def rows_from_lines(lines: list[bytes]) -> tuple[list[tuple], list[tuple[int, str]]]:
+    """Parse many JSON lines at once (ingest's fast path): ``(rows, errors)``, rows in :data:`FIELDS`
+    order, errors as ``(position in lines, reason)``. Blank lines are neither. Same checks as
+    :meth:`UsageRecord.from_json`.
+    """
+    items = [(i, line) for i, line in enumerate(lines) if line.strip()]
+    # One json.loads of "[l1,l2,...]" costs half as much as one call per line. It is used only when
+    # every line is one braced object (so no line can swallow or split another) and the count agrees;
+    # otherwise (a corrupt line) each line is parsed alone.
+    if all(line[:1] == b"{" and line.rstrip()[-1:] == b"}" for _, line in items):
+        try:
+            data = json.loads(b"[" + b",".join(line for _, line in items) + b"]")
+        except (ValueError, UnicodeDecodeError):
+            data = None
+        if data is not None and len(data) == len(items):
+            rows = _rows_checked_by_column(data)
+            if rows is not None:
+                return rows, []
+    rows, errors = [], []
+    for i, line in items:
+        try:
+            rows.append(row_from_json(line))
+        except RecordError as e:
+            errors.append((i, e.message))
+    return rows, errors
+
+
+# --- what the Epilog knows -> records --------------------------------------------------------------
+
+
+def exit_from_env(env: Mapping[str, str]) -> tuple[str, str]:
+    """``(exit_state, exit_code)`` of a job from slurmd's Epilog environment.
+
+    ``SLURM_JOB_EXIT_CODE2`` is ``exit:signal`` (``0:0``); without it ``SLURM_JOB_EXIT_CODE`` is the
+    raw wait status (SLURM_FACTS.md §5). State: ``COMPLETED`` (0:0), ``FAILED`` (non-zero exit),
+    ``SIGNALED`` (killed by a signal: a cancel, a time limit or the OOM killer; ``sacct`` tells which),
+    or ``""`` when neither variable is set.
+    """
+    code = env.get("SLURM_JOB_EXIT_CODE2", "")
+    if not code:
+        raw = env.get("SLURM_JOB_EXIT_CODE", "")
+        if not raw.isdigit():
+            return "", ""
+        status = int(raw)
+        code = f"{(status >> 8) & 0xFF}:{status & 0x7F}"
+    exit_status, _, signal = code.partition(":")
+    if signal not in ("", "0"):
+        return "SIGNALED", code
+    return ("COMPLETED" if exit_status == "0" else "FAILED"), code
+
+
+def _audit_mem(text: str | None) -> tuple[int | None, int | None]:
+    """``10240/10240MiB`` -> ``(10240, 10240)``; ``-/81559MiB`` -> ``(None, 81559)``."""
+    if not text:
+        return None, None
+    asked, _, granted = text.removesuffix("MiB").partition("/")
+    return (int(asked) if asked.isdigit() else None), (int(granted) if granted.isdigit() else None)
+
+
+def _gpu(machine: Machine, index: int, job_id: str) -> Gpu:
+    for g in machine.gpus:
+        if g.index == index:
+            return g
+    raise InputError(f"job {job_id} used GPU {index}, which the machine description of {machine.hostname} "
+                     "does not have", hint="regenerate it with 'slurm-gpushare inventory'")
+
+
+def records_for_job(info: JobInfo, plan: JobPlan, machine: Machine, *, node: str, start: int, end: int,
+                    exit_state: str = "", exit_code: str = "",
+                    usage: Mapping[int | str, Usage] | None = None,
+                    gpu_uuids: Mapping[int, str] | None = None, account: str | None = None,
+                    array_job_id: str | None = None, array_task_id: int | None = None, step: str = "",
+                    placement_cost: float | None = None) -> tuple[UsageRecord, ...]:
+    """The records of one finished job on this node, one per GPU device it held (pure).
+
+    Args:
+        info: the job as slurmctld recorded it (``scontrol -d show job``): user, partition, GRES
+            detail (MIG GRES types) and the AdminComment audit (``mem=<asked>/<granted>MiB``, ``sm=``).
+        plan: what the Prolog prepared (:func:`~slurm_gpushare.jobplan.plan_job`): kind, GPU indices,
+            MIG UUIDs (``visible_devices``), the MPS memory limit and thread percentage.
+        machine: the node's machine description (GPU names, memory, MIG profiles and instances).
+        node: this node's Slurm name.
+        start, end: the job's start and end, epoch seconds (``end`` is clamped to ``start``).
+        exit_state, exit_code: see :func:`exit_from_env`.
+        usage: what the monitor measured, keyed by MIG device UUID or GPU index
+            (:meth:`UsageTracker.pop`); a device with no entry gets "no data" (None), never 0.
+        gpu_uuids: NVML index -> GPU UUID (``nvmlDeviceGetUUID``); default: the machine description's.
+        account: the job's account (``Account=`` of ``scontrol show job``); default ``info.account``
+            when JobInfo has it, else ``""``.
+        array_job_id, array_task_id, step: for array tasks and per-step records.
+        placement_cost: the topology placement's cost, when known.
+
+    Returns:
+        One record per GPU device, in the plan's order; empty for a job without GPUs here.
+
+    Raises:
+        InputError: the plan names a GPU the machine description lacks.
+    """
+    if plan.kind not in MODES or not plan.gpu_indices:
+        return ()
+    usage = usage or {}
+    uuids = dict(gpu_uuids or {})
+    audit = info.audit or {}
+    asked, granted_audit = _audit_mem(audit.get("mem"))
+    sm_asked = plan.sm_percent
+    if sm_asked is None and audit.get("sm", "").isdigit():
+        sm_asked = int(audit["sm"])
+    if account is None:
+        account = getattr(info, "account", "") or ""
+    allocs = info.gres_on(node)
+    end = max(end, start)
+    common = dict(job_id=str(info.job_id or plan.job_id), user=info.user, account=account,
+                  partition=info.partition, node=node, mem_asked_mib=asked, sm_asked_percent=sm_asked,
+                  start=int(start), end=int(end), exit_state=exit_state, exit_code=exit_code,
+                  array_job_id=array_job_id, array_task_id=array_task_id, step=step,
+                  placement_cost=placement_cost)
+
+    def measured(*keys: int | str) -> dict[str, Any]:
+        u = next((usage[k] for k in keys if k != "" and k in usage), None)
+        if u is None:
+            return {}
+        return dict(mem_peak_mib=u.peak_mib, sm_mean_percent=u.sm_mean, sm_peak_percent=u.sm_peak,
+                    samples=u.samples)
+
+    out: list[UsageRecord] = []
+    if plan.kind == "mig":
+        types = [a.type for a in allocs if a.name == "gpu" for _ in a.indices]
+        mig_uuids = plan.visible_devices.split(",") if plan.visible_devices else []
+        for n, index in enumerate(plan.gpu_indices):
+            gpu = _gpu(machine, index, common["job_id"])
+            uuid = mig_uuids[n] if n < len(mig_uuids) else ""
+            inst = next((i for i in gpu.mig_instances if uuid and i.uuid == uuid), None)
+            profile = inst.profile if inst else (types[n].partition("_")[2] if n < len(types) else "")
+            mem = next((p.memory_mib for p in gpu.mig_profiles if p.name == profile), None)
+            if mem is None:
+                mem = granted_audit or 0
+            # NVML indexes MIG devices by UUID; an index key is ambiguous with two slices of one GPU
+            only_one = plan.gpu_indices.count(index) == 1
+            out.append(UsageRecord(**common, gpu_index=index, gpu_uuid=uuid, gpu_model=gpu.model,
+                                   gpu_memory_mib=gpu.memory_mib, mode="mig", share=profile,
+                                   mem_granted_mib=mem,
+                                   **measured(*((uuid, index) if only_one else (uuid,)))))
+        return tuple(out)
+    share = ""
+    if plan.kind == "mps":
+        shards = sum(a.count for a in allocs if a.name == "shard")
+        share = f"shard:{shards}" if shards else ""
+    for index in plan.gpu_indices:
+        gpu = _gpu(machine, index, common["job_id"])
+        uuid = uuids.get(index) or gpu.uuid
+        granted = plan.mem_limit_mib if plan.kind == "mps" and plan.mem_limit_mib is not None else gpu.memory_mib
+        out.append(UsageRecord(**common, gpu_index=index, gpu_uuid=uuid, gpu_model=gpu.model,
+                               gpu_memory_mib=gpu.memory_mib, mode=plan.kind, share=share,
+                               mem_granted_mib=min(granted, gpu.memory_mib), **measured(uuid, index)))
+    return tuple(out)
+
+
+# --- the summary for Slurm's own accounting (AdminComment) -------------------------------------------
+
+#: Tag of the usage summary segment in AdminComment (the request audit is ``[gpushare:v1 ...]``).
+SUMMARY_TAG = "gpushare-usage"
+_SUMMARY = re.compile(r"\s*\[gpushare-usage:v\d+ node=(\S+?)(?: [^\]]*)?\]")
+
+
+def summary_segment(records: Sequence[UsageRecord]) -> str:
+    """One job's usage on one node as a compact AdminComment segment (pure), e.g.
+    ``[gpushare-usage:v1 node=a100 mode=gpu gpus=2 peak=20480/81920MiB sm=50.0/90.0]``.
+
+    ``peak``: the highest peak of the job's devices over the memory granted per device (MiB); ``sm``:
+    the mean of the devices' mean SM utilization (averaged, never summed) and the highest peak,
+    percent. ``-`` where there is no data (MIG, not sampled). Values hold no space and no bracket.
+
+    Raises:
+        InputError: no records, or records of several jobs or nodes.
+    """
+    if not records:
+        raise InputError("no records to summarize")
+    if len({(r.job_id, r.node) for r in records}) != 1:
+        raise InputError("a usage summary is of one job on one node")
+    r0 = records[0]
+    peaks = [r.mem_peak_mib for r in records if r.mem_peak_mib is not None]
+    means = [r.sm_mean_percent for r in records if r.sm_mean_percent is not None]
+    sm_peaks = [r.sm_peak_percent for r in records if r.sm_peak_percent is not None]
+    peak = f"{max(peaks)}/{max(r.mem_granted_mib for r in records)}MiB" if peaks else "-"
+    sm = f"{sum(means) / len(means):.1f}/{max(sm_peaks):.1f}" if means and sm_peaks else "-"
+    modes = ",".join(sorted({r.mode for r in records}))
+    node = "".join(c if c.isalnum() or c in "-_." else "?" for c in r0.node)
+    return f"[{SUMMARY_TAG}:v{RECORD_VERSION} node={node} mode={modes} gpus={len(records)} peak={peak} sm={sm}]"
+
+
+def merge_summary(admin_comment: str | None, segment: str) -> str:
+    """Put a summary segment into an AdminComment, replacing an earlier one of the same node and keeping
+    everything else (the ``[gpushare:v1 ...]`` audit, other nodes' summaries, other tools' text)."""
+    m = _SUMMARY.match(segment)
+    node = m.group(1) if m else ""
+    rest = _SUMMARY.sub(lambda x: "" if x.group(1) == node else x.group(0), admin_comment or "").strip()
+    return f"{rest} {segment}" if rest else segment

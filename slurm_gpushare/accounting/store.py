@@ -1,0 +1,544 @@
+"""The embedded accounting store: spool files ingested into one SQLite database (stdlib ``sqlite3``).
+
+One table, ``usage``, one row per record (columns named as the record's JSON keys, plus the computed
+``gpu_share``), unique on ``(job_id, step, node, gpu_index, gpu_uuid, v)``: a record ingested twice is
+stored once (``INSERT OR IGNORE``; the first copy wins). Ingest is resumable and exact:
+
+* spool files are read in chunks of whole lines; the rows of a batch of chunks (about 16 MiB of text,
+  several small files share one), their skipped lines and each file's new read position (table
+  ``spool_progress``: byte offset, lines before it, a fingerprint of the file's first 4 KiB) are
+  committed in one transaction. A killed ingest leaves the database as of its last commit; the next
+  run continues from the recorded offsets, and the unique key absorbs anything read twice, so nothing
+  is lost and nothing is doubled;
+* a file that no longer starts with the bytes seen before (replaced, rotated, truncated) is read again
+  from the start; the unique key keeps that exact too;
+* a line that is not a valid version-1 record (corrupt, a newer version, or the unterminated last line
+  of a writer that died) is skipped, named by file and line in the result and kept in table
+  ``skipped``; the rest of the file is ingested;
+* one ingest at a time per database (``<db>.ingest-lock``); reports may read meanwhile (WAL).
+
+Speed (docs/performance.md): worker processes parse and check batches (JSON, strict record checks
+column by column) while this process inserts them with ``executemany``; WAL, ``synchronous=NORMAL``
+(a committed transaction survives a crash of the process; a power loss may lose the last ones, which
+the next ingest reads again from the spool), 8 KiB pages. The index ``usage_by_user`` covers the
+by-user report, so that it reads one index in order instead of sorting the table.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import gc
+import hashlib
+import marshal
+import multiprocessing
+import os
+import sqlite3
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from slurm_gpushare.accounting.record import FIELDS, UsageRecord, rows_from_lines
+from slurm_gpushare.accounting.spool import DEFAULT_SPOOL_DIR, complete_size, spool_files
+from slurm_gpushare.errors import GpushareError, InputError
+
+#: Where ``accounting ingest`` and ``report`` keep the database unless told otherwise.
+DEFAULT_DB = "/var/lib/slurm-gpushare/accounting.db"
+#: Version of the database layout (table ``meta``, key ``schema``).
+SCHEMA_VERSION = 1
+#: Bytes of spool text per transaction.
+BATCH_BYTES = 16 << 20
+#: Above this much unread spool text, chunks are parsed by worker processes while this one inserts.
+PARALLEL_BYTES = 64 << 20
+_HEAD = 4096  # bytes fingerprinted to recognise a file seen before
+
+_SQL_TYPES = {
+    "v": "INTEGER NOT NULL", "job_id": "TEXT NOT NULL", "array_job_id": "TEXT", "array_task_id": "INTEGER",
+    "step": "TEXT NOT NULL", "user": "TEXT NOT NULL", "account": "TEXT NOT NULL", "partition": "TEXT NOT NULL",
+    "node": "TEXT NOT NULL", "gpu_index": "INTEGER NOT NULL", "gpu_uuid": "TEXT NOT NULL",
+    "gpu_model": "TEXT NOT NULL", "gpu_memory_mib": "INTEGER NOT NULL", "mode": "TEXT NOT NULL",
+    "share": "TEXT NOT NULL", "mem_asked_mib": "INTEGER", "sm_asked_percent": "INTEGER",
+    "mem_granted_mib": "INTEGER NOT NULL", "start": "INTEGER NOT NULL", "end": "INTEGER NOT NULL",
+    "mem_peak_mib": "INTEGER", "sm_mean_percent": "REAL", "sm_peak_percent": "REAL",
+    "samples": "INTEGER NOT NULL", "exit_state": "TEXT NOT NULL", "exit_code": "TEXT NOT NULL",
+    "placement_cost": "REAL",
+}
+_COLUMNS = ", ".join(f'"{name}"' for name in FIELDS)
+#: The share of its GPU a record held: 1 for a whole GPU, else its memory over the GPU's (at most 1).
+GPU_SHARE_SQL = ('CASE WHEN "mode" = \'gpu\' OR "gpu_memory_mib" <= 0 THEN 1.0 '
+                 'ELSE MIN(1.0, "mem_granted_mib" * 1.0 / "gpu_memory_mib") END')
+_SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS usage (
+    {", ".join(f'"{name}" {_SQL_TYPES[name]}' for name in FIELDS)},
+    "gpu_share" REAL GENERATED ALWAYS AS ({GPU_SHARE_SQL}) VIRTUAL,
+    UNIQUE ("job_id", "step", "node", "gpu_index", "gpu_uuid", "v")
+);
+-- covers the by-user report: it reads this index in user order, without sorting or touching the table
+CREATE INDEX IF NOT EXISTS usage_by_user ON usage ("user", "job_id", "start", "end", "gpu_share",
+    "mem_granted_mib", "mem_peak_mib", "sm_mean_percent", "sm_peak_percent");
+CREATE TABLE IF NOT EXISTS spool_progress (
+    file TEXT PRIMARY KEY, offset INTEGER NOT NULL, lines INTEGER NOT NULL,
+    head_len INTEGER NOT NULL, head_sha1 TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS skipped (
+    file TEXT NOT NULL, line INTEGER NOT NULL, reason TEXT NOT NULL, PRIMARY KEY (file, line)
+);
+"""
+_INSERT = f"INSERT OR IGNORE INTO usage ({_COLUMNS}) VALUES ({', '.join('?' * len(FIELDS))})"
+
+
+class StoreError(GpushareError):
+    """The database cannot be opened, has another layout version, or SQLite failed. ``source`` is its path."""
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A spool line that was not ingested: ``file:line: reason``."""
+
+    file: str
+    line: int
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}: {self.reason}"
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    """What one ingest did.
+
+    Attributes:
+        ingested: records newly stored.
+        duplicates: valid records already stored (read again after a kill, or ingested twice).
+        skipped: lines that were not valid records, in file order (also kept in table ``skipped``).
+        files: spool files looked at.
+    """
+
+    ingested: int = 0
+    duplicates: int = 0
+    skipped: tuple[Skipped, ...] = ()
+    files: int = 0
+
+
+@dataclass
+class IngestProgress:
+    """Passed to ``on_commit`` after each committed transaction: running totals of this ingest, the
+    last file and offset committed, and the lines skipped in that transaction."""
+
+    file: str
+    offset: int
+    ingested: int = 0
+    duplicates: int = 0
+    skipped: list[Skipped] = field(default_factory=list)
+    new_skipped: list[Skipped] = field(default_factory=list)
+
+
+class Store:
+    """The accounting database.
+
+    Args:
+        path: the SQLite file, or ``":memory:"`` (tests).
+        create: create the database (and its directory's last component) when missing, and its
+            tables; otherwise a missing file or one without them is an error (``report`` must not
+            invent an empty database, and reads without taking the write lock).
+
+    Raises:
+        StoreError: missing file (without ``create``), not an SQLite database, another layout version.
+    """
+
+    def __init__(self, path: str | Path = ":memory:", *, create: bool = True):
+        self.path = str(path)
+        memory = self.path == ":memory:"
+        if not memory:
+            p = Path(self.path)
+            if not p.exists():
+                if not create:
+                    raise StoreError(f"no accounting database at {p}",
+                                     hint="run 'slurm-gpushare accounting ingest' first, or give --db")
+                if not p.parent.is_dir():
+                    if not p.parent.parent.is_dir():
+                        raise StoreError(f"cannot create {p}: {p.parent.parent} does not exist")
+                    p.parent.mkdir(mode=0o755)
+        self._db = None
+        try:
+            self._db = sqlite3.connect(self.path, isolation_level=None)
+            self._db.execute("PRAGMA busy_timeout = 30000")
+            # a new database only: 8 KiB pages made ingest ~15% faster than 4 KiB (fewer B-tree splits)
+            self._db.execute("PRAGMA page_size = 8192")
+            if not memory:
+                self._db.execute("PRAGMA journal_mode = WAL")
+            self._db.executescript("PRAGMA synchronous = NORMAL; PRAGMA temp_store = MEMORY;"
+                                   "PRAGMA cache_size = -65536;")
+            if create:
+                self._db.executescript("BEGIN IMMEDIATE;" + _SCHEMA + "COMMIT;")
+            elif not self._db.execute("SELECT 1 FROM sqlite_master WHERE name = 'meta'").fetchone():
+                raise StoreError("not an accounting database (no table meta)", source=self.path)
+            row = self._db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
+            if row is None:
+                if not create:
+                    raise StoreError("not an accounting database (no layout version)", source=self.path)
+                self._db.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+            elif row[0] != str(SCHEMA_VERSION):
+                raise StoreError(f"database layout version {row[0]}; this slurm-gpushare uses {SCHEMA_VERSION}",
+                                 source=self.path, hint="use the slurm-gpushare release that created it")
+        except (sqlite3.Error, StoreError) as e:
+            if self._db is not None:
+                self._db.close()
+            if isinstance(e, StoreError):
+                raise
+            raise StoreError(f"cannot open the accounting database: {e}", source=self.path) from None
+
+    # --- lifecycle -------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the connection."""
+        self._db.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- writing ---------------------------------------------------------------------------------
+
+    def add(self, records: Iterable[UsageRecord]) -> tuple[int, int]:
+        """Store records directly (tests, tools); returns ``(inserted, duplicates)``.
+
+        Raises:
+            StoreError: SQLite failed (nothing of this call is stored).
+        """
+        rows = [tuple(r.to_dict().values()) for r in records]
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+            before = self._db.total_changes
+            self._db.executemany(_INSERT, rows)
+            inserted = self._db.total_changes - before
+            self._db.execute("COMMIT")
+        except sqlite3.Error as e:
+            self._rollback()
+            raise StoreError(f"cannot store records: {e}", source=self.path) from None
+        return inserted, len(rows) - inserted
+
+    def ingest(self, sources: str | Path | Iterable[str | Path], *,
+               on_skip: Callable[[Skipped], None] | None = None,
+               on_commit: Callable[[IngestProgress], None] | None = None,
+               batch_bytes: int = BATCH_BYTES, workers: int | None = None,
+               parallel_bytes: int = PARALLEL_BYTES) -> IngestResult:
+        """Load spool files (see module docstring).
+
+        Args:
+            sources: spool directories (every ``*.jsonl`` in them) and/or files.
+            on_skip: called for each skipped line once it is committed (the CLI prints a warning).
+            on_commit: called after each committed transaction with running totals (progress display;
+                an exception raised there stops the ingest after that commit).
+            batch_bytes: spool text per transaction (small files share one).
+            workers: processes that parse and check chunks while this one inserts (default: one per
+                CPU, at most 4); ``0`` or ``1``: parse here.
+            parallel_bytes: use the workers only when more unread text than this is waiting.
+
+        Returns:
+            Counts of this run: records ingested, duplicates, skipped lines, files.
+
+        Raises:
+            InputError: a spool directory or file that does not exist.
+            StoreError: SQLite failed, or a spool file cannot be read (``source`` names it); whatever
+                was committed before stays, and the next ingest continues from there.
+        """
+        if isinstance(sources, (str, Path)):
+            sources = [sources]
+        paths: list[Path] = []
+        for s in sources:
+            p = Path(s)
+            if not p.exists():
+                raise InputError(f"spool directory or file {p} does not exist",
+                                 hint=f"the Epilog writes to {DEFAULT_SPOOL_DIR} unless configured otherwise")
+            paths.extend(spool_files(p) if p.is_dir() else [p])
+        if workers is None:
+            workers = min(4, os.cpu_count() or 1)
+        progress = IngestProgress(file="", offset=0)
+        pool: ProcessPoolExecutor | None = None
+        with self._ingest_lock():
+            try:
+                files = [self._open(p) for p in paths]
+                if workers > 1 and sum(f.size - f.offset for f in files) > parallel_bytes:
+                    pool = _parse_pool(workers)
+                self._run(files, progress, on_skip, on_commit, max(batch_bytes, 1), pool,
+                          2 * workers if pool else 1)
+            except sqlite3.Error as e:
+                self._rollback()
+                raise StoreError(f"ingest of {progress.file or 'spool files'} failed: {e}", source=self.path) \
+                    from None
+            finally:
+                if pool is not None:
+                    pool.shutdown(wait=True, cancel_futures=True)
+        return IngestResult(progress.ingested, progress.duplicates, tuple(progress.skipped), len(paths))
+
+    @contextmanager
+    def _ingest_lock(self) -> Iterator[None]:
+        """One ingest at a time per database (a second one waits): ``<db>.ingest-lock``, flock'ed.
+        (Not the database file itself: closing another descriptor of it would drop SQLite's own locks.)"""
+        if self.path == ":memory:":
+            yield
+            return
+        fd = os.open(f"{self.path}.ingest-lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def _rollback(self) -> None:
+        if self._db.in_transaction:
+            self._db.execute("ROLLBACK")
+
+    def _open(self, path: Path) -> _File:
+        """A spool file's complete size, its first bytes, and where to continue: the recorded offset,
+        or 0 for a new file or one that changed (shorter, or other first bytes).
+
+        Raises:
+            StoreError: the file cannot be read.
+        """
+        name = str(path.absolute())
+        try:
+            size = complete_size(path)
+            with open(path, "rb") as f:
+                head = f.read(min(_HEAD, size))
+        except OSError as e:
+            raise StoreError(f"cannot read spool file: {e.strerror or e}", source=str(path)) from None
+        row = self._db.execute("SELECT offset, lines, head_len, head_sha1 FROM spool_progress WHERE file = ?",
+                               (name,)).fetchone()
+        if row is None:
+            return _File(path, name, size, head, 0, 0, None)
+        offset, lines, head_len, head_sha1 = row
+        if offset > size or len(head) < head_len or hashlib.sha1(head[:head_len]).hexdigest() != head_sha1:
+            return _File(path, name, size, head, 0, 0, offset)
+        return _File(path, name, size, head, offset, lines, offset)
+
+    def _run(self, files: list[_File], progress: IngestProgress, on_skip, on_commit, batch_bytes: int,
+             pool: ProcessPoolExecutor | None, depth: int) -> None:
+        """Stream every file's unread lines in batches of chunks (a chunk: whole lines of one file; a
+        batch: about ``batch_bytes`` of chunks of consecutive files), parse each batch (in ``pool``, up
+        to ``depth`` batches ahead, or here) and commit each in one transaction, in order."""
+        in_flight: deque[tuple[list[_Chunk], Future | None]] = deque()
+        batches = _batches(_chunks(files, batch_bytes), batch_bytes)
+        try:
+            while True:
+                while len(in_flight) < depth:
+                    batch = next(batches, None)
+                    if batch is None:
+                        break
+                    bodies = [c.body for c in batch]
+                    in_flight.append((batch, pool.submit(_parse_marshalled, bodies) if pool else None))
+                if not in_flight:
+                    return
+                batch, future = in_flight.popleft()
+                parsed = _unmarshal(future.result()) if future else _parse([c.body for c in batch])
+                self._commit([(c, rows, errors) for c, (rows, errors) in zip(batch, parsed, strict=True)],
+                             progress)
+                for s in progress.new_skipped:
+                    if on_skip:
+                        on_skip(s)
+                if on_commit:
+                    on_commit(progress)
+        finally:
+            for _, future in in_flight:
+                if future:
+                    future.cancel()
+
+    def _commit(self, group: list[tuple[_Chunk, list[tuple], list[tuple[int, str]]]],
+                progress: IngestProgress) -> None:
+        """Chunks in one transaction: their rows, their skipped lines, each file's new position."""
+        skipped: list[Skipped] = []
+        positions: dict[str, tuple] = {}
+        expected: dict[str, int | None] = {}
+        lines: dict[str, int] = {}
+        for chunk, _rows, errors in group:
+            f = chunk.file
+            expected.setdefault(f.name, f.recorded)
+            before = lines.get(f.name, f.lines)
+            skipped += [Skipped(f.name, before + 1 + i, reason) for i, reason in errors]
+            if chunk.tail:
+                # read under the writers' lock: an unterminated last line is a writer that died
+                skipped.append(Skipped(f.name, before + chunk.newlines + 1,
+                                       f"truncated line ({chunk.tail} bytes, no newline at the end of the file: "
+                                       "its writer died mid-write)"))
+            lines[f.name] = before + chunk.newlines
+            head_len = min(_HEAD, chunk.end)
+            positions[f.name] = (f.name, chunk.end, lines[f.name], head_len,
+                                 hashlib.sha1(f.head[:head_len]).hexdigest())
+        rows = [row for _, chunk_rows, _ in group for row in chunk_rows]
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            for name, recorded in expected.items():
+                row = db.execute("SELECT offset FROM spool_progress WHERE file = ?", (name,)).fetchone()
+                if (row[0] if row else None) != recorded:
+                    raise StoreError(f"{name} was ingested by another writer meanwhile (offset "
+                                     f"{row and row[0]}, expected {recorded})", source=self.path,
+                                     hint="run ingest again")
+            before = db.total_changes
+            with _gc_paused():
+                db.executemany(_INSERT, rows)
+            inserted = db.total_changes - before
+            if skipped:
+                db.executemany("INSERT OR IGNORE INTO skipped VALUES (?, ?, ?)",
+                               [(s.file, s.line, s.reason) for s in skipped])
+            db.executemany("INSERT OR REPLACE INTO spool_progress VALUES (?, ?, ?, ?, ?)", positions.values())
+            db.execute("COMMIT")
+        except BaseException:
+            self._rollback()
+            raise
+        for chunk, _, _ in group:
+            chunk.file.recorded = chunk.file.offset = chunk.end
+            chunk.file.lines = lines[chunk.file.name]
+        last = group[-1][0]
+        progress.file, progress.offset = last.file.name, last.end
+        progress.ingested += inserted
+        progress.duplicates += len(rows) - inserted
+        progress.skipped.extend(skipped)
+        progress.new_skipped = skipped
+
+    # --- reading ---------------------------------------------------------------------------------
+
+    def query(self, sql: str, params: dict | tuple = ()) -> list[tuple]:
+        """Run a read-only SQL query (reports); rows as tuples.
+
+        Raises:
+            StoreError: SQLite refused it.
+        """
+        try:
+            return self._db.execute(sql, params).fetchall()
+        except sqlite3.Error as e:
+            raise StoreError(f"query failed: {e}", source=self.path) from None
+
+    def count(self) -> int:
+        """Number of stored records."""
+        return self.query("SELECT COUNT(*) FROM usage")[0][0]
+
+    def records(self, *, job_id: str | None = None, user: str | None = None) -> list[UsageRecord]:
+        """Stored records, optionally of one job or user, ordered by job, node, GPU."""
+        where, params = [], []
+        if job_id is not None:
+            where.append('"job_id" = ?')
+            params.append(job_id)
+        if user is not None:
+            where.append('"user" = ?')
+            params.append(user)
+        sql = f"SELECT {_COLUMNS} FROM usage" + (f" WHERE {' AND '.join(where)}" if where else "")
+        sql += ' ORDER BY CAST("job_id" AS INTEGER), "job_id", "step", "node", "gpu_index", "gpu_uuid"'
+        return [UsageRecord(**dict(zip(FIELDS, row, strict=True))) for row in self.query(sql, tuple(params))]
+
+    def skipped(self) -> list[Skipped]:
+        """Every line ever skipped by ingest, by file and line."""
+        return [Skipped(*row) for row in self.query("SELECT file, line, reason FROM skipped ORDER BY file, line")]
+
+
+@dataclass
+class _File:
+    """A spool file being ingested: where it is, its complete size and first bytes, and how far it has
+    been committed (``offset``, ``lines`` before it; ``recorded``: the offset in the database)."""
+
+    path: Path
+    name: str
+    size: int
+    head: bytes
+    offset: int
+    lines: int
+    recorded: int | None
+
+
+@dataclass(frozen=True)
+class _Chunk:
+    """Whole lines of one file: ``body`` ends at byte ``end`` (counting an unterminated last line of
+    ``tail`` bytes at the end of the file, skipped) and holds ``newlines`` lines."""
+
+    file: _File
+    body: bytes
+    end: int
+    newlines: int
+    tail: int
+
+
+def _chunks(files: list[_File], batch_bytes: int) -> Iterator[_Chunk]:
+    """Every file's unread text, in chunks of whole lines of about ``batch_bytes``.
+
+    Raises:
+        StoreError: a file cannot be read (named).
+    """
+    for spool in files:
+        offset = spool.offset
+        try:
+            with open(spool.path, "rb") as f:
+                while offset < spool.size:
+                    f.seek(offset)
+                    data = f.read(min(batch_bytes, spool.size - offset))
+                    cut = data.rfind(b"\n")
+                    while cut < 0 and offset + len(data) < spool.size:  # a line longer than a batch
+                        data += f.read(min(batch_bytes, spool.size - offset - len(data)))
+                        cut = data.rfind(b"\n")
+                    body = data[: cut + 1]
+                    tail = len(data) - len(body) if offset + len(data) == spool.size else 0
+                    offset += len(body) + tail
+                    yield _Chunk(spool, body, offset, body.count(b"\n"), tail)
+        except OSError as e:
+            raise StoreError(f"cannot read spool file: {e.strerror or e}", source=str(spool.path)) from None
+
+
+def _batches(chunks: Iterator[_Chunk], batch_bytes: int) -> Iterator[list[_Chunk]]:
+    """Consecutive chunks grouped up to ``batch_bytes`` (one chunk when it alone is that big)."""
+    batch: list[_Chunk] = []
+    size = 0
+    for chunk in chunks:
+        if batch and size + len(chunk.body) > batch_bytes:
+            yield batch
+            batch, size = [], 0
+        batch.append(chunk)
+        size += len(chunk.body)
+    if batch:
+        yield batch
+
+
+def _parse(bodies: list[bytes]) -> list[tuple[list[tuple], list[tuple[int, str]]]]:
+    """Rows and errors of each chunk of whole lines (in place)."""
+    with _gc_paused():
+        return [rows_from_lines(body.split(b"\n")[:-1]) for body in bodies]
+
+
+def _parse_marshalled(bodies: list[bytes]) -> bytes:
+    """:func:`_parse` in a parse worker; the answer is ``marshal``-ed (rows are plain str, int, float and
+    None; marshal packs them several times faster than pickle, and both ends run the same Python)."""
+    return marshal.dumps(_parse(bodies))
+
+
+def _unmarshal(data: bytes) -> list[tuple[list[tuple], list[tuple[int, str]]]]:
+    with _gc_paused():
+        return marshal.loads(data)
+
+
+def _parse_pool(workers: int) -> ProcessPoolExecutor:
+    """Parse workers: forked where the platform can (cheap, nothing to import), else spawned."""
+    methods = multiprocessing.get_all_start_methods()
+    context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+    return ProcessPoolExecutor(max_workers=workers, mp_context=context)
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """No cyclic garbage collection while a chunk is parsed: tens of thousands of new dicts and tuples
+    (none of them cyclic) would trigger it over and over (about 10% of parse time)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def default_db() -> str:
+    """The database path: ``$GPUSHARE_ACCOUNTING_DB`` when set, else :data:`DEFAULT_DB`."""
+    return os.environ.get("GPUSHARE_ACCOUNTING_DB") or DEFAULT_DB

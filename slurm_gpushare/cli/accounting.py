@@ -1,0 +1,78 @@
+"""``accounting ingest`` (node spools -> the SQLite store) and ``report`` (reserved vs used, waste)."""
+
+from __future__ import annotations
+
+import click
+
+from slurm_gpushare.cli import main
+
+_GROUP_CHOICES = ["user", "account", "partition", "model", "mode", "node", "day", "month", "job"]
+_DB_HELP = ("the accounting database (default: $GPUSHARE_ACCOUNTING_DB, else "
+            "/var/lib/slurm-gpushare/accounting.db)")
+
+
+@main.group()
+def accounting() -> None:
+    """Per-job GPU usage records: load the nodes' spools into the accounting database.
+
+    The Epilog appends one record per job and GPU to the node's spool
+    (/var/spool/slurm-gpushare/accounting); 'accounting ingest' loads spools into an SQLite file
+    that 'slurm-gpushare report' reads. See docs/accounting.md.
+    """
+
+
+@accounting.command()
+@click.option("--spool", "spools", multiple=True, metavar="DIR|FILE",
+              help="spool directory or file to load; repeatable (default /var/spool/slurm-gpushare/accounting)")
+@click.option("--db", "db_path", help=_DB_HELP)
+def ingest(spools, db_path):
+    """Load spool files into the accounting database; safe to repeat and to interrupt.
+
+    Records already stored are not added again; a killed run loses and doubles nothing when run again.
+    Lines that are not valid records (corrupt, truncated by a crash, a newer format) are skipped with
+    a warning naming file and line, and counted. Exit status 0 also when lines were skipped.
+    """
+    from slurm_gpushare.accounting.spool import DEFAULT_SPOOL_DIR
+    from slurm_gpushare.accounting.store import Store, default_db
+
+    def warn(skipped) -> None:
+        click.echo(f"slurm-gpushare: warning: {skipped}", err=True)
+
+    with Store(db_path or default_db(), create=True) as store:
+        result = store.ingest(list(spools) or [DEFAULT_SPOOL_DIR], on_skip=warn)
+        total = store.count()
+    click.echo(f"ingested {result.ingested} record(s) from {result.files} file(s); "
+               f"{result.duplicates} already stored; {len(result.skipped)} line(s) skipped; "
+               f"{total} record(s) in {store.path}")
+
+
+@main.command()
+@click.option("--db", "db_path", help=_DB_HELP)
+@click.option("--by", "by", type=click.Choice(_GROUP_CHOICES), default="user", show_default=True,
+              help="group rows by this (job: one row per job, asked vs peak memory)")
+@click.option("--since", help="start of the period: 2026-11-01, 2026-11-01T08:00, @EPOCH, now-30days")
+@click.option("--until", help="end of the period (same forms; default: no end)")
+@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table",
+              show_default=True, help="output format")
+@click.option("--waste", is_flag=True,
+              help="list the jobs that used at most half the memory they asked for, with the request that fits")
+def report(db_path, by, since, until, fmt, waste):
+    """Reserved vs used GPU-hours and GPU memory, per user, account, partition, model, mode or job.
+
+    Utilization of a job on several GPUs is their average, never a sum; MIG devices and GPUs
+    without utilization data count as "no data", never 0%. Durations are clipped to the period.
+    See docs/accounting.md for every column.
+    """
+    from slurm_gpushare.accounting.store import Store, default_db
+    from slurm_gpushare.report import job_report, parse_time, render, usage_report, waste_report
+
+    start = parse_time(since, what="--since") if since else None
+    end = parse_time(until, what="--until") if until else None
+    with Store(db_path or default_db(), create=False) as store:
+        if waste:
+            rep = waste_report(store, since=start, until=end)
+        elif by == "job":
+            rep = job_report(store, since=start, until=end)
+        else:
+            rep = usage_report(store, by=by, since=start, until=end)
+    click.echo(render(rep, fmt), nl=False)

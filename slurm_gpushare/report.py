@@ -1,0 +1,401 @@
+"""Accounting reports: what was reserved and what was used, by user, account, partition, GPU model, mode,
+node or period, per job, and the jobs that asked for far more memory than they used.
+
+Aggregation runs in SQLite over the store (:class:`~slurm_gpushare.accounting.store.Store`), so a
+report over a million records takes a fraction of a second; this module builds the queries, derives
+the ratios and renders a :class:`Report` as an aligned table, CSV or JSON. Definitions (also in
+docs/accounting.md), for each GPU record (one job on one GPU device) with ``d`` its seconds inside the
+report's period:
+
+* GPU share ``f``: 1 for a whole GPU; for a MIG device or an MPS share, its memory over the GPU's
+  memory (at most 1). GPU-hours reserved: ``sum(d * f) / 3600``.
+* GPU-hours used: ``sum(d * sm_mean / 100) / 3600`` over records with SM data (SM utilization is of
+  the whole GPU). GPU efficiency: used over reserved, both over records with SM data only.
+* SM mean: ``sum(d * sm_mean) / sum(d)`` over records with SM data: a job on two GPUs at 80% and 20%
+  counts 50%, an average over its GPUs, never a sum. SM peak: the highest sample.
+* Memory GiB-hours reserved: ``sum(d * granted) / 1024 / 3600``; used: the same with the peak
+  (an upper bound of what was held); memory efficiency: used over reserved, over records with a peak.
+* A record without SM data (MIG devices, GPUs where NVML reports no utilization, jobs the monitor
+  never sampled) adds nothing to the "used" sums and is counted in ``no_sm_data``: "no data", not 0%.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import re
+import time
+from dataclasses import dataclass
+from datetime import datetime
+
+from slurm_gpushare.accounting.store import Store
+from slurm_gpushare.errors import InputError
+
+#: ``--by`` choices -> SQL expression of the group.
+GROUPS: dict[str, str] = {
+    "user": '"user"',
+    "account": '"account"',
+    "partition": '"partition"',
+    "model": '"gpu_model"',
+    "mode": '"mode"',
+    "node": '"node"',
+    "day": "strftime('%Y-%m-%d', \"start\", 'unixepoch')",
+    "month": "strftime('%Y-%m', \"start\", 'unixepoch')",
+}
+#: Groups that hold each job in one group only (their job counts add up to the total).
+_JOB_PARTITIONING = ("user", "account", "partition")
+#: Output formats.
+FORMATS = ("table", "csv", "json")
+#: ``--waste``: a job is listed when its peak is at most this share of what it asked for.
+WASTE_USED_BELOW = 0.5
+#: ``--waste``: headroom added to the peak before rounding up to whole GiB for the request that fits.
+FIT_HEADROOM = 0.2
+
+NO_DATA = "no data"
+_FOREVER = 1 << 62
+
+
+@dataclass(frozen=True)
+class Column:
+    """A report column: ``name`` (CSV/JSON key), ``title`` (table header), ``kind`` (how to print:
+    ``text``, ``int``, ``hours``, ``pct``, ``mib``; ``asked``: MiB, where None means nothing was asked,
+    not "no data")."""
+
+    name: str
+    title: str
+    kind: str
+
+
+@dataclass(frozen=True)
+class Report:
+    """A rendered-to-be report: columns, rows (values in column order; None = no data), a total row.
+
+    Attributes:
+        kind: ``usage`` (grouped), ``jobs`` (one row per job) or ``waste``.
+        by: the group (``user``...) of a usage report, ``job`` otherwise.
+        since, until: the period, epoch seconds (None: open).
+    """
+
+    kind: str
+    by: str
+    since: int | None
+    until: int | None
+    columns: tuple[Column, ...]
+    rows: tuple[tuple, ...]
+    total: tuple | None = None
+
+    def dicts(self) -> list[dict]:
+        """The rows as ``{column name: value}``."""
+        names = [c.name for c in self.columns]
+        return [dict(zip(names, row, strict=True)) for row in self.rows]
+
+
+# --- periods -------------------------------------------------------------------------------------
+
+_RELATIVE = re.compile(r"^now(?:-(\d+)(s|sec|seconds?|m|min|minutes?|h|hours?|d|days?|w|weeks?))?$")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_time(text: str, *, now: float | None = None, what: str = "--since") -> int:
+    """A point in time as the report options take it, in epoch seconds.
+
+    Forms: ``2026-11-01`` or ``2026-11-01T08:00[:00]`` (local time, as ``sacct -S`` takes it; an
+    explicit offset such as ``+00:00`` is honoured), ``@1764547200`` (epoch seconds), ``now``,
+    ``now-7days`` / ``now-12h`` / ``now-30min`` / ``now-2weeks``.
+
+    Raises:
+        InputError: none of these forms.
+    """
+    s = text.strip()
+    now = time.time() if now is None else now
+    if s.startswith("@") and s[1:].isdigit():
+        return int(s[1:])
+    m = _RELATIVE.match(s)
+    if m:
+        if not m.group(1):
+            return int(now)
+        return int(now) - int(m.group(1)) * _UNIT_S[m.group(2)[0]]
+    try:
+        return int(datetime.fromisoformat(s).timestamp())
+    except ValueError:
+        raise InputError(f"{what} {text!r} is not a time",
+                         hint="write 2026-11-01, 2026-11-01T08:00, @EPOCH, now or now-7days") from None
+
+
+# --- queries -------------------------------------------------------------------------------------
+
+def _period(since: int | None, until: int | None, columns: str) -> tuple[str, dict]:
+    """A subquery of ``usage`` with ``columns`` and ``d``, each record's seconds inside the period, over
+    the records that overlap it (a record of zero length inside it still counts)."""
+    if since is None and until is None:
+        return f'SELECT {columns}, "end" - "start" AS d FROM usage', {}
+    params = {"since": -_FOREVER if since is None else since, "until": _FOREVER if until is None else until}
+    if params["since"] >= params["until"]:
+        raise InputError(f"the period is empty: --since {_when(since)} is not before --until {_when(until)}")
+    return (f'SELECT {columns}, MAX(0, MIN("end", :until) - MAX("start", :since)) AS d FROM usage '
+            'WHERE "start" < :until AND ("end" > :since OR "start" >= :since)'), params
+
+
+USAGE_COLUMNS = (
+    Column("jobs", "JOBS", "int"),
+    Column("gpus", "GPUS", "int"),
+    Column("gpu_hours", "GPU-H", "hours"),
+    Column("gpu_hours_used", "GPU-H USED", "hours"),
+    Column("gpu_efficiency_pct", "GPU EFF%", "pct"),
+    Column("sm_mean_pct", "SM MEAN%", "pct"),
+    Column("sm_peak_pct", "SM PEAK%", "pct"),
+    Column("mem_gib_hours", "MEM GiB-H", "hours"),
+    Column("mem_gib_hours_used", "MEM GiB-H USED", "hours"),
+    Column("mem_efficiency_pct", "MEM EFF%", "pct"),
+    Column("no_sm_data", "NO SM DATA", "int"),
+    Column("no_mem_data", "NO MEM DATA", "int"),
+)
+
+
+def usage_report(store: Store, *, by: str = "user", since: int | None = None,
+                 until: int | None = None) -> Report:
+    """Reserved vs used GPU-hours and memory GiB-hours per group (see module docstring).
+
+    Args:
+        store: the accounting store.
+        by: a key of :data:`GROUPS`.
+        since, until: the period, epoch seconds; durations are clipped to it.
+
+    Raises:
+        InputError: an unknown group or an empty period.
+    """
+    if by not in GROUPS:
+        raise InputError(f"cannot report by {by!r}", hint=f"use one of {', '.join(GROUPS)} or job")
+    # only columns of the covering index usage_by_user (plus the group's), so that by-user reads the index
+    inner, params = _period(since, until, f'{GROUPS[by]} AS g, "job_id", "gpu_share", "sm_mean_percent", '
+                            '"sm_peak_percent", "mem_granted_mib", "mem_peak_mib"')
+    sums = """
+        COUNT(*),
+        SUM(d * "gpu_share"),
+        SUM(CASE WHEN "sm_mean_percent" IS NOT NULL THEN d * "gpu_share" END),
+        SUM(d * "sm_mean_percent"),
+        SUM(CASE WHEN "sm_mean_percent" IS NOT NULL THEN d END),
+        MAX("sm_peak_percent"),
+        SUM(d * "mem_granted_mib"),
+        SUM(CASE WHEN "mem_peak_mib" IS NOT NULL THEN d * "mem_granted_mib" END),
+        SUM(d * "mem_peak_mib"),
+        COUNT(*) - COUNT("sm_mean_percent"),
+        COUNT(*) - COUNT("mem_peak_mib")"""
+    raw = store.query(f'SELECT g, COUNT(DISTINCT "job_id"), {sums} FROM ({inner}) GROUP BY g', params)
+    rows = sorted((_usage_row(r) for r in raw), key=lambda row: (-(row[3] or 0), str(row[0])))
+    total = None
+    if raw:
+        jobs = sum(r[1] for r in raw) if by in _JOB_PARTITIONING else \
+            store.query(f'SELECT COUNT(DISTINCT "job_id") FROM ({inner})', params)[0][0]
+        acc = [jobs]
+        for i in range(2, 13):
+            values = [r[i] for r in raw if r[i] is not None]
+            acc.append((max(values) if i == 7 else sum(values)) if values else None)
+        total = _usage_row(("TOTAL", *acc))
+    columns = (Column(by, by.upper(), "text"), *USAGE_COLUMNS)
+    return Report("usage", by, since, until, columns, tuple(rows), total)
+
+
+def _ratio(num: float | None, den: float | None, scale: float = 1.0) -> float | None:
+    return None if num is None or not den else num * scale / den
+
+
+def _usage_row(r: tuple) -> tuple:
+    (g, jobs, gpus, gpu_s, gpu_s_data, sm_ds, d_data, sm_peak, mem_s, mem_s_data, mem_s_used,
+     no_sm, no_mem) = r
+    gpu_s_used = None if sm_ds is None else sm_ds / 100.0
+    return (g, jobs, gpus, (gpu_s or 0) / 3600.0, _ratio(gpu_s_used, 3600.0),
+            _ratio(gpu_s_used, gpu_s_data, 100.0), _ratio(sm_ds, d_data), sm_peak,
+            (mem_s or 0) / 1024.0 / 3600.0, _ratio(mem_s_used, 1024.0 * 3600.0),
+            _ratio(mem_s_used, mem_s_data, 100.0), no_sm, no_mem)
+
+
+_JOB_SQL = """
+    SELECT "job_id", MIN("user"), MIN("account"), MIN("partition"),
+           GROUP_CONCAT(DISTINCT "gpu_model"), GROUP_CONCAT(DISTINCT "mode"), GROUP_CONCAT(DISTINCT "share"),
+           COUNT(*), COUNT(DISTINCT "node"), MAX("end") - MIN("start"),
+           MAX(COALESCE("mem_asked_mib", "mem_granted_mib")), MAX("mem_granted_mib"), MAX("mem_peak_mib"),
+           SUM(d * "sm_mean_percent"), SUM(CASE WHEN "sm_mean_percent" IS NOT NULL THEN d END),
+           MAX("sm_peak_percent"), MIN("exit_state"),
+           SUM(CASE WHEN "mem_peak_mib" IS NOT NULL
+                    THEN d * MAX(0, COALESCE("mem_asked_mib", "mem_granted_mib") - "mem_peak_mib") END),
+           MAX("mem_asked_mib")
+    FROM ({inner}) GROUP BY "job_id" {having}
+    ORDER BY CAST("job_id" AS INTEGER), "job_id"
+"""
+
+JOB_COLUMNS = (
+    Column("job", "JOB", "text"),
+    Column("user", "USER", "text"),
+    Column("account", "ACCOUNT", "text"),
+    Column("partition", "PARTITION", "text"),
+    Column("model", "MODEL", "text"),
+    Column("mode", "MODE", "text"),
+    Column("share", "SHARE", "text"),
+    Column("gpus", "GPUS", "int"),
+    Column("hours", "HOURS", "hours"),
+    Column("mem_asked_mib", "MEM ASKED MiB", "asked"),
+    Column("mem_granted_mib", "MEM GRANTED MiB", "mib"),
+    Column("mem_peak_mib", "MEM PEAK MiB", "mib"),
+    Column("mem_used_pct", "MEM USED%", "pct"),
+    Column("sm_mean_pct", "SM MEAN%", "pct"),
+    Column("sm_peak_pct", "SM PEAK%", "pct"),
+    Column("exit_state", "EXIT", "text"),
+)
+
+
+def _job_base(r: tuple) -> tuple:
+    (job, user, account, partition, models, modes, shares, gpus, nodes, elapsed, asked, granted, peak,
+     sm_ds, d_data, sm_peak, exit_state, _wasted, asked_raw) = r
+    # what was used is judged against the request, or against the grant when no size was asked
+    return (job, user, account, partition, models, modes, shares, gpus, elapsed / 3600.0,
+            asked_raw, granted, peak, _ratio(peak, asked, 100.0), _ratio(sm_ds, d_data), sm_peak, exit_state)
+
+
+def job_report(store: Store, *, since: int | None = None, until: int | None = None) -> Report:
+    """One row per job that overlaps the period: what it asked for (per GPU device: ``gpushare:mem=``,
+    or what it was granted when it asked for no size), was granted, its peak memory (the highest of its
+    devices), its SM utilization averaged over its GPUs, its exit state.
+
+    Raises:
+        InputError: an empty period.
+    """
+    inner, params = _period(since, until, "*")
+    raw = store.query(_JOB_SQL.format(inner=inner, having=""), params)
+    return Report("jobs", "job", since, until, JOB_COLUMNS, tuple(_job_base(r) for r in raw))
+
+
+WASTE_COLUMNS = (
+    *JOB_COLUMNS[:10], JOB_COLUMNS[11], JOB_COLUMNS[12],
+    Column("wasted_gib_hours", "WASTED GiB-H", "hours"),
+    Column("would_fit", "WOULD FIT", "text"),
+)
+
+
+def fit_request(peak_mib: int, *, gpus_per_node: int = 1, headroom: float = FIT_HEADROOM) -> str:
+    """The request that would have fit a job: ``gpushare:mem=<G>G[:<count>]``, where G is the peak plus
+    ``headroom`` (a fraction: 0.2 = 20%) rounded up to whole GiB, at least 1 GiB; the count is the GPUs
+    per node when more than one (``gpushare:mem=...:N`` asks for N devices on one node).
+
+    >>> fit_request(10000)
+    'gpushare:mem=12G'
+    """
+    gib = max(1, math.ceil(peak_mib * (1.0 + headroom) / 1024.0))
+    return f"gpushare:mem={gib}G" + (f":{gpus_per_node}" if gpus_per_node > 1 else "")
+
+
+def waste_report(store: Store, *, since: int | None = None, until: int | None = None,
+                 used_below: float = WASTE_USED_BELOW, headroom: float = FIT_HEADROOM) -> Report:
+    """Jobs whose peak memory was at most ``used_below`` of what they asked for (per device), with the
+    request that would have fit (:func:`fit_request`), most wasted GiB-hours first. Jobs without a
+    measured peak are not judged. A job whose fitting request would be no smaller is not listed.
+
+    Raises:
+        InputError: an empty period.
+    """
+    inner, params = _period(since, until, "*")
+    having = ('HAVING MAX("mem_peak_mib") IS NOT NULL AND '
+              'MAX("mem_peak_mib") <= :used_below * MAX(COALESCE("mem_asked_mib", "mem_granted_mib"))')
+    raw = store.query(_JOB_SQL.format(inner=inner, having=having), {**params, "used_below": used_below})
+    rows = []
+    for r in raw:
+        base = _job_base(r)
+        gpus, nodes, asked, peak = r[7], r[8], r[10], r[12]
+        per_node = max(1, gpus // max(1, nodes))
+        fit = fit_request(peak, gpus_per_node=per_node, headroom=headroom)
+        if max(1, math.ceil(peak * (1.0 + headroom) / 1024.0)) * 1024 >= asked:
+            continue
+        wasted = (r[17] or 0) / 1024.0 / 3600.0
+        rows.append((*base[:10], base[11], base[12], wasted, fit))
+    rows.sort(key=lambda row: (-row[12], str(row[0])))
+    return Report("waste", "job", since, until, WASTE_COLUMNS, tuple(rows))
+
+
+# --- rendering -----------------------------------------------------------------------------------
+
+def _cell(value, kind: str) -> str:
+    if value is None:
+        return NO_DATA if kind in ("hours", "pct", "mib") else "-"  # "asked": nothing was asked
+    if kind == "hours":
+        return f"{value:.2f}"
+    if kind == "pct":
+        return f"{value:.1f}"
+    if kind in ("int", "mib", "asked"):
+        return str(int(value))
+    return str(value) if value != "" else "-"
+
+
+def _plain(value, kind: str):
+    if value is None:
+        return None
+    if kind == "hours":
+        return round(value, 4)
+    if kind == "pct":
+        return round(value, 2)
+    if kind in ("int", "mib", "asked"):
+        return int(value)
+    return value
+
+
+def _when(t: int | None) -> str:
+    return "-" if t is None else time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t))
+
+
+def to_table(report: Report) -> str:
+    """Aligned columns (numbers right-aligned, "no data" where there is none), a title line naming the
+    report and its period, and a TOTAL row for grouped reports."""
+    title = {"usage": f"GPU usage by {report.by}", "jobs": "GPU usage by job",
+             "waste": f"Jobs that used at most {WASTE_USED_BELOW:.0%} of the memory they asked for"}[report.kind]
+    if report.since is not None or report.until is not None:
+        title += f", {_when(report.since)} to {_when(report.until)} (local time)"
+    rows = [tuple(_cell(v, c.kind) for v, c in zip(row, report.columns, strict=True)) for row in report.rows]
+    if report.total is not None:
+        rows.append(tuple(_cell(v, c.kind) for v, c in zip(report.total, report.columns, strict=True)))
+    header = tuple(c.title for c in report.columns)
+    widths = [max(len(x) for x in col) for col in zip(header, *rows, strict=True)]
+
+    def line(cells: tuple[str, ...]) -> str:
+        return "  ".join(cell.ljust(w) if c.kind == "text" else cell.rjust(w)
+                         for cell, w, c in zip(cells, widths, report.columns, strict=True)).rstrip()
+
+    out = [title, line(header)]
+    out += [line(r) for r in rows]
+    if not report.rows:
+        out.append("(no records)")
+    return "\n".join(out) + "\n"
+
+
+def to_csv(report: Report) -> str:
+    """A header of column names, then one line per row; "no data" is an empty cell; no total row."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow([c.name for c in report.columns])
+    for row in report.rows:
+        w.writerow(["" if v is None else _plain(v, c.kind) for v, c in zip(row, report.columns, strict=True)])
+    return buf.getvalue()
+
+
+def to_json(report: Report) -> str:
+    """``{"report", "by", "since", "until", "columns", "rows": [{...}], "total": {...} | null}``;
+    "no data" is ``null``."""
+    names = [c.name for c in report.columns]
+
+    def obj(row: tuple) -> dict:
+        return {c.name: _plain(v, c.kind) for v, c in zip(row, report.columns, strict=True)}
+
+    return json.dumps({"report": report.kind, "by": report.by, "since": report.since, "until": report.until,
+                       "columns": names, "rows": [obj(r) for r in report.rows],
+                       "total": obj(report.total) if report.total is not None else None}, indent=1) + "\n"
+
+
+def render(report: Report, fmt: str = "table") -> str:
+    """The report as ``table``, ``csv`` or ``json`` text.
+
+    Raises:
+        InputError: an unknown format.
+    """
+    if fmt not in FORMATS:
+        raise InputError(f"unknown report format {fmt!r}", hint=f"use one of {', '.join(FORMATS)}")
+    return {"table": to_table, "csv": to_csv, "json": to_json}[fmt](report)

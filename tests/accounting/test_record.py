@@ -1,0 +1,230 @@
+"""The version-1 record: strict JSON round trip, the batch parser, and building records from what the
+Epilog knows (recorded `scontrol -d show job` text, the plan, a packaged machine description)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from slurm_gpushare.accounting.record import (
+    FIELDS,
+    RECORD_VERSION,
+    RecordError,
+    Usage,
+    UsageRecord,
+    UsageTracker,
+    exit_from_env,
+    records_for_job,
+    rows_from_lines,
+)
+from slurm_gpushare.devcluster import packaged_machine
+from slurm_gpushare.errors import InputError
+from slurm_gpushare.gresconf import GresOptions, node_gres
+from slurm_gpushare.jobinfo import parse_show_job
+from slurm_gpushare.jobplan import plan_job
+
+
+def record(**kw) -> UsageRecord:
+    base = dict(job_id="42", user="alice", account="physics", partition="gpu", node="a100", gpu_index=0,
+                gpu_uuid="GPU-0", gpu_model="a100", gpu_memory_mib=81920, mode="mps", share="shard:10",
+                mem_asked_mib=10240, sm_asked_percent=None, mem_granted_mib=10240, start=1000, end=4600,
+                mem_peak_mib=4096, sm_mean_percent=30.5, sm_peak_percent=60.0, samples=120,
+                exit_state="COMPLETED", exit_code="0:0")
+    base.update(kw)
+    return UsageRecord(**base)
+
+
+def test_json_round_trip_keeps_every_field_and_writes_v_first():
+    r = record(array_job_id="40", array_task_id=2, step="batch", placement_cost=1.5)
+    line = r.to_json()
+    assert "\n" not in line and line.startswith('{"v":1,')
+    assert list(json.loads(line)) == list(FIELDS)
+    assert UsageRecord.from_json(line) == r
+    assert UsageRecord.from_json(line.encode()) == r
+
+
+def test_no_data_stays_none_never_zero():
+    r = record(mem_peak_mib=None, sm_mean_percent=None, sm_peak_percent=None, samples=0)
+    back = UsageRecord.from_json(r.to_json())
+    assert back.sm_mean_percent is None and back.mem_peak_mib is None
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"v": 2}, "record version 2; this slurm-gpushare reads version 1"),
+    ({"v": "1"}, "record version '1'"),
+    ({"extra": 1}, "unknown key(s) extra"),
+    ({"gpu_index": True}, "gpu_index is True, not an integer"),
+    ({"gpu_index": 1.0}, "gpu_index is 1.0, not an integer"),
+    ({"job_id": 42}, "job_id is 42, not a string"),
+    ({"mem_peak_mib": "4G"}, "mem_peak_mib is '4G', not an integer or null"),
+    ({"mode": "shared"}, "mode is 'shared'"),
+    ({"end": 10}, "end 10 is before start 1000"),
+    ({"sm_mean_percent": 101}, "sm_mean_percent is 101, not a percentage"),
+    ({"sm_peak_percent": float("nan")}, "not a percentage"),
+    ({"mem_asked_mib": -1}, "mem_asked_mib is negative"),
+    ({"job_id": ""}, "job_id is empty"),
+])
+def test_reading_is_strict(change, message):
+    data = {**record().to_dict(), **change}
+    with pytest.raises(RecordError) as e:
+        UsageRecord.from_json(json.dumps(data), source="spool.jsonl:7")
+    assert message in str(e.value) and "spool.jsonl:7" in str(e.value)
+
+
+def test_missing_keys_and_no_version_are_named():
+    data = record().to_dict()
+    del data["user"]
+    with pytest.raises(RecordError, match="missing key"):
+        UsageRecord.from_dict(data)
+    del data["v"]
+    with pytest.raises(RecordError, match='no "v" key'):
+        UsageRecord.from_dict(data)
+    with pytest.raises(RecordError, match="not a JSON record"):
+        UsageRecord.from_json('{"v":1,')
+    with pytest.raises(RecordError, match="JSON object, not list"):
+        UsageRecord.from_json("[1]")
+
+
+def test_invalid_records_cannot_be_built_either():
+    with pytest.raises(RecordError, match="mode"):
+        record(mode="whole")
+
+
+def test_batch_parser_agrees_with_the_strict_reader_line_by_line():
+    good = [record(job_id=str(i)).to_json().encode() for i in range(5)]
+    bad_version = json.dumps({**record().to_dict(), "v": 2}).encode()
+    bool_index = json.dumps({**record().to_dict(), "gpu_index": True}).encode()
+    reordered = json.dumps(dict(reversed(list(record(job_id="9").to_dict().items())))).encode()
+    lines = [good[0], b"", good[1], b"{garbage", good[2], bad_version, good[3], bool_index, reordered, b"  ",
+             good[4], b'{"v":1},{"v":1}']
+    rows, errors = rows_from_lines(lines)
+    assert [r[FIELDS.index("job_id")] for r in rows] == ["0", "1", "2", "3", "9", "4"]
+    assert [i for i, _ in errors] == [3, 5, 7, 11]
+    assert "version 2" in errors[1][1] and "gpu_index is True" in errors[2][1]
+    # the all-good batch takes the column-wise path and gives the same rows
+    fast, none = rows_from_lines(good)
+    assert none == [] and fast == [tuple(UsageRecord.from_json(g).to_dict().values()) for g in good]
+    # one bad value in an otherwise good batch is still found
+    nan = json.dumps({**record().to_dict(), "sm_mean_percent": float("nan")}).encode()
+    rows, errors = rows_from_lines([*good, nan])
+    assert len(rows) == 5 and errors[0][0] == 5
+
+
+def test_tracker_keeps_peaks_and_means_and_no_data():
+    t = UsageTracker()
+    t.add("7", 0, used_mib=1000, sm_percent=40.0)
+    t.add("7", 0, used_mib=3000, sm_percent=80.0)
+    t.add("7", 0, used_mib=2000, sm_percent=None)
+    t.add("7", "MIG-x", used_mib=500, sm_percent=None)
+    u = t.pop("7")
+    assert u[0] == Usage(peak_mib=3000, sm_mean=60.0, sm_peak=80.0, samples=3)
+    assert u["MIG-x"] == Usage(peak_mib=500, sm_mean=None, sm_peak=None, samples=1)
+    assert t.usage("7") == {} and t.jobs() == ()
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({"SLURM_JOB_EXIT_CODE2": "0:0"}, ("COMPLETED", "0:0")),
+    ({"SLURM_JOB_EXIT_CODE2": "3:0"}, ("FAILED", "3:0")),
+    ({"SLURM_JOB_EXIT_CODE2": "0:9"}, ("SIGNALED", "0:9")),
+    ({"SLURM_JOB_EXIT_CODE": "256"}, ("FAILED", "1:0")),
+    ({"SLURM_JOB_EXIT_CODE": "15"}, ("SIGNALED", "0:15")),
+    ({}, ("", "")),
+])
+def test_exit_state_from_the_epilog_environment(env, expected):
+    assert exit_from_env(env) == expected
+
+
+# --- records from what the Epilog has ------------------------------------------------------------
+
+SHOW = """\
+JobId={job} JobName=train
+   UserId=alice(1000) GroupId=alice(1000) MCS_label=N/A
+   Account=physics QOS=normal
+   JobState=COMPLETING Reason=None Dependency=(null)
+   Partition=gpu AllocNode:Sid=login:1
+   NodeList=h100-mig
+   {tres}
+     Nodes=h100-mig CPU_IDs=0 Mem=100 GRES={detail}
+   AdminComment={ac}
+"""
+MACHINE = packaged_machine("4x-h100-mig-mixed.json")  # hostname h100-mig: GPUs 0-1 whole, 2-3 MIG
+
+
+def _records(detail: str, ac: str = "", tres: str = "TresPerNode=gres:gpu:1", **kw):
+    info = parse_show_job(SHOW.format(job="77", tres=tres, detail=detail, ac=ac))
+    gres = node_gres(MACHINE, "h100-mig", GresOptions(shard_unit_mib=1024, links=False))
+    gpu_uuids = {g.index: g.uuid for g in MACHINE.gpus}
+    mig_uuids = {(g.index, i.gi_id): i.uuid for g in MACHINE.gpus for i in g.mig_instances}
+    plan = plan_job(info, "h100-mig", gres, gpu_uuids=gpu_uuids, mig_uuids=mig_uuids, shard_unit_mib=1024)
+    return records_for_job(info, plan, MACHINE, node="h100-mig", start=1000, end=4600, gpu_uuids=gpu_uuids,
+                           exit_state="COMPLETED", exit_code="0:0", **kw)
+
+
+def test_mps_share_record():
+    usage = {0: Usage(peak_mib=6000, sm_mean=22.5, sm_peak=40.0, samples=60)}
+    (r,) = _records("shard:10(IDX:0)", "[gpushare:v1 req=mem=10G+sm=25 grant=gres:shard:10 kind=mps "
+                    "mem=10240/10240MiB sm=25]", tres="TresPerNode=gres:shard:10", usage=usage, account="physics")
+    assert (r.mode, r.share, r.gpu_index, r.gpu_model, r.gpu_memory_mib) == ("mps", "shard:10", 0, "h100", 81559)
+    assert (r.mem_asked_mib, r.mem_granted_mib, r.sm_asked_percent) == (10240, 10240, 25)
+    assert (r.mem_peak_mib, r.sm_mean_percent, r.sm_peak_percent, r.samples) == (6000, 22.5, 40.0, 60)
+    assert (r.user, r.account, r.partition, r.job_id, r.v) == ("alice", "physics", "gpu", "77", RECORD_VERSION)
+    assert r.gpu_uuid == MACHINE.gpus[0].uuid and r.duration_s == 3600
+
+
+def test_mig_record_has_its_profile_memory_and_no_sm_data():
+    mig_uuid = MACHINE.gpus[2].mig_instances[1].uuid  # GPU 2, GI 7, 1g.10gb
+    usage = {mig_uuid: Usage(peak_mib=8000, sm_mean=None, sm_peak=None, samples=10)}
+    (r,) = _records("gpu:h100_1g.10gb:1(IDX:4)", "[gpushare:v1 req=mem=10G grant=gres:gpu:h100_1g.10gb:1 "
+                    "kind=mig model=h100 mem=10240/9984MiB]", usage=usage)
+    assert (r.mode, r.share, r.gpu_index, r.gpu_uuid) == ("mig", "1g.10gb", 2, mig_uuid)
+    assert (r.mem_asked_mib, r.mem_granted_mib, r.mem_peak_mib) == (10240, 9984, 8000)
+    assert r.sm_mean_percent is None and r.sm_peak_percent is None
+
+
+def test_two_mig_slices_of_one_gpu_are_two_records_keyed_by_uuid():
+    recs = _records("gpu:h100_1g.10gb:2(IDX:4-5)", usage={2: Usage(peak_mib=1)})
+    assert [(r.gpu_index, r.share) for r in recs] == [(2, "1g.10gb"), (2, "1g.10gb")]
+    assert len({r.key for r in recs}) == 2
+    assert all(r.mem_peak_mib is None for r in recs)  # an index key is ambiguous here: no data
+
+
+@pytest.mark.parametrize("tres", ["TresPerNode=gres:gpu:2",            # --gres=gpu:2
+                                  "TresPerJob=gres:gpu:2",             # --gpus=2
+                                  "TresPerNode=gres:gpu:2 TresPerTask=gres:gpu:1"])  # --gpus-per-node=2
+def test_whole_gpus_are_records_however_they_were_requested(tres):
+    usage = {0: Usage(peak_mib=20480, sm_mean=80.0, sm_peak=90.0, samples=5)}
+    recs = _records("gpu:h100:2(IDX:0-1)", tres=tres, usage=usage)
+    assert [(r.mode, r.gpu_index, r.mem_granted_mib, r.mem_asked_mib) for r in recs] == \
+        [("gpu", 0, 81559, None), ("gpu", 1, 81559, None)]
+    assert recs[0].sm_mean_percent == 80.0 and recs[1].sm_mean_percent is None  # never sampled: no data
+
+
+def test_a_job_without_gpus_here_has_no_records():
+    info = parse_show_job(SHOW.format(job="5", tres="", detail="", ac="").replace(" GRES=", " X="))
+    gres = node_gres(MACHINE, "h100-mig", GresOptions(shard_unit_mib=1024, links=False))
+    plan = plan_job(info, "h100-mig", gres, gpu_uuids={}, mig_uuids={}, shard_unit_mib=1024)
+    assert records_for_job(info, plan, MACHINE, node="h100-mig", start=0, end=1) == ()
+
+
+def test_summary_segment_for_admin_comment():
+    from slurm_gpushare.accounting.record import merge_summary, summary_segment
+    from slurm_gpushare.admincomment import extract, format_segment, merge
+
+    recs = [record(job_id="2", mode="gpu", gpu_index=0, gpu_uuid="a", mem_granted_mib=81920, mem_peak_mib=20480,
+                   sm_mean_percent=80.0, sm_peak_percent=90.0),
+            record(job_id="2", mode="gpu", gpu_index=1, gpu_uuid="b", mem_granted_mib=81920, mem_peak_mib=10240,
+                   sm_mean_percent=20.0, sm_peak_percent=50.0)]
+    seg = summary_segment(recs)
+    assert seg == "[gpushare-usage:v1 node=a100 mode=gpu gpus=2 peak=20480/81920MiB sm=50.0/90.0]"
+    mig = summary_segment([record(mode="mig", mem_peak_mib=None, sm_mean_percent=None, sm_peak_percent=None)])
+    assert mig.endswith("peak=- sm=-]")
+    audit = format_segment({"req": "mode=gpu:2", "kind": "gpu"})
+    ac = merge_summary(f"ticket-17 {audit}", seg)
+    assert ac == f"ticket-17 {audit} {seg}" and extract(ac) == {"req": "mode=gpu:2", "kind": "gpu"}
+    other = seg.replace("node=a100", "node=b200")
+    again = merge_summary(merge_summary(ac, other), seg.replace("sm=50.0/90.0", "sm=51.0/90.0"))
+    assert again.count("node=a100") == 1 and "sm=51.0/90.0" in again and "node=b200" in again
+    assert seg in merge(ac, format_segment({"req": "x"}))  # re-deciding the audit keeps the summary
+    with pytest.raises(InputError, match="one job on one node"):
+        summary_segment([recs[0], record(job_id="3")])

@@ -1,0 +1,186 @@
+"""Reports over a small fixture whose numbers were worked out by hand:
+
+alice  job 1: MPS share 10 GiB of an 80 GiB A100 (share 1/8), 2 h, peak 4 GiB, SM mean 30%, peak 60%
+       job 2: two whole A100s, 1 h; GPU0 SM mean 80% (peak 90), mem peak 20 GiB; GPU1 20% (50), 10 GiB
+bob    job 3: MIG 1g.10gb (9984 MiB of an 81559 MiB H100), 3 h, peak 8000 MiB, no SM data (MIG)
+       job 4: one whole H100 (81559 MiB), 1 h, never sampled: no data at all
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import pytest
+
+from slurm_gpushare.accounting.store import Store
+from slurm_gpushare.errors import InputError
+from slurm_gpushare.report import (
+    NO_DATA,
+    fit_request,
+    job_report,
+    parse_time,
+    render,
+    usage_report,
+    waste_report,
+)
+from tests.accounting.test_record import record
+
+T0 = 1_764_547_200  # 2025-12-01T00:00:00Z
+H = 3600
+A100, H100 = 81920, 81559
+
+
+def fixture() -> list:
+    a = dict(user="alice", account="physics", gpu_model="a100", gpu_memory_mib=A100, node="a100")
+    b = dict(user="bob", account="chem", gpu_model="h100", gpu_memory_mib=H100, node="h100-mig")
+    return [
+        record(job_id="1", **a, mode="mps", share="shard:10", mem_asked_mib=10240, mem_granted_mib=10240,
+               start=T0, end=T0 + 2 * H, mem_peak_mib=4096, sm_mean_percent=30.0, sm_peak_percent=60.0),
+        record(job_id="2", **a, gpu_index=0, gpu_uuid="GPU-a0", mode="gpu", share="", mem_asked_mib=None,
+               mem_granted_mib=A100, start=T0, end=T0 + H, mem_peak_mib=20480, sm_mean_percent=80.0,
+               sm_peak_percent=90.0),
+        record(job_id="2", **a, gpu_index=1, gpu_uuid="GPU-a1", mode="gpu", share="", mem_asked_mib=None,
+               mem_granted_mib=A100, start=T0, end=T0 + H, mem_peak_mib=10240, sm_mean_percent=20.0,
+               sm_peak_percent=50.0),
+        record(job_id="3", **b, gpu_index=2, gpu_uuid="MIG-b", mode="mig", share="1g.10gb", mem_asked_mib=10240,
+               mem_granted_mib=9984, start=T0 + H, end=T0 + 4 * H, mem_peak_mib=8000, sm_mean_percent=None,
+               sm_peak_percent=None),
+        record(job_id="4", **b, gpu_index=0, gpu_uuid="GPU-b0", mode="gpu", share="", mem_asked_mib=None,
+               mem_granted_mib=H100, start=T0, end=T0 + H, mem_peak_mib=None, sm_mean_percent=None,
+               sm_peak_percent=None, samples=0),
+    ]
+
+
+@pytest.fixture
+def store():
+    with Store() as st:
+        st.add(fixture())
+        yield st
+
+
+def by(report, key):
+    return {row[0]: dict(zip([c.name for c in report.columns], row, strict=True)) for row in report.rows}[key]
+
+
+def test_per_user_totals_match_the_hand_computation(store):
+    rep = usage_report(store, by="user")
+    alice, bob = by(rep, "alice"), by(rep, "bob")
+    assert (alice["jobs"], alice["gpus"]) == (2, 3)
+    assert alice["gpu_hours"] == pytest.approx(2 * 0.125 + 2 * 1)                    # 2.25
+    assert alice["gpu_hours_used"] == pytest.approx(2 * 0.30 + 0.80 + 0.20)           # 1.6
+    assert alice["gpu_efficiency_pct"] == pytest.approx(100 * 1.6 / 2.25)             # 71.1
+    assert alice["sm_mean_pct"] == pytest.approx((2 * 30 + 80 + 20) / 4)              # 40: averaged, not summed
+    assert alice["sm_peak_pct"] == 90
+    assert alice["mem_gib_hours"] == pytest.approx(2 * 10 + 80 + 80)                  # 180
+    assert alice["mem_gib_hours_used"] == pytest.approx(2 * 4 + 20 + 10)              # 38
+    assert alice["mem_efficiency_pct"] == pytest.approx(100 * 38 / 180)
+    assert (alice["no_sm_data"], alice["no_mem_data"]) == (0, 0)
+    assert (bob["jobs"], bob["gpus"]) == (2, 2)
+    assert bob["gpu_hours"] == pytest.approx(3 * 9984 / H100 + 1)
+    # MIG and the unsampled GPU: "no data", not 0%
+    assert bob["gpu_hours_used"] is None and bob["gpu_efficiency_pct"] is None
+    assert bob["sm_mean_pct"] is None and bob["sm_peak_pct"] is None
+    assert bob["mem_gib_hours"] == pytest.approx(3 * 9984 / 1024 + H100 / 1024)
+    assert bob["mem_gib_hours_used"] == pytest.approx(3 * 8000 / 1024)
+    assert bob["mem_efficiency_pct"] == pytest.approx(100 * 8000 / 9984)              # only where a peak exists
+    assert (bob["no_sm_data"], bob["no_mem_data"]) == (2, 1)
+    total = dict(zip([c.name for c in rep.columns], rep.total, strict=True))
+    assert (total["user"], total["jobs"], total["gpus"]) == ("TOTAL", 4, 5)
+    assert total["gpu_hours"] == pytest.approx(2.25 + 3 * 9984 / H100 + 1)
+    assert total["sm_mean_pct"] == pytest.approx(40) and total["sm_peak_pct"] == 90
+    assert total["mem_efficiency_pct"] == pytest.approx(100 * (38 + 3 * 8000 / 1024) / (180 + 3 * 9984 / 1024))
+    assert [row[0] for row in rep.rows] == ["alice", "bob"]  # most GPU-hours first
+
+
+def test_a_two_gpu_job_is_averaged_over_its_gpus(store):
+    rep = job_report(store)
+    job2 = by(rep, "2")
+    assert job2["gpus"] == 2 and job2["sm_mean_pct"] == pytest.approx(50) and job2["sm_peak_pct"] == 90
+    assert job2["mem_peak_mib"] == 20480 and job2["mem_asked_mib"] is None and job2["mem_granted_mib"] == A100
+    job1 = by(rep, "1")
+    assert (job1["mem_asked_mib"], job1["mem_peak_mib"], job1["mem_used_pct"]) == (10240, 4096, 40.0)
+    assert by(rep, "3")["sm_mean_pct"] is None and by(rep, "3")["share"] == "1g.10gb"
+    assert [row[0] for row in rep.rows] == ["1", "2", "3", "4"]
+
+
+@pytest.mark.parametrize("group, key, gpu_hours", [
+    ("account", "physics", 2.25), ("partition", "gpu", 3.25 + 3 * 9984 / H100),
+    ("model", "h100", 1 + 3 * 9984 / H100), ("mode", "mig", 3 * 9984 / H100), ("mode", "gpu", 3.0),
+    ("node", "a100", 2.25), ("day", "2025-12-01", 3.25 + 3 * 9984 / H100), ("month", "2025-12", 3.25 + 0.367243),
+])
+def test_other_groupings(store, group, key, gpu_hours):
+    assert by(usage_report(store, by=group), key)["gpu_hours"] == pytest.approx(gpu_hours, abs=1e-6)
+
+
+def test_the_period_clips_durations(store):
+    # [T0+1h, T0+2h): job 1 (MPS) 1 h of 2, job 3 (MIG) 1 h of 3; jobs 2 and 4 ended at T0+1h: outside
+    rep = usage_report(store, by="user", since=T0 + H, until=T0 + 2 * H)
+    alice, bob = by(rep, "alice"), by(rep, "bob")
+    assert (alice["jobs"], alice["gpu_hours"], alice["gpu_hours_used"]) == (1, 0.125, pytest.approx(0.3))
+    assert (bob["jobs"], bob["mem_gib_hours"]) == (1, pytest.approx(9984 / 1024))
+    with pytest.raises(InputError, match="period is empty"):
+        usage_report(store, since=T0 + H, until=T0)
+
+
+def test_waste_lists_jobs_with_the_request_that_would_have_fit(store):
+    rep = waste_report(store)
+    rows = rep.dicts()
+    assert [r["job"] for r in rows] == ["2", "1"]  # most wasted GiB-hours first
+    assert rows[0]["would_fit"] == "gpushare:mem=24G:2"  # 20 GiB peak + 20%, two GPUs
+    assert rows[0]["wasted_gib_hours"] == pytest.approx((80 - 20) + (80 - 10))
+    assert rows[1]["would_fit"] == "gpushare:mem=5G"  # 4 GiB + 20% = 4.8 -> 5G
+    assert rows[1]["wasted_gib_hours"] == pytest.approx(2 * 6)
+    # job 3 used 78% of its request; job 4 has no peak: neither is judged
+
+
+def test_fit_request_rounds_up_with_headroom():
+    assert fit_request(10000) == "gpushare:mem=12G"
+    assert fit_request(0) == "gpushare:mem=1G"
+    assert fit_request(8192, gpus_per_node=4, headroom=0.0) == "gpushare:mem=8G:4"
+
+
+def test_table_says_no_data_and_has_a_total(store):
+    text = render(usage_report(store, by="user"))
+    lines = text.splitlines()
+    assert lines[0] == "GPU usage by user"
+    assert lines[1].split()[:4] == ["USER", "JOBS", "GPUS", "GPU-H"]
+    bob = next(ln for ln in lines if ln.startswith("bob"))
+    assert NO_DATA in bob and " 0.0 " not in bob
+    assert lines[-1].startswith("TOTAL")
+    assert "(no records)" in render(usage_report(store, by="user", since=T0 + 100 * H))
+
+
+def test_csv_and_json(store):
+    rep = usage_report(store, by="user")
+    rows = list(csv.DictReader(io.StringIO(render(rep, "csv"))))
+    assert [r["user"] for r in rows] == ["alice", "bob"]
+    assert rows[1]["sm_mean_pct"] == "" and float(rows[0]["sm_mean_pct"]) == 40.0
+    assert float(rows[0]["gpu_hours"]) == 2.25 and rows[0]["jobs"] == "2"
+    data = json.loads(render(rep, "json"))
+    assert data["report"] == "usage" and data["by"] == "user" and data["since"] is None
+    assert data["rows"][1]["sm_mean_pct"] is None and data["rows"][0]["sm_mean_pct"] == 40.0
+    assert data["total"]["jobs"] == 4 and data["columns"][0] == "user"
+    waste = json.loads(render(waste_report(store), "json"))
+    assert waste["rows"][1]["would_fit"] == "gpushare:mem=5G"
+    jobs = list(csv.DictReader(io.StringIO(render(job_report(store), "csv"))))
+    assert jobs[1]["mem_asked_mib"] == "" and jobs[0]["mem_peak_mib"] == "4096"
+    with pytest.raises(InputError, match="unknown report format"):
+        render(rep, "xml")
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("@1764547200", T0), ("now", 2_000_000_000), ("now-7days", 2_000_000_000 - 7 * 86400),
+    ("now-12h", 2_000_000_000 - 12 * H), ("now-30min", 2_000_000_000 - 1800),
+    ("2025-12-01T00:00:00+00:00", T0),
+])
+def test_parse_time(text, expected):
+    assert parse_time(text, now=2_000_000_000) == expected
+
+
+def test_parse_time_local_dates_and_errors():
+    import time as _time
+    assert parse_time("2025-12-01") == int(_time.mktime((2025, 12, 1, 0, 0, 0, 0, 0, -1)))
+    with pytest.raises(InputError, match="--until 'yesterday' is not a time"):
+        parse_time("yesterday", what="--until")

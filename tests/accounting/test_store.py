@@ -1,0 +1,183 @@
+"""Ingest into the SQLite store: skipped lines named by file and line, idempotence, and exactness when
+an ingest is killed half-way (a real process killed by its PID) or fails after some commits."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from slurm_gpushare.accounting.record import UsageRecord
+from slurm_gpushare.accounting.spool import Spool
+from slurm_gpushare.accounting.store import Store, StoreError
+from tests.accounting.test_record import record
+
+ROOT = Path(__file__).resolve().parents[2]
+DAY = 1_764_547_200
+
+
+def _spool(directory: Path, jobs: range, node: str = "n1", per_call: int = 1000) -> Path:
+    sp = Spool(directory, node=node, clock=lambda: DAY)
+    recs = [record(job_id=str(j), node=node, user=f"user{j % 7}") for j in jobs]
+    path = None
+    for i in range(0, len(recs), per_call):
+        path = sp.append(recs[i:i + per_call])
+    return path
+
+
+def test_ingest_then_reingest_adds_nothing(tmp_path):
+    _spool(tmp_path / "spool", range(100), node="n1")
+    _spool(tmp_path / "spool", range(100, 150), node="n2")
+    with Store(tmp_path / "acct.db") as st:
+        r = st.ingest(tmp_path / "spool")
+        assert (r.ingested, r.duplicates, r.skipped, r.files) == (150, 0, (), 2)
+        again = st.ingest(tmp_path / "spool")
+        assert (again.ingested, again.duplicates) == (0, 0)
+        assert st.count() == 150
+        got = st.records(job_id="7")
+        assert got == [record(job_id="7", node="n1", user="user0")]
+    # a new process, the same database: still nothing new
+    with Store(tmp_path / "acct.db", create=False) as st:
+        assert st.ingest(tmp_path / "spool").ingested == 0 and st.count() == 150
+
+
+def test_a_copy_of_a_spool_file_is_read_but_adds_no_duplicate(tmp_path):
+    path = _spool(tmp_path / "spool", range(20))
+    copy = tmp_path / "copy" / path.name
+    copy.parent.mkdir()
+    copy.write_bytes(path.read_bytes())
+    with Store(tmp_path / "acct.db") as st:
+        st.ingest(path)
+        r = st.ingest(copy)
+        assert (r.ingested, r.duplicates) == (0, 20) and st.count() == 20
+
+
+def test_corrupt_and_truncated_lines_are_skipped_and_named(tmp_path):
+    path = _spool(tmp_path / "spool", range(5))
+    with open(path, "ab") as f:
+        f.write(b'{"v":1,"job_id":"oops"\n')                                        # line 6: corrupt
+        f.write(json.dumps({**record(job_id="5").to_dict(), "v": 2}).encode() + b"\n")  # line 7: newer
+        f.write(record(job_id="6").to_json().encode() + b"\n")                      # line 8: good
+        f.write(record(job_id="7").to_json().encode()[:80])                         # line 9: truncated
+    warned = []
+    with Store(tmp_path / "acct.db") as st:
+        r = st.ingest(tmp_path / "spool", on_skip=warned.append)
+        assert r.ingested == 6 and len(r.skipped) == 3
+        assert [(s.file, s.line) for s in r.skipped] == [(str(path), 6), (str(path), 7), (str(path), 9)]
+        assert "not a JSON record" in r.skipped[0].reason
+        assert "version 2" in r.skipped[1].reason
+        assert "truncated line (80 bytes" in r.skipped[2].reason
+        assert str(r.skipped[0]).startswith(f"{path}:6: ")
+        assert warned == list(r.skipped) and st.skipped() == list(r.skipped)
+        # the next Epilog closes the fragment and appends whole records after it
+        Spool(tmp_path / "spool", node="n1", clock=lambda: DAY).append([record(job_id="8")])
+        with open(path, "ab") as f:
+            f.write(b"garbage\n")                                                   # line 11
+        r = st.ingest(tmp_path / "spool")
+        assert r.ingested == 1 and [(s.line, s.reason) for s in r.skipped] == [(11, r.skipped[0].reason)]
+        assert path.read_text().split("\n")[10] == "garbage"  # the line numbers are the file's
+        assert st.count() == 7
+
+
+def test_a_failure_after_some_commits_loses_and_doubles_nothing(tmp_path):
+    _spool(tmp_path / "spool", range(2000))
+    commits = []
+
+    def crash(progress):
+        commits.append(progress.ingested)
+        if len(commits) == 3:
+            raise RuntimeError("injected")
+
+    with Store(tmp_path / "acct.db") as st:
+        with pytest.raises(RuntimeError, match="injected"):
+            st.ingest(tmp_path / "spool", batch_bytes=64 << 10, on_commit=crash, workers=0)
+        assert 0 < st.count() == commits[-1] < 2000
+        r = st.ingest(tmp_path / "spool", batch_bytes=64 << 10)
+        assert (r.ingested, r.duplicates) == (2000 - commits[-1], 0)
+        assert sorted(int(x.job_id) for x in st.records()) == list(range(2000))
+
+
+KILLED = textwrap.dedent("""
+    import sys, time
+    from slurm_gpushare.accounting.store import Store
+    def slow(progress):
+        print(progress.ingested, flush=True)
+        time.sleep(0.05)
+    Store(sys.argv[1]).ingest(sys.argv[2], batch_bytes=32 << 10, on_commit=slow, workers=0)
+    print("done", flush=True)
+""")
+
+
+def test_an_ingest_killed_half_way_then_rerun_is_exact(tmp_path):
+    _spool(tmp_path / "spool", range(3000))
+    db = tmp_path / "acct.db"
+    proc = subprocess.Popen([sys.executable, "-c", KILLED, str(db), str(tmp_path / "spool")], cwd=ROOT,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        seen = [proc.stdout.readline() for _ in range(5)]
+        assert all(line.strip().isdigit() for line in seen), seen
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        proc.stdout.close()
+    with Store(db, create=False) as st:
+        before = st.count()
+        assert 0 < before < 3000
+        r = st.ingest(tmp_path / "spool")
+        assert r.duplicates == 0 and before + r.ingested == 3000 == st.count()
+        assert sorted(int(x.job_id) for x in st.records()) == list(range(3000))
+
+
+def test_parse_workers_give_the_same_result(tmp_path):
+    path = _spool(tmp_path / "spool", range(3000))
+    with open(path, "ab") as f:
+        f.write(b"{broken\n")
+    _spool(tmp_path / "spool", range(3000, 3100))
+    with Store(tmp_path / "acct.db") as st:
+        r = st.ingest(tmp_path / "spool", batch_bytes=64 << 10, workers=2, parallel_bytes=0)
+        assert (r.ingested, len(r.skipped), r.skipped[0].line) == (3100, 1, 3001)
+        assert st.count() == 3100
+
+
+def test_a_replaced_spool_file_is_read_again_from_the_start(tmp_path):
+    path = _spool(tmp_path / "spool", range(10))
+    with Store(tmp_path / "acct.db") as st:
+        st.ingest(path)
+        # rotated and rewritten under the same name, with other records first
+        path.write_bytes(b"".join(record(job_id=str(j)).to_json().encode() + b"\n" for j in range(50, 60)))
+        r = st.ingest(path)
+        assert (r.ingested, r.duplicates) == (10, 0) and st.count() == 20
+
+
+def test_add_and_records_round_trip(tmp_path):
+    recs = [record(job_id="3", gpu_index=1, gpu_uuid="GPU-1"), record(job_id="3"), record(job_id="10")]
+    with Store() as st:
+        assert st.add(recs) == (3, 0)
+        assert st.add(recs[:1]) == (0, 1)
+        assert [(r.job_id, r.gpu_index) for r in st.records()] == [("3", 0), ("3", 1), ("10", 0)]
+        assert st.records(user="nobody") == []
+        assert all(isinstance(r, UsageRecord) for r in st.records())
+
+
+def test_database_errors_name_the_file(tmp_path):
+    with pytest.raises(StoreError, match="no accounting database at"):
+        Store(tmp_path / "missing.db", create=False)
+    with pytest.raises(StoreError, match="does not exist"):
+        Store(tmp_path / "a" / "b" / "acct.db")
+    bad = tmp_path / "bad.db"
+    bad.write_text("this is not sqlite" * 100)
+    with pytest.raises(StoreError) as e:
+        Store(bad)
+    assert str(bad) in str(e.value)
+    with Store(tmp_path / "new" / "acct.db") as st:  # the last component is created
+        assert st.count() == 0
+    import sqlite3
+    sqlite3.connect(tmp_path / "other.db").execute("CREATE TABLE t (x)")
+    with pytest.raises(StoreError, match="not an accounting database"):
+        Store(tmp_path / "other.db", create=False)
