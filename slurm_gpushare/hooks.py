@@ -313,6 +313,8 @@ def epilog(ctx: HookContext, env: dict[str, str]) -> int:
     if not job_id:
         raise InputError("SLURM_JOB_ID is not set: run this as slurmd's Epilog")
     job_dir = ctx.job_dir(job_id)
+    if env.get("SLURM_JOB_GPUS") or env.get("CUDA_VISIBLE_DEVICES") or job_dir.exists():
+        record_usage(ctx, env, read_state(job_dir) or {})
     if not job_dir.exists():
         return 0
     problem = None
@@ -400,6 +402,71 @@ def _leave_shared(ctx: HookContext, job_id: str, d: Path) -> str | None:
                     "check the GPU and the driver, then run 'slurm-gpushare doctor --repair'")
         shutil.rmtree(d, ignore_errors=True)
         return None
+
+
+def record_usage(ctx: HookContext, env: dict[str, str], state: dict) -> int:
+    """Append the finished job's per-GPU records to the node's accounting spool (docs/accounting.md).
+
+    Never fails the Epilog: a record that cannot be built or written is reported on stderr (slurmd's
+    log) with the job id, and the node stays up. Usage is "no data" until a node monitor measured it.
+
+    Returns:
+        the number of records written.
+    """
+    from slurm_gpushare.accounting import Spool, exit_from_env, records_for_job
+
+    job_id = env.get("SLURM_JOB_ID", "")
+    try:
+        info = parse_show_job(ctx.show_job(job_id))
+        if not info.gres_on(ctx.node):
+            # slurmctld drops the per-node GRES detail once the job completes (``GRES=`` is empty in
+            # the Epilog): take the devices from slurmd's own environment, SLURM_JOB_GPUS
+            info = replace(info, gres={**info.gres, ctx.node: _gres_from_env(info, env)})
+        if (state.get("plan") or {}).get("kind") in ("mps", "mig", "gpu"):
+            p = state["plan"]
+            plan = JobPlan(**{**p, "gpu_indices": tuple(p.get("gpu_indices", ()))})
+            machine = _plan_with_machine_only(ctx)
+        else:
+            plan, machine, _gres = _plan_with_machine(ctx, info)
+        placement = state.get("placement") or {}
+        exit_state, exit_code = exit_from_env(env)
+        end = int(time.time())
+        records = records_for_job(
+            info, plan, machine, node=ctx.node, start=info.start_time or end, end=end,
+            exit_state=exit_state, exit_code=exit_code, gpu_uuids={g.index: g.uuid for g in machine.gpus},
+            account=info.account, array_job_id=info.array_job_id, array_task_id=info.array_task_id,
+            placement_cost=placement.get("cost_given"))
+        if records:
+            Spool(ctx.config.spool_dir, node=ctx.node).append(records)
+        return len(records)
+    except GpushareError as e:
+        print(f"slurm-gpushare epilog: job {job_id}: accounting record not written: {e}", file=sys.stderr)
+        return 0
+
+
+def _gres_from_env(info: JobInfo, env: dict[str, str]):
+    """The job's GPU devices on this node from slurmd's Epilog environment (``SLURM_JOB_GPUS=0,2``),
+    typed as the job's TresPerNode says (``gres:gpu:a100:2`` -> ``gpu:a100``)."""
+    from slurm_gpushare.jobinfo import GresAlloc, parse_indices
+
+    indices = parse_indices(env.get("SLURM_JOB_GPUS", ""))
+    if not indices:
+        return ()
+    name, gtype = "gpu", ""
+    for item in info.tres_per_node.split(","):
+        parts = item.split(":")
+        if len(parts) >= 3 and parts[1] in ("gpu", "shard"):
+            name = parts[1]
+            gtype = parts[2] if len(parts) == 4 else ""
+    count = len(indices) if name == "gpu" else int(info.tres_per_node.rsplit(":", 1)[-1] or 0)
+    return (GresAlloc(name, gtype, count, indices),)
+
+
+def _plan_with_machine_only(ctx: HookContext) -> Machine:
+    try:
+        return Machine.load(ctx.config.machine_for(ctx.node))
+    except GpushareError as e:
+        raise NodeFault(f"no usable machine description for {ctx.node}: {e}") from None
 
 
 def cleanup_job(ctx: HookContext, job_id: str) -> str | None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from slurm_gpushare.admincomment import extract
 from slurm_gpushare.errors import InputError
@@ -53,6 +54,10 @@ class JobInfo:
     tres_per_node: str = ""
     admin_comment: str = ""
     gres: dict[str, tuple[GresAlloc, ...]] = field(default_factory=dict)
+    account: str = ""
+    start_time: int | None = None
+    array_job_id: str | None = None
+    array_task_id: int | None = None
 
     @property
     def audit(self) -> dict[str, str] | None:
@@ -131,10 +136,22 @@ def parse_show_job(text: str) -> JobInfo:
     _group, gid = _name_id(fields.get("GroupId", ""))
     node_list = fields.get("NodeList", "")
     nodes = tuple(expand_hostlist(node_list)) if node_list not in ("", "(null)") else ()
+    account = fields.get("Account", "")
+    task = fields.get("ArrayTaskId", "")
     return JobInfo(job_id=fields["JobId"], user=user, uid=uid, gid=gid, state=fields.get("JobState", ""),
                    partition=fields.get("Partition", ""), nodes=nodes,
                    tres_per_node=fields.get("TresPerNode", ""), admin_comment=fields.get("AdminComment", ""),
-                   gres=gres)
+                   gres=gres, account="" if account == "(null)" else account,
+                   start_time=_epoch(fields.get("StartTime", "")),
+                   array_job_id=fields.get("ArrayJobId") or None, array_task_id=int(task) if task.isdigit() else None)
+
+
+def _epoch(text: str) -> int | None:
+    """``2026-11-29T12:05:05`` (slurmctld's local time) -> epoch seconds; ``Unknown``/``None`` -> None."""
+    try:
+        return int(datetime.strptime(text, "%Y-%m-%dT%H:%M:%S").timestamp())
+    except ValueError:
+        return None
 
 
 def _name_id(text: str) -> tuple[str, int]:

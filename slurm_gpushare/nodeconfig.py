@@ -14,6 +14,7 @@ Every key is optional::
     drain_on_stuck_daemon = true               # an MPS daemon that survives SIGKILL drains the node
     mps_mode = "per-job"                       # or "per-gpu": one daemon per GPU and user, shared by jobs
     low_priority_partitions = ["scavenger"]    # their jobs' MPS clients run below normal priority
+    spool_dir = "/var/spool/slurm-gpushare/accounting"   # the Epilog's per-job GPU usage records
 
     [mps_env]                                  # extra environment of the MPS control daemon
     LD_LIBRARY_PATH = "/usr/local/cuda/lib64"
@@ -50,6 +51,7 @@ class NodeConfig:
     mps_env: tuple[tuple[str, str], ...] = ()
     mps_mode: str = "per-job"
     low_priority_partitions: tuple[str, ...] = ()
+    spool_dir: str = "/var/spool/slurm-gpushare/accounting"
 
     def run_dir_for(self, node: str) -> Path:
         return Path(self.run_dir.replace("{node}", node))
@@ -61,7 +63,7 @@ class NodeConfig:
 _KEYS: dict[str, type | tuple[type, ...]] = {
     "version": int, "run_dir": str, "machine": str, "mps_control": str, "shard_unit": str,
     "mps_start_timeout": (int, float), "mps_quit_timeout": (int, float), "drain_on_stuck_daemon": bool,
-    "mps_env": dict, "mps_mode": str, "low_priority_partitions": list,
+    "mps_env": dict, "mps_mode": str, "low_priority_partitions": list, "spool_dir": str,
 }
 
 

@@ -332,3 +332,22 @@ def test_multi_gpu_job_gets_the_ring_order_nic_hints_and_a_placement_audit(node)
     assert p["given"] == [0, 3] and p["best"] in ([0, 2], [4, 5], [6, 7]) and p["excess"] > 0
     assert 1 not in p["free_before"]
     assert epilog(node.ctx, _env("502")) == 0
+
+
+def test_epilog_appends_one_accounting_record_per_gpu_device(node):
+    from dataclasses import replace
+
+    from slurm_gpushare.accounting import Spool
+    ctx = HookContext(replace(node.ctx.config, spool_dir=str(node.root / "spool")), "a100",
+                      show_job=node.ctx.show_job, drain=node.ctx.drain, show_node=node.ctx.show_node)
+    _shard_job(node, "601", ac="[gpushare:v1 req=mem=10G grant=gres:shard:10 kind=mps mem=10240/10240MiB]")
+    node.jobs["602"] = SHOW.format(job="602", node="a100", gres="gpu:a100:1", detail="gpu:a100:1(IDX:5)", ac="")
+    for job in ("601", "602"):
+        assert prolog(ctx, _env(job)) == 0
+        assert epilog(ctx, {**_env(job), "SLURM_JOB_EXIT_CODE2": "0:0"}) == 0
+    lines = [json.loads(line) for f in sorted((node.root / "spool").glob("*.jsonl"))
+             for line in f.read_text().splitlines()]
+    assert [(r["job_id"], r["mode"], r["gpu_index"]) for r in lines] == [
+        ("601", "mps", 0), ("602", "gpu", 5)], lines
+    assert lines[0]["mem_asked_mib"] == 10240 and lines[0]["mem_peak_mib"] is None  # no monitor: no data
+    assert Spool(node.root / "spool", node="a100").node == "a100"

@@ -150,3 +150,31 @@ def test_daemon_that_cannot_start_drains_the_node_with_a_reason(cluster, slurm):
             if st in ("idle", "mixed"):
                 break
             time.sleep(0.2)
+
+
+def test_epilogs_spool_records_that_ingest_and_report_show(cluster, slurm, tmp_path):
+    mps = slurm.wait(slurm.sbatch("-p", "pcie", "--gres=gpushare:mem=10G", wrap="true"))
+    whole = slurm.wait(slurm.sbatch("-p", "pcie", "--gres=gpu:2", wrap="true"))
+    assert mps.state == whole.state == "COMPLETED"
+    db = tmp_path / "acct.db"
+    cli = [sys.executable, "-m", "slurm_gpushare"]
+    deadline = time.monotonic() + 20
+    rows = {}
+    while time.monotonic() < deadline and not ({mps.id, whole.id} <= set(rows)):
+        ingest = subprocess.run([*cli, "accounting", "ingest", "--spool", str(cluster.accounting_spool),
+                                 "--db", str(db)], capture_output=True, text=True)
+        assert ingest.returncode == 0, ingest.stdout + ingest.stderr
+        out = subprocess.run([*cli, "report", "--db", str(db), "--by", "job", "--format", "json"],
+                             capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        data = json.loads(out.stdout)
+        rows = {str(r["job"]): r for r in data["rows"]}
+        time.sleep(0.5)
+    assert mps.id in rows and whole.id in rows, rows.keys()
+    assert rows[mps.id]["mode"] == "mps" and rows[whole.id]["mode"] == "gpu"
+    assert rows[mps.id]["mem_asked_mib"] == 10240 and rows[mps.id]["mem_granted_mib"] == 10240
+    assert rows[whole.id]["gpus"] == 2 and rows[mps.id]["mem_peak_mib"] is None  # no monitor yet: no data
+    # re-ingesting adds nothing
+    again = subprocess.run([*cli, "accounting", "ingest", "--spool", str(cluster.accounting_spool),
+                            "--db", str(db)], capture_output=True, text=True)
+    assert again.returncode == 0 and re.search(r"ingested 0 record", again.stdout + again.stderr), again.stdout
