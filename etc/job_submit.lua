@@ -55,7 +55,17 @@ end
 
 function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
   local tpn = job_desc.tres_per_node
-  if not client.mentions_share(tpn, job_desc.tres_per_job) then return slurm.SUCCESS end
+  if not client.mentions_share(tpn, job_desc.tres_per_job) then
+    -- the job's GRES change to something that is not a GPU share: its gpushare audit no longer holds
+    local ac = job_rec.admin_comment
+    if tpn and type(ac) == "string" and string.find(ac, "[gpushare:", 1, true) then
+      local rest = string.gsub(ac, "%s*%[gpushare:v%d+[^%]]*%]", "")
+      -- an empty string would read as "no change": say the segment is gone
+      if rest == "" then rest = "[gpushare:none]" end
+      job_desc.admin_comment = rest
+    end
+    return slurm.SUCCESS
+  end
   local answer, why = client.ask({
     v = 1, op = "modify", tres_per_node = tpn or "", tres_per_job = job_desc.tres_per_job or "",
     partition = job_desc.partition or job_rec.partition or "", comment = "",

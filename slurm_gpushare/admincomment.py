@@ -4,7 +4,9 @@ AdminComment is set by slurmctld's job_submit plugin and by administrators only 
 change it, unlike Comment, which is exported to Prolog as ``SLURM_JOB_COMMENT``), and slurmdbd
 keeps it, so ``sacct -o AdminComment`` shows it. Other tools write there too: the gpushare part is
 one bracketed, tagged segment, ``[gpushare:v1 key=value key=value ...]``, replaced as a whole and
-leaving any other text untouched. Values contain no spaces and no ``]``.
+leaving any other text untouched. Values contain no spaces and no ``]``. ``[gpushare:none]`` marks a
+job whose GRES were later changed to something that is not a share (job_submit.lua's
+slurm_job_modify writes it: Slurm reads an empty AdminComment update as "no change").
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from slurm_gpushare.errors import InputError
 
 TAG = "gpushare"
 VERSION = 1
-_SEGMENT = re.compile(r"\s*\[gpushare:v(\d+)(?: ([^\]]*))?\]")
+_SEGMENT = re.compile(r"\s*\[gpushare:(?:v(\d+)(?: ([^\]]*))?|none)\]")
 
 
 def format_segment(fields: dict[str, object]) -> str:
@@ -46,7 +48,7 @@ def extract(admin_comment: str | None) -> dict[str, str] | None:
         InputError: a segment of a newer version than this code reads.
     """
     m = _SEGMENT.search(admin_comment or "")
-    if not m:
+    if not m or m.group(1) is None:  # none, or "[gpushare:none]": the job no longer holds a share
         return None
     if int(m.group(1)) > VERSION:
         raise InputError(f"AdminComment gpushare segment is version {m.group(1)}; this slurm-gpushare reads "

@@ -126,6 +126,9 @@ def plan_job(info: JobInfo, node: str, gres: NodeGres, *, gpu_uuids: dict[int, s
     if any(r.mig_gi is not None for r in recs):
         uuids = []
         for r in recs:
+            if r.mig_gi is None:  # a whole GPU next to MIG devices in one job: name it by its UUID
+                uuids.append(gpu_uuids[r.gpu_index])
+                continue
             key = (r.gpu_index, r.mig_gi)
             if key not in mig_uuids:
                 raise InputError(f"job {info.job_id}: MIG device GPU {r.gpu_index} instance {r.mig_gi} ({r.type}) "

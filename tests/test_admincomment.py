@@ -28,3 +28,9 @@ def test_extract_none_and_newer_versions():
 def test_unsafe_values_are_refused(fields):
     with pytest.raises(InputError):
         format_segment(fields)
+
+
+def test_none_marker_is_no_audit_and_is_replaced_by_a_new_segment():
+    assert extract("[gpushare:none]") is None
+    seg = format_segment({"req": "mem=10G"})
+    assert merge("x [gpushare:none]", seg) == f"x {seg}"

@@ -45,3 +45,16 @@ def test_bad_input():
     with pytest.raises(InputError, match="GRES detail"):
         parse_gres_detail("gpu:a100(IDX:0)")
     assert parse_gres_detail("gpu:h100_1g.10gb:1(IDX:4-6)")[0].indices == (4, 5, 6)
+
+
+def test_plan_names_a_whole_gpu_next_to_mig_devices_by_uuid():
+    from slurm_gpushare.devcluster import packaged_machine
+    from slurm_gpushare.gresconf import node_gres
+    from slurm_gpushare.jobplan import plan_job
+
+    gres = node_gres(packaged_machine("4x-h100-mig-mixed.json"), "mig")
+    text = ("JobId=9 UserId=a(1) GroupId=a(1)\n NodeList=mig\n"
+            "   Nodes=mig CPU_IDs=0 Mem=1 GRES=gpu:h100:1(IDX:0),gpu:h100_1g.10gb:1(IDX:4)\n")
+    plan = plan_job(parse_show_job(text), "mig", gres, gpu_uuids={0: "GPU-a"}, mig_uuids={(2, 7): "MIG-b"},
+                    shard_unit_mib=1024)
+    assert plan.kind == "mig" and plan.visible_devices == "GPU-a,MIG-b"

@@ -163,3 +163,12 @@ def test_sighup_reloads_the_inventory(cluster):
         time.sleep(0.1)
     lines = [ln for ln in log.read_text().splitlines() if '"reason": "SIGHUP"' in ln]
     assert len(lines) == before + 1 and '"usable": 4' in lines[-1], lines[-1:]
+
+
+def test_update_to_plain_gres_drops_the_stale_audit(slurm):
+    job = slurm.sbatch("-H", "--gres=gpushare:mem=10G", wrap="true")
+    assert "[gpushare:v1" in _show(slurm, job.id)["AdminComment"]
+    slurm.run(["scontrol", "update", f"jobid={job.id}", "gres=gpu:h100:1"])
+    fields = _show(slurm, job.id)
+    assert fields["TresPerNode"] == "gres:gpu:h100:1"
+    assert "[gpushare:v1" not in fields.get("AdminComment", "")

@@ -60,7 +60,8 @@ def doctor(config_path, node, repair):
     ctx = _context(config_path, node)
     findings = run_doctor(ctx, repair=repair)
     for f in findings:
-        click.echo(f"job {f.job_id}: {f.problem}: {f.action}")
+        click.echo(f"{'job ' + f.job_id + ': ' if f.job_id != '-' else ''}{f.problem}: {f.action}")
     if not findings:
         click.echo(f"{ctx.node}: nothing left over in {ctx.run_dir}")
-    sys.exit(1 if findings and not repair else 0)
+    unchecked = any(f.action == "nothing done" for f in findings)
+    sys.exit(1 if (findings and not repair) or unchecked else 0)
