@@ -525,3 +525,29 @@ def test_wrapper_with_an_unusable_venv_python_says_what_to_do(tmp_path):
     assert proc.returncode == 5
     assert ".venv/bin/python is not usable by this user" in proc.stderr and IMPORT_HINT in proc.stderr
     assert len(proc.stderr.splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
+@pytest.mark.slurm
+def test_cgroup_option_confines_a_job_to_its_own_fake_gpu(cluster):
+    root = Path(tempfile.mkdtemp(prefix="gpushare-cg-test-", dir="/tmp"))
+    os.chmod(root, 0o755)
+    c = DevCluster(root / "c", cluster.port_base + 500, {"cgnode": cluster.nodes["rtx4090-pcie"]}, cgroup=True)
+    c.up(out=open(os.devnull, "w"))
+    try:
+        dev = c.device_dir("cgnode")
+        out = root / "out.txt"
+        script = (f"for f in {dev}/nvidia0 {dev}/nvidia1; do head -c1 $f 2>&1 | head -1; done; "
+                  "grep devices /proc/self/cgroup")
+        proc = subprocess.run(["sbatch", "--parsable", "-w", "cgnode", "--gres=gpu:1", f"--output={out}",
+                               "--wrap", script], env=c.env, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        deadline = time.monotonic() + 60
+        while not (out.exists() and "devices" in out.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        text = out.read_text()
+        assert "nvidia0" in text and "No such device or address" in text  # its own GPU: no driver behind it
+        assert "nvidia1" in text and "Operation not permitted" in text  # another GPU: the cgroup says no
+        assert "slurm_cgnode" in text
+    finally:
+        c.down(out=open(os.devnull, "w"))
+        shutil.rmtree(root, ignore_errors=True)
