@@ -7,10 +7,8 @@ TaskProlog prints the lines of the task it runs before (``SLURM_LOCALID``). See 
 What is decided, in order
     1. Rank order (:func:`gpu_ring`): the allocated GPUs as a ring, the order that minimizes the
        largest hop between ring neighbours (the bottleneck link of a ring all-reduce), then the sum
-       of hops around the ring. Exact up to :data:`RING_ENUMERATE_MAX` GPUs (every cycle is tried);
-       above that a nearest-neighbour ring improved by 2-opt (first on the number of links at the
-       bottleneck hop, then on the sum). A caller that holds a better order (the placement engine's
-       exact ring, :func:`slurm_gpushare.placement.ring_order`) passes it as ``ring``.
+       of hops around the ring: the placement engine's ring (:func:`slurm_gpushare.placement.ring_order`,
+       exact up to 16 GPUs). A caller that holds another order passes it as ``ring``.
     2. Task -> GPUs: rank ``r`` (``SLURM_LOCALID``) gets the ``r``-th GPU of the ring; with fewer
        tasks than GPUs each task gets a run of consecutive ring GPUs, with more tasks than GPUs
        consecutive ranks share one GPU. The tasks are alike, so the ring order *is* the assignment.
@@ -62,10 +60,10 @@ import numpy as np
 
 from slurm_gpushare.errors import InputError, MachineDescriptionError
 from slurm_gpushare.hardware.machine import PCIE_LEVELS, CpuLayout, Machine
+from slurm_gpushare.placement import ring_order
 from slurm_gpushare.topology import hop_matrix
 
 #: Rings of up to this many GPUs are found by trying every cycle (``(k-1)!/2``: 2520 for 8).
-RING_ENUMERATE_MAX = 8
 #: NIC port used in ``NCCL_IB_HCA`` / ``UCX_NET_DEVICES`` when none is given.
 DEFAULT_NIC_PORT = 1
 #: Cost of a NIC whose PCIe level to a GPU is unknown: after ``SYS``.
@@ -282,23 +280,7 @@ def gpu_ring(hop: Any) -> tuple[int, ...]:
     h = np.asarray(hop, dtype=np.float64)
     if h.ndim != 2 or h.shape[0] != h.shape[1] or h.shape[0] == 0:
         raise InputError(f"a hop matrix must be square and not empty, got shape {h.shape}")
-    k = h.shape[0]
-    if k <= 3:
-        return tuple(range(k))
-    if k <= RING_ENUMERATE_MAX:
-        best: tuple[float, float, tuple[int, ...]] | None = None
-        for rest in itertools.permutations(range(1, k)):
-            if rest[0] > rest[-1]:
-                continue
-            cyc = (0, *rest)
-            edges = [h[cyc[i], cyc[(i + 1) % k]] for i in range(k)]
-            key = (max(edges), sum(edges), cyc)
-            if best is None or key[0] < best[0] - _TOL or (
-                    abs(key[0] - best[0]) <= _TOL and key[1] < best[1] - _TOL):
-                best = key
-        assert best is not None
-        return best[2]
-    return _ring_heuristic(h)
+    return ring_order(h, range(h.shape[0]))
 
 
 def cpu_list(cpus: Iterable[int]) -> str:
@@ -309,47 +291,6 @@ def cpu_list(cpus: Iterable[int]) -> str:
         run = [c for _, c in grp]
         runs.append(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}")
     return ",".join(runs)
-
-
-# --- ring heuristic -----------------------------------------------------------------------------
-
-
-def _ring_heuristic(h: np.ndarray) -> tuple[int, ...]:
-    k = h.shape[0]
-    tour = [0]
-    left = set(range(1, k))
-    while left:
-        nxt = min(left, key=lambda j: (h[tour[-1], j], j))
-        tour.append(nxt)
-        left.remove(nxt)
-    big = float(h.max()) * k + 1.0
-    while True:  # lower the bottleneck while 2-opt can remove every link at it
-        b = max(h[tour[i], tour[(i + 1) % k]] for i in range(k))
-        tour = _two_opt(h + big * (h >= b - _TOL), tour)
-        if max(h[tour[i], tour[(i + 1) % k]] for i in range(k)) >= b - _TOL:
-            break
-    b = max(h[tour[i], tour[(i + 1) % k]] for i in range(k))
-    tour = _two_opt(h + big * (h > b + _TOL), tour)
-    start = tour.index(0)
-    tour = tour[start:] + tour[:start]
-    if tour[1] > tour[-1]:
-        tour = [tour[0]] + tour[1:][::-1]
-    return tuple(tour)
-
-
-def _two_opt(w: np.ndarray, tour: list[int]) -> list[int]:
-    k = len(tour)
-    t = list(tour)
-    improved = True
-    while improved:
-        improved = False
-        for i in range(k - 1):
-            for j in range(i + 2, k if i else k - 1):
-                a, b, c, d = t[i], t[i + 1], t[j], t[(j + 1) % k]
-                if w[a, c] + w[b, d] < w[a, b] + w[c, d] - _TOL:
-                    t[i + 1: j + 1] = t[i + 1: j + 1][::-1]
-                    improved = True
-    return t
 
 
 # --- tasks --------------------------------------------------------------------------------------

@@ -13,12 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from slurm_gpushare import placement
-from slurm_gpushare.binding import RING_ENUMERATE_MAX, bind, cpu_list, gpu_ring
+from slurm_gpushare.binding import bind, cpu_list, gpu_ring
 from slurm_gpushare.errors import InputError, MachineDescriptionError
 from slurm_gpushare.hardware.machine import PCIE_LEVELS, CpuLayout, Gpu, Link, Machine
 from slurm_gpushare.nvidia_smi import parse_topo_matrix
-from slurm_gpushare.topology import hop_matrix, nearest_nic
+from slurm_gpushare.topology import nearest_nic
 
 TOPO = Path(__file__).parent / "data" / "topo"
 DGX1_FILE = "dgx1-v100-sxm2-8gpu-1nic.txt"
@@ -59,25 +58,6 @@ def test_every_nvlink_ring_of_four_dgx1_gpus_is_found():
             found += 1
             assert all(nvlinked(m, ring[i], ring[(i + 1) % 4]) for i in range(4)), (gpus, ring)
     assert found == 8  # the quads 0-3 and 4-7, and six 4-cycles across the sockets
-
-
-@pytest.mark.parametrize("fname", FILES)
-def test_ring_agrees_with_the_placement_engine(fname):
-    # two implementations of one definition (this module may not import placement): same orders
-    m = machine(fname)
-    hop = hop_matrix(m)
-    n = hop.shape[0]
-    for k in range(1, min(n, 6) + 1):
-        for gpus in itertools.combinations(range(n), k):
-            sub = hop[np.ix_(gpus, gpus)]
-            assert tuple(gpus[i] for i in gpu_ring(sub)) == placement.ring_order(hop, gpus), gpus
-
-
-def test_ring_of_eight_matches_the_placement_engine():
-    for fname in (DGX1_FILE, "8x-a100-nv12-bridge-nonadjacent-pairs-tabs.txt"):
-        hop = hop_matrix(machine(fname))
-        assert gpu_ring(hop) == placement.ring_order(hop, range(8))
-    assert RING_ENUMERATE_MAX == 8
 
 
 def test_ring_heuristic_for_many_gpus():
