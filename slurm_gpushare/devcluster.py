@@ -1,12 +1,15 @@
 """A throwaway Slurm cluster with simulated GPUs on one host: the test fixture and the demo.
 
 ``scripts/dev-cluster up|down|status|env`` (or ``python -m slurm_gpushare.devcluster``) runs Debian's
-``slurm-wlm`` 22.05 as root without systemd: munged, slurmctld and one ``slurmd -N <node>`` per node,
-optionally a private MariaDB + slurmdbd for ``sacct``. Each node's GPUs come from a machine
+``slurm-wlm`` 22.05 as root without systemd: munged, slurmctld, the filter service, one
+``slurmd -N <node>`` and one node monitor (``slurm-gpushare monitor``) per node, optionally a private
+MariaDB + slurmdbd for ``sacct``. Each node's GPUs come from a machine
 description (real machines' ``nvidia-smi topo -m`` parsed into JSON, shipped in
 ``slurm_gpushare/data/machines``): fake ``nvidiaN`` character devices (major 195) and, for MIG
 devices, ``nvidia-caps/nvidia-capN`` devices are made with mknod under the cluster's own directory,
-and gres.conf / slurm.conf are rendered by :mod:`slurm_gpushare.gresconf`.
+and gres.conf / slurm.conf are rendered by :mod:`slurm_gpushare.gresconf`. Jobs "use" the fake GPUs
+with ``<dir>/bin/fake-gpu-app`` (:mod:`slurm_gpushare.fakeapp`, run from a world-readable copy of the
+package), which registers in a process table that every fake NVML of the cluster reads.
 
 Everything lives under one state directory (``--dir``, env ``GPUSHARE_DEV_DIR``, default
 ``/tmp/slurm-gpushare-dev``); ports come from one base (``--port-base``, env ``GPUSHARE_DEV_PORT``).
@@ -22,6 +25,8 @@ from __future__ import annotations
 import argparse
 import difflib
 import errno
+import filecmp
+import functools
 import itertools
 import json
 import os
@@ -33,13 +38,16 @@ import stat
 import subprocess
 import sys
 import time
+import urllib.request
 from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 
 from slurm_gpushare.errors import ClusterError, GpushareError
 from slurm_gpushare.gresconf import GresOptions, node_gres, render_gres_conf, render_slurm_conf
+from slurm_gpushare.hardware.fake import PROCESS_TABLE_ENV, ProcessTable
 from slurm_gpushare.hardware.machine import Machine
+from slurm_gpushare.hardware.ports import ENV as NVML_ENV
 
 DEFAULT_DIR = "/tmp/slurm-gpushare-dev"
 DEFAULT_PORT_BASE = 16817
@@ -70,8 +78,15 @@ _DIR_CHARS = re.compile(r"[A-Za-z0-9._+@/-]")
 #: Log lines every start writes on Debian's build (no PMIx library), never the cause of a failure.
 _HARMLESS_LOG = ("mpi/pmix", "pmi/pmix", "Couldn't load specified plugin name for mpi/pmix",
                  "Cannot create context for mpi/pmix")
-#: Stop order of ``down`` (after the slurmd of every node).
+#: Stop order of ``down`` (after the monitor and then the slurmd of every node).
 _STOP_ORDER = ("filterd", "slurmctld", "slurmdbd", "mysqld", "munged")
+#: Node *i*'s slurmd listens on port base + 10 + *i*, its monitor on port base + 40 + *i*.
+SLURMD_PORT_OFFSET = 10
+MONITOR_PORT_OFFSET = 40
+#: Most nodes a cluster can have before node slurmd ports would run into the monitors' ports.
+MAX_NODES = MONITOR_PORT_OFFSET - SLURMD_PORT_OFFSET - 1
+#: The package's source tree, copied to ``<dir>/lib`` for the jobs' users (see :meth:`DevCluster.install_lib`).
+PACKAGE_DIR = Path(__file__).resolve().parent
 
 
 @dataclass
@@ -96,7 +111,7 @@ class DevCluster:
 
     Attributes:
         root: state directory (created; must be on a filesystem that allows device nodes).
-        port_base: slurmctld port; slurmdbd +2, MariaDB +3, slurmd of node i: +10+i.
+        port_base: slurmctld port; slurmdbd +2, MariaDB +3, slurmd of node i: +10+i, its monitor +40+i.
         nodes: Slurm node name -> machine description.
         cgroup: confine devices with task/cgroup (cgroup v1, ConstrainDevices=yes).
         dbd: run a private MariaDB and slurmdbd so that ``sacct`` works.
@@ -130,8 +145,56 @@ class DevCluster:
         return self.root / "etc" / "slurm.conf"
 
     @property
+    def node_config(self) -> Path:
+        """The simulated nodes' node config (``slurm-gpushare hook``/``monitor`` ``--config``)."""
+        return self.root / "etc" / "gpushare-node.toml"
+
+    @property
     def filterd_socket(self) -> Path:
         return self.root / "run" / "filterd.sock"
+
+    @property
+    def fake_gpu_procs(self) -> Path:
+        """The directory of the nodes' fake GPU process tables (mode 1777, see :meth:`fake_gpu_table`)."""
+        return self.root / "fake-gpu-procs"
+
+    def fake_gpu_table(self, node: str) -> Path:
+        """``node``'s fake GPU process table (:class:`~slurm_gpushare.hardware.fake.ProcessTable`,
+        ``GPUSHARE_FAKE_GPU_PROCESSES``), mode 1777 like ``/tmp``: the fake GPU processes of jobs on
+        that node register here, and every fake NVML of that node (its monitor, its Prolog/Epilog)
+        reads it. One table per node: an entry names a GPU index only, so a shared table would put a
+        job's process on the same-numbered GPU of every node."""
+        return self.fake_gpu_procs / node
+
+    @property
+    def fake_gpu_app(self) -> Path:
+        """The stand-in CUDA program for jobs: ``fake-gpu-app --mem 6G --sm 40 --seconds 10``
+        (:mod:`slurm_gpushare.fakeapp`) "uses" the job's fake GPUs; any user can run it in a job."""
+        return self.root / "bin" / "fake-gpu-app"
+
+    @property
+    def lib_dir(self) -> Path:
+        """The world-readable copy of the package that :attr:`fake_gpu_app` imports."""
+        return self.root / "lib"
+
+    def monitor_port(self, node: str) -> int:
+        """The port of ``node``'s monitor (port base + 40 + the node's 1-based position).
+
+        Raises:
+            KeyError: no such node.
+        """
+        names = list(self.nodes)
+        if node not in names:
+            raise KeyError(f"no node {node!r} in the dev cluster in {self.root}")
+        return self.port_base + MONITOR_PORT_OFFSET + names.index(node) + 1
+
+    def monitor_url(self, node: str) -> str:
+        """``http://127.0.0.1:PORT/metrics`` of ``node``'s monitor (Prometheus text format)."""
+        return f"http://127.0.0.1:{self.monitor_port(node)}/metrics"
+
+    def monitor_textfile(self, node: str) -> Path:
+        """The node_exporter textfile ``node``'s monitor rewrites after each sample."""
+        return self.root / "metrics" / f"{node}.prom"
 
     @property
     def env(self) -> dict[str, str]:
@@ -139,6 +202,11 @@ class DevCluster:
         env = dict(os.environ)
         env["SLURM_CONF"] = str(self.slurm_conf)
         return env
+
+    def env_exports(self) -> str:
+        """What ``dev-cluster env`` prints, for ``eval``: ``SLURM_CONF`` (Slurm's clients need it) and
+        ``GPUSHARE_FAKE_GPU_APP`` (:attr:`fake_gpu_app`, for job scripts), one ``export`` line each."""
+        return f"export SLURM_CONF={self.slurm_conf}\nexport GPUSHARE_FAKE_GPU_APP={self.fake_gpu_app}"
 
     def pidfile(self, daemon: str) -> Path:
         return self.root / "run" / f"{daemon}.pid"
@@ -151,7 +219,8 @@ class DevCluster:
         names = ["munged"]
         if self.dbd:
             names += ["mysqld", "slurmdbd"]
-        return names + ["slurmctld", "filterd"] + [f"slurmd-{n}" for n in self.nodes]
+        return names + ["slurmctld", "filterd"] + [f"slurmd-{n}" for n in self.nodes] + \
+            [f"monitor-{n}" for n in self.nodes]
 
     # --- rendering ----------------------------------------------------------------------------
 
@@ -164,8 +233,8 @@ class DevCluster:
         hostname = socket.gethostname().split(".")[0]
         params = {}
         for i, name in enumerate(self.nodes, start=1):
-            params[name] = (f"NodeHostname={hostname} NodeAddr=127.0.0.1 Port={self.port_base + 10 + i} "
-                            f"RealMemory={NODE_REAL_MEMORY_MIB}")
+            port = self.port_base + SLURMD_PORT_OFFSET + i
+            params[name] = f"NodeHostname={hostname} NodeAddr=127.0.0.1 Port={port} RealMemory={NODE_REAL_MEMORY_MIB}"
         gres_text = render_slurm_conf(generated, node_params=params, accounting_tres=self.dbd)
         conf = [
             "# Generated by slurm-gpushare dev-cluster; rewritten by every 'up'.",
@@ -291,6 +360,7 @@ class DevCluster:
             for name in self.nodes:
                 if not self.alive(f"slurmd-{name}"):
                     self._spawn(f"slurmd-{name}", ["slurmd", "-N", name])
+            self.start_monitors()
             self._wait(self._idle_resuming_drained, timeout, "all nodes IDLE", log="log/slurmctld.log")
         except BaseException as e:
             note = self._undo_start()
@@ -303,7 +373,7 @@ class DevCluster:
             self._start = None
         print(f"dev cluster up in {self.root} ({len(self.nodes)} nodes)", file=out)
         print(self.sinfo(), file=out)
-        print(f"export SLURM_CONF={self.slurm_conf}", file=out)
+        print(self.env_exports(), file=out)
 
     def down(self, *, out=sys.stdout) -> list[int]:
         """Cancel the cluster's jobs, then stop its daemons.
@@ -323,10 +393,10 @@ class DevCluster:
             print(f"no dev cluster in {self.root}: nothing to stop", file=out)
             return []
         found = self._scan()
-        nodes = [f"slurmd-{n}" for n in self.nodes]
-        # also stop slurmd of nodes no longer in the configuration (pid files, or found running)
-        extra = sorted(({p.stem for p in (self.root / "run").glob("slurmd-*.pid")} |
-                        {d for d in found if d.startswith("slurmd-")}) - set(nodes))
+        nodes = [f"{kind}-{n}" for kind in ("monitor", "slurmd") for n in self.nodes]
+        # also stop the monitor and slurmd of nodes no longer in the configuration (pid files, or found running)
+        extra = sorted(({p.stem for kind in ("monitor", "slurmd") for p in (self.root / "run").glob(f"{kind}-*.pid")} |
+                        {d for d in found if d.startswith(("monitor-", "slurmd-"))}) - set(nodes))
         names = extra + nodes + list(_STOP_ORDER)
         targets: dict[str, list[int]] = {}
         stale: dict[str, int] = {}
@@ -346,6 +416,12 @@ class DevCluster:
                                f"({running})", hint="run as root")
         if "slurmctld" in targets:
             self._cancel_jobs()
+        # a monitor ends after its current sample (up to a few tenths of a second): signal them all first
+        for pid in (pid for daemon, pids in targets.items() if daemon.startswith("monitor-") for pid in pids):
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
         stopped = []
         for daemon in names:
             if daemon in stale:
@@ -403,8 +479,10 @@ class DevCluster:
         """Check what ``up`` needs before it starts anything; one line per problem.
 
         Ports: every port the cluster derives from ``port_base`` (slurmctld = base, slurmd default
-        +1, slurmdbd +2, MariaDB +3, node *i*: +10+*i*) lies within 1024..65535, and the ones a daemon
-        of this cluster that is not running yet would listen on are free on 127.0.0.1 and 0.0.0.0.
+        +1, slurmdbd +2, MariaDB +3, node *i*'s slurmd +10+*i* and monitor +40+*i*) lies within
+        1024..65535, and the ones a daemon of this cluster that is not running yet would listen on are
+        free on 127.0.0.1 and 0.0.0.0. Nodes: at most :data:`MAX_NODES` (more would put a slurmd on
+        a monitor's port).
         Directory: only characters Slurm config files take, not a file nor below one, not under
         /proc or /sys, and short enough for its unix socket paths.
 
@@ -412,13 +490,17 @@ class DevCluster:
             ClusterError: naming each problem.
         """
         problems = self._dir_problems()
-        b = self.port_base
-        last = b + 10 + len(self.nodes)
+        b, n = self.port_base, len(self.nodes)
+        if n > MAX_NODES:
+            problems.append(f"{n} nodes are too many: a dev cluster has at most {MAX_NODES} (node i's slurmd "
+                            f"listens on port base +{SLURMD_PORT_OFFSET}+i, its monitor on +{MONITOR_PORT_OFFSET}+i)")
+        last = b + MONITOR_PORT_OFFSET + n
         if b < 1024 or last > 65535:
             problems.append(f"--port-base {b} is out of range: the cluster uses ports {b}..{last} (slurmctld {b}, "
                             f"slurmd default {b + 1}, slurmdbd {b + 2}, MariaDB {b + 3}, the nodes' slurmd "
-                            f"{b + 11}..{last}), which must lie within 1024..65535 "
-                            f"(use a --port-base from 1024 to {65535 - 10 - len(self.nodes)})")
+                            f"{b + SLURMD_PORT_OFFSET + 1}..{b + SLURMD_PORT_OFFSET + n}, their monitors "
+                            f"{b + MONITOR_PORT_OFFSET + 1}..{last}), which must lie within 1024..65535 "
+                            f"(use a --port-base from 1024 to {65535 - MONITOR_PORT_OFFSET - n})")
         elif not problems:
             problems += self._port_problems()
         if len(problems) == 1:
@@ -454,8 +536,9 @@ class DevCluster:
 
         The program (``/proc/<pid>/cmdline``) must match: ``munged``; ``slurmctld``; ``slurmdbd``;
         ``slurmd -N <node>``; ``mariadbd`` (or ``mysqld``) for ``mysqld``; a Python running
-        ``slurm_gpushare filterd``. And it must belong to this cluster: munged's ``--socket``, MariaDB's
-        ``--datadir``/``--socket`` and filterd's ``--socket`` are this cluster's; a Slurm daemon's
+        ``slurm_gpushare filterd``, or ``slurm_gpushare monitor --node <node>`` for ``monitor-<node>``.
+        And it must belong to this cluster: munged's ``--socket``, MariaDB's ``--datadir``/``--socket``,
+        filterd's ``--socket`` and a monitor's ``--config`` are this cluster's; a Slurm daemon's
         ``SLURM_CONF`` (``/proc/<pid>/environ``) is this cluster's slurm.conf. Another user's
         environment cannot be read: then the program match decides, unless ``strict``.
         """
@@ -470,6 +553,8 @@ class DevCluster:
                 _same_path(_option(argv[1:], "--socket"), r / "db" / "mysqld.sock")
         if daemon == "filterd":
             return _same_path(_option(argv[1:], "--socket"), self.filterd_socket)
+        if daemon.startswith("monitor-"):
+            return _same_path(_option(argv[1:], "--config"), self.node_config)
         try:
             environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         except PermissionError:
@@ -527,11 +612,13 @@ class DevCluster:
                                "nodes with mknod", hint="run it as root, e.g. in a throwaway VM or container")
 
     def _node_side_files(self) -> dict[str, str]:
-        """The node hooks: node config, Prolog/Epilog wrappers (fake NVML per node), TaskProlog."""
+        """The node side: node config, Prolog/Epilog wrappers (fake NVML per node, reading the fake GPU
+        process table), TaskProlog, and the jobs' stand-in GPU program ``bin/fake-gpu-app``."""
         r = self.root
         hook = (f'#!/bin/sh\n# Generated by slurm-gpushare dev-cluster: the {{which}} hook of the simulated nodes\n'
-                f'GPUSHARE_NVML="fake:{r}/machines/$SLURMD_NODENAME.json" exec {sys.executable} -m slurm_gpushare '
-                f'hook {{which}} --config {r}/etc/gpushare-node.toml\n')
+                f'{NVML_ENV}="fake:{r}/machines/$SLURMD_NODENAME.json" '
+                f'{PROCESS_TABLE_ENV}="{self.fake_gpu_procs}/$SLURMD_NODENAME" '
+                f'exec {sys.executable} -m slurm_gpushare hook {{which}} --config {self.node_config}\n')
         taskprolog = (ETC / "taskprolog.sh").read_text().replace(
             'RUN_DIR="/run/slurm-gpushare"', f'RUN_DIR="{self.node_run_dir}"')
         return {
@@ -540,11 +627,40 @@ class DevCluster:
                 f'run_dir = "{self.node_run_dir}"\nmachine = "{r}/machines/{{node}}.json"\n'
                 f'mps_control = "{MPS_STANDIN}"\nmps_start_timeout = 10.0\nmps_quit_timeout = 3.0\n'
                 f'spool_dir = "{self.accounting_spool}"\n'
+                # short jobs (seconds) must get samples; the listen port and textfile differ per node,
+                # so each monitor gets them on its command line
+                'monitor_interval = 0.5\n'
                 f'\n[mps_env]\nGPUSHARE_FAKE_MPS_MODE_FILE = "{self.fake_mps_mode_file}"\n'),
             "scripts/prolog.sh": hook.replace("{which}", "prolog"),
             "scripts/epilog.sh": hook.replace("{which}", "epilog"),
             "scripts/taskprolog.sh": taskprolog,
+            "bin/fake-gpu-app": self._fake_gpu_app_text(),
         }
+
+    def _fake_gpu_app_text(self) -> str:
+        """``bin/fake-gpu-app``: runs :mod:`slurm_gpushare.fakeapp` from ``lib/`` with an interpreter
+        every user can run (a job's user cannot use a venv or interpreter under root's home)."""
+        r = self.root
+        return (
+            "#!/bin/sh\n"
+            "# Generated by slurm-gpushare dev-cluster: a stand-in CUDA program for jobs on the simulated nodes.\n"
+            "# 'fake-gpu-app --mem 6G --sm 40 --seconds 10' holds 6 GiB at 40 % SM on each GPU of\n"
+            "# CUDA_VISIBLE_DEVICES (fake NVML processes, seen by the node monitor); --help for the rest.\n"
+            'if [ -n "${SLURMD_NODENAME:-}" ]; then\n'
+            f'  {NVML_ENV}="fake:{r}/machines/$SLURMD_NODENAME.json"\n'
+            f'  {PROCESS_TABLE_ENV}="{self.fake_gpu_procs}/$SLURMD_NODENAME"\n'
+            f"  export {NVML_ENV} {PROCESS_TABLE_ENV}\n"
+            f'elif [ -z "${{{NVML_ENV}:-}}" ]; then\n'
+            '  case " $* " in\n'
+            '    *" -h "*|*" --help "*|*" --machine"*) ;;\n'
+            '    *) echo "fake-gpu-app: error: not in a job on a simulated node (no SLURMD_NODENAME): run it in a '
+            f'job, or pass --machine {r}/machines/NODE.json --table {self.fake_gpu_procs}/NODE --devices 0" >&2\n'
+            "       exit 64 ;;\n"
+            "  esac\n"
+            "fi\n"
+            f"PYTHONPATH={self.lib_dir}\n"
+            "export PYTHONPATH\n"
+            f'exec {job_python()} -s -m slurm_gpushare.fakeapp "$@"\n')
 
     @property
     def accounting_spool(self) -> Path:
@@ -564,7 +680,8 @@ class DevCluster:
 
     def _prepare(self, files: dict[str, str]) -> None:
         r = self.root
-        for d in ("etc", "munge", "spool/ctld", "log", "run", "machines", "db", *(f"spool/d-{n}" for n in self.nodes)):
+        for d in ("etc", "munge", "spool/ctld", "log", "run", "machines", "db", "bin", "metrics",
+                  *(f"spool/d-{n}" for n in self.nodes)):
             (r / d).mkdir(parents=True, exist_ok=True)
         # munged refuses a socket directory that is not executable by all ("Socket is inaccessible")
         for p in [r, *r.parents]:
@@ -586,6 +703,18 @@ class DevCluster:
             os.chmod(r / "etc/slurmdbd.conf", 0o600)
         for script in ("prolog.sh", "epilog.sh", "taskprolog.sh"):
             os.chmod(r / "scripts" / script, 0o755)
+        # what a job's user runs and reads: the fake app, the package copy, the machine descriptions,
+        # and the process table every user registers in (sticky like /tmp: no one removes another's entry)
+        for d in ("bin", "machines"):
+            os.chmod(r / d, 0o755)
+        os.chmod(self.fake_gpu_app, 0o755)
+        for name in self.nodes:
+            os.chmod(r / "machines" / f"{name}.json", 0o644)
+        for table in (self.fake_gpu_procs, *(self.fake_gpu_table(n) for n in self.nodes)):
+            table.mkdir(exist_ok=True)
+            os.chmod(table, 0o1777)
+            ProcessTable(table).prune()  # entries of apps killed with SIGKILL: their pids may be reused
+        self.install_lib()
         key = r / "munge" / "munge.key"
         if not key.exists():
             key.write_bytes(os.urandom(1024))
@@ -600,6 +729,36 @@ class DevCluster:
                         (d / "nvidia-caps").mkdir(exist_ok=True)
                         _mknod(d / "nvidia-caps" / f"nvidia-cap{cap}", NVIDIA_CAPS_MAJOR, cap)
 
+    def install_lib(self) -> None:
+        """Copy the package (its modules and data files, no ``__pycache__``) to ``lib/slurm_gpushare``,
+        world-readable, for :attr:`fake_gpu_app`: a job's user may not reach the project's tree or venv.
+        Only changed files are rewritten; files the package no longer has are removed."""
+        dest = self.lib_dir / "slurm_gpushare"
+        wanted: set[Path] = set()
+        for src in sorted(PACKAGE_DIR.rglob("*")):
+            rel = src.relative_to(PACKAGE_DIR)
+            if "__pycache__" in rel.parts or src.suffix == ".pyc" or not src.is_file():
+                continue
+            wanted.add(rel)
+            target = dest / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if not (target.is_file() and filecmp.cmp(src, target, shallow=False)):
+                tmp = target.with_name(f".{target.name}.tmp")
+                shutil.copyfile(src, tmp)
+                os.replace(tmp, target)
+            os.chmod(target, 0o644)
+        for path in sorted(dest.rglob("*"), key=lambda q: -len(q.parts)):
+            rel = path.relative_to(dest)
+            if path.is_file() and rel not in wanted and "__pycache__" not in rel.parts:
+                path.unlink()
+            elif path.is_dir() and "__pycache__" not in rel.parts:
+                if any(path.iterdir()):
+                    os.chmod(path, 0o755)
+                else:
+                    path.rmdir()
+        for d in (self.lib_dir, dest):
+            os.chmod(d, 0o755)
+
     def start_filterd(self, *, timeout: float = 20.0) -> None:
         """Start ``slurm-gpushare filterd`` for this cluster (if not running) and wait for its socket.
 
@@ -608,11 +767,31 @@ class DevCluster:
         """
         if self.alive("filterd"):
             return
-        own = self._start is None  # called on its own, not by up()
+        self._start_step(lambda: self._start_filterd(timeout))
+
+    def start_monitors(self, *, timeout: float = 20.0) -> None:
+        """Start ``slurm-gpushare monitor`` for each node whose monitor is not running, and wait until
+        each answers at :meth:`monitor_url` (or has written its textfile since).
+
+        Each runs in the foreground of a session of its own, with the node's fake NVML
+        (``GPUSHARE_NVML=fake:machines/<node>.json``) and the fake GPU process table; its pid goes to
+        ``run/monitor-<node>.pid``, its stderr to ``log/monitor-<node>.log``.
+
+        Raises:
+            ClusterError: one died or did not answer within ``timeout`` (then the monitors this call
+                started are stopped again; within ``up``, everything that ``up`` started).
+        """
+        if all(self.alive(f"monitor-{n}") for n in self.nodes):
+            return
+        self._start_step(lambda: self._start_monitors(timeout))
+
+    def _start_step(self, start) -> None:
+        """Run one start step; called on its own (not by ``up``), stop what it started when it fails."""
+        own = self._start is None
         if own:
             self._begin_start()
         try:
-            self._start_filterd(timeout)
+            start()
         except BaseException as e:
             if own:
                 note = self._undo_start()
@@ -639,6 +818,48 @@ class DevCluster:
         self._wait(lambda: self.alive("filterd") and _listening(self.filterd_socket), timeout,
                    "the filter service socket", log="log/filterd.stderr", died=lambda: proc.poll() is not None,
                    daemon_name="filterd")
+
+    def _start_monitors(self, timeout: float) -> None:
+        r = self.root
+        for d in ("log", "run"):
+            (r / d).mkdir(parents=True, exist_ok=True)
+        started = []
+        for node in self.nodes:  # start them all, then wait: they come up side by side
+            daemon = f"monitor-{node}"
+            if self.alive(daemon):
+                continue
+            argv = [sys.executable, "-m", "slurm_gpushare", "monitor", "--config", str(self.node_config),
+                    "--node", node, "--listen", f"127.0.0.1:{self.monitor_port(node)}",
+                    "--textfile", str(self.monitor_textfile(node))]
+            env = dict(self.env)
+            env[NVML_ENV] = f"fake:{r}/machines/{node}.json"
+            env[PROCESS_TABLE_ENV] = str(self.fake_gpu_table(node))
+            self._mark_log(f"log/{daemon}.log")
+            since = time.time()
+            with open(r / "log" / f"{daemon}.log", "ab") as err:
+                proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=err, stderr=err,
+                                        start_new_session=True, cwd=r)
+            _write_pidfile(self.pidfile(daemon), proc.pid)
+            self._record(daemon, proc)
+            started.append((node, proc, since))
+        for node, proc, since in started:
+            self._wait(functools.partial(self._monitor_answers, node, since), timeout,
+                       f"its metrics at {self.monitor_url(node)}", log=f"log/monitor-{node}.log",
+                       died=proc.poll, daemon_name=f"monitor-{node}")
+
+    def _monitor_answers(self, node: str, since: float) -> bool:
+        """``GET /metrics`` of ``node``'s monitor answers 200, or its textfile was written since ``since``."""
+        direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # whatever http_proxy says
+        try:
+            with direct.open(self.monitor_url(node), timeout=2) as resp:
+                if resp.status == 200:
+                    return True
+        except (OSError, ValueError):  # refused, reset, an HTTP error status (urllib's errors are OSErrors)
+            pass
+        try:
+            return self.monitor_textfile(node).stat().st_mtime >= since
+        except OSError:
+            return False
 
     def _start_munged(self) -> None:
         if self.alive("munged"):
@@ -772,7 +993,8 @@ class DevCluster:
         pids = list(st.started)
         for daemon, found in self._scan().items():
             pids += [(daemon, p) for p in found if p not in st.before]
-        order = {d: i for i, d in enumerate([f"slurmd-{n}" for n in self.nodes] + list(_STOP_ORDER))}
+        order = {d: i for i, d in enumerate([f"{kind}-{n}" for kind in ("monitor", "slurmd") for n in self.nodes]
+                                            + list(_STOP_ORDER))}
         stopped, seen = [], set()
         for daemon, pid in sorted(pids, key=lambda dp: order.get(dp[0], -1)):
             if pid in seen or pid in st.before or not pid_alive(pid) or not self.is_ours(daemon, pid):
@@ -784,6 +1006,9 @@ class DevCluster:
                 continue
             stopped.append(f"{daemon} (pid {pid})")
             self.pidfile(daemon).unlink(missing_ok=True)
+        for daemon, pid in st.started:  # those that died by themselves: their pid files name no one now
+            if not pid_alive(pid) and self.pid(daemon) == pid:
+                self.pidfile(daemon).unlink(missing_ok=True)
         for proc in st.children:
             proc.poll()
         return f"stopped what this 'up' had started: {', '.join(stopped)}" if stopped else ""
@@ -830,7 +1055,10 @@ class DevCluster:
             wanted.append((b + 3, "MariaDB", "mysqld"))
         for i, name in enumerate(self.nodes, start=1):
             if not self.alive(f"slurmd-{name}"):
-                wanted.append((b + 10 + i, f"slurmd of node {name}", f"slurmd-{name}"))
+                wanted.append((b + SLURMD_PORT_OFFSET + i, f"slurmd of node {name}", f"slurmd-{name}"))
+        for i, name in enumerate(self.nodes, start=1):
+            if not self.alive(f"monitor-{name}"):
+                wanted.append((b + MONITOR_PORT_OFFSET + i, f"monitor of node {name}", f"monitor-{name}"))
         problems = []
         found = None
         for port, what, daemon in wanted:
@@ -932,6 +1160,40 @@ def _set_lua_setting(text: str, key: str, value: str) -> str:
     return "".join(out)
 
 
+def job_python() -> str:
+    """A Python 3.11+ interpreter that every user can run, for the programs jobs run (``bin/fake-gpu-app``).
+
+    The base interpreter of this one (``os.path.realpath(sys.executable)``: a venv's ``bin/python`` is
+    only a link to it) when every user can reach it; else the first of ``/usr/bin/python3``,
+    ``/usr/local/bin/python3`` and ``python3`` on PATH that every user can reach and whose name
+    (``python3.N`` once links are resolved) says 3.11 or later; else the base interpreter anyway (then
+    only root's jobs can run it: a pyenv Python under root's 0700 home, for one).
+    """
+    base = os.path.realpath(sys.executable)
+    if usable_by_all(base):
+        return base
+    for cand in ("/usr/bin/python3", "/usr/local/bin/python3", shutil.which("python3")):
+        if not cand:
+            continue
+        real = os.path.realpath(cand)
+        m = re.fullmatch(r"python3\.(\d+)", os.path.basename(real))
+        if m and int(m.group(1)) >= 11 and usable_by_all(real):
+            return real
+    return base
+
+
+def usable_by_all(path: str | os.PathLike) -> bool:
+    """Whether every user may run ``path``: it is executable by others, and so is (searchable) every
+    directory above it."""
+    p = Path(os.path.realpath(path))
+    try:
+        if not (p.is_file() and p.stat().st_mode & stat.S_IXOTH):
+            return False
+        return all(d.stat().st_mode & stat.S_IXOTH for d in p.parents)
+    except OSError:
+        return False
+
+
 def pid_alive(pid: int) -> bool:
     """The process exists and is not a zombie (a zombie has exited; only its parent has not reaped it)."""
     try:
@@ -946,6 +1208,12 @@ def pid_alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def _write_pidfile(path: Path, pid: int) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(f"{pid}\n")
+    os.replace(tmp, path)
 
 
 def _stop_pid(pid: int, timeout: float = 10.0, *, what: str = "daemon") -> None:
@@ -995,8 +1263,13 @@ def _daemon_of(argv: list[str]) -> str | None:
         return "mysqld"
     if prog.startswith("python") or prog == "slurm-gpushare":
         for prev, arg in itertools.pairwise(argv):
-            if arg == "filterd" and os.path.basename(prev) in ("slurm_gpushare", "slurm-gpushare"):
+            if os.path.basename(prev) not in ("slurm_gpushare", "slurm-gpushare"):
+                continue
+            if arg == "filterd":
                 return "filterd"
+            if arg == "monitor":
+                node = _option(argv, "--node")
+                return f"monitor-{node}" if node else None
     return None
 
 
@@ -1123,7 +1396,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.action == "down":
             cluster.down()
         elif args.action == "env":
-            print(f"export SLURM_CONF={cluster.slurm_conf}")
+            print(cluster.env_exports())
         else:
             return _print_status(cluster, as_json=args.json)
         sys.stdout.flush()

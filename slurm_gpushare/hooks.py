@@ -408,14 +408,22 @@ def record_usage(ctx: HookContext, env: dict[str, str], state: dict) -> int:
     """Append the finished job's per-GPU records to the node's accounting spool (docs/accounting.md).
 
     Never fails the Epilog: a record that cannot be built or written is reported on stderr (slurmd's
-    log) with the job id, and the node stays up. Usage is "no data" until a node monitor measured it.
+    log) with the job id, and the node stays up. Peak memory and SM utilization come from the node
+    monitor's usage file (``<run_dir>/usage/<job>.json``, :mod:`slurm_gpushare.accounting.live`),
+    removed once the records are spooled; without one (no monitor ran) they are "no data".
 
     Returns:
         the number of records written.
     """
     from slurm_gpushare.accounting import Spool, exit_from_env, records_for_job
+    from slurm_gpushare.accounting.live import load_usage, remove_usage
 
     job_id = env.get("SLURM_JOB_ID", "")
+    try:
+        usage = load_usage(ctx.run_dir, job_id)
+    except GpushareError as e:
+        print(f"slurm-gpushare epilog: job {job_id}: monitor usage not used: {e}", file=sys.stderr)
+        usage = None
     try:
         info = parse_show_job(ctx.show_job(job_id))
         if not info.gres_on(ctx.node):
@@ -435,9 +443,11 @@ def record_usage(ctx: HookContext, env: dict[str, str], state: dict) -> int:
             info, plan, machine, node=ctx.node, start=info.start_time or end, end=end,
             exit_state=exit_state, exit_code=exit_code, gpu_uuids={g.index: g.uuid for g in machine.gpus},
             account=info.account, array_job_id=info.array_job_id, array_task_id=info.array_task_id,
-            placement_cost=placement.get("cost_given"))
+            placement_cost=placement.get("cost_given"), usage=usage)
         if records:
             Spool(ctx.config.spool_dir, node=ctx.node).append(records)
+        if usage is not None:
+            remove_usage(ctx.run_dir, job_id)
         return len(records)
     except GpushareError as e:
         print(f"slurm-gpushare epilog: job {job_id}: accounting record not written: {e}", file=sys.stderr)

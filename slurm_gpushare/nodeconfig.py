@@ -15,6 +15,11 @@ Every key is optional::
     mps_mode = "per-job"                       # or "per-gpu": one daemon per GPU and user, shared by jobs
     low_priority_partitions = ["scavenger"]    # their jobs' MPS clients run below normal priority
     spool_dir = "/var/spool/slurm-gpushare/accounting"   # the Epilog's per-job GPU usage records
+    monitor_interval = 10.0                    # seconds between the node monitor's NVML samples
+    monitor_listen = ":9817"                   # its Prometheus endpoint ("" for none)
+    monitor_textfile = ""                      # node_exporter textfile to write after each sample ("" none)
+    admin_comment_summary = false              # the monitor puts a usage summary in running jobs' AdminComment
+    admin_comment_interval = 300.0             # seconds between two such updates of one job
 
     [mps_env]                                  # extra environment of the MPS control daemon
     LD_LIBRARY_PATH = "/usr/local/cuda/lib64"
@@ -52,6 +57,11 @@ class NodeConfig:
     mps_mode: str = "per-job"
     low_priority_partitions: tuple[str, ...] = ()
     spool_dir: str = "/var/spool/slurm-gpushare/accounting"
+    monitor_interval: float = 10.0
+    monitor_listen: str = ":9817"
+    monitor_textfile: str = ""
+    admin_comment_summary: bool = False
+    admin_comment_interval: float = 300.0
 
     def run_dir_for(self, node: str) -> Path:
         return Path(self.run_dir.replace("{node}", node))
@@ -64,6 +74,8 @@ _KEYS: dict[str, type | tuple[type, ...]] = {
     "version": int, "run_dir": str, "machine": str, "mps_control": str, "shard_unit": str,
     "mps_start_timeout": (int, float), "mps_quit_timeout": (int, float), "drain_on_stuck_daemon": bool,
     "mps_env": dict, "mps_mode": str, "low_priority_partitions": list, "spool_dir": str,
+    "monitor_interval": (int, float), "monitor_listen": str, "monitor_textfile": str,
+    "admin_comment_summary": bool, "admin_comment_interval": (int, float),
 }
 
 
@@ -114,6 +126,21 @@ def parse_node_config(text: str, *, source: str = "<node config>") -> NodeConfig
         elif key in ("mps_start_timeout", "mps_quit_timeout"):
             if not 0 < value <= 600:
                 raise ConfigError(f"{key} = {value} is out of range (0-600 seconds)", source=source)
+            kw[key] = float(value)
+        elif key == "monitor_listen":
+            host, colon, port = value.rpartition(":")
+            if value and not (port.isdigit() and 0 < int(port) < 65536):
+                raise ConfigError(f"monitor_listen = {value!r} has no valid port",
+                                  hint='write ":9817", "127.0.0.1:9817", or "" for no endpoint', source=source)
+            kw[key] = value
+        elif key == "monitor_interval":
+            if not 0.1 <= value <= 3600:
+                raise ConfigError(f"monitor_interval = {value} is out of range (0.1-3600 seconds)", source=source)
+            kw[key] = float(value)
+        elif key == "admin_comment_interval":
+            if not 1 <= value <= 86400:
+                raise ConfigError(f"admin_comment_interval = {value} is out of range (1-86400 seconds)",
+                                  source=source)
             kw[key] = float(value)
         else:
             kw[key] = value

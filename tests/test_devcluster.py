@@ -5,20 +5,35 @@ from __future__ import annotations
 import io
 import json
 import os
+import pwd
 import re
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 
-from slurm_gpushare.devcluster import DEFAULT_NODES, DevCluster, _stop_pid, main, packaged_machine, pid_alive
+from slurm_gpushare.devcluster import (
+    DEFAULT_NODES,
+    DevCluster,
+    _stop_pid,
+    job_python,
+    main,
+    packaged_machine,
+    pid_alive,
+)
 from slurm_gpushare.errors import ClusterError
 from slurm_gpushare.gresconf import node_gres
+from slurm_gpushare.hardware.fake import FakeNvml
+from slurm_gpushare.hardware.machine import Machine
+from slurm_gpushare.nodeconfig import parse_node_config
+from tests.conftest import Job
 
 
 def test_render_has_one_node_line_and_gres_per_machine(tmp_path):
@@ -227,6 +242,16 @@ def test_is_ours_needs_the_program_and_this_cluster(tmp_path):
         ("slurmd-n1", _fake("slurmd", "-N", "n1", env=other_env), False),
         ("filterd", _fake("python3", "-m", "slurm_gpushare", "filterd", f"--socket={c.filterd_socket}"), True),
         ("filterd", _fake("python3", "-m", "slurm_gpushare", "filterd", f"--socket={other}/run/filterd.sock"), False),
+        ("monitor-n1", _fake("python3", "-m", "slurm_gpushare", "monitor", "--config", str(c.node_config),
+                             "--node", "n1"), True),
+        ("monitor-n1", _fake("python3", "-m", "slurm_gpushare", "monitor", f"--config={c.node_config}",
+                             "--node=n1"), True),
+        ("monitor-n1", _fake("python3", "-m", "slurm_gpushare", "monitor", "--config", str(c.node_config),
+                             "--node", "n2"), False),
+        ("monitor-n1", _fake("python3", "-m", "slurm_gpushare", "monitor", "--config",
+                             f"{other}/etc/gpushare-node.toml", "--node", "n1"), False),
+        ("monitor-n1", _fake("python3", "-m", "slurm_gpushare", "filterd", "--config", str(c.node_config),
+                             "--node", "n1"), False),
         ("mysqld", _fake("mariadbd", f"--datadir={c.root}/db/data"), True),
         ("mysqld", _fake("mariadbd", f"--datadir={other}/db/data"), False),
     ]
@@ -273,7 +298,9 @@ def test_down_stops_the_real_daemons_behind_stale_pid_files(cluster):
 
 @pytest.mark.parametrize("port_base, dir_name, expected", [
     (100, "c", "--port-base 100 is out of range"),
-    (65530, "c", "--port-base 65530 is out of range: the cluster uses ports 65530..65544"),
+    (65530, "c", "--port-base 65530 is out of range: the cluster uses ports 65530..65574"),
+    (65500, "c", "the nodes' slurmd 65511..65514, their monitors 65541..65544), which must lie within "
+                 "1024..65535 (use a --port-base from 1024 to 65491)"),
     (21000, "with space", "contains a space, which Slurm config files cannot take"),
     (21000, "hash#dir", "contains '#', which Slurm config files cannot take"),
     (21000, "x" * 100, "(use a shorter --dir)"),
@@ -551,3 +578,190 @@ def test_cgroup_option_confines_a_job_to_its_own_fake_gpu(cluster):
     finally:
         c.down(out=open(os.devnull, "w"))
         shutil.rmtree(root, ignore_errors=True)
+
+
+# --- 7. jobs "use" the fake GPUs; one monitor per node watches them ----------------------------
+
+GIB = 1 << 30
+
+
+def _write_rendered(c: DevCluster) -> None:
+    """The cluster's rendered files on disk, without starting anything (no Slurm, no root)."""
+    for rel, text in c.render().items():
+        (c.root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (c.root / rel).write_text(text)
+
+
+def test_node_side_files_point_every_fake_nvml_at_the_process_table(tmp_path):
+    c = DevCluster.default(tmp_path / "c", 20000)
+    files = c.render()
+    for hook in ("prolog", "epilog"):
+        line = files[f"scripts/{hook}.sh"].splitlines()[-1]
+        assert f'GPUSHARE_FAKE_GPU_PROCESSES="{c.root}/fake-gpu-procs/$SLURMD_NODENAME" ' in line
+        assert f'GPUSHARE_NVML="fake:{c.root}/machines/$SLURMD_NODENAME.json"' in line
+    cfg = parse_node_config(files["etc/gpushare-node.toml"])
+    assert cfg.monitor_interval == 0.5
+    assert cfg.spool_dir == str(c.accounting_spool) and cfg.machine == f"{c.root}/machines/{{node}}.json"
+    # one table per node: an entry names only a GPU index, which every node has
+    assert c.fake_gpu_table("a100-nvb") == c.root / "fake-gpu-procs" / "a100-nvb"
+
+
+def test_each_node_has_a_monitor_after_the_slurmds_on_port_base_plus_40(tmp_path):
+    c = DevCluster.default(tmp_path / "c", 20000)
+    names = c.daemons()
+    assert names[-8:] == [f"slurmd-{n}" for n in c.nodes] + [f"monitor-{n}" for n in c.nodes]
+    assert [c.monitor_url(n) for n in c.nodes] == [f"http://127.0.0.1:{p}/metrics" for p in (20041, 20042, 20043,
+                                                                                          20044)]
+    assert c.monitor_textfile("a100-nvb") == c.root / "metrics" / "a100-nvb.prom"
+    with pytest.raises(KeyError):
+        c.monitor_port("no-such-node")
+
+
+def test_up_names_a_monitor_port_already_in_use(tmp_path, monkeypatch):
+    monkeypatch.setattr(DevCluster, "_prepare", lambda self, files: pytest.fail("up went on to start"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        if port - 41 < 1024:
+            pytest.skip("the kernel gave a port too low to serve as a monitor port")
+        c = DevCluster.default(tmp_path / "c", port - 41)
+        with pytest.raises(ClusterError, match=rf"port {port} \(monitor of node h100-nvs\) is already in use"):
+            c.check_settings()
+
+
+def test_env_exports_slurm_conf_and_the_fake_gpu_app(tmp_path, capsys):
+    assert main(["env", "--dir", str(tmp_path / "c")]) == 0
+    assert capsys.readouterr().out == (f"export SLURM_CONF={tmp_path}/c/etc/slurm.conf\n"
+                                       f"export GPUSHARE_FAKE_GPU_APP={tmp_path}/c/bin/fake-gpu-app\n")
+
+
+def test_install_lib_copies_the_package_world_readable_without_caches(tmp_path):
+    c = DevCluster.default(tmp_path / "c", 20000)
+    stale = c.lib_dir / "slurm_gpushare" / "gone.py"
+    stale.parent.mkdir(parents=True)
+    stale.write_text("# a module the package no longer has\n")
+    c.install_lib()
+    lib = c.lib_dir / "slurm_gpushare"
+    assert (lib / "fakeapp.py").read_text() == (Path(__file__).parent.parent / "slurm_gpushare" / "fakeapp.py"
+                                                ).read_text()
+    assert (lib / "data" / "machines" / DEFAULT_NODES["a100-nvb"]).is_file()
+    assert not stale.exists()
+    assert not [p for p in lib.rglob("*") if "__pycache__" in p.parts or p.suffix == ".pyc"]
+    assert all(p.stat().st_mode & 0o777 == (0o755 if p.is_dir() else 0o644) for p in [lib, *lib.rglob("*")])
+
+
+def test_fake_gpu_app_registers_on_the_jobs_gpus_from_the_lib_copy(tmp_path):
+    c = DevCluster(tmp_path / "c", 20000, {"n1": packaged_machine("8x-a100-nv12-bridge.json")})
+    _write_rendered(c)
+    c.install_lib()
+    table = c.fake_gpu_table("n1")
+    table.mkdir(parents=True)
+    text = c.render()["bin/fake-gpu-app"]
+    assert text.splitlines()[-1] == f'exec {job_python()} -s -m slurm_gpushare.fakeapp "$@"'
+    os.chmod(c.fake_gpu_app, 0o755)
+    # as in a job: slurmd sets SLURMD_NODENAME and CUDA_VISIBLE_DEVICES; nothing of the project's venv
+    env = {"PATH": "/usr/bin:/bin", "SLURMD_NODENAME": "n1", "CUDA_VISIBLE_DEVICES": "3"}
+    app = subprocess.Popen([str(c.fake_gpu_app), "--mem", "3G", "--sm", "30", "--seconds", "30"], env=env,
+                           cwd=tmp_path, stderr=subprocess.PIPE, text=True)
+    try:
+        with FakeNvml(Machine.load(c.root / "machines" / "n1.json"), process_table=table) as nvml:
+            deadline = time.monotonic() + 20
+            while not nvml.processes(3) and app.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            got = [(p.pid, p.used_memory_mib, p.sm_util) for p in nvml.processes(3)]
+            assert got == [(app.pid, 3072, 30.0)], \
+                app.stderr.read() if app.poll() is not None else "not registered in time"
+            assert nvml.processes(2) == ()
+    finally:
+        app.terminate()
+        app.wait(10)
+    assert not list(table.glob("*.json")), "the app left its table entry behind"
+
+
+def test_fake_gpu_app_outside_a_job_says_so(tmp_path):
+    c = DevCluster(tmp_path / "c", 20000, {"n1": packaged_machine("8x-a100-nv12-bridge.json")})
+    _write_rendered(c)
+    os.chmod(c.fake_gpu_app, 0o755)
+    proc = subprocess.run([str(c.fake_gpu_app), "--mem", "1G"], env={"PATH": "/usr/bin:/bin"}, capture_output=True,
+                          text=True)
+    assert proc.returncode == 64
+    assert proc.stderr.startswith("fake-gpu-app: error: not in a job on a simulated node")
+
+
+def test_a_monitor_that_dies_at_start_is_a_cluster_error_with_its_log(tmp_path):
+    c = DevCluster(_world_readable_dir("gpushare-dc-") / "c", 21000, {"n1": packaged_machine("8x-rtx4090-pcie.json")})
+    try:
+        _write_rendered(c)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))  # bound, never listening: the monitor cannot have the port
+            c.port_base = s.getsockname()[1] - 41
+            _write_rendered(c)
+            with pytest.raises(ClusterError) as e:
+                c.start_monitors(timeout=30)
+        text = str(e.value)
+        assert text.startswith(f"monitor-n1 died while waiting for its metrics at {c.monitor_url('n1')}; "
+                               f"{c.root}/log/monitor-n1.log says:"), text
+        assert f"cannot listen on 127.0.0.1:{c.port_base + 41}" in text
+        assert not c.pidfile("monitor-n1").exists() and _processes_of(c) == []
+    finally:
+        shutil.rmtree(c.root.parent)
+
+
+def _job_user() -> str:
+    """An unprivileged user to submit as (a job's user cannot reach root's venv or home)."""
+    try:
+        return pwd.getpwnam("nobody").pw_name
+    except KeyError:
+        return "root"
+
+
+def _spool_records(c: DevCluster, job_id: str) -> list[dict]:
+    out = []
+    for f in sorted(c.accounting_spool.glob("*.jsonl")):
+        out += [r for r in map(json.loads, f.read_text().splitlines()) if r.get("job_id") == job_id]
+    return out
+
+
+@pytest.mark.slurm
+def _metrics(url: str) -> str:
+    return urllib.request.build_opener(urllib.request.ProxyHandler({})).open(url, timeout=5).read().decode()
+
+
+@pytest.mark.slurm
+def test_an_unprivileged_jobs_fake_gpu_use_reaches_the_monitor_and_the_accounting(cluster, slurm):
+    assert all(cluster.alive(f"monitor-{n}") for n in cluster.nodes)
+    assert all(stat.S_IMODE(cluster.fake_gpu_table(n).stat().st_mode) == 0o1777 for n in cluster.nodes)
+    user = _job_user()
+    out_dir = cluster.root / "test-output" / "any-user"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(out_dir, 0o1777)
+    out = out_dir / f"job-{time.monotonic_ns()}.out"
+    proc = slurm.run(["runuser", "-u", user, "--", "sbatch", "--parsable", "-D", str(out_dir), f"--output={out}",
+                      "-w", "a100-nvb", "--gres=gpu:1", "--wrap",
+                      f"{cluster.fake_gpu_app} --mem 6G --sm 40 --seconds 4; echo app exited $?"])
+    job = proc.stdout.strip().split(";")[0]
+    slurm.submitted.append(job)
+    used = None
+    deadline = time.monotonic() + 60
+    while used != 6 * GIB and time.monotonic() < deadline:
+        metrics = _metrics(cluster.monitor_url("a100-nvb"))
+        found = [float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+                 if line.startswith("gpushare_job_gpu_memory_used_bytes{") and f'job_id="{job}"' in line]
+        used = found[0] if found else None
+        if used != 6 * GIB:
+            time.sleep(0.2)
+    assert used == 6 * GIB, (job, metrics)
+    assert f'user="{user}"' in metrics
+    # the node's own table only: GPU 0 of another node shows nothing of it
+    other = _metrics(cluster.monitor_url("h100-nvs"))
+    gpu0 = [line for line in other.splitlines() if line.startswith("gpushare_gpu_memory_used_bytes{")
+            and 'gpu="0"' in line]
+    assert len(gpu0) == 1 and gpu0[0].endswith(" 0.0"), other
+    done = slurm.wait(Job(job, output_path=out))
+    assert done.state == "COMPLETED", (done.fields, done.output())
+    assert "app exited 0" in done.output()
+    deadline = time.monotonic() + 10
+    while not _spool_records(cluster, job) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    [rec] = _spool_records(cluster, job)
+    assert (rec["user"], rec["node"], rec["mem_peak_mib"]) == (user, "a100-nvb", 6144), rec

@@ -351,3 +351,29 @@ def test_epilog_appends_one_accounting_record_per_gpu_device(node):
         ("601", "mps", 0), ("602", "gpu", 5)], lines
     assert lines[0]["mem_asked_mib"] == 10240 and lines[0]["mem_peak_mib"] is None  # no monitor: no data
     assert Spool(node.root / "spool", node="a100").node == "a100"
+
+
+def test_epilog_records_what_the_monitor_measured_and_removes_its_file(node, capsys):
+    from dataclasses import replace
+
+    from slurm_gpushare.accounting.live import save_usage, usage_path
+    from slurm_gpushare.accounting.record import UsageTracker
+    ctx = HookContext(replace(node.ctx.config, spool_dir=str(node.root / "spool")), "a100",
+                      show_job=node.ctx.show_job, drain=node.ctx.drain, show_node=node.ctx.show_node)
+    node.jobs["603"] = SHOW.format(job="603", node="a100", gres="gpu:a100:1", detail="gpu:a100:1(IDX:5)", ac="")
+    tracker = UsageTracker()
+    for used, sm in ((1000, 10.0), (9000, 80.0), (4000, None)):
+        tracker.add("603", 5, used_mib=used, sm_percent=sm)
+    save_usage(ctx.run_dir, "603", "a100", tracker)
+    assert epilog(ctx, {**_env("603"), "SLURM_JOB_GPUS": "5"}) == 0
+    (rec,) = [json.loads(line) for f in (node.root / "spool").glob("*.jsonl") for line in f.read_text().splitlines()]
+    got = (rec["mem_peak_mib"], rec["sm_mean_percent"], rec["sm_peak_percent"], rec["samples"])
+    assert got == (9000, 45.0, 80.0, 3)
+    assert not usage_path(ctx.run_dir, "603").exists()
+    # a damaged usage file: the record is still written, with no data, and the log says why
+    node.jobs["604"] = SHOW.format(job="604", node="a100", gres="gpu:a100:1", detail="gpu:a100:1(IDX:6)", ac="")
+    usage_path(ctx.run_dir, "604").write_text("{half")
+    assert epilog(ctx, {**_env("604"), "SLURM_JOB_GPUS": "6"}) == 0
+    recs = [json.loads(line) for f in (node.root / "spool").glob("*.jsonl") for line in f.read_text().splitlines()]
+    assert [(r["job_id"], r["mem_peak_mib"]) for r in recs] == [("603", 9000), ("604", None)]
+    assert "job 604: monitor usage not used" in capsys.readouterr().err

@@ -108,6 +108,31 @@ class UsageTracker:
         """Ids of the jobs with samples."""
         return tuple(self._jobs)
 
+    def state(self, job_id: str) -> list[dict[str, Any]]:
+        """The job's running totals as JSON-able rows (``key``, ``peak_mib``, ``sm_sum``, ``sm_n``,
+        ``sm_peak``, ``samples``), for :meth:`restore` after a monitor restart."""
+        return [{"key": k, "peak_mib": a[0], "sm_sum": a[1], "sm_n": a[2], "sm_peak": a[3], "samples": a[4]}
+                for k, a in self._jobs.get(str(job_id), {}).items()]
+
+    def restore(self, job_id: str, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Take back what :meth:`state` gave (replacing what the tracker holds for the job).
+
+        Raises:
+            InputError: a row without the keys of :meth:`state` or with wrong types.
+        """
+        acc: dict[int | str, list] = {}
+        try:
+            for r in rows:
+                key = r["key"]
+                if type(key) not in (int, str):
+                    raise TypeError(f"key {key!r}")
+                peak, sm_peak = r["peak_mib"], r["sm_peak"]
+                acc[key] = [None if peak is None else int(peak), float(r["sm_sum"]), int(r["sm_n"]),
+                            None if sm_peak is None else float(sm_peak), int(r["samples"])]
+        except (KeyError, TypeError, ValueError) as e:
+            raise InputError(f"usage state of job {job_id} is not valid ({e})") from None
+        self._jobs[str(job_id)] = acc
+
 
 @dataclass(frozen=True)
 class UsageRecord:

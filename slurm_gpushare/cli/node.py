@@ -65,3 +65,48 @@ def doctor(config_path, node, repair):
         click.echo(f"{ctx.node}: nothing left over in {ctx.run_dir}")
     unchecked = any(f.action == "nothing done" for f in findings)
     sys.exit(1 if (findings and not repair) or unchecked else 0)
+
+
+@main.command()
+@click.option("--config", "config_path", help="node config TOML (default /etc/slurm/gpushare/node.toml)")
+@click.option("--node", help="Slurm node name (default: SLURMD_NODENAME, else this host's short name)")
+@click.option("--interval", type=click.FloatRange(0.1, 3600), help="seconds between samples (default: "
+              "monitor_interval of node.toml, 10)")
+@click.option("--listen", help="Prometheus endpoint, HOST:PORT or :PORT; '' for none (default: monitor_listen, :9817)")
+@click.option("--textfile", help="write the metrics to this node_exporter textfile after each sample "
+              "(default: monitor_textfile)")
+@click.option("--once", is_flag=True, help="take one sample, print the metrics (Prometheus text format) and exit")
+def monitor(config_path, node, interval, listen, textfile, once):
+    """Watch this node's GPUs: per-job memory and SM use, Prometheus metrics, usage for the Epilog.
+
+    Samples NVML every --interval seconds, attributes each GPU process to its Slurm job (cgroup, else
+    'scontrol listpids'), keeps each job's peak memory and SM utilization per GPU in
+    <run_dir>/usage/ (the Epilog's accounting records read them), flags jobs whose processes together
+    hold more than their share, and serves the metrics at http://HOST:PORT/metrics. Runs as root
+    until SIGTERM or SIGINT. See docs/accounting.md.
+    """
+    import signal
+
+    from slurm_gpushare.hardware.machine import Machine
+    from slurm_gpushare.hardware.ports import open_nvml
+    from slurm_gpushare.monitor import Monitor, serve
+
+    ctx = _context(config_path, node)
+    cfg = ctx.config
+    machine = Machine.load(cfg.machine_for(ctx.node))
+    stopping = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stopping.append(True))
+    with Monitor(cfg, ctx.node, machine, open_nvml()) as mon:
+        if once and not (textfile or cfg.monitor_textfile) or once and textfile == "-":
+            from prometheus_client import CollectorRegistry, generate_latest
+
+            mon.sample()
+            registry = CollectorRegistry(auto_describe=False)
+            registry.register(mon)
+            click.echo(generate_latest(registry).decode(), nl=False)
+            return
+        serve(mon, interval_s=interval or cfg.monitor_interval,
+              listen=cfg.monitor_listen if listen is None else listen,
+              textfile=(textfile if textfile is not None else cfg.monitor_textfile) or None,
+              once=once, stop=lambda: bool(stopping))

@@ -30,16 +30,27 @@ no NICs, ``source`` ``"nvml"``):
 - MIG: ``nvmlDeviceGetMigMode`` answers NOT_SUPPORTED for a GPU with neither MIG enabled nor profiles
   listed; profiles are reported only while MIG is enabled (as NVML does); new GPU instances get the
   lowest free GPU instance id from 1 and compute instance 0; utilization is NOT_SUPPORTED on MIG GPUs.
-- Memory used: the sum of the processes' memory. Utilization: 0 % until :meth:`FakeNvml.set_utilization`.
+- Processes (``nvmlDeviceGetComputeRunningProcesses``): the description's, those set with
+  :meth:`FakeNvml.set_processes`, and scheduled ones whose memory and SM utilization change over time
+  (:class:`ScheduledProcess`), added in-process (:meth:`FakeNvml.add_process`) or by other processes
+  through a :class:`ProcessTable` directory (how jobs on the dev cluster "use" a fake GPU: see
+  :mod:`slurm_gpushare.hardware.fakeapp`). A table entry counts only while its pid is alive, as NVML
+  forgets a process that exited.
+- Memory used: the sum of the processes' memory. Utilization: the sum of the processes' SM
+  utilization (at most 100 %), until :meth:`FakeNvml.set_utilization` fixes a value.
 - Compute mode: ``DEFAULT`` until :meth:`FakeNvml.set_compute_mode` (any user may set it; the real
   call needs root).
 """
 
 from __future__ import annotations
 
+import json
+import os
+import time
 import uuid as uuidlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from types import TracebackType
 
 from slurm_gpushare.errors import InputError, MachineDescriptionError, MigPlacementError, NvmlError
@@ -114,7 +125,7 @@ class _GpuState:
     switch_links: int
     instances: list[MigInstance] = field(default_factory=list)
     processes: list[GpuProcess] = field(default_factory=list)
-    utilization: Utilization = Utilization(0, 0)
+    utilization: Utilization | None = None
     compute_mode: str = "DEFAULT"
 
 
@@ -126,6 +137,9 @@ class FakeNvml:
         fail: failure injection by NVML function name (see :data:`NVML_FUNCTIONS`), e.g.
             ``{"nvmlDeviceGetUUID": NVML_ERROR_GPU_IS_LOST}``, ``{"nvmlDeviceGetName": (3, 1)}``
             (the next call fails with code 3), or ``{"nvmlDeviceGetUUID": lambda gpu: 15 if gpu == 2 else None}``.
+        clock: seconds, for scheduled processes (default ``time.time``, the clock a
+            :class:`ProcessTable` written by other processes uses).
+        process_table: a :class:`ProcessTable` directory whose live entries are processes too.
 
     Raises:
         MachineDescriptionError: the description cannot be served as NVML would (indices not
@@ -134,8 +148,12 @@ class FakeNvml:
         InputError: a ``fail`` key that is not an NVML function the fake serves.
     """
 
-    def __init__(self, machine: Machine, *, fail: dict[str, FailRule] | None = None):
+    def __init__(self, machine: Machine, *, fail: dict[str, FailRule] | None = None,
+                 clock: Callable[[], float] = time.time, process_table: str | Path | None = None):
         self._source = f"fake NVML for {machine.hostname}"
+        self._clock = clock
+        self._scheduled: list[ScheduledProcess] = []
+        self._table = ProcessTable(process_table) if process_table else None
         self._hostname = machine.hostname
         self._driver = machine.driver_version
         gpus = self._fill(machine)
@@ -360,7 +378,8 @@ class FakeNvml:
 
     def memory_used_mib(self, index: int) -> int:
         """Sum of the current processes' ``used_memory_mib``."""
-        return sum(p.used_memory_mib for p in self._dev("nvmlDeviceGetMemoryInfo", index).processes)
+        self._dev("nvmlDeviceGetMemoryInfo", index)
+        return sum(p.used_memory_mib for p in self._current(index))
 
     # --- topology ----------------------------------------------------------------------------------
 
@@ -503,16 +522,33 @@ class FakeNvml:
     # --- accounting --------------------------------------------------------------------------------
 
     def processes(self, index: int) -> tuple[GpuProcess, ...]:
-        """The current processes, sorted by pid."""
-        state = self._dev("nvmlDeviceGetComputeRunningProcesses", index)
-        return tuple(sorted(state.processes, key=lambda p: p.pid))
+        """The current processes (set, scheduled, and live entries of the process table), sorted by pid."""
+        self._dev("nvmlDeviceGetComputeRunningProcesses", index)
+        return self._current(index)
 
     def utilization(self, index: int) -> Utilization:
-        """The last :meth:`set_utilization` value (0 % at first); NOT_SUPPORTED on a MIG-enabled GPU."""
+        """The last :meth:`set_utilization` value, else the processes' summed SM utilization (at most
+        100 %); NOT_SUPPORTED on a MIG-enabled GPU."""
         state = self._dev("nvmlDeviceGetUtilizationRates", index)
         if state.gpu.mig_enabled:
             raise nvml_error(call_source("nvmlDeviceGetUtilizationRates", f"gpu {index}"), NVML_ERROR_NOT_SUPPORTED)
-        return state.utilization
+        if state.utilization is not None:
+            return state.utilization
+        busy = sum(p.sm_util or 0 for p in self._current(index))
+        return Utilization(min(100, round(busy)), 0)
+
+    def _current(self, index: int) -> tuple[GpuProcess, ...]:
+        now = self._clock()
+        scheduled = list(self._scheduled)
+        if self._table is not None:
+            scheduled += self._table.live()
+        out = list(self._state[index].processes)
+        for sp in scheduled:
+            if sp.gpu == index:
+                proc = sp.at(now)
+                if proc is not None:
+                    out.append(proc)
+        return tuple(sorted(out, key=lambda p: p.pid))
 
     # --- compute mode ------------------------------------------------------------------------------
 
@@ -535,6 +571,19 @@ class FakeNvml:
         """
         self._state_of(index).processes = list(processes)
 
+    def add_process(self, process: ScheduledProcess) -> None:
+        """Add a process whose memory and SM utilization follow a schedule (see :class:`ScheduledProcess`).
+
+        Raises:
+            MachineDescriptionError: no such GPU.
+        """
+        self._state_of(process.gpu)
+        self._scheduled.append(process)
+
+    def remove_process(self, pid: int) -> None:
+        """Forget the scheduled processes of ``pid`` (as NVML does when a process exits)."""
+        self._scheduled = [p for p in self._scheduled if p.pid != pid]
+
     def set_utilization(self, index: int, gpu_percent: int, memory_percent: int = 0) -> None:
         """Set what ``utilization(index)`` reports from now on.
 
@@ -551,3 +600,156 @@ class FakeNvml:
             raise MachineDescriptionError(f"no GPU with index {index}", source=self._source)
         return self._state[index]
 
+
+
+# --- processes that change over time ------------------------------------------------------------------
+
+#: Environment variable naming a :class:`ProcessTable` directory for the fake that
+#: :func:`~slurm_gpushare.hardware.ports.open_nvml` builds.
+PROCESS_TABLE_ENV = "GPUSHARE_FAKE_GPU_PROCESSES"
+
+
+@dataclass(frozen=True)
+class ScheduledProcess:
+    """A fake compute process on one GPU whose memory and SM utilization change over time.
+
+    Attributes:
+        pid: the process id NVML reports.
+        gpu: NVML index of the GPU (the parent GPU of a MIG device).
+        start: when the schedule starts, seconds on the fake's clock (epoch seconds for a table).
+        steps: ``(seconds after start, used MiB, SM percent or None)``, times ascending from the first;
+            each step holds until the next. Before the first step the process is not on the GPU.
+        gi_id: the MIG GPU instance the process runs in (MIG-enabled GPUs), else None.
+
+    Raises:
+        MachineDescriptionError: no steps, times not ascending, negative memory, SM outside 0-100.
+    """
+
+    pid: int
+    gpu: int
+    start: float
+    steps: tuple[tuple[float, int, float | None], ...]
+    gi_id: int | None = None
+
+    def __post_init__(self) -> None:
+        where = f"fake process {self.pid} on GPU {self.gpu}"
+        if not self.steps:
+            raise MachineDescriptionError(f"{where} has no steps", hint="give at least (0, MiB, SM%)")
+        last = None
+        for step in self.steps:
+            if len(step) != 3:
+                raise MachineDescriptionError(f"{where}: step {step!r} is not (seconds, MiB, SM%)")
+            t, mib, sm = step
+            if last is not None and t < last:
+                raise MachineDescriptionError(f"{where}: step times {[s[0] for s in self.steps]} are not ascending")
+            if not isinstance(mib, int) or mib < 0:
+                raise MachineDescriptionError(f"{where}: memory {mib!r} is not a whole number of MiB >= 0")
+            if sm is not None and not 0 <= sm <= 100:
+                raise MachineDescriptionError(f"{where}: SM utilization {sm} is not a percentage (0-100)")
+            last = t
+
+    def at(self, now: float) -> GpuProcess | None:
+        """What NVML reports for the process at time ``now``, or None before its first step."""
+        elapsed = now - self.start
+        current = None
+        for t, mib, sm in self.steps:
+            if t > elapsed:
+                break
+            current = GpuProcess(self.pid, mib, None if sm is None else float(sm), self.gi_id)
+        return current
+
+    def to_dict(self) -> dict:
+        return {"pid": self.pid, "gpu": self.gpu, "start": self.start, "gi_id": self.gi_id,
+                "steps": [list(s) for s in self.steps]}
+
+    @classmethod
+    def from_dict(cls, data: dict, *, source: str = "") -> ScheduledProcess:
+        try:
+            return cls(pid=int(data["pid"]), gpu=int(data["gpu"]), start=float(data["start"]),
+                       gi_id=None if data.get("gi_id") is None else int(data["gi_id"]),
+                       steps=tuple((float(t), int(m), None if s is None else float(s)) for t, m, s in data["steps"]))
+        except (KeyError, TypeError, ValueError) as e:
+            raise MachineDescriptionError(f"not a fake process entry ({e!r})", source=source) from None
+
+
+class ProcessTable:
+    """A directory through which processes tell a :class:`FakeNvml` (in another process) that they
+    "run" on its GPUs: one ``<pid>.json`` file per process (a list of :class:`ScheduledProcess`),
+    written atomically. An entry counts while its pid is alive; dead entries are ignored and removed
+    by :meth:`prune`.
+
+    Args:
+        path: the directory (created on :meth:`register`; mode 1777 there, so that every job's user can
+            register, like ``/tmp``).
+    """
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    def register(self, processes: Sequence[ScheduledProcess]) -> Path:
+        """Write the entry of one pid (all its GPUs). Returns the file.
+
+        Raises:
+            InputError: processes of several pids, or none.
+        """
+        pids = {p.pid for p in processes}
+        if len(pids) != 1:
+            raise InputError(f"one table entry is one pid, not {sorted(pids) or 'none'}")
+        self.path.mkdir(parents=True, exist_ok=True)
+        try:
+            os.chmod(self.path, 0o1777)
+        except PermissionError:
+            pass
+        target = self.path / f"{pids.pop()}.json"
+        tmp = target.with_name(f".{target.name}.tmp")
+        tmp.write_text(json.dumps([p.to_dict() for p in processes]))
+        os.replace(tmp, target)
+        return target
+
+    def unregister(self, pid: int) -> None:
+        """Remove the entry of ``pid``."""
+        (self.path / f"{pid}.json").unlink(missing_ok=True)
+
+    def live(self) -> list[ScheduledProcess]:
+        """Entries of live pids.
+
+        Raises:
+            MachineDescriptionError: an entry that is not valid JSON of processes (names the file).
+        """
+        out: list[ScheduledProcess] = []
+        try:
+            files = sorted(self.path.glob("*.json"))
+        except OSError:
+            return out
+        for f in files:
+            pid = f.stem
+            if not pid.isdigit() or not _pid_alive(int(pid)):
+                continue
+            try:
+                data = json.loads(f.read_text())
+            except FileNotFoundError:
+                continue
+            except (OSError, ValueError) as e:
+                raise MachineDescriptionError(f"unreadable fake process entry: {e}", source=str(f)) from None
+            if not isinstance(data, list):
+                raise MachineDescriptionError("a fake process entry is a JSON list", source=str(f))
+            out.extend(ScheduledProcess.from_dict(d, source=str(f)) for d in data)
+        return out
+
+    def prune(self) -> list[int]:
+        """Remove entries of pids that are gone. Returns those pids."""
+        gone = []
+        for f in self.path.glob("*.json"):
+            if f.stem.isdigit() and not _pid_alive(int(f.stem)):
+                f.unlink(missing_ok=True)
+                gone.append(int(f.stem))
+        return sorted(gone)
+
+
+def _pid_alive(pid: int) -> bool:
+    """The pid names a process that has not exited (a zombie has exited)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[:1] != ["Z"]

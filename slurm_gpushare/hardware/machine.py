@@ -155,12 +155,16 @@ class GpuProcess:
     Attributes:
         pid: process id.
         used_memory_mib: GPU memory used by the process, MiB.
-        sm_util: SM utilization attributed to the process, percent (0-100), or None when unknown.
+        sm_util: SM utilization attributed to the process, percent of the GPU (0-100), or None when
+            unknown (``nvmlDeviceGetProcessUtilization`` ``smUtil``; not supported on MIG GPUs).
+        gi_id: on a MIG-enabled GPU, the GPU instance the process runs in (``gpuInstanceId`` of
+            ``nvmlProcessInfo_t``); None on a GPU without MIG.
     """
 
     pid: int
     used_memory_mib: int
     sm_util: float | None = None
+    gi_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -521,6 +525,8 @@ def _validate_gpu(g: Gpu, path: str, source: str) -> None:
         if proc.sm_util is not None and not 0 <= proc.sm_util <= 100:
             raise MachineDescriptionError(f"{where}.sm_util is {proc.sm_util}, out of range",
                                           hint="allowed 0-100: percent", source=source)
+        if proc.gi_id is not None:
+            _limit("mig_instance.gi_id", proc.gi_id, f"{where}.gi_id", source)
 
 
 #: MIG capability device minors, as the driver numbers them in ``/proc/driver/nvidia-caps/mig-minors``:
@@ -665,4 +671,5 @@ _SCALARS: dict[tuple[type, str], str] = {
     (MigInstance, "profile"): "str", (MigInstance, "gi_id"): "int", (MigInstance, "ci_id"): "int",
     (MigInstance, "start"): "int", (MigInstance, "uuid"): "str", (MigInstance, "caps"): "ints",
     (GpuProcess, "pid"): "int", (GpuProcess, "used_memory_mib"): "int", (GpuProcess, "sm_util"): "float?",
+    (GpuProcess, "gi_id"): "int?",
 }

@@ -47,6 +47,8 @@ from slurm_gpushare.hardware.port import (
 )
 
 MIB = 1 << 20
+#: ``gpuInstanceId`` of a process on a GPU without MIG (``0xFFFFFFFF``).
+NO_INSTANCE = 0xFFFFFFFF
 
 #: Where the driver lists the ``/dev/nvidia-caps`` minors of every MIG GPU/compute instance.
 MIG_MINORS_PATH = "/proc/driver/nvidia-caps/mig-minors"
@@ -404,14 +406,37 @@ class RealNvml:
     # --- accounting ------------------------------------------------------------------------------
 
     def processes(self, index: int) -> tuple[GpuProcess, ...]:
-        """``nvmlDeviceGetComputeRunningProcesses``; a process whose memory NVML cannot report raises."""
+        """``nvmlDeviceGetComputeRunningProcesses``; a process whose memory NVML cannot report raises.
+
+        ``sm_util`` comes from ``nvmlDeviceGetProcessUtilization`` (the latest sample NVML holds for
+        the pid, ``smUtil``), None where NVML has no sample or does not support it (MIG GPUs, older
+        GPUs). ``gi_id`` is the process's GPU instance on a MIG-enabled GPU (``gpuInstanceId``).
+        """
         out = []
+        sm = self._process_sm(index)
         for p in self._dev("nvmlDeviceGetComputeRunningProcesses", index):
             if p.usedGpuMemory is None:
                 raise nvml_error(call_source("nvmlDeviceGetComputeRunningProcesses", f"gpu {index}"),
                                  NVML_ERROR_NOT_SUPPORTED, detail=f"no used-memory figure for pid {p.pid}")
-            out.append(GpuProcess(pid=int(p.pid), used_memory_mib=int(p.usedGpuMemory) // MIB))
+            gi = getattr(p, "gpuInstanceId", None)
+            out.append(GpuProcess(pid=int(p.pid), used_memory_mib=int(p.usedGpuMemory) // MIB,
+                                  sm_util=sm.get(int(p.pid)),
+                                  gi_id=int(gi) if gi is not None and int(gi) < NO_INSTANCE else None))
         return tuple(sorted(out, key=lambda p: p.pid))
+
+    def _process_sm(self, index: int) -> dict[int, float]:
+        """pid -> latest ``smUtil`` sample (``nvmlDeviceGetProcessUtilization`` with timestamp 0: every
+        sample the driver buffers); empty when NVML has none or does not support it."""
+        try:
+            samples = self._dev("nvmlDeviceGetProcessUtilization", index, 0)
+        except NvmlError:
+            return {}
+        latest: dict[int, tuple[int, float]] = {}
+        for s in samples or ():
+            pid, ts = int(s.pid), int(s.timeStamp)
+            if pid not in latest or ts >= latest[pid][0]:
+                latest[pid] = (ts, float(min(100, max(0, int(s.smUtil)))))
+        return {pid: v for pid, (_, v) in latest.items()}
 
     def utilization(self, index: int) -> Utilization:
         """``nvmlDeviceGetUtilizationRates``."""

@@ -22,7 +22,9 @@ def open_nvml(spec: str | None = None) -> NvmlPort:
     Args:
         spec: ``nvml`` (default: the real library through pynvml) or ``fake:PATH`` (a
             :class:`~slurm_gpushare.hardware.fake.FakeNvml` serving the machine description at
-            PATH). Default: the ``GPUSHARE_NVML`` environment variable, else ``nvml``.
+            PATH; with ``GPUSHARE_FAKE_GPU_PROCESSES=DIR`` its processes include the live entries of
+            that :class:`~slurm_gpushare.hardware.fake.ProcessTable`).
+            Default: the ``GPUSHARE_NVML`` environment variable, else ``nvml``.
 
     Raises:
         InputError: an unknown spec.
@@ -34,7 +36,7 @@ def open_nvml(spec: str | None = None) -> NvmlPort:
 
         return RealNvml()
     if spec.startswith("fake:") and len(spec) > 5:
-        from slurm_gpushare.hardware.fake import FakeNvml
+        from slurm_gpushare.hardware.fake import PROCESS_TABLE_ENV, FakeNvml
 
-        return FakeNvml(Machine.load(spec[5:]))
+        return FakeNvml(Machine.load(spec[5:]), process_table=os.environ.get(PROCESS_TABLE_ENV) or None)
     raise InputError(f"{ENV}={spec!r} is not an NVML port", hint="use 'nvml' or 'fake:/path/machine.json'")

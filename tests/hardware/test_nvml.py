@@ -291,8 +291,19 @@ class PynvmlShim:
         self._port("destroy_gpu_instance", gh[1], gh[2])
 
     def nvmlDeviceGetComputeRunningProcesses(self, h):
-        return [SimpleNamespace(pid=p.pid, usedGpuMemory=p.used_memory_mib * MIB, gpuInstanceId=0xFFFFFFFF,
-                                computeInstanceId=0xFFFFFFFF) for p in self._port("processes", h[1])[::-1]]
+        return [SimpleNamespace(pid=p.pid, usedGpuMemory=p.used_memory_mib * MIB,
+                                gpuInstanceId=0xFFFFFFFF if p.gi_id is None else p.gi_id,
+                                computeInstanceId=0xFFFFFFFF if p.gi_id is None else 0)
+                for p in self._port("processes", h[1])[::-1]]
+
+    def nvmlDeviceGetProcessUtilization(self, h, last_seen):
+        # NVML keeps a buffer of samples per process; an older sample of a pid comes first
+        samples = [SimpleNamespace(pid=p.pid, timeStamp=ts, smUtil=int(sm), memUtil=0, encUtil=0, decUtil=0)
+                   for p in self._port("processes", h[1]) if p.sm_util is not None
+                   for ts, sm in ((1, 0), (2, p.sm_util))]
+        if not samples:
+            raise ShimNVMLError(NVML_ERROR_NOT_FOUND)
+        return samples
 
     def nvmlDeviceGetUtilizationRates(self, h):
         u = self._port("utilization", h[1])
@@ -352,6 +363,20 @@ def test_real_port_answers_in_plain_types(tmp_path):
             real.mig_mode(0)
         assert err.value.code == NVML_ERROR_NOT_SUPPORTED
         assert real.gpu_instances(0) == ()
+
+
+def test_real_port_reads_processes_with_sm_and_mig_instance(tmp_path):
+    from slurm_gpushare.hardware.fake import ScheduledProcess
+    m = load("h100-sxm5-4gpu-mig-mixed.json")
+    real, fake = real_over_fake(m, tmp_path)
+    with fake:
+        gi = fake.gpu_instances(2)[0].gi_id
+    fake.add_process(ScheduledProcess(5001, 1, start=0.0, steps=((0, 1234, 37),)))
+    fake.add_process(ScheduledProcess(5002, 2, start=0.0, steps=((0, 4321, None),), gi_id=gi))
+    with real, fake:
+        assert real.processes(1) == fake.processes(1)
+        assert [(p.pid, p.sm_util, p.gi_id) for p in real.processes(1)] == [(5001, 37.0, None)]
+        assert [(p.pid, p.sm_util, p.gi_id) for p in real.processes(2)] == [(5002, None, gi)]
 
 
 def test_real_port_creates_and_destroys_through_nvml(tmp_path):

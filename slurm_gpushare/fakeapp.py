@@ -1,0 +1,173 @@
+"""A stand-in GPU application for simulated nodes: it "uses" fake GPUs as a CUDA program would.
+
+``python -m slurm_gpushare.fakeapp --mem 6G --sm 40 --seconds 10`` run inside a job on the dev
+cluster registers itself in the fake NVML's process table
+(:class:`~slurm_gpushare.hardware.fake.ProcessTable`, ``GPUSHARE_FAKE_GPU_PROCESSES``), so that every
+:class:`~slurm_gpushare.hardware.fake.FakeNvml` of that node (the node monitor's, the Epilog's)
+reports it in ``nvmlDeviceGetComputeRunningProcesses`` with that memory and SM utilization while it
+runs, and forgets it when it exits. ``--schedule 0:2G:20,3:8G:90`` makes the use change over time.
+
+The GPUs are the ones a CUDA program would see: ``CUDA_VISIBLE_DEVICES`` (NVML indices, ``GPU-``
+UUIDs or ``MIG-`` UUIDs, resolved through the node's fake NVML), or ``--devices``. As under MPS, a
+memory step above the client's ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` for a device fails: the app
+prints an out-of-memory error at that moment and exits 2 (cudaMalloc would fail there).
+
+Exit status: 0 done; 2 out of memory under the MPS limit; 64 bad usage or input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+
+from slurm_gpushare.errors import GpushareError, InputError
+from slurm_gpushare.hardware.fake import PROCESS_TABLE_ENV, FakeNvml, ProcessTable, ScheduledProcess
+from slurm_gpushare.hardware.machine import Machine
+from slurm_gpushare.hardware.ports import ENV as NVML_ENV
+from slurm_gpushare.memsize import format_mib, parse_mib
+
+EXIT_OOM = 2
+EXIT_USAGE = 64
+
+
+def parse_schedule(text: str) -> tuple[tuple[float, int, float | None], ...]:
+    """``0:2G:20,3:8G:90`` -> ``((0.0, 2048, 20.0), (3.0, 8192, 90.0))``: seconds after start, memory
+    (``M`` by default, ``G``/``T`` suffixes), SM percent (``-`` for none).
+
+    Raises:
+        InputError: a step that is not ``SECONDS:SIZE:SM``, times not ascending, SM outside 0-100.
+    """
+    steps = []
+    for item in text.split(","):
+        parts = item.strip().split(":")
+        if len(parts) != 3:
+            raise InputError(f"schedule step {item!r} is not SECONDS:SIZE:SM", hint="e.g. 0:2G:20,3:8G:90")
+        try:
+            t = float(parts[0])
+        except ValueError:
+            raise InputError(f"schedule step {item!r}: {parts[0]!r} is not a number of seconds") from None
+        mib = parse_mib(parts[1], what="memory")
+        sm = None
+        if parts[2] != "-":
+            try:
+                sm = float(parts[2])
+            except ValueError:
+                raise InputError(f"schedule step {item!r}: SM {parts[2]!r} is not a percentage") from None
+            if not 0 <= sm <= 100:
+                raise InputError(f"schedule step {item!r}: SM {sm:g} is not a percentage (0-100)")
+        if steps and t < steps[-1][0]:
+            raise InputError(f"schedule times must ascend: {t:g} after {steps[-1][0]:g}")
+        steps.append((t, mib, sm))
+    return tuple(steps)
+
+
+def resolve_devices(port: FakeNvml, visible: str) -> list[tuple[int, int | None]]:
+    """``CUDA_VISIBLE_DEVICES`` -> ``[(NVML index, MIG GPU instance id or None), ...]``.
+
+    Raises:
+        InputError: empty, or an entry no GPU or MIG device of the node has.
+    """
+    entries = [e.strip() for e in visible.split(",") if e.strip()]
+    if not entries:
+        raise InputError("no GPU is visible (CUDA_VISIBLE_DEVICES is empty)",
+                         hint="run it in a job that has GPUs, or pass --devices 0")
+    by_uuid: dict[str, tuple[int, int | None]] = {}
+    for i in range(port.device_count()):
+        by_uuid[port.uuid(i)] = (i, None)
+        for inst in _instances(port, i):
+            by_uuid[inst.uuid] = (i, inst.gi_id)
+    out = []
+    for e in entries:
+        if e.isdigit() and int(e) < port.device_count():
+            out.append((int(e), None))
+        elif e in by_uuid:
+            out.append(by_uuid[e])
+        else:
+            raise InputError(f"CUDA_VISIBLE_DEVICES entry {e!r} is no GPU or MIG device of this node",
+                             hint="NVML indices, GPU-... or MIG-... UUIDs")
+    return out
+
+
+def _instances(port: FakeNvml, index: int) -> tuple:
+    try:
+        return port.gpu_instances(index)
+    except GpushareError:  # no MIG on this GPU
+        return ()
+
+
+def mps_limits(text: str) -> dict[int, int]:
+    """``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` (``0=10G,1=512M``) -> ``{device ordinal: MiB}``.
+
+    Raises:
+        InputError: an entry that is not ``ORDINAL=SIZE``.
+    """
+    out = {}
+    for item in text.split(","):
+        if not item.strip():
+            continue
+        ordinal, _, size = item.partition("=")
+        if not ordinal.strip().isdigit() or not size:
+            raise InputError(f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT entry {item!r} is not ORDINAL=SIZE")
+        out[int(ordinal)] = parse_mib(size.strip(), what="MPS memory limit")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m slurm_gpushare.fakeapp", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--mem", default="1G", help="GPU memory per device (default 1G); ignored with --schedule")
+    ap.add_argument("--sm", default="50", help="SM utilization percent, '-' for none (default 50)")
+    ap.add_argument("--schedule", help="SECONDS:SIZE:SM,... memory and SM over time")
+    ap.add_argument("--seconds", type=float, default=5.0, help="how long to run (default 5)")
+    ap.add_argument("--devices", help="devices to use (default: CUDA_VISIBLE_DEVICES)")
+    ap.add_argument("--machine", help="the node's machine description (default: from GPUSHARE_NVML=fake:PATH)")
+    ap.add_argument("--table", help=f"process table directory (default: {PROCESS_TABLE_ENV})")
+    args = ap.parse_args(argv)
+    try:
+        schedule = parse_schedule(args.schedule or f"0:{args.mem}:{args.sm}")
+        spec = os.environ.get(NVML_ENV, "")
+        machine_path = args.machine or (spec[5:] if spec.startswith("fake:") else "")
+        table_dir = args.table or os.environ.get(PROCESS_TABLE_ENV, "")
+        if not machine_path or not table_dir:
+            raise InputError("no fake NVML to register with",
+                             hint=f"set {NVML_ENV}=fake:PATH and {PROCESS_TABLE_ENV}=DIR (the dev cluster's "
+                                  "bin/fake-gpu-app does), or pass --machine and --table")
+        port = FakeNvml(Machine.load(machine_path))
+        with port:
+            devices = resolve_devices(port, args.devices or os.environ.get("CUDA_VISIBLE_DEVICES", ""))
+        limits = mps_limits(os.environ.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", ""))
+    except GpushareError as e:
+        print(f"fake-gpu-app: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    # the moment a step exceeds the MPS limit of a device, cudaMalloc fails there
+    oom_at, oom_msg = None, ""
+    for ordinal, _ in enumerate(devices):
+        limit = limits.get(ordinal)
+        for t, mib, _sm in schedule:
+            if limit is not None and mib > limit and (oom_at is None or t < oom_at):
+                oom_at = t
+                oom_msg = (f"fake-gpu-app: cudaMalloc of {format_mib(mib)} on device {ordinal} failed: out of memory "
+                           f"(MPS pinned device memory limit {format_mib(limit)})")
+    if oom_at is not None:
+        schedule = tuple(s for s in schedule if s[0] < oom_at) or ((0.0, 0, None),)
+    pid = os.getpid()
+    table = ProcessTable(table_dir)
+    start = time.time()
+    table.register([ScheduledProcess(pid, gpu, start, schedule, gi) for gpu, gi in devices])
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        end = start + (min(args.seconds, oom_at) if oom_at is not None else args.seconds)
+        while (left := end - time.time()) > 0:
+            time.sleep(min(left, 0.5))
+    finally:
+        table.unregister(pid)
+    if oom_at is not None:
+        print(oom_msg, file=sys.stderr)
+        return EXIT_OOM
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

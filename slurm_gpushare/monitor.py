@@ -1,0 +1,645 @@
+"""The node monitor: samples NVML, attributes GPU processes to Slurm jobs, keeps each job's peaks,
+serves Prometheus metrics and hands the usage to the Epilog.
+
+``slurm-gpushare monitor`` runs on each GPU node as root (a systemd service next to slurmd). Every
+``monitor_interval`` seconds (node.toml) one :meth:`Monitor.sample`:
+
+1. lists the jobs running on the node (``squeue -w <node>``; each job's record is read once with
+   ``scontrol -d show job`` and planned like the Prolog plans it: which GPUs or MIG devices, which
+   memory share, :func:`~slurm_gpushare.jobplan.plan_job`);
+2. reads every GPU's compute processes (``nvmlDeviceGetComputeRunningProcesses``, with per-process
+   SM utilization from ``nvmlDeviceGetProcessUtilization`` where NVML has it) and the GPU's
+   utilization (``nvmlDeviceGetUtilizationRates``; not supported on MIG-enabled GPUs);
+3. attributes each process to a job: by its cgroup (``/proc/<pid>/cgroup`` holds ``/job_<id>/`` under
+   Slurm's task/cgroup or proctrack/cgroup), else by Slurm's pid lists (``scontrol listpids``, what
+   the job's slurmstepd tracks, for proctrack/linuxproc or pgid);
+4. adds one sample per job and device to a :class:`~slurm_gpushare.accounting.record.UsageTracker`:
+   memory = the sum over the job's processes on that device (0 when it holds the device and runs
+   nothing there: reserved and unused); SM = the sum of its processes' SM utilization, or the GPU's
+   utilization for a job that holds the whole GPU, or no data (MIG devices, MPS shares without
+   per-process figures): never a made-up 0;
+5. flags a job whose processes on a device together hold more memory than its share there (an MPS
+   limit is per client process, so two processes can each stay under it and together exceed it; a
+   process on a device the job does not hold is over a share of 0), logs the start of each such
+   episode once, and counts it;
+6. writes each job's running totals to ``<run_dir>/usage/<job>.json``
+   (:mod:`slurm_gpushare.accounting.live`), which the Epilog turns into the job's records, and the
+   metrics to a node_exporter textfile when configured.
+
+Metrics (Prometheus text format, :func:`prometheus_client.start_http_server`), all gauges unless said:
+
+=================================================  ================================================
+``gpushare_job_gpu_memory_used_bytes``              memory the job's processes hold on the device now
+``gpushare_job_gpu_memory_peak_bytes``              highest sampled so far
+``gpushare_job_gpu_memory_reserved_bytes``          the job's share: MPS limit, MIG profile, whole GPU
+``gpushare_job_gpu_memory_requested_bytes``         what ``gpushare:mem=`` asked (absent when nothing)
+``gpushare_job_gpu_sm_utilization_ratio``           SM utilization now, 0-1 (absent when no data)
+``gpushare_job_gpu_processes``                      the job's processes on the device
+``gpushare_job_gpu_over_limit``                     1 while the job holds more than its share
+``gpushare_gpu_memory_used_bytes``, ``..._total_bytes``, ``gpushare_gpu_utilization_ratio``
+``gpushare_gpu_unattributed_memory_bytes``          memory of processes of no job on this node
+``gpushare_monitor_samples_total`` (counter), ``gpushare_monitor_errors_total`` (counter, ``kind``),
+``gpushare_monitor_last_sample_timestamp_seconds``, ``gpushare_monitor_sample_duration_seconds``
+=================================================  ================================================
+
+Job series carry ``node, job_id, user, account, partition, gpu`` (NVML index), ``uuid`` (GPU or MIG
+device), ``model, mode`` (``mig``, ``mps``, ``gpu``) and ``share`` (MIG profile, ``shard:N``).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from slurm_gpushare import slurm
+from slurm_gpushare.accounting.live import remove_usage, restore_all, save_usage, usage_files
+from slurm_gpushare.accounting.record import UsageRecord, UsageTracker, records_for_job
+from slurm_gpushare.errors import GpushareError, InputError, NvmlError
+from slurm_gpushare.gresconf import GresOptions, node_gres
+from slurm_gpushare.hardware.machine import GpuProcess, Machine
+from slurm_gpushare.hardware.port import NvmlPort
+from slurm_gpushare.jobinfo import JobInfo, parse_show_job
+from slurm_gpushare.jobplan import JobPlan, plan_job
+from slurm_gpushare.nodeconfig import NodeConfig
+
+MIB = 1 << 20
+_CGROUP_JOB = re.compile(r"/job_(\d+)(?:/|$)")
+
+JobKey = int | str  # NVML index of a GPU, or MIG device UUID
+
+
+def job_of_cgroup(text: str) -> str | None:
+    """The Slurm job id in a ``/proc/<pid>/cgroup`` text, or None.
+
+    Slurm's cgroup plugins put a task in ``.../job_<id>/step_<step>/...``: cgroup v1
+    ``/slurm/uid_1000/job_42/step_0/task_0`` (``/slurm_<node>/...`` with several slurmd on a host),
+    cgroup v2 ``/system.slice/slurmstepd.scope/job_42/step_0/user/task_0``.
+    """
+    for line in text.splitlines():
+        m = _CGROUP_JOB.search(line.partition(":")[2].partition(":")[2])
+        if m:
+            return m.group(1)
+    return None
+
+
+def parse_listpids(text: str) -> dict[int, str]:
+    """``scontrol listpids`` output -> ``{pid: job id}``.
+
+    The output is a header ``PID JOBID STEPID LOCALID GLOBALID`` and one row per process
+    (``-`` for the step's own slurmstepd). Rows that are not ``<pid> <job id> ...`` are skipped.
+    """
+    out: dict[int, str] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and parts[0].isdigit() and parts[1].isdigit():
+            out[int(parts[0])] = parts[1]
+    return out
+
+
+def read_cgroup(pid: int) -> str:
+    """``/proc/<pid>/cgroup`` ("" when the process is gone or unreadable)."""
+    try:
+        return Path(f"/proc/{pid}/cgroup").read_text()
+    except OSError:
+        return ""
+
+
+@dataclass
+class _Job:
+    info: JobInfo
+    plan: JobPlan
+    records: tuple[UsageRecord, ...]  # provisional: what the Epilog would write now (reserved, asked)
+    over: set[JobKey] = field(default_factory=set)
+
+
+@dataclass(frozen=True)
+class DeviceSample:
+    """One job on one device in one sample (what the metrics show as "now")."""
+
+    job_id: str
+    key: JobKey
+    gpu_index: int
+    used_mib: int
+    sm_percent: float | None
+    processes: int
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    """One GPU in one sample."""
+
+    index: int
+    uuid: str
+    model: str
+    total_mib: int
+    used_mib: int | None
+    utilization_percent: int | None
+    unattributed_mib: int
+    unattributed_processes: int
+
+
+@dataclass
+class Snapshot:
+    """The last sample: per job and device, per GPU, when, how long it took."""
+
+    time: float = 0.0
+    duration_s: float = 0.0
+    devices: list[DeviceSample] = field(default_factory=list)
+    gpus: list[GpuSample] = field(default_factory=list)
+
+
+class Monitor:
+    """Samples one node (see module docstring). Everything it reaches outside is injectable.
+
+    Args:
+        config: node settings (``run_dir``, ``shard_unit``, ``monitor_*``).
+        node: the Slurm node name.
+        machine: the node's machine description (GPU names, MIG profiles).
+        port: an NVML port (opened by the monitor for its lifetime: :meth:`open` / :meth:`close`).
+        running_jobs: callable(node) -> job ids on the node (default ``squeue``); it raises
+            :class:`~slurm_gpushare.errors.SlurmError` when slurmctld does not answer.
+        show_job: callable(job id) -> ``scontrol -d show job`` text.
+        listpids: callable(node) -> ``scontrol listpids`` text, for processes outside a job cgroup.
+        cgroup_of: callable(pid) -> ``/proc/<pid>/cgroup`` text.
+        log: callable(str) for one-line events (over-limit episodes, errors); default stderr.
+        clock: seconds since the epoch.
+        update_admin_comment: callable(job id, text) that sets a job's AdminComment (default
+            ``scontrol update jobid=ID AdminComment=TEXT``).
+    """
+
+    def __init__(self, config: NodeConfig, node: str, machine: Machine, port: NvmlPort, *,
+                 running_jobs: Callable[[str], Iterable[str]] | None = None,
+                 show_job: Callable[[str], str] = slurm.show_job,
+                 listpids: Callable[[str], str] | None = None,
+                 cgroup_of: Callable[[int], str] = read_cgroup,
+                 log: Callable[[str], None] | None = None,
+                 clock: Callable[[], float] = time.time,
+                 update_admin_comment: Callable[[str, str], None] | None = None):
+        self.config = config
+        self.node = node
+        self.machine = machine
+        self.port = port
+        self.run_dir = config.run_dir_for(node)
+        self.tracker = UsageTracker()
+        self.snapshot = Snapshot()
+        self.samples_total = 0
+        self.errors_total: dict[str, int] = {}
+        self.over_limit_total = 0
+        self._running_jobs = running_jobs or slurm_running_jobs
+        self._show_job = show_job
+        self._listpids = listpids or slurm_listpids
+        self._cgroup_of = cgroup_of
+        self._log = log or (lambda line: print(f"slurm-gpushare monitor: {line}", file=sys.stderr, flush=True))
+        self._clock = clock
+        self._update_admin_comment = update_admin_comment or slurm_update_admin_comment
+        self._jobs: dict[str, _Job] = {}
+        self._gres = node_gres(machine, node, GresOptions(shard_unit_mib=config.shard_unit_mib, links=False))
+        self._gpu_uuids: dict[int, str] = {}
+        self._mig_uuids: dict[tuple[int, int], str] = {}
+        self._open = False
+        self._lock = threading.Lock()  # sample() and collect() (the HTTP server's thread)
+        self._pushed: dict[str, tuple[float, str]] = {}  # job -> (when, summary) last put in AdminComment
+
+    # --- lifetime -----------------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """``nvmlInit``, read the GPUs' and MIG devices' UUIDs, take back the usage files of a previous run.
+
+        Raises:
+            NvmlError: NVML cannot be opened or read.
+        """
+        self.port.init()
+        self._open = True
+        for g in self.machine.gpus:
+            self._gpu_uuids[g.index] = self.port.uuid(g.index)
+            if g.mig_enabled:
+                for inst in self.port.gpu_instances(g.index):
+                    self._mig_uuids[(g.index, inst.gi_id)] = inst.uuid
+        self.machine = replace(self.machine, gpus=tuple(
+            replace(g, uuid=self._gpu_uuids.get(g.index, g.uuid)) for g in self.machine.gpus))
+        restored, problems = restore_all(self.run_dir, self.tracker)
+        for p in problems:
+            self._error("usage-file", p)
+        if restored:
+            self._log(f"took back the usage of job(s) {', '.join(restored)} from {self.run_dir / 'usage'}")
+
+    def close(self) -> None:
+        if self._open:
+            self.port.shutdown()
+            self._open = False
+
+    def __enter__(self) -> Monitor:
+        self.open()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # --- one sample -------------------------------------------------------------------------------------
+
+    def _error(self, kind: str, message: str) -> None:
+        self.errors_total[kind] = self.errors_total.get(kind, 0) + 1
+        self._log(f"{kind}: {message}")
+
+    def _refresh_jobs(self) -> bool:
+        """Bring the job table up to date. False when slurmctld did not answer (nothing is dropped)."""
+        try:
+            running = {str(j) for j in self._running_jobs(self.node)}
+        except GpushareError as e:
+            self._error("slurm", f"cannot list the jobs on {self.node}: {e}")
+            return False
+        for job_id in sorted(set(self._jobs) - running):
+            self._jobs.pop(job_id, None)
+            self.tracker.pop(job_id)
+        for job_id in sorted(running - set(self._jobs)):
+            try:
+                info = parse_show_job(self._show_job(job_id))
+                plan = plan_job(info, self.node, self._gres, gpu_uuids=self._gpu_uuids, mig_uuids=self._mig_uuids,
+                                shard_unit_mib=self.config.shard_unit_mib)
+            except GpushareError as e:
+                self._error("job", f"job {job_id}: {e}")
+                continue
+            self._jobs[job_id] = _Job(info, plan, self._records(info, plan))
+        # usage files of jobs that left (their Epilog has run) or that a previous monitor left behind
+        for job_id in usage_files(self.run_dir):
+            if job_id not in running:
+                self.tracker.pop(job_id)
+                try:
+                    remove_usage(self.run_dir, job_id)
+                except (OSError, InputError) as e:
+                    self._error("usage-file", f"cannot remove the usage file of job {job_id}: {e}")
+        return True
+
+    def _records(self, info: JobInfo, plan: JobPlan, usage=None) -> tuple[UsageRecord, ...]:
+        now = int(self._clock())
+        try:
+            return records_for_job(info, plan, self.machine, node=self.node, start=info.start_time or now, end=now,
+                                   usage=usage, gpu_uuids=self._gpu_uuids, account=info.account)
+        except GpushareError as e:
+            self._error("job", f"job {info.job_id}: {e}")
+            return ()
+
+    def _attribute(self, pids: Iterable[int]) -> dict[int, str]:
+        """pid -> job id: cgroup first, then Slurm's pid lists for the rest (one ``listpids`` call)."""
+        out: dict[int, str] = {}
+        rest = []
+        for pid in pids:
+            job = job_of_cgroup(self._cgroup_of(pid))
+            if job is not None:
+                out[pid] = job
+            else:
+                rest.append(pid)
+        if rest and self._jobs:
+            try:
+                listed = parse_listpids(self._listpids(self.node))
+            except GpushareError as e:
+                self._error("slurm", f"scontrol listpids: {e}")
+                listed = {}
+            for pid in rest:
+                if pid in listed:
+                    out[pid] = listed[pid]
+        return out
+
+    def _key(self, index: int, proc: GpuProcess) -> JobKey:
+        if proc.gi_id is not None and (index, proc.gi_id) in self._mig_uuids:
+            return self._mig_uuids[(index, proc.gi_id)]
+        return index
+
+    def sample(self) -> Snapshot:
+        """Take one sample (see module docstring) and return it. Never raises for a failing NVML call or
+        Slurm command: the failure is counted (``gpushare_monitor_errors_total``) and logged."""
+        with self._lock:
+            return self._sample()
+
+    def _sample(self) -> Snapshot:
+        t0 = time.monotonic()
+        now = self._clock()
+        jobs_known = self._refresh_jobs()
+        per_gpu: dict[int, tuple[GpuProcess, ...]] = {}
+        gpu_util: dict[int, int | None] = {}
+        gpu_used: dict[int, int | None] = {}
+        for g in self.machine.gpus:
+            try:
+                per_gpu[g.index] = self.port.processes(g.index)
+            except NvmlError as e:
+                self._error("nvml", str(e))
+                per_gpu[g.index] = ()
+            try:
+                gpu_used[g.index] = self.port.memory_used_mib(g.index)
+            except NvmlError as e:
+                self._error("nvml", str(e))
+                gpu_used[g.index] = None
+            gpu_util[g.index] = None
+            if not g.mig_enabled:
+                try:
+                    gpu_util[g.index] = self.port.utilization(g.index).gpu_percent
+                except NvmlError:
+                    pass  # not supported on this GPU: no data
+        owner = self._attribute({p.pid for procs in per_gpu.values() for p in procs})
+
+        # (job, key) -> [used MiB, sm sum, all processes had sm, processes, gpu index]
+        acc: dict[tuple[str, JobKey], list] = {}
+        for job_id, job in self._jobs.items():
+            for r in job.records:
+                key: JobKey = r.gpu_uuid if r.mode == "mig" else r.gpu_index
+                acc[(job_id, key)] = [0, 0.0, True, 0, r.gpu_index]
+        unattributed: dict[int, list[int]] = {g.index: [0, 0] for g in self.machine.gpus}
+        for index, procs in per_gpu.items():
+            for p in procs:
+                job_id = owner.get(p.pid)
+                if job_id is None or job_id not in self._jobs:
+                    unattributed[index][0] += p.used_memory_mib
+                    unattributed[index][1] += 1
+                    continue
+                a = acc.setdefault((job_id, self._key(index, p)), [0, 0.0, True, 0, index])
+                a[0] += p.used_memory_mib
+                if p.sm_util is None:
+                    a[2] = False
+                else:
+                    a[1] += p.sm_util
+                a[3] += 1
+
+        devices: list[DeviceSample] = []
+        for (job_id, key), (used, sm_sum, sm_all, nproc, index) in sorted(acc.items(), key=lambda kv: str(kv[0])):
+            job = self._jobs[job_id]
+            mig = isinstance(key, str)
+            sm: float | None
+            if mig:
+                sm = None  # NVML has no utilization of a MIG device
+            elif nproc and sm_all:
+                sm = min(100.0, sm_sum)
+            elif job.plan.kind == "gpu":
+                sm = gpu_util.get(index)  # the job holds the whole GPU: the GPU's utilization is its
+            else:
+                sm = None
+            self.tracker.add(job_id, key, used_mib=used, sm_percent=sm)
+            devices.append(DeviceSample(job_id, key, index, used, sm, nproc))
+            reserved = self._reserved(job, key)
+            if used > reserved:
+                if key not in job.over:
+                    job.over.add(key)
+                    self.over_limit_total += 1
+                    self._log(f"over limit: job {job_id} ({job.info.user}) holds {used} MiB on "
+                              f"{'MIG device ' + key if mig else 'GPU ' + str(key)}, its share is {reserved} MiB "
+                              f"({nproc} process(es))")
+            else:
+                job.over.discard(key)
+        if jobs_known:
+            for job_id in self._jobs:
+                try:
+                    save_usage(self.run_dir, job_id, self.node, self.tracker)
+                except (OSError, InputError) as e:
+                    self._error("usage-file", f"cannot write the usage of job {job_id}: {e}")
+        gpus = [GpuSample(g.index, self._gpu_uuids.get(g.index, g.uuid), g.model, g.memory_mib, gpu_used[g.index],
+                          gpu_util[g.index], unattributed[g.index][0], unattributed[g.index][1])
+                for g in self.machine.gpus]
+        self.samples_total += 1
+        self.snapshot = Snapshot(now, time.monotonic() - t0, devices, gpus)
+        return self.snapshot
+
+    def push_summaries(self, *, force: bool = False) -> list[str]:
+        """Put each running job's usage summary into its AdminComment (``admin_comment_summary`` in
+        node.toml), at most every ``admin_comment_interval`` seconds per job and only when it changed.
+        slurmctld refuses AdminComment updates once a job ends (the Epilog runs too late: SLURM_FACTS),
+        so the summary is the usage as of the last update while the job ran. Returns the jobs updated.
+        """
+        if not self.config.admin_comment_summary:
+            return []
+        from slurm_gpushare.accounting.record import merge_summary, summary_segment
+
+        done = []
+        now = self._clock()
+        with self._lock:
+            jobs = {j: (job.info, job.plan) for j, job in self._jobs.items()}
+        for job_id, (info, plan) in sorted(jobs.items()):
+            last_time, last_text = self._pushed.get(job_id, (0.0, ""))
+            if not force and now - last_time < self.config.admin_comment_interval:
+                continue
+            records = self._records(info, plan, self.tracker.usage(job_id))
+            if not records:
+                continue
+            segment = summary_segment(records)
+            if segment == last_text:
+                continue
+            try:
+                current = parse_show_job(self._show_job(job_id)).admin_comment
+                self._update_admin_comment(job_id, merge_summary(current, segment))
+            except GpushareError as e:
+                self._error("admin-comment", f"job {job_id}: {e}")
+                continue
+            self._pushed[job_id] = (now, segment)
+            done.append(job_id)
+        for job_id in set(self._pushed) - set(jobs):
+            self._pushed.pop(job_id, None)
+        return done
+
+    def _reserved(self, job: _Job, key: JobKey) -> int:
+        """The job's memory share on a device, MiB (0 on a device it does not hold)."""
+        for r in job.records:
+            if (r.gpu_uuid if r.mode == "mig" else r.gpu_index) == key:
+                return r.mem_granted_mib
+        return 0
+
+    def over_limit(self) -> dict[str, tuple[JobKey, ...]]:
+        """Jobs over their share now: job id -> device keys."""
+        return {j: tuple(sorted(job.over, key=str)) for j, job in self._jobs.items() if job.over}
+
+    # --- metrics -------------------------------------------------------------------------------------------
+
+    def collect(self) -> list:
+        """Prometheus metric families of the last sample (a ``prometheus_client`` collector's ``collect``)."""
+        with self._lock:
+            return list(self._families())
+
+    def _families(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        job_labels = ["node", "job_id", "user", "account", "partition", "gpu", "uuid", "model", "mode", "share"]
+        fams = {
+            "used": GaugeMetricFamily("gpushare_job_gpu_memory_used_bytes",
+                                      "GPU memory the job's processes hold on the device now", labels=job_labels),
+            "peak": GaugeMetricFamily("gpushare_job_gpu_memory_peak_bytes",
+                                      "Highest GPU memory the job's processes held on the device so far",
+                                      labels=job_labels),
+            "reserved": GaugeMetricFamily("gpushare_job_gpu_memory_reserved_bytes",
+                                          "The job's memory share on the device (MPS limit, MIG profile or whole GPU)",
+                                          labels=job_labels),
+            "requested": GaugeMetricFamily("gpushare_job_gpu_memory_requested_bytes",
+                                           "Memory the job asked for per device (gpushare:mem=)", labels=job_labels),
+            "sm": GaugeMetricFamily("gpushare_job_gpu_sm_utilization_ratio",
+                                    "SM utilization of the job on the device now, 0-1 (absent: no data)",
+                                    labels=job_labels),
+            "procs": GaugeMetricFamily("gpushare_job_gpu_processes", "The job's processes on the device",
+                                       labels=job_labels),
+            "over": GaugeMetricFamily("gpushare_job_gpu_over_limit",
+                                      "1 while the job's processes together hold more than its share of the device",
+                                      labels=job_labels),
+        }
+        by_key = {(d.job_id, d.key): d for d in self.snapshot.devices}
+        for job_id, job in sorted(self._jobs.items()):
+            usage = self.tracker.usage(job_id)
+            keys = {d.key for d in self.snapshot.devices if d.job_id == job_id}
+            keys |= {(r.gpu_uuid if r.mode == "mig" else r.gpu_index) for r in job.records}
+            for key in sorted(keys, key=str):
+                rec = next((r for r in job.records if (r.gpu_uuid if r.mode == "mig" else r.gpu_index) == key), None)
+                d = by_key.get((job_id, key))
+                index = rec.gpu_index if rec else (d.gpu_index if d else -1)
+                gpu = self.machine.gpu(index) if rec is None and index >= 0 else None
+                labels = [self.node, job_id, job.info.user, job.info.account, job.info.partition, str(index),
+                          rec.gpu_uuid if rec else (key if isinstance(key, str) else self._gpu_uuids.get(index, "")),
+                          rec.gpu_model if rec else (gpu.model if gpu else ""),
+                          rec.mode if rec else "none", rec.share if rec else ""]
+                u = usage.get(key)
+                if d is not None:
+                    fams["used"].add_metric(labels, d.used_mib * MIB)
+                    fams["procs"].add_metric(labels, d.processes)
+                    if d.sm_percent is not None:
+                        fams["sm"].add_metric(labels, round(d.sm_percent / 100, 4))
+                if u is not None and u.peak_mib is not None:
+                    fams["peak"].add_metric(labels, u.peak_mib * MIB)
+                fams["reserved"].add_metric(labels, (rec.mem_granted_mib if rec else 0) * MIB)
+                if rec is not None and rec.mem_asked_mib is not None:
+                    fams["requested"].add_metric(labels, rec.mem_asked_mib * MIB)
+                fams["over"].add_metric(labels, 1 if key in job.over else 0)
+        yield from fams.values()
+
+        gpu_labels = ["node", "gpu", "uuid", "model"]
+        used = GaugeMetricFamily("gpushare_gpu_memory_used_bytes", "GPU memory in use (NVML)", labels=gpu_labels)
+        total = GaugeMetricFamily("gpushare_gpu_memory_total_bytes", "GPU memory (NVML)", labels=gpu_labels)
+        util = GaugeMetricFamily("gpushare_gpu_utilization_ratio",
+                                 "GPU utilization, 0-1 (nvmlDeviceGetUtilizationRates; absent on MIG GPUs)",
+                                 labels=gpu_labels)
+        stray = GaugeMetricFamily("gpushare_gpu_unattributed_memory_bytes",
+                                  "GPU memory of processes that belong to no job running on this node",
+                                  labels=gpu_labels)
+        stray_n = GaugeMetricFamily("gpushare_gpu_unattributed_processes",
+                                    "Processes on the GPU that belong to no job running on this node",
+                                    labels=gpu_labels)
+        for g in self.snapshot.gpus:
+            labels = [self.node, str(g.index), g.uuid, g.model]
+            total.add_metric(labels, g.total_mib * MIB)
+            if g.used_mib is not None:
+                used.add_metric(labels, g.used_mib * MIB)
+            if g.utilization_percent is not None:
+                util.add_metric(labels, g.utilization_percent / 100)
+            stray.add_metric(labels, g.unattributed_mib * MIB)
+            stray_n.add_metric(labels, g.unattributed_processes)
+        yield from (used, total, util, stray, stray_n)
+
+        samples = CounterMetricFamily("gpushare_monitor_samples", "Samples taken", labels=["node"])
+        samples.add_metric([self.node], self.samples_total)
+        errors = CounterMetricFamily("gpushare_monitor_errors", "Failed NVML calls, Slurm commands, usage files",
+                                     labels=["node", "kind"])
+        for kind in ("nvml", "slurm", "job", "usage-file", "textfile", "admin-comment"):
+            errors.add_metric([self.node, kind], self.errors_total.get(kind, 0))
+        episodes = CounterMetricFamily("gpushare_monitor_over_limit_episodes",
+                                       "Times a job's processes began to hold more than its share of a device",
+                                       labels=["node"])
+        episodes.add_metric([self.node], self.over_limit_total)
+        last = GaugeMetricFamily("gpushare_monitor_last_sample_timestamp_seconds", "When the last sample was taken",
+                                 labels=["node"])
+        last.add_metric([self.node], self.snapshot.time)
+        took = GaugeMetricFamily("gpushare_monitor_sample_duration_seconds", "How long the last sample took",
+                                 labels=["node"])
+        took.add_metric([self.node], round(self.snapshot.duration_s, 6))
+        yield from (samples, errors, episodes, last, took)
+
+
+# --- Slurm on the node ---------------------------------------------------------------------------------
+
+
+def slurm_running_jobs(node: str) -> list[str]:
+    """Jobs with an allocation on ``node``: ``squeue -h -w NODE -t RUNNING,COMPLETING,CONFIGURING -o %A``
+    (COMPLETING so that a job stays known while its Epilog reads the usage file).
+
+    Raises:
+        SlurmError: squeue failed.
+    """
+    out = slurm.run(["squeue", "-h", "-w", node, "-t", "RUNNING,COMPLETING,CONFIGURING", "-o", "%A"])
+    return sorted(set(out.split()))
+
+
+def slurm_listpids(node: str) -> str:
+    """``scontrol listpids '*' NODE``: the pids each slurmstepd of this node tracks. The node name is
+    needed where several slurmd share a host: without it scontrol takes the first node of this host
+    in slurm.conf (SLURM_FACTS; ``man scontrol``).
+
+    Raises:
+        SlurmError: scontrol failed.
+    """
+    return slurm.run(["scontrol", "listpids", "*", node], timeout=10.0)
+
+
+def slurm_update_admin_comment(job_id: str, text: str) -> None:
+    """``scontrol update jobid=ID AdminComment=TEXT`` (root; refused once the job has ended).
+
+    Raises:
+        SlurmError: scontrol failed (``Job has already finished``, not root, ...).
+    """
+    slurm.run(["scontrol", "update", f"jobid={job_id}", f"AdminComment={text}"], timeout=10.0)
+
+
+# --- serving ----------------------------------------------------------------------------------------------
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """``host:port``, ``:port`` or ``port`` -> ``(host, port)``; empty host means all addresses.
+
+    Raises:
+        InputError: no valid port (1-65535).
+    """
+    host, _, port = text.rpartition(":")
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise InputError(f"listen address {text!r} has no valid port", hint="e.g. :9817 or 127.0.0.1:9817")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def serve(monitor: Monitor, *, interval_s: float, listen: str | None, textfile: str | None,
+          once: bool = False, stop: Callable[[], bool] = lambda: False) -> None:
+    """Run the monitor: sample every ``interval_s`` seconds, serve ``/metrics`` on ``listen`` (None: no
+    HTTP), write ``textfile`` (None: none) after each sample (atomically, as node_exporter's textfile
+    collector wants). ``once``: one sample, write the textfile, return.
+
+    Raises:
+        InputError: a bad listen address, or the port is taken.
+    """
+    from prometheus_client import CollectorRegistry, start_http_server, write_to_textfile
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(monitor)
+    server = None
+    if listen and not once:
+        host, port = parse_listen(listen)
+        try:
+            server = start_http_server(port, addr=host, registry=registry)
+        except OSError as e:
+            raise InputError(f"cannot listen on {host}:{port}: {e.strerror or e}",
+                             hint="choose another port with --listen or monitor_listen in node.toml") from None
+    try:
+        while True:
+            started = time.monotonic()
+            monitor.sample()
+            monitor.push_summaries()
+            if textfile:
+                try:
+                    Path(textfile).parent.mkdir(parents=True, exist_ok=True)
+                    write_to_textfile(textfile, registry)
+                except OSError as e:
+                    monitor._error("textfile", f"cannot write {textfile}: {e}")
+            if once or stop():
+                return
+            end = started + interval_s
+            while (left := end - time.monotonic()) > 0:
+                if stop():
+                    return
+                time.sleep(min(0.2, left))
+    finally:
+        if server is not None:
+            server[0].shutdown()
+            server[0].server_close()
+

@@ -1,0 +1,182 @@
+"""Accounting end to end on the dev cluster: two users run gpushare and whole-GPU jobs whose fake GPU
+processes use memory; the node monitors measure them, the Epilogs spool the records, ingest loads
+them, and the reports show what was asked, granted and used, matching values computed here by hand.
+Also: a node monitor's endpoint, scraped while a job's two processes together exceed its share."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from slurm_gpushare.devcluster import packaged_machine
+from tests.conftest import Job
+
+pytestmark = pytest.mark.slurm
+
+CLI = [sys.executable, "-m", "slurm_gpushare"]
+
+
+@pytest.fixture
+def users(cluster):
+    """Two throwaway users (created for the test, removed after) and a world-writable output dir."""
+    if os.geteuid() != 0:
+        pytest.skip("creating users needs root")
+    tag = uuid.uuid4().hex[:6]
+    names = [f"gpsa{tag}", f"gpsb{tag}"]
+    for n in names:
+        subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", n], check=True, capture_output=True)
+    out = Path(cluster.root) / "test-output" / f"users-{tag}"
+    out.mkdir(parents=True, exist_ok=True)
+    os.chmod(out, 0o1777)
+    submitted: list[str] = []
+    yield names, out, submitted
+    if submitted:
+        subprocess.run(["scancel", *submitted], env=cluster.env, capture_output=True)
+    for n in names:
+        subprocess.run(["userdel", n], capture_output=True)
+
+
+def _submit_as(cluster, user: str, out: Path, *args: str, wrap: str) -> str:
+    cmd = ["runuser", "-u", user, "--", "env", f"SLURM_CONF={cluster.slurm_conf}", "sbatch", "--parsable",
+           f"--output={out}/job-%j.out", *args, "--wrap", wrap]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip().split(";")[0]
+
+
+def _ingest_until(cluster, db: Path, job_ids: set[str], timeout: float = 60) -> dict[str, dict]:
+    """Ingest the cluster's spool until every job has its records; the per-job report rows."""
+    deadline = time.monotonic() + timeout
+    rows: dict[str, dict] = {}
+    while time.monotonic() < deadline:
+        ingest = subprocess.run([*CLI, "accounting", "ingest", "--spool", str(cluster.accounting_spool),
+                                 "--db", str(db)], capture_output=True, text=True)
+        assert ingest.returncode == 0, ingest.stdout + ingest.stderr
+        rows = {str(r["job"]): r for r in _report(db, "--by", "job")["rows"]}
+        if job_ids <= set(rows):
+            return rows
+        time.sleep(0.5)
+    raise AssertionError(f"records of {sorted(job_ids - set(rows))} never reached the spool")
+
+
+def _report(db: Path, *args: str) -> dict:
+    out = subprocess.run([*CLI, "report", "--db", str(db), "--format", "json", *args], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def _spooled(cluster, job_ids: set[str]) -> list[dict]:
+    return [r for f in sorted(Path(cluster.accounting_spool).glob("*.jsonl"))
+            for line in f.read_text().splitlines() if line.strip()
+            for r in [json.loads(line)] if r["job_id"] in job_ids]
+
+
+def test_two_users_requested_vs_peak_and_per_user_totals(cluster, slurm, users, tmp_path):
+    (alice, bob), out, submitted = users
+    app = shlex.quote(str(cluster.fake_gpu_app))
+    jobs = {
+        # alice: 10 GiB anywhere (the gpu partition has MIG slices that fit), one process of 6 GiB
+        _submit_as(cluster, alice, out, "--gres=gpushare:mem=10G",
+                   wrap=f"{app} --mem 6G --sm 40 --seconds 4"): (alice, 6144),
+        # alice: a 10 GiB MPS share, two processes of 4 GiB each (the job holds 8 GiB together)
+        _submit_as(cluster, alice, out, "-p", "nomig", "--gres=gpushare:mem=10G",
+                   wrap=f"{app} --mem 4G --sm 20 --seconds 4 & {app} --mem 4G --sm 20 --seconds 4; wait"):
+            (alice, 8192),
+        # bob: a 10 GiB MPS share whose use grows from 2 to 7 GiB
+        _submit_as(cluster, bob, out, "-p", "nomig", "--gres=gpushare:mem=10G",
+                   wrap=f"{app} --schedule 0:2G:20,1.5:7G:60 --seconds 4.5"): (bob, 7168),
+        # bob: a whole RTX 4090 (24 GiB) of which he uses 20 GiB
+        _submit_as(cluster, bob, out, "-p", "pcie", "--gres=gpu:1", wrap=f"{app} --mem 20G --sm 90 --seconds 4"):
+            (bob, 20480),
+    }
+    submitted.extend(jobs)
+    finals = {j: slurm.wait(Job(j), timeout=90) for j in jobs}
+    for j, job in finals.items():
+        assert job.state == "COMPLETED", (j, job.fields, (out / f"job-{j}.out").read_text())
+
+    db = tmp_path / "acct.db"
+    rows = _ingest_until(cluster, db, set(jobs))
+    whole_mib = packaged_machine("8x-rtx4090-pcie.json").gpus[0].memory_mib
+    for j, (user, peak) in jobs.items():
+        r = rows[j]
+        assert r["user"] == user and r["gpus"] == 1, r
+        assert r["mem_peak_mib"] == peak, (j, r)
+        if r["mode"] == "gpu":
+            assert r["mem_asked_mib"] is None and r["mem_granted_mib"] == whole_mib
+        else:
+            assert r["mem_asked_mib"] == 10240, r
+    assert rows[next(iter(jobs))]["mode"] in ("mig", "mps")
+    assert [rows[j]["mode"] for j in list(jobs)[1:]] == ["mps", "mps", "gpu"]
+
+    # per-user totals, by hand from the records' durations and the peaks the jobs were told to use
+    records = _spooled(cluster, set(jobs))
+    assert len(records) == 4
+    per_user = {u: {"jobs": 0, "res": 0.0, "used": 0.0} for u in (alice, bob)}
+    for rec in records:
+        user, peak = jobs[rec["job_id"]]
+        d = rec["end"] - rec["start"]
+        per_user[user]["jobs"] += 1
+        per_user[user]["res"] += d * rec["mem_granted_mib"] / 1024 / 3600
+        per_user[user]["used"] += d * peak / 1024 / 3600
+    got = {r["user"]: r for r in _report(db, "--by", "user")["rows"]}
+    for user, want in per_user.items():
+        assert got[user]["jobs"] == want["jobs"] and got[user]["gpus"] == want["jobs"]
+        assert got[user]["mem_gib_hours"] == pytest.approx(want["res"], abs=1e-4)
+        assert got[user]["mem_gib_hours_used"] == pytest.approx(want["used"], abs=1e-4)
+        assert got[user]["no_mem_data"] == 0
+    # the table a person reads names both users
+    table = subprocess.run([*CLI, "report", "--db", str(db)], capture_output=True, text=True).stdout
+    assert alice in table and bob in table and "TOTAL" in table
+
+
+def _scrape(url: str) -> dict[str, list]:
+    with urllib.request.urlopen(url, timeout=5) as r:
+        text = r.read().decode()
+    out: dict[str, list] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out.setdefault(s.name, []).append(s)
+    return out
+
+
+def test_monitor_endpoint_flags_two_processes_over_the_share(cluster, slurm):
+    app = shlex.quote(str(cluster.fake_gpu_app))
+    # each process stays under the MPS per-client limit (10 GiB), together they hold 12 GiB
+    job = slurm.sbatch("-p", "pcie", "--gres=gpushare:mem=10G",
+                       wrap=f"{app} --mem 6G --seconds 8 & {app} --mem 6G --seconds 8; wait")
+    url = cluster.monitor_url("rtx4090-pcie")
+    deadline = time.monotonic() + 60
+    flagged = None
+    while time.monotonic() < deadline:
+        fams = _scrape(url)
+        mine = [s for s in fams.get("gpushare_job_gpu_over_limit", []) if s.labels["job_id"] == job.id]
+        if mine and mine[0].value == 1:
+            flagged = fams
+            break
+        time.sleep(0.3)
+    assert flagged is not None, f"job {job.id} was never flagged over its share at {url}"
+    labels = {s.labels["job_id"]: s for s in flagged["gpushare_job_gpu_memory_used_bytes"]}[job.id].labels
+    assert labels["mode"] == "mps" and labels["share"] == "shard:10" and labels["node"] == "rtx4090-pcie"
+    used = {s.labels["job_id"]: s.value for s in flagged["gpushare_job_gpu_memory_used_bytes"]}
+    reserved = {s.labels["job_id"]: s.value for s in flagged["gpushare_job_gpu_memory_reserved_bytes"]}
+    procs = {s.labels["job_id"]: s.value for s in flagged["gpushare_job_gpu_processes"]}
+    assert (used[job.id], reserved[job.id], procs[job.id]) == (12 << 30, 10 << 30, 2)
+    assert slurm.wait(job, timeout=60).state == "COMPLETED"
+    # once the job is gone its series go too
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if not [s for s in _scrape(url).get("gpushare_job_gpu_over_limit", []) if s.labels["job_id"] == job.id]:
+            break
+        time.sleep(0.3)
+    else:
+        raise AssertionError(f"job {job.id} still has series after it ended")

@@ -1,0 +1,76 @@
+"""The stand-in GPU application: schedule syntax, device resolution, the MPS memory limit."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from slurm_gpushare.devcluster import packaged_machine
+from slurm_gpushare.errors import InputError
+from slurm_gpushare.fakeapp import EXIT_OOM, EXIT_USAGE, mps_limits, parse_schedule, resolve_devices
+from slurm_gpushare.hardware.fake import FakeNvml, ProcessTable
+
+
+def test_schedule_syntax():
+    assert parse_schedule("0:2G:20,3:8G:90,4:512:-") == ((0.0, 2048, 20.0), (3.0, 8192, 90.0), (4.0, 512, None))
+    for bad, words in (("0:2G", "SECONDS:SIZE:SM"), ("x:2G:1", "seconds"), ("0:2G:101", "percentage"),
+                       ("2:1G:1,1:1G:1", "ascend"), ("0:lots:1", "not a memory size")):
+        with pytest.raises(InputError, match=words):
+            parse_schedule(bad)
+
+
+def test_mps_limit_variable():
+    assert mps_limits("0=10G,1=512M") == {0: 10240, 1: 512}
+    assert mps_limits("") == {}
+    with pytest.raises(InputError, match="ORDINAL=SIZE"):
+        mps_limits("10G")
+
+
+def test_devices_resolve_like_cuda_visible_devices():
+    fake = FakeNvml(packaged_machine("4x-h100-mig-mixed.json"))
+    with fake:
+        mig = fake.gpu_instances(2)[0]
+        assert resolve_devices(fake, f"1,{fake.uuid(3)},{mig.uuid}") == [(1, None), (3, None), (2, mig.gi_id)]
+        for bad in ("", "9", "GPU-nope"):
+            with pytest.raises(InputError):
+                resolve_devices(fake, bad)
+
+
+def _run(tmp_path, *args, env=None):
+    m = tmp_path / "m.json"
+    m.write_text(packaged_machine("8x-a100-nv12-bridge.json").to_json())
+    return subprocess.Popen([sys.executable, "-m", "slurm_gpushare.fakeapp", "--machine", str(m),
+                             "--table", str(tmp_path / "t"), *args],
+                            env={"PATH": "/usr/bin:/bin", **(env or {})}, stderr=subprocess.PIPE, text=True)
+
+
+def test_the_app_is_on_the_gpu_while_it_runs_and_gone_after(tmp_path):
+    proc = _run(tmp_path, "--mem", "3G", "--sm", "30", "--seconds", "3", env={"CUDA_VISIBLE_DEVICES": "4,5"})
+    fake = FakeNvml(packaged_machine("8x-a100-nv12-bridge.json"), process_table=tmp_path / "t")
+    deadline = time.time() + 10
+    with fake:
+        while not fake.processes(5) and time.time() < deadline:
+            time.sleep(0.05)
+        assert [(p.pid, p.used_memory_mib, p.sm_util) for p in fake.processes(4)] == [(proc.pid, 3072, 30.0)]
+        assert proc.wait(timeout=10) == 0
+        assert fake.processes(4) == () and not list((tmp_path / "t").glob("*.json"))
+
+
+def test_above_the_mps_limit_the_app_fails_like_cudamalloc(tmp_path):
+    proc = _run(tmp_path, "--schedule", "0:2G:10,0.5:12G:80", "--seconds", "5",
+                env={"CUDA_VISIBLE_DEVICES": "0", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=10G"})
+    t0 = time.time()
+    assert proc.wait(timeout=10) == EXIT_OOM
+    assert time.time() - t0 < 4  # it failed when the step came, not at the end
+    assert "out of memory" in proc.stderr.read() and not ProcessTable(tmp_path / "t").live()
+
+
+def test_bad_usage_says_what_is_missing(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "slurm_gpushare.fakeapp"], capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin"})
+    assert proc.returncode == EXIT_USAGE and "GPUSHARE_NVML" in proc.stderr
+    proc = _run(tmp_path, env={})
+    assert proc.wait(timeout=10) == EXIT_USAGE and "CUDA_VISIBLE_DEVICES is empty" in proc.stderr.read()

@@ -1,0 +1,343 @@
+"""The node monitor without Slurm: recorded `scontrol -d show job` text, the fake NVML with processes that
+change over time, cgroup and `scontrol listpids` texts. Metrics are scraped over HTTP and parsed as
+Prometheus text format."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from slurm_gpushare.accounting.live import load_usage, save_usage, usage_path
+from slurm_gpushare.accounting.record import UsageTracker
+from slurm_gpushare.devcluster import packaged_machine
+from slurm_gpushare.errors import SlurmError
+from slurm_gpushare.hardware.fake import FakeNvml, ScheduledProcess
+from slurm_gpushare.monitor import Monitor, job_of_cgroup, parse_listen, parse_listpids, serve
+from slurm_gpushare.nodeconfig import NodeConfig
+
+GIB = 1 << 30
+MIB = 1 << 20
+
+SHOW = """\
+JobId={job} JobName=train
+   UserId={user}({uid}) GroupId={user}({uid}) MCS_label=N/A
+   Priority=1 Nice=0 Account={account} QOS=normal
+   JobState=RUNNING Reason=None Dependency=(null)
+   StartTime=2026-11-29T10:00:00 EndTime=Unknown Deadline=N/A
+   Partition=gpu AllocNode:Sid=localhost:1
+   NodeList=a100
+   JOB_GRES={gres}
+     Nodes=a100 CPU_IDs=0 Mem=100 GRES={detail}
+   AdminComment={ac}
+   TresPerNode=gres:{gres}
+"""
+
+# Slurm's task/cgroup (v1, several slurmd on one host) and `scontrol listpids '*' a100` as recorded
+CGROUP = "12:pids:/\n5:devices:/slurm_a100/uid_1000/job_{job}/step_0/task_0\n1:name=systemd:/\n"
+LISTPIDS = ("PID      JOBID    STEPID   LOCALID GLOBALID\n"
+            "1002     201      0        1       1       \n"
+            "2001     202      batch    0       0       \n"
+            "2002     202      batch    -       -       \n")
+
+
+class Clock:
+    def __init__(self):
+        self.t = 2_000_000_000.0
+
+    def __call__(self):
+        return self.t
+
+
+class Node:
+    """One simulated node: the 8x A100 machine, its fake NVML on a fake clock, three jobs."""
+
+    def __init__(self, tmp_path: Path):
+        self.clock = Clock()
+        self.machine = packaged_machine("8x-a100-nv12-bridge.json")
+        self.nvml = FakeNvml(self.machine, clock=self.clock)
+        self.config = NodeConfig(run_dir=str(tmp_path / "run"))
+        self.running = {"201", "202", "203"}
+        self.jobs = {
+            # alice: a 10G MPS share on GPU 0, two processes of 6000 MiB each (each under the per-client limit)
+            "201": SHOW.format(job="201", user="alice", uid=1000, account="physics", gres="shard:10",
+                               detail="shard:10(IDX:0)",
+                               ac="[gpushare:v1 req=mem=10G grant=gres:shard:10 kind=mps mem=10240/10240MiB]"),
+            # bob: a whole GPU (index 3), one process whose memory grows, a child without GPU use
+            "202": SHOW.format(job="202", user="bob", uid=1001, account="chem", gres="gpu:a100:1",
+                               detail="gpu:a100:1(IDX:3)", ac=""),
+            # bob: a whole GPU (index 4) that runs nothing on it
+            "203": SHOW.format(job="203", user="bob", uid=1001, account="chem", gres="gpu:a100:1",
+                               detail="gpu:a100:1(IDX:4)", ac=""),
+        }
+        now = self.clock.t
+        self.nvml.add_process(ScheduledProcess(1001, 0, now, ((0, 6000, 20),)))
+        self.nvml.add_process(ScheduledProcess(1002, 0, now, ((0, 6000, 25),)))
+        self.nvml.add_process(ScheduledProcess(2001, 3, now, ((0, 2000, 30), (10, 9000, 80), (20, 4000, 40))))
+        self.nvml.add_process(ScheduledProcess(3001, 5, now, ((0, 700, 5),)))  # nobody's
+        self.cgroups = {1001: CGROUP.format(job=201)}
+        self.listpids_calls = 0
+        self.log: list[str] = []
+
+    def listpids(self, node):
+        assert node == "a100"
+        self.listpids_calls += 1
+        return LISTPIDS
+
+    def running_jobs(self, node):
+        if self.running is None:
+            raise SlurmError("squeue -h -w a100 exited 1: slurm_load_jobs error: Unable to contact slurm controller")
+        return sorted(self.running)
+
+    def monitor(self) -> Monitor:
+        return Monitor(self.config, "a100", self.machine, self.nvml, running_jobs=self.running_jobs,
+                       show_job=lambda j: self.jobs[j], listpids=self.listpids,
+                       cgroup_of=lambda pid: self.cgroups.get(pid, "0::/\n"), log=self.log.append, clock=self.clock)
+
+
+@pytest.fixture
+def node(tmp_path):
+    return Node(tmp_path)
+
+
+def _families(text: str) -> dict[str, list]:
+    out: dict[str, list] = {}
+    for fam in text_string_to_metric_families(text):
+        for sample in fam.samples:
+            out.setdefault(sample.name, []).append(sample)
+    return out
+
+
+def _value(fams, name, **labels):
+    hits = [s.value for s in fams[name] if all(s.labels.get(k) == v for k, v in labels.items())]
+    assert len(hits) == 1, (name, labels, fams.get(name))
+    return hits[0]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_cgroup_and_listpids_parsing():
+    assert job_of_cgroup(CGROUP.format(job=42)) == "42"
+    assert job_of_cgroup("0::/system.slice/slurmstepd.scope/job_77/step_batch/user/task_0\n") == "77"
+    assert job_of_cgroup("0::/user.slice/user-1000.slice/session-3.scope\n") is None
+    assert job_of_cgroup("4:memory:/job_scheduler/x\n") is None  # not Slurm's job_<digits>/ layout
+    assert parse_listpids(LISTPIDS) == {1002: "201", 2001: "202", 2002: "202"}
+    assert parse_listpids('"1.batch" does not look like a stepid\n') == {}
+
+
+def test_samples_attribute_processes_and_keep_peaks(node):
+    with node.monitor() as mon:
+        snap = mon.sample()
+        node.clock.t += 12
+        mon.sample()
+        node.clock.t += 12
+        mon.sample()
+        by = {(d.job_id, d.key): d for d in mon.snapshot.devices}
+        assert set(by) == {("201", 0), ("202", 3), ("203", 4)}
+        assert (by[("201", 0)].used_mib, by[("201", 0)].processes, by[("201", 0)].sm_percent) == (12000, 2, 45.0)
+        assert (by[("202", 3)].used_mib, by[("202", 3)].sm_percent) == (4000, 40.0)
+        assert (by[("203", 4)].used_mib, by[("203", 4)].processes) == (0, 0)
+        usage = mon.tracker.usage("202")[3]
+        assert (usage.peak_mib, usage.sm_peak, usage.samples) == (9000, 80.0, 3)
+        assert usage.sm_mean == pytest.approx((30 + 80 + 40) / 3)
+        # a whole GPU that runs nothing: used 0, and the GPU's own utilization (0 %), not "no data"
+        idle = mon.tracker.usage("203")[4]
+        assert (idle.peak_mib, idle.sm_mean) == (0, 0.0)
+        gpu5 = next(g for g in snap.gpus if g.index == 5)
+        assert (gpu5.unattributed_mib, gpu5.unattributed_processes) == (700, 1)
+        # one listpids call per sample, only for what the cgroups did not tell
+        assert node.listpids_calls == 3
+        # the Epilog's file holds the same peaks
+        assert load_usage(node.config.run_dir, "202")[3].peak_mib == 9000
+
+
+def test_over_limit_fires_for_two_processes_that_together_exceed_the_share(node):
+    with node.monitor() as mon:
+        mon.sample()
+        assert mon.over_limit() == {"201": (0,)}
+        assert [line for line in node.log if "over limit" in line] == [
+            "over limit: job 201 (alice) holds 12000 MiB on GPU 0, its share is 10240 MiB (2 process(es))"]
+        mon.sample()  # still over: logged once per episode
+        assert len([line for line in node.log if "over limit" in line]) == 1
+        node.nvml.remove_process(1002)
+        mon.sample()
+        assert mon.over_limit() == {}
+        fams = _families(_scrape_once(mon))
+        assert _value(fams, "gpushare_job_gpu_over_limit", job_id="201") == 0
+        assert _value(fams, "gpushare_monitor_over_limit_episodes_total") == 1
+
+
+def _scrape_once(mon) -> str:
+    from prometheus_client import CollectorRegistry, generate_latest
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(mon)
+    return generate_latest(reg).decode()
+
+
+def test_the_endpoint_is_prometheus_text_with_job_labels(node):
+    port = _free_port()
+    stop = threading.Event()
+    with node.monitor() as mon:
+        t = threading.Thread(target=serve, args=(mon,), kwargs=dict(
+            interval_s=0.1, listen=f"127.0.0.1:{port}", textfile=None, stop=stop.is_set), daemon=True)
+        t.start()
+        deadline = time.time() + 10
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+                    text = r.read().decode()
+                    ctype = r.headers["Content-Type"]
+                if "gpushare_job_gpu_memory_used_bytes{" in text:
+                    break
+            except OSError:
+                pass
+            assert time.time() < deadline, "the monitor did not serve metrics"
+            time.sleep(0.05)
+        stop.set()
+        t.join(5)
+    assert ctype.startswith("text/plain")
+    fams = _families(text)
+    labels = dict(node="a100", job_id="201", user="alice", account="physics", partition="gpu", gpu="0",
+                  model="a100", mode="mps", share="shard:10")
+    assert _value(fams, "gpushare_job_gpu_memory_used_bytes", **labels) == 12000 * MIB
+    assert _value(fams, "gpushare_job_gpu_memory_reserved_bytes", **labels) == 10 * GIB
+    assert _value(fams, "gpushare_job_gpu_memory_requested_bytes", **labels) == 10 * GIB
+    assert _value(fams, "gpushare_job_gpu_over_limit", **labels) == 1
+    assert _value(fams, "gpushare_job_gpu_processes", **labels) == 2
+    assert _value(fams, "gpushare_job_gpu_sm_utilization_ratio", **labels) == pytest.approx(0.45)
+    whole = dict(job_id="202", user="bob", account="chem", gpu="3", mode="gpu", share="")
+    assert _value(fams, "gpushare_job_gpu_memory_reserved_bytes", **whole) == 81920 * MIB
+    assert _value(fams, "gpushare_job_gpu_memory_peak_bytes", **whole) == 2000 * MIB
+    assert not [s for s in fams["gpushare_job_gpu_memory_requested_bytes"] if s.labels["job_id"] == "202"]
+    assert _value(fams, "gpushare_gpu_unattributed_memory_bytes", gpu="5") == 700 * MIB
+    assert _value(fams, "gpushare_gpu_memory_total_bytes", gpu="0") == 81920 * MIB
+    assert _value(fams, "gpushare_monitor_samples_total") >= 1
+    assert _value(fams, "gpushare_monitor_errors_total", kind="nvml") == 0
+    # the uuid label is the GPU's NVML UUID
+    with FakeNvml(node.machine) as nvml:
+        uuid3 = nvml.uuid(3)
+    assert _value(fams, "gpushare_job_gpu_memory_used_bytes", job_id="202", uuid=uuid3) == 2000 * MIB
+
+
+def test_textfile_for_node_exporter(node, tmp_path):
+    out = tmp_path / "textfile" / "gpushare.prom"
+    with node.monitor() as mon:
+        serve(mon, interval_s=1, listen=None, textfile=str(out), once=True)
+    fams = _families(out.read_text())
+    assert _value(fams, "gpushare_job_gpu_memory_used_bytes", job_id="203") == 0
+    assert not list(out.parent.glob("*.tmp*"))  # written through a temporary file and a rename
+
+
+def test_mig_devices_are_keyed_by_uuid_and_have_no_sm_data(tmp_path):
+    machine = packaged_machine("4x-h100-mig-mixed.json")
+    clock = Clock()
+    nvml = FakeNvml(machine, clock=clock)
+    with nvml:
+        inst = next(i for i in nvml.gpu_instances(2) if i.profile == "1g.10gb")
+    # slurmd numbers gpu records grouped by type: index 4 is the first 1g.10gb slice
+    show = SHOW.format(job="301", user="carol", uid=1002, account="bio", gres="gpu:h100_1g.10gb:1",
+                       detail="gpu:h100_1g.10gb:1(IDX:4)", ac="").replace("a100", "mig")
+    nvml.add_process(ScheduledProcess(4001, 2, clock.t, ((0, 3000, 50),), gi_id=inst.gi_id))
+    mon = Monitor(NodeConfig(run_dir=str(tmp_path / "run")), "mig", machine, nvml, running_jobs=lambda n: ["301"],
+                  show_job=lambda j: show, listpids=lambda n: "PID JOBID\n4001 301 0 0 0\n",
+                  cgroup_of=lambda pid: "", log=lambda line: None, clock=clock)
+    with mon:
+        mon.sample()
+        (d,) = mon.snapshot.devices
+        assert (d.key, d.used_mib, d.sm_percent) == (inst.uuid, 3000, None)
+        fams = _families(_scrape_once(mon))
+    assert _value(fams, "gpushare_job_gpu_memory_reserved_bytes", job_id="301", mode="mig", share="1g.10gb",
+                  uuid=inst.uuid) > 0
+    assert not [s for s in fams.get("gpushare_job_gpu_sm_utilization_ratio", []) if s.labels["job_id"] == "301"]
+    assert not fams.get("gpushare_gpu_utilization_ratio") or all(
+        s.labels["gpu"] not in ("2", "3") for s in fams["gpushare_gpu_utilization_ratio"])
+
+
+def test_a_restarted_monitor_keeps_its_peaks_and_forgets_jobs_that_left(node):
+    with node.monitor() as mon:
+        node.clock.t += 12
+        mon.sample()  # bob's job 202 at 9000 MiB
+    node.clock.t += 12  # now 4000 MiB
+    with node.monitor() as again:
+        assert any("took back the usage of job(s) 201, 202, 203" in line for line in node.log)
+        again.sample()
+        assert again.tracker.usage("202")[3].peak_mib == 9000
+        node.running = {"201"}
+        again.sample()
+        assert not usage_path(node.config.run_dir, "202").exists()
+        assert usage_path(node.config.run_dir, "201").exists()
+        assert set(again.tracker.jobs()) == {"201"}
+
+
+def test_slurmctld_down_loses_nothing(node):
+    with node.monitor() as mon:
+        mon.sample()
+        node.running = None
+        mon.sample()  # squeue fails: jobs are kept and still sampled
+        assert mon.tracker.usage("202")[3].samples == 2
+        assert mon.errors_total["slurm"] == 1 and any("Unable to contact" in line for line in node.log)
+
+
+def test_nvml_failures_are_counted_not_fatal(node):
+    with node.monitor() as mon:
+        node.nvml.fail_next("nvmlDeviceGetComputeRunningProcesses", gpu=3)
+        mon.sample()
+        assert mon.errors_total["nvml"] == 1
+        assert mon.snapshot.devices  # the other GPUs were sampled
+
+
+def test_listen_addresses():
+    assert parse_listen(":9817") == ("0.0.0.0", 9817)
+    assert parse_listen("127.0.0.1:1") == ("127.0.0.1", 1)
+    assert parse_listen("[::1]:9817") == ("::1", 9817)
+    from slurm_gpushare.errors import InputError
+    for bad in ("", "9817x", ":0", "host:70000"):
+        with pytest.raises(InputError, match="no valid port"):
+            parse_listen(bad)
+
+
+def test_usage_file_round_trip(tmp_path):
+    t = UsageTracker()
+    t.add("5", 0, used_mib=100, sm_percent=10.0)
+    t.add("5", "MIG-x", used_mib=7, sm_percent=None)
+    save_usage(tmp_path, "5", "n", t)
+    got = load_usage(tmp_path, "5")
+    assert got == t.usage("5")
+    assert load_usage(tmp_path, "6") is None
+    usage_path(tmp_path, "5").write_text("{")
+    from slurm_gpushare.errors import InputError
+    with pytest.raises(InputError, match="5.json"):
+        load_usage(tmp_path, "5")
+    with pytest.raises(InputError, match="not a Slurm job id"):
+        usage_path(tmp_path, "../x")
+
+
+def test_usage_summary_goes_into_the_admin_comment_of_running_jobs(node):
+    from dataclasses import replace
+    node.config = replace(node.config, admin_comment_summary=True, admin_comment_interval=60)
+    updates: list[tuple[str, str]] = []
+    mon = node.monitor()
+    mon._update_admin_comment = lambda job, text: updates.append((job, text))
+    with mon:
+        mon.sample()
+        assert mon.push_summaries() == ["201", "202", "203"]
+        job, text = updates[0]
+        # the request audit stays; the summary follows it
+        assert text == ("[gpushare:v1 req=mem=10G grant=gres:shard:10 kind=mps mem=10240/10240MiB] "
+                        "[gpushare-usage:v1 node=a100 mode=mps gpus=1 peak=12000/10240MiB sm=45.0/45.0]")
+        node.clock.t += 30
+        mon.sample()
+        assert mon.push_summaries() == []  # not before admin_comment_interval
+        node.clock.t += 31
+        assert mon.push_summaries() == ["202"]  # only what changed (202's process grew)
+    node.config = replace(node.config, admin_comment_summary=False)
+    assert node.monitor().push_summaries() == []
