@@ -624,7 +624,7 @@ def serve(monitor: Monitor, *, interval_s: float, listen: str | None, textfile: 
         while True:
             started = time.monotonic()
             monitor.sample()
-            monitor.push_summaries()
+            monitor.push_summaries(force=once)
             if textfile:
                 try:
                     Path(textfile).parent.mkdir(parents=True, exist_ok=True)

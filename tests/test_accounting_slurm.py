@@ -180,3 +180,30 @@ def test_monitor_endpoint_flags_two_processes_over_the_share(cluster, slurm):
         time.sleep(0.3)
     else:
         raise AssertionError(f"job {job.id} still has series after it ended")
+
+
+def test_monitor_puts_the_usage_summary_into_a_running_jobs_admin_comment(cluster, slurm, tmp_path):
+    app = shlex.quote(str(cluster.fake_gpu_app))
+    job = slurm.sbatch("-p", "pcie", "--gres=gpushare:mem=10G", wrap=f"{app} --mem 3G --sm 30 --seconds 30")
+    slurm.wait(job, states={"RUNNING"}, timeout=60)
+    node = "rtx4090-pcie"
+    config = tmp_path / "node.toml"
+    config.write_text(cluster.node_config.read_text().replace(
+        "monitor_interval = 0.5", f'monitor_interval = 0.5\nadmin_comment_summary = true\n'
+        f'run_dir = "{tmp_path}/run"').replace(f'run_dir = "{cluster.node_run_dir}"\n', ""))
+    env = {**cluster.env, "GPUSHARE_NVML": f"fake:{cluster.root}/machines/{node}.json",
+           "GPUSHARE_FAKE_GPU_PROCESSES": str(cluster.fake_gpu_table(node))}
+    want = f"[gpushare-usage:v1 node={node} mode=mps gpus=1 peak=3072/10240MiB sm=30.0/30.0]"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # until the app has registered
+        once = subprocess.run([*CLI, "monitor", "--once", "--config", str(config), "--node", node],
+                              env=env, capture_output=True, text=True, timeout=60)
+        assert once.returncode == 0, once.stderr
+        if want in slurm.show_job(job.id).get("AdminComment", ""):
+            break
+        time.sleep(0.5)
+    ac = slurm.show_job(job.id)["AdminComment"]
+    assert ac.startswith("[gpushare:v1 ") and ac.endswith(want), ac  # the request audit is kept
+    slurm.run(["scancel", job.id])
+    done = slurm.wait(job, timeout=60)
+    assert done.fields["AdminComment"].endswith(want)  # slurmctld keeps it after the job ends

@@ -75,7 +75,8 @@ def doctor(config_path, node, repair):
 @click.option("--listen", help="Prometheus endpoint, HOST:PORT or :PORT; '' for none (default: monitor_listen, :9817)")
 @click.option("--textfile", help="write the metrics to this node_exporter textfile after each sample "
               "(default: monitor_textfile)")
-@click.option("--once", is_flag=True, help="take one sample, print the metrics (Prometheus text format) and exit")
+@click.option("--once", is_flag=True, help="take one sample, print the metrics (Prometheus text format) and exit; "
+              "with admin_comment_summary, also update the running jobs' AdminComment")
 def monitor(config_path, node, interval, listen, textfile, once):
     """Watch this node's GPUs: per-job memory and SM use, Prometheus metrics, usage for the Epilog.
 
@@ -102,6 +103,7 @@ def monitor(config_path, node, interval, listen, textfile, once):
             from prometheus_client import CollectorRegistry, generate_latest
 
             mon.sample()
+            mon.push_summaries(force=True)
             registry = CollectorRegistry(auto_describe=False)
             registry.register(mon)
             click.echo(generate_latest(registry).decode(), nl=False)
