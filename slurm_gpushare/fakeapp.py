@@ -10,7 +10,8 @@ runs, and forgets it when it exits. ``--schedule 0:2G:20,3:8G:90`` makes the use
 The GPUs are the ones a CUDA program would see: ``CUDA_VISIBLE_DEVICES`` (NVML indices, ``GPU-``
 UUIDs or ``MIG-`` UUIDs, resolved through the node's fake NVML), or ``--devices``. As under MPS, a
 memory step above the client's ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` for a device fails: the app
-prints an out-of-memory error at that moment and exits 2 (cudaMalloc would fail there).
+prints an out-of-memory error at that moment and exits 2 (cudaMalloc would fail there); so does a
+step above what the device holds (the GPU's memory, or the MIG slice's).
 
 Exit status: 0 done; 2 out of memory under the MPS limit; 64 bad usage or input.
 """
@@ -18,6 +19,7 @@ Exit status: 0 done; 2 out of memory under the MPS limit; 64 bad usage or input.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import signal
 import sys
@@ -48,7 +50,9 @@ def parse_schedule(text: str) -> tuple[tuple[float, int, float | None], ...]:
         try:
             t = float(parts[0])
         except ValueError:
-            raise InputError(f"schedule step {item!r}: {parts[0]!r} is not a number of seconds") from None
+            t = math.nan
+        if not (math.isfinite(t) and t >= 0):
+            raise InputError(f"schedule step {item!r}: {parts[0]!r} is not a number of seconds >= 0")
         mib = parse_mib(parts[1], what="memory")
         sm = None
         if parts[2] != "-":
@@ -56,12 +60,21 @@ def parse_schedule(text: str) -> tuple[tuple[float, int, float | None], ...]:
                 sm = float(parts[2])
             except ValueError:
                 raise InputError(f"schedule step {item!r}: SM {parts[2]!r} is not a percentage") from None
-            if not 0 <= sm <= 100:
+            if not 0 <= sm <= 100:  # also refuses nan
                 raise InputError(f"schedule step {item!r}: SM {sm:g} is not a percentage (0-100)")
         if steps and t < steps[-1][0]:
             raise InputError(f"schedule times must ascend: {t:g} after {steps[-1][0]:g}")
         steps.append((t, mib, sm))
     return tuple(steps)
+
+
+def device_memory_mib(port: FakeNvml, device: tuple[int, int | None]) -> int:
+    """What a device holds, MiB: the GPU's memory, or the MIG GPU instance profile's."""
+    index, gi_id = device
+    if gi_id is None:
+        return port.memory_total_mib(index)
+    inst = next(i for i in port.gpu_instances(index) if i.gi_id == gi_id)
+    return next(p.memory_mib for p in port.gpu_instance_profiles(index) if p.name == inst.profile)
 
 
 def resolve_devices(port: FakeNvml, visible: str) -> list[tuple[int, int | None]]:
@@ -126,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--table", help=f"process table directory (default: {PROCESS_TABLE_ENV})")
     args = ap.parse_args(argv)
     try:
+        if not (math.isfinite(args.seconds) and args.seconds >= 0):
+            raise InputError(f"--seconds {args.seconds} is not a number of seconds >= 0")
         schedule = parse_schedule(args.schedule or f"0:{args.mem}:{args.sm}")
         spec = os.environ.get(NVML_ENV, "")
         machine_path = args.machine or (spec[5:] if spec.startswith("fake:") else "")
@@ -134,22 +149,31 @@ def main(argv: list[str] | None = None) -> int:
             raise InputError("no fake NVML to register with",
                              hint=f"set {NVML_ENV}=fake:PATH and {PROCESS_TABLE_ENV}=DIR (the dev cluster's "
                                   "bin/fake-gpu-app does), or pass --machine and --table")
+        if not os.path.isdir(table_dir):
+            raise InputError(f"the process table {table_dir} does not exist",
+                             hint="the dev cluster creates one per node under <dir>/fake-gpu-procs")
         port = FakeNvml(Machine.load(machine_path))
         with port:
             devices = resolve_devices(port, args.devices or os.environ.get("CUDA_VISIBLE_DEVICES", ""))
+            sizes = [device_memory_mib(port, d) for d in devices]
         limits = mps_limits(os.environ.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", ""))
     except GpushareError as e:
         print(f"fake-gpu-app: error: {e}", file=sys.stderr)
         return EXIT_USAGE
-    # the moment a step exceeds the MPS limit of a device, cudaMalloc fails there
+    # the moment a step exceeds what a device holds or its MPS limit, cudaMalloc fails there
     oom_at, oom_msg = None, ""
-    for ordinal, _ in enumerate(devices):
+    for ordinal, size in enumerate(sizes):
         limit = limits.get(ordinal)
         for t, mib, _sm in schedule:
-            if limit is not None and mib > limit and (oom_at is None or t < oom_at):
-                oom_at = t
-                oom_msg = (f"fake-gpu-app: cudaMalloc of {format_mib(mib)} on device {ordinal} failed: out of memory "
-                           f"(MPS pinned device memory limit {format_mib(limit)})")
+            if oom_at is not None and t >= oom_at:
+                break
+            if mib > size:
+                oom_at, why = t, f"the device memory is {format_mib(size)}"
+            elif limit is not None and mib > limit:
+                oom_at, why = t, f"MPS pinned device memory limit {format_mib(limit)}"
+            else:
+                continue
+            oom_msg = f"fake-gpu-app: cudaMalloc of {format_mib(mib)} on device {ordinal} failed: out of memory ({why})"
     if oom_at is not None:
         schedule = tuple(s for s in schedule if s[0] < oom_at) or ((0.0, 0, None),)
     pid = os.getpid()

@@ -473,10 +473,19 @@ def _gres_from_env(info: JobInfo, env: dict[str, str]):
 
 
 def _plan_with_machine_only(ctx: HookContext) -> Machine:
+    """The node's machine description with NVML's GPU UUIDs (``nvmlDeviceGetUUID``; descriptions made
+    from ``nvidia-smi topo -m`` text have none). When NVML fails the description's stand."""
     try:
-        return Machine.load(ctx.config.machine_for(ctx.node))
+        machine = Machine.load(ctx.config.machine_for(ctx.node))
     except GpushareError as e:
         raise NodeFault(f"no usable machine description for {ctx.node}: {e}") from None
+    try:
+        with open_nvml() as port:
+            uuids = {g.index: port.uuid(g.index) for g in machine.gpus}
+    except GpushareError as e:
+        print(f"slurm-gpushare epilog: GPU UUIDs from the machine description: NVML failed ({e})", file=sys.stderr)
+        return machine
+    return replace(machine, gpus=tuple(replace(g, uuid=uuids.get(g.index, g.uuid)) for g in machine.gpus))
 
 
 def cleanup_job(ctx: HookContext, job_id: str) -> str | None:

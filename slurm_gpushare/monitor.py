@@ -4,15 +4,21 @@ serves Prometheus metrics and hands the usage to the Epilog.
 ``slurm-gpushare monitor`` runs on each GPU node as root (a systemd service next to slurmd). Every
 ``monitor_interval`` seconds (node.toml) one :meth:`Monitor.sample`:
 
-1. lists the jobs running on the node (``squeue -w <node>``; each job's record is read once with
-   ``scontrol -d show job`` and planned like the Prolog plans it: which GPUs or MIG devices, which
-   memory share, :func:`~slurm_gpushare.jobplan.plan_job`);
+1. brings its job table up to date without loading slurmctld: the jobs whose slurmstepds run on
+   the node come from ``scontrol listpids '*' <node>`` (local: it asks the stepds, not slurmctld),
+   and ``squeue -w <node>`` is asked only every ``monitor_jobs_interval`` seconds (default 60; each
+   sample when listpids fails) for jobs without steps (an idle ``salloc``) and to remove usage files
+   of jobs that have left. A job whose steps all ended leaves the metrics at once but keeps its usage
+   file for its Epilog; a job seen again (an allocation between two steps) takes its peaks back from
+   that file. Each new job's record is read once with ``scontrol -d show job`` and planned like the
+   Prolog plans it (which GPUs or MIG devices, which memory share,
+   :func:`~slurm_gpushare.jobplan.plan_job`);
 2. reads every GPU's compute processes (``nvmlDeviceGetComputeRunningProcesses``, with per-process
    SM utilization from ``nvmlDeviceGetProcessUtilization`` where NVML has it) and the GPU's
    utilization (``nvmlDeviceGetUtilizationRates``; not supported on MIG-enabled GPUs);
 3. attributes each process to a job: by its cgroup (``/proc/<pid>/cgroup`` holds ``/job_<id>/`` under
-   Slurm's task/cgroup or proctrack/cgroup), else by Slurm's pid lists (``scontrol listpids``, what
-   the job's slurmstepd tracks, for proctrack/linuxproc or pgid);
+   Slurm's task/cgroup or proctrack/cgroup), else by Slurm's pid lists (the same ``scontrol
+   listpids``: what each slurmstepd tracks, for proctrack/linuxproc or pgid);
 4. adds one sample per job and device to a :class:`~slurm_gpushare.accounting.record.UsageTracker`:
    memory = the sum over the job's processes on that device (0 when it holds the device and runs
    nothing there: reserved and unused); SM = the sum of its processes' SM utilization, or the GPU's
@@ -57,9 +63,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from slurm_gpushare import slurm
-from slurm_gpushare.accounting.live import remove_usage, restore_all, save_usage, usage_files
+from slurm_gpushare.accounting.live import load_state, remove_usage, restore_all, save_usage, usage_files
 from slurm_gpushare.accounting.record import UsageRecord, UsageTracker, records_for_job
-from slurm_gpushare.errors import GpushareError, InputError, NvmlError
+from slurm_gpushare.errors import GpushareError, InputError
 from slurm_gpushare.gresconf import GresOptions, node_gres
 from slurm_gpushare.hardware.machine import GpuProcess, Machine
 from slurm_gpushare.hardware.port import NvmlPort
@@ -204,6 +210,9 @@ class Monitor:
         self._open = False
         self._lock = threading.Lock()  # sample() and collect() (the HTTP server's thread)
         self._pushed: dict[str, tuple[float, str]] = {}  # job -> (when, summary) last put in AdminComment
+        self._last_squeue = float("-inf")
+        self._listed: set[str] = set()
+        self._had_steps: set[str] = set()  # jobs seen with steps on this node
 
     # --- lifetime -----------------------------------------------------------------------------------
 
@@ -215,6 +224,11 @@ class Monitor:
         """
         self.port.init()
         self._open = True
+        try:
+            self._check_machine()
+        except BaseException:
+            self.close()
+            raise
         for g in self.machine.gpus:
             self._gpu_uuids[g.index] = self.port.uuid(g.index)
             if g.mig_enabled:
@@ -227,6 +241,25 @@ class Monitor:
             self._error("usage-file", p)
         if restored:
             self._log(f"took back the usage of job(s) {', '.join(restored)} from {self.run_dir / 'usage'}")
+
+    def _check_machine(self) -> None:
+        """The machine description must be this node's: as many GPUs as NVML sees, each with the memory
+        NVML reports (``nvmlDeviceGetCount``, ``nvmlDeviceGetMemoryInfo``).
+
+        Raises:
+            InputError: they differ (naming the description and what NVML sees).
+        """
+        hint = "regenerate it on this node with 'slurm-gpushare inventory -o FILE', or fix machine= in node.toml"
+        count = self.port.device_count()
+        source = self.config.machine_for(self.node)
+        if count != len(self.machine.gpus):
+            raise InputError(f"the machine description of {self.node} has {len(self.machine.gpus)} GPU(s); "
+                             f"NVML sees {count}", hint=hint, source=str(source))
+        for g in self.machine.gpus:
+            total = self.port.memory_total_mib(g.index)
+            if total != g.memory_mib:
+                raise InputError(f"GPU {g.index} has {g.memory_mib} MiB in the machine description of {self.node}; "
+                                 f"NVML reports {total} MiB", hint=hint, source=str(source))
 
     def close(self) -> None:
         if self._open:
@@ -246,34 +279,74 @@ class Monitor:
         self.errors_total[kind] = self.errors_total.get(kind, 0) + 1
         self._log(f"{kind}: {message}")
 
-    def _refresh_jobs(self) -> bool:
-        """Bring the job table up to date. False when slurmctld did not answer (nothing is dropped)."""
+    def _local_pids(self) -> dict[int, str] | None:
+        """``scontrol listpids '*' NODE``: pid -> job of every process the node's slurmstepds track (no
+        slurmctld call). None when it failed (counted and logged)."""
         try:
-            running = {str(j) for j in self._running_jobs(self.node)}
+            return parse_listpids(self._listpids(self.node))
         except GpushareError as e:
-            self._error("slurm", f"cannot list the jobs on {self.node}: {e}")
-            return False
-        for job_id in sorted(set(self._jobs) - running):
+            self._error("slurm", f"scontrol listpids: {e}")
+            return None
+
+    def _add_job(self, job_id: str) -> None:
+        try:
+            info = parse_show_job(self._show_job(job_id))
+            plan = plan_job(info, self.node, self._gres, gpu_uuids=self._gpu_uuids, mig_uuids=self._mig_uuids,
+                            shard_unit_mib=self.config.shard_unit_mib)
+        except GpushareError as e:
+            self._error("job", f"job {job_id}: {e}")
+            return
+        self._jobs[job_id] = _Job(info, plan, self._records(info, plan))
+        if job_id not in self.tracker.jobs():  # a job seen again after a gap keeps its peaks
+            try:
+                rows = load_state(self.run_dir, job_id)
+            except InputError as e:
+                self._error("usage-file", str(e))
+                rows = None
+            if rows:
+                self.tracker.restore(job_id, rows)
+
+    def _refresh_jobs(self, local: dict[int, str] | None) -> None:
+        """Bring the job table up to date (see :meth:`sample`). Nothing is dropped when Slurm does not answer."""
+        now = self._clock()
+        stepd_jobs = set(local.values()) if local is not None else None
+        ask = local is None or now - self._last_squeue >= self.config.monitor_jobs_interval
+        listed: set[str] | None = None
+        if ask:
+            try:
+                listed = {str(j) for j in self._running_jobs(self.node)}
+                self._last_squeue = now
+            except GpushareError as e:
+                self._error("slurm", f"cannot list the jobs on {self.node}: {e}")
+        if listed is not None:
+            self._listed = listed
+        current = set(self._jobs)
+        if listed is not None:
+            gone = current - listed - (stepd_jobs or set())
+        elif stepd_jobs is not None:
+            # a job that had steps here and has none now has ended (or is between steps: it comes back,
+            # with its peaks, from its usage file); jobs only squeue knew wait for the next squeue
+            gone = {j for j in current - stepd_jobs if j in self._had_steps}
+        else:
+            gone = set()
+        for job_id in sorted(gone):
             self._jobs.pop(job_id, None)
             self.tracker.pop(job_id)
-        for job_id in sorted(running - set(self._jobs)):
-            try:
-                info = parse_show_job(self._show_job(job_id))
-                plan = plan_job(info, self.node, self._gres, gpu_uuids=self._gpu_uuids, mig_uuids=self._mig_uuids,
-                                shard_unit_mib=self.config.shard_unit_mib)
-            except GpushareError as e:
-                self._error("job", f"job {job_id}: {e}")
-                continue
-            self._jobs[job_id] = _Job(info, plan, self._records(info, plan))
-        # usage files of jobs that left (their Epilog has run) or that a previous monitor left behind
-        for job_id in usage_files(self.run_dir):
-            if job_id not in running:
-                self.tracker.pop(job_id)
-                try:
-                    remove_usage(self.run_dir, job_id)
-                except (OSError, InputError) as e:
-                    self._error("usage-file", f"cannot remove the usage file of job {job_id}: {e}")
-        return True
+            self._had_steps.discard(job_id)
+        for job_id in sorted(((stepd_jobs or set()) | (listed or set())) - set(self._jobs)):
+            self._add_job(job_id)
+        if stepd_jobs:
+            self._had_steps |= stepd_jobs & set(self._jobs)
+        if listed is not None:
+            # usage files of jobs that left (their Epilog has run) or that a previous monitor left behind
+            keep = listed | (stepd_jobs or set())
+            for job_id in usage_files(self.run_dir):
+                if job_id not in keep:
+                    self.tracker.pop(job_id)
+                    try:
+                        remove_usage(self.run_dir, job_id)
+                    except (OSError, InputError) as e:
+                        self._error("usage-file", f"cannot remove the usage file of job {job_id}: {e}")
 
     def _records(self, info: JobInfo, plan: JobPlan, usage=None) -> tuple[UsageRecord, ...]:
         now = int(self._clock())
@@ -284,25 +357,15 @@ class Monitor:
             self._error("job", f"job {info.job_id}: {e}")
             return ()
 
-    def _attribute(self, pids: Iterable[int]) -> dict[int, str]:
-        """pid -> job id: cgroup first, then Slurm's pid lists for the rest (one ``listpids`` call)."""
+    def _attribute(self, pids: Iterable[int], local: dict[int, str] | None) -> dict[int, str]:
+        """pid -> job id: the process's cgroup first, then Slurm's pid lists (``local``)."""
         out: dict[int, str] = {}
-        rest = []
         for pid in pids:
             job = job_of_cgroup(self._cgroup_of(pid))
+            if job is None and local is not None:
+                job = local.get(pid)
             if job is not None:
                 out[pid] = job
-            else:
-                rest.append(pid)
-        if rest and self._jobs:
-            try:
-                listed = parse_listpids(self._listpids(self.node))
-            except GpushareError as e:
-                self._error("slurm", f"scontrol listpids: {e}")
-                listed = {}
-            for pid in rest:
-                if pid in listed:
-                    out[pid] = listed[pid]
         return out
 
     def _key(self, index: int, proc: GpuProcess) -> JobKey:
@@ -319,28 +382,30 @@ class Monitor:
     def _sample(self) -> Snapshot:
         t0 = time.monotonic()
         now = self._clock()
-        jobs_known = self._refresh_jobs()
+        local = self._local_pids()
+        self._refresh_jobs(local)
         per_gpu: dict[int, tuple[GpuProcess, ...]] = {}
         gpu_util: dict[int, int | None] = {}
         gpu_used: dict[int, int | None] = {}
         for g in self.machine.gpus:
+            # GpushareError, not only NvmlError: a fake port's table can fail otherwise; never fatal
             try:
                 per_gpu[g.index] = self.port.processes(g.index)
-            except NvmlError as e:
+            except GpushareError as e:
                 self._error("nvml", str(e))
                 per_gpu[g.index] = ()
             try:
                 gpu_used[g.index] = self.port.memory_used_mib(g.index)
-            except NvmlError as e:
+            except GpushareError as e:
                 self._error("nvml", str(e))
                 gpu_used[g.index] = None
             gpu_util[g.index] = None
             if not g.mig_enabled:
                 try:
                     gpu_util[g.index] = self.port.utilization(g.index).gpu_percent
-                except NvmlError:
+                except GpushareError:
                     pass  # not supported on this GPU: no data
-        owner = self._attribute({p.pid for procs in per_gpu.values() for p in procs})
+        owner = self._attribute({p.pid for procs in per_gpu.values() for p in procs}, local)
 
         # (job, key) -> [used MiB, sm sum, all processes had sm, processes, gpu index]
         acc: dict[tuple[str, JobKey], list] = {}
@@ -371,6 +436,8 @@ class Monitor:
             sm: float | None
             if mig:
                 sm = None  # NVML has no utilization of a MIG device
+            elif nproc == 0 and self._reserved(job, key) > 0:
+                sm = 0.0  # it holds the share and runs nothing there: idle, as a whole GPU would read
             elif nproc and sm_all:
                 sm = min(100.0, sm_sum)
             elif job.plan.kind == "gpu":
@@ -389,12 +456,11 @@ class Monitor:
                               f"({nproc} process(es))")
             else:
                 job.over.discard(key)
-        if jobs_known:
-            for job_id in self._jobs:
-                try:
-                    save_usage(self.run_dir, job_id, self.node, self.tracker)
-                except (OSError, InputError) as e:
-                    self._error("usage-file", f"cannot write the usage of job {job_id}: {e}")
+        for job_id in self._jobs:
+            try:
+                save_usage(self.run_dir, job_id, self.node, self.tracker)
+            except (OSError, InputError) as e:
+                self._error("usage-file", f"cannot write the usage of job {job_id}: {e}")
         gpus = [GpuSample(g.index, self._gpu_uuids.get(g.index, g.uuid), g.model, g.memory_mib, gpu_used[g.index],
                           gpu_util[g.index], unattributed[g.index][0], unattributed[g.index][1])
                 for g in self.machine.gpus]
@@ -535,7 +601,7 @@ class Monitor:
         samples.add_metric([self.node], self.samples_total)
         errors = CounterMetricFamily("gpushare_monitor_errors", "Failed NVML calls, Slurm commands, usage files",
                                      labels=["node", "kind"])
-        for kind in ("nvml", "slurm", "job", "usage-file", "textfile", "admin-comment"):
+        for kind in ("nvml", "slurm", "job", "usage-file", "textfile", "admin-comment", "internal"):
             errors.add_metric([self.node, kind], self.errors_total.get(kind, 0))
         episodes = CounterMetricFamily("gpushare_monitor_over_limit_episodes",
                                        "Times a job's processes began to hold more than its share of a device",
@@ -623,8 +689,11 @@ def serve(monitor: Monitor, *, interval_s: float, listen: str | None, textfile: 
     try:
         while True:
             started = time.monotonic()
-            monitor.sample()
-            monitor.push_summaries(force=once)
+            try:
+                monitor.sample()
+                monitor.push_summaries(force=once)
+            except Exception as e:  # a daemon: one bad sample must not end the monitoring
+                monitor._error("internal", f"sample failed: {type(e).__name__}: {e}")
             if textfile:
                 try:
                     Path(textfile).parent.mkdir(parents=True, exist_ok=True)

@@ -16,6 +16,7 @@ Every key is optional::
     low_priority_partitions = ["scavenger"]    # their jobs' MPS clients run below normal priority
     spool_dir = "/var/spool/slurm-gpushare/accounting"   # the Epilog's per-job GPU usage records
     monitor_interval = 10.0                    # seconds between the node monitor's NVML samples
+    monitor_jobs_interval = 60.0               # seconds between its squeue calls (slurmctld load)
     monitor_listen = ":9817"                   # its Prometheus endpoint ("" for none)
     monitor_textfile = ""                      # node_exporter textfile to write after each sample ("" none)
     admin_comment_summary = false              # the monitor puts a usage summary in running jobs' AdminComment
@@ -58,6 +59,7 @@ class NodeConfig:
     low_priority_partitions: tuple[str, ...] = ()
     spool_dir: str = "/var/spool/slurm-gpushare/accounting"
     monitor_interval: float = 10.0
+    monitor_jobs_interval: float = 60.0
     monitor_listen: str = ":9817"
     monitor_textfile: str = ""
     admin_comment_summary: bool = False
@@ -74,7 +76,8 @@ _KEYS: dict[str, type | tuple[type, ...]] = {
     "version": int, "run_dir": str, "machine": str, "mps_control": str, "shard_unit": str,
     "mps_start_timeout": (int, float), "mps_quit_timeout": (int, float), "drain_on_stuck_daemon": bool,
     "mps_env": dict, "mps_mode": str, "low_priority_partitions": list, "spool_dir": str,
-    "monitor_interval": (int, float), "monitor_listen": str, "monitor_textfile": str,
+    "monitor_interval": (int, float), "monitor_jobs_interval": (int, float), "monitor_listen": str,
+    "monitor_textfile": str,
     "admin_comment_summary": bool, "admin_comment_interval": (int, float),
 }
 
@@ -136,6 +139,10 @@ def parse_node_config(text: str, *, source: str = "<node config>") -> NodeConfig
         elif key == "monitor_interval":
             if not 0.1 <= value <= 3600:
                 raise ConfigError(f"monitor_interval = {value} is out of range (0.1-3600 seconds)", source=source)
+            kw[key] = float(value)
+        elif key == "monitor_jobs_interval":
+            if not 0 <= value <= 3600:
+                raise ConfigError(f"monitor_jobs_interval = {value} is out of range (0-3600 seconds)", source=source)
             kw[key] = float(value)
         elif key == "admin_comment_interval":
             if not 1 <= value <= 86400:

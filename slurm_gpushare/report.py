@@ -290,14 +290,18 @@ def waste_report(store: Store, *, since: int | None = None, until: int | None = 
                  used_below: float = WASTE_USED_BELOW, headroom: float = FIT_HEADROOM) -> Report:
     """Jobs whose peak memory was at most ``used_below`` of what they asked for (per device), with the
     request that would have fit (:func:`fit_request`), most wasted GiB-hours first. Jobs without a
-    measured peak are not judged. A job whose fitting request would be no smaller is not listed.
+    measured peak are not judged, nor jobs that did not complete (``FAILED``, ``SIGNALED``: an
+    out-of-memory failure must not be told to ask for less). A job whose fitting request would be no
+    smaller is not listed.
 
     Raises:
         InputError: an empty period.
     """
     inner, params = _period(since, until, "*")
+    # a job that failed or was killed may have failed for want of memory: it is not judged
     having = ('HAVING MAX("mem_peak_mib") IS NOT NULL AND '
-              'MAX("mem_peak_mib") <= :used_below * MAX(COALESCE("mem_asked_mib", "mem_granted_mib"))')
+              'MAX("mem_peak_mib") <= :used_below * MAX(COALESCE("mem_asked_mib", "mem_granted_mib")) AND '
+              'SUM("exit_state" NOT IN (\'COMPLETED\', \'\')) = 0')
     raw = store.query(_JOB_SQL.format(inner=inner, having=having), {**params, "used_below": used_below})
     rows = []
     for r in raw:

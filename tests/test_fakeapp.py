@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -42,6 +43,7 @@ def test_devices_resolve_like_cuda_visible_devices():
 def _run(tmp_path, *args, env=None):
     m = tmp_path / "m.json"
     m.write_text(packaged_machine("8x-a100-nv12-bridge.json").to_json())
+    (tmp_path / "t").mkdir(exist_ok=True)
     return subprocess.Popen([sys.executable, "-m", "slurm_gpushare.fakeapp", "--machine", str(m),
                              "--table", str(tmp_path / "t"), *args],
                             env={"PATH": "/usr/bin:/bin", **(env or {})}, stderr=subprocess.PIPE, text=True)
@@ -74,3 +76,36 @@ def test_bad_usage_says_what_is_missing(tmp_path):
     assert proc.returncode == EXIT_USAGE and "GPUSHARE_NVML" in proc.stderr
     proc = _run(tmp_path, env={})
     assert proc.wait(timeout=10) == EXIT_USAGE and "CUDA_VISIBLE_DEVICES is empty" in proc.stderr.read()
+
+
+@pytest.mark.parametrize("visible, mem", [("3", "100G"), ("MIG", "20G")])
+def test_more_than_the_device_holds_fails_like_cudamalloc(tmp_path, visible, mem):
+    # found in a trial: 100G "fit" on an 80 GB A100 and 20G in a 1g.10gb slice
+    m = tmp_path / "m.json"
+    machine = packaged_machine("4x-h100-mig-mixed.json")
+    m.write_text(machine.to_json())
+    if visible == "MIG":
+        with FakeNvml(machine) as fake:
+            visible = next(i.uuid for i in fake.gpu_instances(2) if i.profile == "1g.10gb")
+    proc = subprocess.run([sys.executable, "-m", "slurm_gpushare.fakeapp", "--machine", str(m), "--table",
+                           str(tmp_path), "--mem", mem, "--seconds", "3"], capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": visible}, timeout=20)
+    assert proc.returncode == EXIT_OOM and "out of memory" in proc.stderr and "device memory" in proc.stderr
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--seconds", "nan"], "--seconds"), (["--seconds", "-1"], "--seconds"),
+    (["--schedule", "nan:1G:50"], "seconds"), (["--machine", "/nonexistent.json"], "/nonexistent.json"),
+    (["--table", "/nonexistent-dir/x"], "does not exist"),
+])
+def test_bad_arguments_are_refused(tmp_path, args, words):
+    m = tmp_path / "m.json"
+    m.write_text(packaged_machine("8x-a100-nv12-bridge.json").to_json())
+    base = {"--machine": str(m), "--table": str(tmp_path)}
+    for i in range(0, len(args), 2):
+        base[args[i]] = args[i + 1]
+    argv = [x for kv in base.items() for x in kv]
+    proc = subprocess.run([sys.executable, "-m", "slurm_gpushare.fakeapp", *argv], capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": "0"}, timeout=20)
+    assert proc.returncode == EXIT_USAGE and words in proc.stderr, proc.stderr
+    assert not Path("/nonexistent-dir").exists()

@@ -377,3 +377,18 @@ def test_epilog_records_what_the_monitor_measured_and_removes_its_file(node, cap
     recs = [json.loads(line) for f in (node.root / "spool").glob("*.jsonl") for line in f.read_text().splitlines()]
     assert [(r["job_id"], r["mem_peak_mib"]) for r in recs] == [("603", 9000), ("604", None)]
     assert "job 604: monitor usage not used" in capsys.readouterr().err
+
+
+def test_records_carry_nvmls_gpu_uuid_also_when_the_prolog_saved_a_plan(node):
+    # bug found in a trial: MPS and multi-GPU records had gpu_uuid "" (the description's, from topo text)
+    from dataclasses import replace
+
+    from slurm_gpushare.hardware.ports import open_nvml
+    ctx = HookContext(replace(node.ctx.config, spool_dir=str(node.root / "spool")), "a100",
+                      show_job=node.ctx.show_job, drain=node.ctx.drain, show_node=node.ctx.show_node)
+    _shard_job(node, "701", idx="2", ac="[gpushare:v1 req=mem=10G grant=gres:shard:10 kind=mps mem=10240/10240MiB]")
+    assert prolog(ctx, {**_env("701"), "SLURM_JOB_GPUS": "2"}) == 0
+    assert epilog(ctx, {**_env("701"), "SLURM_JOB_GPUS": "2"}) == 0
+    (rec,) = [json.loads(line) for f in (node.root / "spool").glob("*.jsonl") for line in f.read_text().splitlines()]
+    with open_nvml() as nvml:
+        assert rec["gpu_index"] == 2 and rec["gpu_uuid"] == nvml.uuid(2)

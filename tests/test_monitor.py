@@ -43,7 +43,8 @@ CGROUP = "12:pids:/\n5:devices:/slurm_a100/uid_1000/job_{job}/step_0/task_0\n1:n
 LISTPIDS = ("PID      JOBID    STEPID   LOCALID GLOBALID\n"
             "1002     201      0        1       1       \n"
             "2001     202      batch    0       0       \n"
-            "2002     202      batch    -       -       \n")
+            "2002     202      batch    -       -       \n"
+            "3003     203      batch    0       0       \n")
 
 
 class Clock:
@@ -81,15 +82,21 @@ class Node:
         self.nvml.add_process(ScheduledProcess(2001, 3, now, ((0, 2000, 30), (10, 9000, 80), (20, 4000, 40))))
         self.nvml.add_process(ScheduledProcess(3001, 5, now, ((0, 700, 5),)))  # nobody's
         self.cgroups = {1001: CGROUP.format(job=201)}
+        self.stepd_jobs: set[str] | None = {"201", "202", "203"}  # jobs with slurmstepds on the node
         self.listpids_calls = 0
+        self.squeue_calls = 0
         self.log: list[str] = []
 
     def listpids(self, node):
         assert node == "a100"
         self.listpids_calls += 1
-        return LISTPIDS
+        if self.stepd_jobs is None:
+            raise SlurmError("scontrol listpids * a100 exited 1: slurmstepd socket unreachable")
+        return "".join(line + "\n" for line in LISTPIDS.splitlines()
+                       if line.startswith("PID") or line.split()[1] in self.stepd_jobs)
 
     def running_jobs(self, node):
+        self.squeue_calls += 1
         if self.running is None:
             raise SlurmError("squeue -h -w a100 exited 1: slurm_load_jobs error: Unable to contact slurm controller")
         return sorted(self.running)
@@ -130,7 +137,7 @@ def test_cgroup_and_listpids_parsing():
     assert job_of_cgroup("0::/system.slice/slurmstepd.scope/job_77/step_batch/user/task_0\n") == "77"
     assert job_of_cgroup("0::/user.slice/user-1000.slice/session-3.scope\n") is None
     assert job_of_cgroup("4:memory:/job_scheduler/x\n") is None  # not Slurm's job_<digits>/ layout
-    assert parse_listpids(LISTPIDS) == {1002: "201", 2001: "202", 2002: "202"}
+    assert parse_listpids(LISTPIDS) == {1002: "201", 2001: "202", 2002: "202", 3003: "203"}
     assert parse_listpids('"1.batch" does not look like a stepid\n') == {}
 
 
@@ -154,8 +161,8 @@ def test_samples_attribute_processes_and_keep_peaks(node):
         assert (idle.peak_mib, idle.sm_mean) == (0, 0.0)
         gpu5 = next(g for g in snap.gpus if g.index == 5)
         assert (gpu5.unattributed_mib, gpu5.unattributed_processes) == (700, 1)
-        # one listpids call per sample, only for what the cgroups did not tell
-        assert node.listpids_calls == 3
+        # one listpids call per sample (the local slurmstepds), one squeue for the three samples
+        assert (node.listpids_calls, node.squeue_calls) == (3, 1)
         # the Epilog's file holds the same peaks
         assert load_usage(node.config.run_dir, "202")[3].peak_mib == 9000
 
@@ -262,7 +269,7 @@ def test_mig_devices_are_keyed_by_uuid_and_have_no_sm_data(tmp_path):
         s.labels["gpu"] not in ("2", "3") for s in fams["gpushare_gpu_utilization_ratio"])
 
 
-def test_a_restarted_monitor_keeps_its_peaks_and_forgets_jobs_that_left(node):
+def test_a_restarted_monitor_keeps_its_peaks(node):
     with node.monitor() as mon:
         node.clock.t += 12
         mon.sample()  # bob's job 202 at 9000 MiB
@@ -271,20 +278,72 @@ def test_a_restarted_monitor_keeps_its_peaks_and_forgets_jobs_that_left(node):
         assert any("took back the usage of job(s) 201, 202, 203" in line for line in node.log)
         again.sample()
         assert again.tracker.usage("202")[3].peak_mib == 9000
-        node.running = {"201"}
-        again.sample()
+
+
+def test_slurmctld_is_asked_once_per_jobs_interval_not_every_sample(node):
+    with node.monitor() as mon:
+        for _ in range(5):
+            mon.sample()
+            node.clock.t += 10
+        assert (node.squeue_calls, node.listpids_calls) == (1, 5)  # listpids asks the local slurmstepds
+        node.clock.t += 20
+        mon.sample()
+        assert node.squeue_calls == 2  # monitor_jobs_interval (60 s) has passed
+
+
+def test_a_job_whose_steps_ended_leaves_the_metrics_and_its_file_waits_for_the_epilog(node):
+    with node.monitor() as mon:
+        node.clock.t += 12
+        mon.sample()
+        node.stepd_jobs = {"201", "203"}  # 202's steps have ended; its Epilog runs (squeue: COMPLETING)
+        mon.sample()
+        assert "202" not in {d.job_id for d in mon.snapshot.devices} and "202" not in mon.tracker.jobs()
+        assert usage_path(node.config.run_dir, "202").exists()  # the Epilog reads it
+        node.running = {"201", "203"}  # the Epilog is done: squeue no longer lists 202
+        node.clock.t += 61
+        mon.sample()
         assert not usage_path(node.config.run_dir, "202").exists()
         assert usage_path(node.config.run_dir, "201").exists()
-        assert set(again.tracker.jobs()) == {"201"}
+
+
+def test_a_job_between_steps_comes_back_with_its_peaks(node):
+    with node.monitor() as mon:
+        node.clock.t += 12
+        mon.sample()  # 9000 MiB
+        node.stepd_jobs = {"201", "203"}  # e.g. an salloc between two sruns: no slurmstepd of 202
+        mon.sample()
+        node.stepd_jobs = {"201", "202", "203"}
+        node.clock.t += 12
+        mon.sample()  # now 4000 MiB
+        assert mon.tracker.usage("202")[3].peak_mib == 9000
+
+
+def test_a_job_without_steps_is_found_by_squeue(node):
+    node.stepd_jobs = {"201"}
+    with node.monitor() as mon:
+        mon.sample()
+        assert {d.job_id for d in mon.snapshot.devices} == {"201", "202", "203"}
 
 
 def test_slurmctld_down_loses_nothing(node):
     with node.monitor() as mon:
         mon.sample()
         node.running = None
+        node.clock.t += 61
         mon.sample()  # squeue fails: jobs are kept and still sampled
         assert mon.tracker.usage("202")[3].samples == 2
         assert mon.errors_total["slurm"] == 1 and any("Unable to contact" in line for line in node.log)
+
+
+def test_without_listpids_squeue_is_asked_every_sample(node):
+    node.stepd_jobs = None
+    with node.monitor() as mon:
+        mon.sample()
+        mon.sample()
+        assert node.squeue_calls == 2 and mon.errors_total["slurm"] == 2
+        # processes outside a job cgroup cannot be attributed: they count as unattributed
+        assert {(d.job_id, d.used_mib) for d in mon.snapshot.devices} == {("201", 6000), ("202", 0), ("203", 0)}
+        assert next(g for g in mon.snapshot.gpus if g.index == 3).unattributed_mib == 2000
 
 
 def test_nvml_failures_are_counted_not_fatal(node):
@@ -341,3 +400,110 @@ def test_usage_summary_goes_into_the_admin_comment_of_running_jobs(node):
         assert mon.push_summaries() == ["202"]  # only what changed (202's process grew)
     node.config = replace(node.config, admin_comment_summary=False)
     assert node.monitor().push_summaries() == []
+
+
+def test_an_idle_sample_of_a_share_counts_zero_sm_like_a_whole_gpu(node):
+    # bug found in a trial: an MPS share with no process in a sample got "no data" (left out of the mean)
+    # while a whole GPU got 0 %, so MPS means (and GPU-hours used) were overstated
+    node.nvml.remove_process(1001)
+    node.nvml.remove_process(1002)
+    with node.monitor() as mon:
+        mon.sample()
+        node.nvml.add_process(ScheduledProcess(1002, 0, node.clock.t, ((0, 1000, 50),)))
+        mon.sample()
+        share = mon.tracker.usage("201")[0]
+        assert (share.sm_mean, share.sm_peak, share.samples) == (25.0, 50.0, 2)
+
+
+def test_a_bad_entry_of_the_fake_process_table_does_not_kill_the_monitor(node, tmp_path):
+    # bug found in a trial: the fake's MachineDescriptionError was not caught, and the daemon exited
+    import os
+    table = tmp_path / "procs"
+    table.mkdir()
+    (table / f"{os.getpid()}.json").write_text("garbage")
+    node.nvml = FakeNvml(node.machine, clock=node.clock, process_table=table)
+    with node.monitor() as mon:
+        mon.sample()
+        assert mon.errors_total["nvml"] == 16  # processes and memory of 8 GPUs
+        assert {d.job_id for d in mon.snapshot.devices} == {"201", "202", "203"}
+
+
+def test_a_machine_description_that_is_not_this_node_is_refused(node):
+    from slurm_gpushare.errors import InputError
+    node.machine = packaged_machine("4x-h100-mig-mixed.json")  # 4 GPUs; NVML serves the 8 A100s
+    with pytest.raises(InputError, match="4 GPU.*NVML sees 8"):
+        node.monitor().open()
+    node.machine = packaged_machine("dgx-h100-8gpu-nv18.json")  # 8 GPUs, other memory
+    with pytest.raises(InputError, match="GPU 0.*81559 MiB.*NVML.*81920 MiB"):
+        node.monitor().open()
+
+
+def test_stray_files_in_the_usage_directory_are_not_reported_each_sample(node):
+    with node.monitor() as mon:
+        mon.sample()
+        (Path(node.config.run_dir) / "usage" / "notes.json").write_text("{}")
+        for _ in range(3):
+            node.clock.t += 61  # each sample asks squeue and cleans the usage directory
+            mon.sample()
+        assert mon.errors_total.get("usage-file", 0) == 0
+        assert (Path(node.config.run_dir) / "usage" / "notes.json").exists()  # not ours: left alone
+
+
+# --- the command line -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def cli_node(tmp_path, monkeypatch):
+    machine = tmp_path / "a100.json"
+    machine.write_text(packaged_machine("8x-a100-nv12-bridge.json").to_json())
+    (tmp_path / "nvml.json").write_text(machine.read_text())
+    config = tmp_path / "node.toml"
+    config.write_text(f'version = 1\nrun_dir = "{tmp_path}/run"\nmachine = "{tmp_path}/{{node}}.json"\n')
+    monkeypatch.setenv("GPUSHARE_NVML", f"fake:{tmp_path}/nvml.json")
+    # Slurm's clients fail at once with an empty configuration ("ClusterName needs to be specified")
+    monkeypatch.setenv("SLURM_CONF", "/dev/null")
+    return tmp_path, config
+
+
+def test_once_prints_prometheus_text_and_exits_1_when_something_failed(cli_node):
+    from click.testing import CliRunner
+
+    from slurm_gpushare.cli import main
+    tmp_path, config = cli_node
+    r = CliRunner().invoke(main, ["monitor", "--once", "--config", str(config), "--node", "a100"])
+    assert r.exit_code == 1, r.output
+    fams = _families(r.stdout)
+    assert _value(fams, "gpushare_gpu_memory_total_bytes", gpu="7") == 81920 * MIB
+    assert _value(fams, "gpushare_monitor_errors_total", kind="slurm") >= 1
+    assert "problem(s) in this sample" in r.stderr and "scontrol listpids" in r.stderr
+
+
+def test_once_into_an_unwritable_textfile_fails(cli_node):
+    from click.testing import CliRunner
+
+    from slurm_gpushare.cli import main
+    tmp_path, config = cli_node
+    (tmp_path / "file").write_text("")
+    r = CliRunner().invoke(main, ["monitor", "--once", "--config", str(config), "--node", "a100",
+                                  "--textfile", str(tmp_path / "file" / "x.prom")])
+    assert r.exit_code == 1 and "cannot write" in r.stderr
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "0", "5000"])
+def test_interval_must_be_a_number_of_seconds(cli_node, value):
+    from click.testing import CliRunner
+
+    from slurm_gpushare.cli import main
+    _, config = cli_node
+    r = CliRunner().invoke(main, ["monitor", "--config", str(config), "--interval", value])
+    assert r.exit_code == 2 and "--interval" in r.stderr
+
+
+def test_a_description_of_another_machine_is_a_clear_error(cli_node):
+    from click.testing import CliRunner
+
+    from slurm_gpushare.cli import main
+    tmp_path, config = cli_node
+    (tmp_path / "a100.json").write_text(packaged_machine("4x-h100-mig-mixed.json").to_json())
+    r = CliRunner().invoke(main, ["monitor", "--once", "--config", str(config), "--node", "a100"])
+    assert r.exit_code != 0 and "has 4 GPU(s); NVML sees" in r.stderr and "Traceback" not in r.output

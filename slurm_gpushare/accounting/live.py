@@ -40,7 +40,7 @@ def usage_path(run_dir: str | Path, job_id: str) -> Path:
     Raises:
         InputError: a job id that is not decimal digits (``_`` allowed for array tasks).
     """
-    if not job_id or not job_id.replace("_", "").isdigit():
+    if not _is_job_id(job_id):
         raise InputError(f"job id {job_id!r} is not a Slurm job id")
     return usage_dir(run_dir) / f"{job_id}.json"
 
@@ -83,6 +83,17 @@ def load_usage(run_dir: str | Path, job_id: str) -> dict[int | str, Usage] | Non
     return tracker.usage(job_id)
 
 
+def load_state(run_dir: str | Path, job_id: str) -> list[dict] | None:
+    """The job's running totals as :meth:`~slurm_gpushare.accounting.record.UsageTracker.state` rows, or
+    None without a file (for :meth:`~slurm_gpushare.accounting.record.UsageTracker.restore`).
+
+    Raises:
+        InputError: the file exists but is not a valid usage file (names it).
+    """
+    data = _read(usage_path(run_dir, job_id))
+    return None if data is None else data["devices"]
+
+
 def remove_usage(run_dir: str | Path, job_id: str) -> None:
     """Remove the job's usage file (missing is fine)."""
     usage_path(run_dir, job_id).unlink(missing_ok=True)
@@ -96,6 +107,8 @@ def restore_all(run_dir: str | Path, tracker: UsageTracker) -> tuple[list[str], 
     if not d.is_dir():
         return restored, problems
     for path in sorted(d.glob("*.json")):
+        if not _is_job_id(path.stem):
+            continue
         try:
             data = _read(path)
             if data is None:
@@ -108,6 +121,10 @@ def restore_all(run_dir: str | Path, tracker: UsageTracker) -> tuple[list[str], 
 
 
 def usage_files(run_dir: str | Path) -> list[str]:
-    """Job ids that have a usage file."""
+    """Job ids that have a usage file (other files in the directory are not ours and are ignored)."""
     d = usage_dir(run_dir)
-    return sorted(p.stem for p in d.glob("*.json")) if d.is_dir() else []
+    return sorted(p.stem for p in d.glob("*.json") if _is_job_id(p.stem)) if d.is_dir() else []
+
+
+def _is_job_id(text: str) -> bool:
+    return bool(text) and text.replace("_", "").isdigit()

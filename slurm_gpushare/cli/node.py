@@ -70,8 +70,8 @@ def doctor(config_path, node, repair):
 @main.command()
 @click.option("--config", "config_path", help="node config TOML (default /etc/slurm/gpushare/node.toml)")
 @click.option("--node", help="Slurm node name (default: SLURMD_NODENAME, else this host's short name)")
-@click.option("--interval", type=click.FloatRange(0.1, 3600), help="seconds between samples (default: "
-              "monitor_interval of node.toml, 10)")
+@click.option("--interval", type=click.FloatRange(0.1, 3600), callback=lambda ctx, p, v: _finite(v, "--interval"),
+              help="seconds between samples (default: monitor_interval of node.toml, 10)")
 @click.option("--listen", help="Prometheus endpoint, HOST:PORT or :PORT; '' for none (default: monitor_listen, :9817)")
 @click.option("--textfile", help="write the metrics to this node_exporter textfile after each sample "
               "(default: monitor_textfile)")
@@ -84,7 +84,8 @@ def monitor(config_path, node, interval, listen, textfile, once):
     'scontrol listpids'), keeps each job's peak memory and SM utilization per GPU in
     <run_dir>/usage/ (the Epilog's accounting records read them), flags jobs whose processes together
     hold more than their share, and serves the metrics at http://HOST:PORT/metrics. Runs as root
-    until SIGTERM or SIGINT. See docs/accounting.md.
+    until SIGTERM or SIGINT. With --once, exit status 1 when anything failed in the sample (an NVML
+    call, a Slurm command, a file). See docs/accounting.md.
     """
     import signal
 
@@ -107,8 +108,21 @@ def monitor(config_path, node, interval, listen, textfile, once):
             registry = CollectorRegistry(auto_describe=False)
             registry.register(mon)
             click.echo(generate_latest(registry).decode(), nl=False)
-            return
-        serve(mon, interval_s=interval or cfg.monitor_interval,
-              listen=cfg.monitor_listen if listen is None else listen,
-              textfile=(textfile if textfile is not None else cfg.monitor_textfile) or None,
-              once=once, stop=lambda: bool(stopping))
+        else:
+            serve(mon, interval_s=interval or cfg.monitor_interval,
+                  listen=cfg.monitor_listen if listen is None else listen,
+                  textfile=(textfile if textfile is not None else cfg.monitor_textfile) or None,
+                  once=once, stop=lambda: bool(stopping))
+        problems = sum(mon.errors_total.values())
+    if once and problems:
+        click.echo(f"slurm-gpushare monitor: {problems} problem(s) in this sample (see above); the numbers may be "
+                   "incomplete", err=True)
+        sys.exit(1)
+
+
+def _finite(value, name: str):
+    import math
+
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter(f"{value} is not a number of seconds", param_hint=name)
+    return value

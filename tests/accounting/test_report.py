@@ -184,3 +184,14 @@ def test_parse_time_local_dates_and_errors():
     assert parse_time("2025-12-01") == int(_time.mktime((2025, 12, 1, 0, 0, 0, 0, 0, -1)))
     with pytest.raises(InputError, match="--until 'yesterday' is not a time"):
         parse_time("yesterday", what="--until")
+
+
+def test_waste_does_not_judge_jobs_that_failed():
+    # a job that failed (e.g. out of memory under its MPS limit) must not be told to ask for less
+    a = dict(user="alice", account="physics", gpu_model="a100", gpu_memory_mib=A100, node="a100", mode="mps",
+             share="shard:10", mem_asked_mib=10240, mem_granted_mib=10240, start=T0, end=T0 + H, mem_peak_mib=2048)
+    with Store() as st:
+        st.add([record(job_id="7", **a, exit_state="FAILED", exit_code="2:0"),
+                record(job_id="8", **a, exit_state="SIGNALED", exit_code="0:9"),
+                record(job_id="9", **a, exit_state="COMPLETED", exit_code="0:0")])
+        assert [r["job"] for r in waste_report(st).dicts()] == ["9"]
