@@ -444,13 +444,16 @@ class DevCluster:
         Returns:
             ``dir``, ``slurm_conf``; ``exists`` (the directory holds a dev cluster); ``ok`` (every
             daemon runs); ``daemons``: name -> ``pid`` (from its pid file), ``alive`` (that PID is this
-            cluster's daemon) and, for a pid file naming another process, ``problem``; ``nodes``:
+            cluster's daemon), a monitor's ``url`` (its metrics endpoint) and, for a pid file naming
+            another process, ``problem``; ``nodes``:
             name -> Slurm state.
         """
         daemons: dict[str, dict] = {}
         for d in self.daemons():
             problem = self.pid_problem(d)
             daemons[d] = {"pid": self.pid(d), "alive": self.alive(d)}
+            if d.startswith("monitor-") and d[len("monitor-"):] in self.nodes:
+                daemons[d]["url"] = self.monitor_url(d[len("monitor-"):])
             if problem:
                 daemons[d]["problem"] = problem
         if any("problem" in s for s in daemons.values()):
@@ -1420,7 +1423,8 @@ def _print_status(cluster: DevCluster, *, as_json: bool) -> int:
         else:
             for d, s in st["daemons"].items():
                 state = "running" if s["alive"] else s.get("problem", "stopped")
-                print(f"{d:<22} pid {s['pid'] or '-':<8} {state}")
+                url = f"  {s['url']}" if "url" in s and s["alive"] else ""
+                print(f"{d:<22} pid {s['pid'] or '-':<8} {state}{url}")
             for n, s in st["nodes"].items():
                 print(f"node {n:<17} {s}")
             if not any(s["alive"] for s in st["daemons"].values()):

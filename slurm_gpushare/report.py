@@ -323,7 +323,10 @@ def _cell(value, kind: str) -> str:
     if value is None:
         return NO_DATA if kind in ("hours", "pct", "mib") else "-"  # "asked": nothing was asked
     if kind == "hours":
-        return f"{value:.2f}"
+        # short jobs (seconds, minutes) would all read 0.00 next to their efficiencies: show 2 significant digits
+        if value == 0 or value >= 0.01:
+            return f"{value:.2f}"
+        return f"{value:.{1 - math.floor(math.log10(value))}f}"  # 0.0028, 0.000035
     if kind == "pct":
         return f"{value:.1f}"
     if kind in ("int", "mib", "asked"):

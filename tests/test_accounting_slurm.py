@@ -207,3 +207,18 @@ def test_monitor_puts_the_usage_summary_into_a_running_jobs_admin_comment(cluste
     slurm.run(["scancel", job.id])
     done = slurm.wait(job, timeout=60)
     assert done.fields["AdminComment"].endswith(want)  # slurmctld keeps it after the job ends
+
+
+@pytest.mark.parametrize("request_args, gpus", [(("--gres=gpu:2",), 2), (("--gpus=2",), 2),
+                                                (("--gpus-per-node=1",), 1)])
+def test_gres_gpus_and_gpus_per_node_are_all_recorded_with_their_use(cluster, slurm, tmp_path, request_args, gpus):
+    app = shlex.quote(str(cluster.fake_gpu_app))
+    job = slurm.wait(slurm.sbatch("-p", "pcie", *request_args, wrap=f"{app} --mem 5G --sm 50 --seconds 3"),
+                     timeout=60)
+    assert job.state == "COMPLETED", job.fields
+    rows = _ingest_until(cluster, tmp_path / "acct.db", {job.id})
+    r = rows[job.id]
+    assert (r["mode"], r["gpus"], r["mem_peak_mib"], r["mem_asked_mib"]) == ("gpu", gpus, 5120, None), r
+    assert r["sm_mean_pct"] is not None and 0 < r["sm_mean_pct"] <= 50  # measured, averaged over the GPUs
+    records = _spooled(cluster, {job.id})
+    assert len(records) == gpus and all(rec["gpu_uuid"].startswith("GPU-") for rec in records)

@@ -195,3 +195,10 @@ def test_waste_does_not_judge_jobs_that_failed():
                 record(job_id="8", **a, exit_state="SIGNALED", exit_code="0:9"),
                 record(job_id="9", **a, exit_state="COMPLETED", exit_code="0:0")])
         assert [r["job"] for r in waste_report(st).dicts()] == ["9"]
+
+
+def test_short_jobs_do_not_all_read_zero_hours_in_the_table():
+    # found in a trial: jobs of seconds showed GPU-H 0.00 next to their efficiencies
+    from slurm_gpushare.report import _cell
+    assert [_cell(v, "hours") for v in (0, 0.5, 0.0028, 3.5e-5, 12.345)] == ["0.00", "0.50", "0.0028", "0.000035",
+                                                                            "12.35"]
