@@ -65,7 +65,7 @@ from pathlib import Path
 from slurm_gpushare import slurm
 from slurm_gpushare.accounting.live import load_state, remove_usage, restore_all, save_usage, usage_files
 from slurm_gpushare.accounting.record import UsageRecord, UsageTracker, records_for_job
-from slurm_gpushare.errors import GpushareError, InputError
+from slurm_gpushare.errors import GpushareError, InputError, SlurmError
 from slurm_gpushare.gresconf import GresOptions, node_gres
 from slurm_gpushare.hardware.machine import GpuProcess, Machine
 from slurm_gpushare.hardware.port import NvmlPort
@@ -633,12 +633,18 @@ def slurm_running_jobs(node: str) -> list[str]:
 def slurm_listpids(node: str) -> str:
     """``scontrol listpids '*' NODE``: the pids each slurmstepd of this node tracks. The node name is
     needed where several slurmd share a host: without it scontrol takes the first node of this host
-    in slurm.conf (SLURM_FACTS; ``man scontrol``).
+    in slurm.conf (``man scontrol``). A node without job steps is an empty list (scontrol exits 1 with
+    "No job steps exist on this node.").
 
     Raises:
         SlurmError: scontrol failed.
     """
-    return slurm.run(["scontrol", "listpids", "*", node], timeout=10.0)
+    try:
+        return slurm.run(["scontrol", "listpids", "*", node], timeout=10.0)
+    except SlurmError as e:
+        if "No job steps exist on this node" in e.message:  # scontrol exits 1 for an empty list
+            return ""
+        raise
 
 
 def slurm_update_admin_comment(job_id: str, text: str) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -192,3 +193,26 @@ def _nvml_unavailable() -> str | None:
     except Exception as e:  # noqa: BLE001 - any NVML failure means "no GPU here"
         return f"no usable NVML on this host: {e}"
     return None
+
+
+def push_usage_summary(cluster: DevCluster, session: SlurmSession, job_id: str, node: str, tmp_path: Path,
+                       want, timeout: float = 30) -> dict[str, str]:
+    """Run the product's AdminComment writer (``slurm-gpushare monitor --once`` with
+    ``admin_comment_summary = true``, its own run_dir beside the node's monitor daemon, which leaves
+    AdminComment alone) until the job's AdminComment matches the regex ``want`` (the fake app may not
+    have registered at first); returns the job's ``scontrol show job`` fields."""
+    config = tmp_path / "node.toml"
+    config.write_text(cluster.node_config.read_text().replace(
+        "monitor_interval = 0.5", f'monitor_interval = 0.5\nadmin_comment_summary = true\n'
+        f'run_dir = "{tmp_path}/run"').replace(f'run_dir = "{cluster.node_run_dir}"\n', ""))
+    env = {**cluster.env, "GPUSHARE_NVML": f"fake:{cluster.root}/machines/{node}.json",
+           "GPUSHARE_FAKE_GPU_PROCESSES": str(cluster.fake_gpu_table(node))}
+    deadline = time.monotonic() + timeout
+    while True:
+        once = subprocess.run([sys.executable, "-m", "slurm_gpushare", "monitor", "--once", "--config", str(config),
+                               "--node", node], env=env, capture_output=True, text=True, timeout=60)
+        assert once.returncode == 0, once.stderr
+        fields = session.show_job(job_id)
+        if want.search(fields.get("AdminComment", "")) or time.monotonic() > deadline:
+            return fields
+        time.sleep(0.5)

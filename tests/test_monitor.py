@@ -507,3 +507,21 @@ def test_a_description_of_another_machine_is_a_clear_error(cli_node):
     (tmp_path / "a100.json").write_text(packaged_machine("4x-h100-mig-mixed.json").to_json())
     r = CliRunner().invoke(main, ["monitor", "--once", "--config", str(config), "--node", "a100"])
     assert r.exit_code != 0 and "has 4 GPU(s); NVML sees" in r.stderr and "Traceback" not in r.output
+
+
+def test_a_node_without_job_steps_is_not_an_error(monkeypatch):
+    # found on the dev cluster with slurmdbd: scontrol listpids exits 1 saying "No job steps exist on this
+    # node." when no job runs there (or a job's Prolog still runs); that is an empty list, not a failure
+    from slurm_gpushare import monitor, slurm
+
+    def run(argv, **kw):
+        assert argv[:4] == ["scontrol", "listpids", "*", "a100"]
+        raise SlurmError("scontrol listpids * a100 exited 1: No job steps exist on this node.")
+    monkeypatch.setattr(slurm, "run", run)
+    assert parse_listpids(monitor.slurm_listpids("a100")) == {}
+
+    def broken(argv, **kw):
+        raise SlurmError("scontrol listpids * a100 exited 1: Unable to contact slurmstepd")
+    monkeypatch.setattr(slurm, "run", broken)
+    with pytest.raises(SlurmError, match="slurmstepd"):
+        monitor.slurm_listpids("a100")

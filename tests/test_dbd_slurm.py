@@ -1,0 +1,113 @@
+"""The usage summary in Slurm's own accounting: a dev cluster with slurmdbd (``--dbd``: a private MariaDB
+and slurmdbd) shows, through ``sacct``, what the node monitor wrote into a running job's AdminComment.
+
+Measured on Slurm 22.05.8: slurmctld sends a job's AdminComment to slurmdbd only when the job ends
+(while the job runs, ``sacct`` shows it empty, even the request audit written at submit), and what it
+sends then is the value the job holds at that moment: the audit plus the monitor's last summary.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from slurm_gpushare.devcluster import DEFAULT_NODES, DevCluster, packaged_machine
+from tests.conftest import (
+    FINAL_STATES,
+    TEST_PORT,
+    SlurmSession,
+    _skip_or_fail,
+    _slurm_unavailable,
+    push_usage_summary,
+)
+
+pytestmark = pytest.mark.slurm
+
+CLI = [sys.executable, "-m", "slurm_gpushare"]
+NODE = "rtx4090-pcie"
+DBD_DIR = os.environ.get("GPUSHARE_TEST_DBD_DIR", "/tmp/slurm-gpushare-test-dbd")
+#: beside the session's cluster (TEST_PORT) and the hardware cluster of test_gres_slurm (+300)
+DBD_PORT = TEST_PORT + 600
+DBD_PROGRAMS = ("slurmdbd", "mariadbd", "mariadb-install-db", "mariadb", "sacct")
+
+
+def _dbd_unavailable() -> str | None:
+    reason = _slurm_unavailable()
+    if reason:
+        return reason
+    missing = [p for p in DBD_PROGRAMS if shutil.which(p) is None]
+    if missing:
+        return (f"slurmdbd/MariaDB are not installed ({', '.join(missing)} missing): "
+                "apt-get install slurmdbd mariadb-server (scripts/install-deps does)")
+    return None
+
+
+@pytest.fixture(scope="module")
+def dbd() -> SlurmSession:
+    """A one-node dev cluster with slurmdbd and MariaDB, in its own directory and on its own ports."""
+    reason = _dbd_unavailable()
+    if reason:
+        _skip_or_fail(reason)
+    c = DevCluster(Path(DBD_DIR), DBD_PORT, {NODE: packaged_machine(DEFAULT_NODES[NODE])}, dbd=True)
+    started = not c.alive("slurmctld")
+    c.up(out=open(os.devnull, "w"))
+    session = SlurmSession(c, c.root / "test-output")
+    yield session
+    session.cancel_all()
+    if started and os.environ.get("GPUSHARE_TEST_KEEP") != "1":
+        c.down(out=open(os.devnull, "w"))
+        shutil.rmtree(c.root, ignore_errors=True)  # its MariaDB too: the next session starts from job 1
+
+
+def _sacct(slurm: SlurmSession, job_id: str) -> tuple[str, str]:
+    """``(State, AdminComment)`` of the job's allocation (``-X``: a step row has no AdminComment of its own
+    and sacct 22.05 sometimes prints unrelated text in that column for the ``.batch`` row)."""
+    out = slurm.run(["sacct", "-j", job_id, "-X", "-n", "-P", "-o", "State,AdminComment"]).stdout.strip()
+    state, _, admin_comment = out.partition("|") if out else ("", "", "")
+    return state, admin_comment
+
+
+def _sacct_until_recorded(slurm: SlurmSession, job_id: str, timeout: float = 30) -> tuple[str, str]:
+    """Poll sacct until slurmdbd has the job's end record (a final state and an AdminComment)."""
+    deadline = time.monotonic() + timeout
+    state, ac = "", ""
+    while time.monotonic() < deadline:
+        state, ac = _sacct(slurm, job_id)
+        if state.split(" ")[0] in FINAL_STATES and ac:
+            return state, ac
+        time.sleep(0.5)
+    raise AssertionError(f"sacct has no end record with an AdminComment for job {job_id} after {timeout} s: "
+                         f"State={state!r} AdminComment={ac!r}")
+
+
+def test_sacct_shows_the_usage_summary_the_monitor_wrote_while_the_job_ran(dbd, tmp_path):
+    c = dbd.cluster
+    app = shlex.quote(str(c.fake_gpu_app))
+    job = dbd.sbatch("--gres=gpushare:mem=10G", wrap=f"{app} --mem 3G --sm 30 --seconds 12")
+    dbd.wait(job, states={"RUNNING"}, timeout=60)
+    # the SM mean depends on when the samples fell (one taken as the app starts lowers it); the peaks do not
+    want = re.compile(rf"\[gpushare-usage:v1 node={NODE} mode=mps gpus=1 peak=3072/10240MiB sm=[0-9.]+/30\.0\]$")
+    fields = push_usage_summary(c, dbd, job.id, NODE, tmp_path, want)
+    assert fields["JobState"] == "RUNNING" and want.search(fields.get("AdminComment", "")), fields
+    # slurmdbd has only the job's start record (which reaches it a moment after slurmctld starts the job):
+    # no AdminComment yet, not even the audit from submit
+    deadline = time.monotonic() + 15
+    while (row := _sacct(dbd, job.id))[0] != "RUNNING" and time.monotonic() < deadline:
+        assert row[1] == "", f"sacct shows an AdminComment before the job ends: {row}"
+        time.sleep(0.2)
+    assert row == ("RUNNING", ""), f"sacct while the job runs: {row}"
+
+    done = dbd.wait(job, timeout=60)  # ends by itself (COMPLETED), as a real job would
+    assert done.state == "COMPLETED", done.fields
+    state, ac = _sacct_until_recorded(dbd, job.id)
+    assert state == "COMPLETED"
+    # exactly what slurmctld held when the job ended: the request audit written at submit, then the summary
+    assert ac == done.fields["AdminComment"].strip(), (ac, done.fields["AdminComment"])
+    assert ac.startswith("[gpushare:v1 req=mem=10G grant=gres:shard:10 kind=mps ") and want.search(ac), ac
