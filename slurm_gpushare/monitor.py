@@ -54,6 +54,8 @@ device), ``model, mode`` (``mig``, ``mps``, ``gpu``) and ``share`` (MIG profile,
 
 from __future__ import annotations
 
+import errno
+import os
 import re
 import sys
 import threading
@@ -222,6 +224,8 @@ class Monitor:
         Raises:
             NvmlError: NVML cannot be opened or read.
         """
+        if self._open:
+            return
         self.port.init()
         self._open = True
         try:
@@ -460,7 +464,9 @@ class Monitor:
             try:
                 save_usage(self.run_dir, job_id, self.node, self.tracker)
             except (OSError, InputError) as e:
-                self._error("usage-file", f"cannot write the usage of job {job_id}: {e}")
+                root = " (the monitor runs as root on GPU nodes)" if isinstance(e, PermissionError) and \
+                    os.geteuid() != 0 else ""
+                self._error("usage-file", f"cannot write the usage of job {job_id}: {e}{root}")
         gpus = [GpuSample(g.index, self._gpu_uuids.get(g.index, g.uuid), g.model, g.memory_mib, gpu_used[g.index],
                           gpu_util[g.index], unattributed[g.index][0], unattributed[g.index][1])
                 for g in self.machine.gpus]
@@ -690,8 +696,9 @@ def serve(monitor: Monitor, *, interval_s: float, listen: str | None, textfile: 
         try:
             server = start_http_server(port, addr=host, registry=registry)
         except OSError as e:
-            raise InputError(f"cannot listen on {host}:{port}: {e.strerror or e}",
-                             hint="choose another port with --listen or monitor_listen in node.toml") from None
+            hint = ("choose another port with --listen or monitor_listen in node.toml" if e.errno == errno.EADDRINUSE
+                    else "give an address of this host (or :PORT for all) with --listen or monitor_listen")
+            raise InputError(f"cannot listen on {host}:{port}: {e.strerror or e}", hint=hint) from None
     try:
         while True:
             started = time.monotonic()

@@ -96,6 +96,8 @@ def parse_node_config(text: str, *, source: str = "<node config>") -> NodeConfig
     if unknown:
         raise ConfigError(f"unknown key(s) {', '.join(unknown)}", hint=f"known keys: {', '.join(_KEYS)}",
                           source=source)
+    if "version" not in data:
+        raise ConfigError("no version key", hint=f"start the file with version = {NODE_CONFIG_VERSION}", source=source)
     if data.get("version") != NODE_CONFIG_VERSION:
         raise ConfigError(f"version = {data.get('version')!r} is not supported",
                           hint=f"write version = {NODE_CONFIG_VERSION}", source=source)

@@ -221,13 +221,14 @@ _JOB_SQL = """
            MAX("sm_peak_percent"), MIN("exit_state"),
            SUM(CASE WHEN "mem_peak_mib" IS NOT NULL
                     THEN d * MAX(0, COALESCE("mem_asked_mib", "mem_granted_mib") - "mem_peak_mib") END),
-           MAX("mem_asked_mib")
+           MAX("mem_asked_mib"), MIN("array_job_id"), MIN("array_task_id")
     FROM ({inner}) GROUP BY "job_id" {having}
     ORDER BY CAST("job_id" AS INTEGER), "job_id"
 """
 
 JOB_COLUMNS = (
     Column("job", "JOB", "text"),
+    Column("array", "ARRAY", "text"),
     Column("user", "USER", "text"),
     Column("account", "ACCOUNT", "text"),
     Column("partition", "PARTITION", "text"),
@@ -248,9 +249,11 @@ JOB_COLUMNS = (
 
 def _job_base(r: tuple) -> tuple:
     (job, user, account, partition, models, modes, shares, gpus, nodes, elapsed, asked, granted, peak,
-     sm_ds, d_data, sm_peak, exit_state, _wasted, asked_raw) = r
+     sm_ds, d_data, sm_peak, exit_state, _wasted, asked_raw, array_job, array_task) = r
+    # an array task as sacct shows it (<array job>_<task>); its own job id stays in "job"
+    array = f"{array_job}_{array_task}" if array_job and array_task is not None else ""
     # what was used is judged against the request, or against the grant when no size was asked
-    return (job, user, account, partition, models, modes, shares, gpus, elapsed / 3600.0,
+    return (job, array, user, account, partition, models, modes, shares, gpus, elapsed / 3600.0,
             asked_raw, granted, peak, _ratio(peak, asked, 100.0), _ratio(sm_ds, d_data), sm_peak, exit_state)
 
 
@@ -268,7 +271,7 @@ def job_report(store: Store, *, since: int | None = None, until: int | None = No
 
 
 WASTE_COLUMNS = (
-    *JOB_COLUMNS[:10], JOB_COLUMNS[11], JOB_COLUMNS[12],
+    *JOB_COLUMNS[:11], JOB_COLUMNS[12], JOB_COLUMNS[13],
     Column("wasted_gib_hours", "WASTED GiB-H", "hours"),
     Column("would_fit", "WOULD FIT", "text"),
 )
@@ -312,8 +315,8 @@ def waste_report(store: Store, *, since: int | None = None, until: int | None = 
         if max(1, math.ceil(peak * (1.0 + headroom) / 1024.0)) * 1024 >= asked:
             continue
         wasted = (r[17] or 0) / 1024.0 / 3600.0
-        rows.append((*base[:10], base[11], base[12], wasted, fit))
-    rows.sort(key=lambda row: (-row[12], str(row[0])))
+        rows.append((*base[:11], base[12], base[13], wasted, fit))
+    rows.sort(key=lambda row: (-row[13], str(row[0])))
     return Report("waste", "job", since, until, WASTE_COLUMNS, tuple(rows))
 
 

@@ -525,3 +525,24 @@ def test_a_node_without_job_steps_is_not_an_error(monkeypatch):
     monkeypatch.setattr(slurm, "run", broken)
     with pytest.raises(SlurmError, match="slurmstepd"):
         monitor.slurm_listpids("a100")
+
+
+def test_monitor_errors_say_what_would_work(cli_node, monkeypatch):
+    from click.testing import CliRunner
+
+    from slurm_gpushare.cli import main
+    tmp_path, config = cli_node
+    r = CliRunner().invoke(main, ["monitor", "--once", "--config", str(config), "--node", "nonode"])
+    assert r.exit_code != 0 and "slurm-gpushare inventory -o" in r.stderr and "nonode.json" in r.stderr
+    monkeypatch.setenv("GPUSHARE_NVML", "nvml")
+    from tests.conftest import _nvml_unavailable
+    if _nvml_unavailable() is not None:  # no driver here: the hint fits the monitor, not inventory's options
+        r = CliRunner().invoke(main, ["monitor", "--once", "--config", str(config), "--node", "a100"])
+        assert r.exit_code != 0 and "GPUSHARE_NVML=fake:" in r.stderr and "--from-topo" not in r.stderr
+
+
+def test_an_address_that_is_not_this_hosts_is_not_called_a_busy_port(node):
+    from slurm_gpushare.errors import InputError
+    with node.monitor() as mon, pytest.raises(InputError, match="address of this host") as err:
+        serve(mon, interval_s=1, listen="192.0.2.1:9817", textfile=None)
+    assert "another port" not in str(err.value)

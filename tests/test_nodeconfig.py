@@ -39,3 +39,11 @@ def test_bad_files_name_the_problem(text, message):
 def test_missing_files(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_node_config(tmp_path / "nope.toml")
+
+
+def test_a_missing_version_says_to_add_it():
+    from slurm_gpushare.errors import ConfigError
+    from slurm_gpushare.nodeconfig import parse_node_config
+    with pytest.raises(ConfigError, match="no version key") as err:
+        parse_node_config('run_dir = "/run/x"\n')
+    assert "version = 1" in str(err.value)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from slurm_gpushare.cli import main
+from slurm_gpushare.errors import InputError
 
 _GROUP_CHOICES = ["user", "account", "partition", "model", "mode", "node", "day", "month", "job"]
 _DB_HELP = ("the accounting database (default: $GPUSHARE_ACCOUNTING_DB, else "
@@ -38,8 +41,14 @@ def ingest(spools, db_path):
     def warn(skipped) -> None:
         click.echo(f"slurm-gpushare: warning: {skipped}", err=True)
 
+    sources = list(spools) or [DEFAULT_SPOOL_DIR]
+    for src in sources:  # before the database is created: a typo must not leave an empty database behind
+        if not Path(src).exists():
+            raise InputError(f"spool directory or file {src} does not exist",
+                             hint=f"the Epilog writes to {DEFAULT_SPOOL_DIR} unless spool_dir in node.toml says "
+                                  "otherwise")
     with Store(db_path or default_db(), create=True) as store:
-        result = store.ingest(list(spools) or [DEFAULT_SPOOL_DIR], on_skip=warn)
+        result = store.ingest(sources, on_skip=warn)
         total = store.count()
     click.echo(f"ingested {result.ingested} record(s) from {result.files} file(s); "
                f"{result.duplicates} already stored; {len(result.skipped)} line(s) skipped; "
@@ -48,8 +57,8 @@ def ingest(spools, db_path):
 
 @main.command()
 @click.option("--db", "db_path", help=_DB_HELP)
-@click.option("--by", "by", type=click.Choice(_GROUP_CHOICES), default="user", show_default=True,
-              help="group rows by this (job: one row per job, asked vs peak memory)")
+@click.option("--by", "by", type=click.Choice(_GROUP_CHOICES), default=None,
+              help="group rows by this (default user; job: one row per job, asked vs peak memory)")
 @click.option("--since", help="start of the period: 2026-11-01, 2026-11-01T08:00, @EPOCH, now-30days")
 @click.option("--until", help="end of the period (same forms; default: no end)")
 @click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table",
@@ -66,6 +75,10 @@ def report(db_path, by, since, until, fmt, waste):
     from slurm_gpushare.accounting.store import Store, default_db
     from slurm_gpushare.report import job_report, parse_time, render, usage_report, waste_report
 
+    if waste and by not in (None, "job"):
+        raise click.UsageError(f"--waste lists jobs; --by {by} does not apply to it (use 'report --by {by}' "
+                               "for the usage per group)")
+    by = by or "user"
     start = parse_time(since, what="--since") if since else None
     end = parse_time(until, what="--until") if until else None
     with Store(db_path or default_db(), create=False) as store:

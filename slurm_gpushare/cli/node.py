@@ -89,17 +89,30 @@ def monitor(config_path, node, interval, listen, textfile, once):
     """
     import signal
 
+    from slurm_gpushare.errors import MachineDescriptionError, NvmlError
     from slurm_gpushare.hardware.machine import Machine
     from slurm_gpushare.hardware.ports import open_nvml
     from slurm_gpushare.monitor import Monitor, serve
 
     ctx = _context(config_path, node)
     cfg = ctx.config
-    machine = Machine.load(cfg.machine_for(ctx.node))
+    try:
+        machine = Machine.load(cfg.machine_for(ctx.node))
+    except MachineDescriptionError as e:
+        raise MachineDescriptionError(e.message, source=e.source,
+                                      hint=e.hint or f"write it on this node with 'slurm-gpushare inventory -o "
+                                      f"{cfg.machine_for(ctx.node)}', or set machine= in node.toml") from None
     stopping = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stopping.append(True))
-    with Monitor(cfg, ctx.node, machine, open_nvml()) as mon:
+    mon = Monitor(cfg, ctx.node, machine, open_nvml())
+    try:
+        mon.open()
+    except NvmlError as e:
+        raise NvmlError(e.message, source=e.source, code=e.code,
+                        hint="the monitor reads the GPUs through the NVIDIA driver (check nvidia-smi); a simulated "
+                             "node sets GPUSHARE_NVML=fake:MACHINE.json") from None
+    with mon:
         if once and not (textfile or cfg.monitor_textfile) or once and textfile == "-":
             from prometheus_client import CollectorRegistry, generate_latest
 

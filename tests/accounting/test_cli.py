@@ -41,7 +41,7 @@ def test_report_formats_and_views(tmp_path, monkeypatch):
     data = json.loads(CliRunner().invoke(main, ["report", "--by", "account", "--format", "json"]).output)
     assert {r["account"]: r["jobs"] for r in data["rows"]} == {"physics": 2, "chem": 2}
     out = CliRunner().invoke(main, ["report", "--by", "job", "--format", "csv"]).output
-    assert out.splitlines()[0].startswith("job,user,account,partition,model,mode,share,gpus,hours,mem_asked_mib")
+    assert out.splitlines()[0].startswith("job,array,user,account,partition,model,mode,share,gpus,hours,mem_asked_mib")
     waste = CliRunner().invoke(main, ["report", "--waste"]).output
     assert "gpushare:mem=24G:2" in waste and "gpushare:mem=5G" in waste
     period = CliRunner().invoke(main, ["report", "--since", "@%d" % (T0 + 3600), "--until", "@%d" % (T0 + 7200)])
@@ -59,3 +59,21 @@ def test_errors_are_one_line(tmp_path):
     assert r.exit_code == 2 and "--since 'last tuesday' is not a time" in r.output and r.output.count("\n") == 1
     r = CliRunner().invoke(main, ["accounting", "ingest", "--spool", str(tmp_path / "nope"), "--db", db])
     assert r.exit_code == 2 and "does not exist" in r.output
+
+
+def test_ingest_of_a_missing_spool_leaves_no_empty_database(tmp_path):
+    # found in a trial: the database was created before the spool was found missing
+    from click.testing import CliRunner
+
+    from slurm_gpushare.cli import main
+    db = tmp_path / "db" / "acct.db"
+    r = CliRunner().invoke(main, ["accounting", "ingest", "--spool", str(tmp_path / "nope"), "--db", str(db)])
+    assert r.exit_code == 2 and "does not exist" in r.stderr and not db.exists()
+
+
+def test_waste_with_a_group_is_refused_not_ignored(tmp_path):
+    from click.testing import CliRunner
+
+    from slurm_gpushare.cli import main
+    r = CliRunner().invoke(main, ["report", "--waste", "--by", "user", "--db", str(tmp_path / "x.db")])
+    assert r.exit_code == 2 and "--waste lists jobs" in r.stderr

@@ -202,3 +202,14 @@ def test_short_jobs_do_not_all_read_zero_hours_in_the_table():
     from slurm_gpushare.report import _cell
     assert [_cell(v, "hours") for v in (0, 0.5, 0.0028, 3.5e-5, 12.345)] == ["0.00", "0.50", "0.0028", "0.000035",
                                                                             "12.35"]
+
+
+def test_array_tasks_are_named_as_sacct_names_them():
+    # found in a trial: array tasks showed only their own job ids
+    a = dict(user="alice", account="physics", gpu_model="a100", gpu_memory_mib=A100, node="a100", mode="gpu",
+             share="", mem_asked_mib=None, mem_granted_mib=A100, start=T0, end=T0 + H, mem_peak_mib=2048)
+    with Store() as st:
+        st.add([record(job_id="12", array_job_id="10", array_task_id=2, **a), record(job_id="13", **a)])
+        rows = job_report(st).dicts()
+        assert [(r["job"], r["array"]) for r in rows] == [("12", "10_2"), ("13", "")]
+        assert "10_2" in render(job_report(st), "table")
