@@ -213,7 +213,6 @@ class Monitor:
         self._lock = threading.Lock()  # sample() and collect() (the HTTP server's thread)
         self._pushed: dict[str, tuple[float, str]] = {}  # job -> (when, summary) last put in AdminComment
         self._last_squeue = float("-inf")
-        self._listed: set[str] = set()
         self._had_steps: set[str] = set()  # jobs seen with steps on this node
 
     # --- lifetime -----------------------------------------------------------------------------------
@@ -322,8 +321,6 @@ class Monitor:
                 self._last_squeue = now
             except GpushareError as e:
                 self._error("slurm", f"cannot list the jobs on {self.node}: {e}")
-        if listed is not None:
-            self._listed = listed
         current = set(self._jobs)
         if listed is not None:
             gone = current - listed - (stepd_jobs or set())
@@ -391,6 +388,7 @@ class Monitor:
         per_gpu: dict[int, tuple[GpuProcess, ...]] = {}
         gpu_util: dict[int, int | None] = {}
         gpu_used: dict[int, int | None] = {}
+        unread: set[int] = set()  # GPUs whose processes NVML did not give: no sample there, not a made-up 0
         for g in self.machine.gpus:
             # GpushareError, not only NvmlError: a fake port's table can fail otherwise; never fatal
             try:
@@ -398,6 +396,7 @@ class Monitor:
             except GpushareError as e:
                 self._error("nvml", str(e))
                 per_gpu[g.index] = ()
+                unread.add(g.index)
             try:
                 gpu_used[g.index] = self.port.memory_used_mib(g.index)
             except GpushareError as e:
@@ -435,6 +434,8 @@ class Monitor:
 
         devices: list[DeviceSample] = []
         for (job_id, key), (used, sm_sum, sm_all, nproc, index) in sorted(acc.items(), key=lambda kv: str(kv[0])):
+            if index in unread:
+                continue
             job = self._jobs[job_id]
             mig = isinstance(key, str)
             sm: float | None
@@ -460,7 +461,10 @@ class Monitor:
                               f"({nproc} process(es))")
             else:
                 job.over.discard(key)
+        measured = set(self.tracker.jobs())
         for job_id in self._jobs:
+            if job_id not in measured:
+                continue  # a job without GPUs here, or not sampled yet: no file to write
             try:
                 save_usage(self.run_dir, job_id, self.node, self.tracker)
             except (OSError, InputError) as e:

@@ -351,7 +351,21 @@ def test_nvml_failures_are_counted_not_fatal(node):
         node.nvml.fail_next("nvmlDeviceGetComputeRunningProcesses", gpu=3)
         mon.sample()
         assert mon.errors_total["nvml"] == 1
-        assert mon.snapshot.devices  # the other GPUs were sampled
+        assert {d.job_id for d in mon.snapshot.devices} == {"201", "203"}  # the other GPUs were sampled
+        assert mon.tracker.usage("202") == {}  # GPU 3 unread: no sample, not a made-up 0 MiB
+        mon.sample()
+        assert mon.tracker.usage("202")[3].samples == 1
+
+
+def test_jobs_without_gpus_here_cost_no_usage_file(node):
+    node.jobs["204"] = node.jobs["203"].replace("JobId=203", "JobId=204").replace(
+        "   JOB_GRES=gpu:a100:1\n     Nodes=a100 CPU_IDs=0 Mem=100 GRES=gpu:a100:1(IDX:4)\n", "").replace(
+        "TresPerNode=gres:gpu:a100:1", "TresPerNode=")
+    node.running.add("204")
+    with node.monitor() as mon:
+        mon.sample()
+        assert "204" in mon._jobs and not usage_path(node.config.run_dir, "204").exists()
+        assert usage_path(node.config.run_dir, "203").exists()
 
 
 def test_listen_addresses():
@@ -425,6 +439,9 @@ def test_a_bad_entry_of_the_fake_process_table_does_not_kill_the_monitor(node, t
     with node.monitor() as mon:
         mon.sample()
         assert mon.errors_total["nvml"] == 16  # processes and memory of 8 GPUs
+        assert mon.snapshot.devices == [] and len(mon.snapshot.gpus) == 8  # nothing made up; still running
+        (table / f"{os.getpid()}.json").unlink()
+        mon.sample()
         assert {d.job_id for d in mon.snapshot.devices} == {"201", "202", "203"}
 
 
