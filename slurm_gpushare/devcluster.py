@@ -105,6 +105,10 @@ def packaged_machine(filename: str) -> Machine:
     return Machine.from_json(ref.read_text(), source=f"slurm_gpushare/data/machines/{filename}")
 
 
+#: ``sinfo %T`` states of a node in service (not down, drained, or not responding: those carry a suffix)
+IN_SERVICE = frozenset({"idle", "mixed", "allocated", "completing"})
+
+
 @dataclass
 class DevCluster:
     """One dev cluster: its directory, ports, nodes and options.
@@ -320,7 +324,8 @@ class DevCluster:
     # --- lifecycle ----------------------------------------------------------------------------
 
     def up(self, *, timeout: float = 90.0, out=sys.stdout) -> None:
-        """Bring the cluster up (idempotent) and wait until every node is IDLE.
+        """Bring the cluster up (idempotent) and wait until every node is in service (idle, or running
+        jobs when only some daemons were missing).
 
         Settings are checked before anything starts (:meth:`check_settings`). When a later step
         fails, the daemons this call started are stopped again before the error is raised; daemons
@@ -361,7 +366,8 @@ class DevCluster:
                 if not self.alive(f"slurmd-{name}"):
                     self._spawn(f"slurmd-{name}", ["slurmd", "-N", name])
             self.start_monitors()
-            self._wait(self._idle_resuming_drained, timeout, "all nodes IDLE", log="log/slurmctld.log")
+            self._wait(self._up_resuming_drained, timeout, "all nodes in service (idle, or running jobs)",
+                       log="log/slurmctld.log")
         except BaseException as e:
             note = self._undo_start()
             if isinstance(e, ClusterError):
@@ -572,15 +578,17 @@ class DevCluster:
         states = dict(line.split() for line in out.splitlines() if line.strip())
         return set(states) >= set(self.nodes) and all(states[n] == "idle" for n in self.nodes)
 
-    def _idle_resuming_drained(self) -> bool:
-        """all_idle, after putting back nodes a previous run left drained (slurmctld keeps node states
-        across restarts; a throwaway cluster starts with every node in service)."""
+    def _up_resuming_drained(self) -> bool:
+        """Every node in service: idle, or running jobs (an ``up`` that restarts a stopped daemon while
+        jobs run must not wait for them), after putting back nodes a previous run left drained (slurmctld
+        keeps node states across restarts; a throwaway cluster starts with every node in service)."""
         out = self._slurm(["sinfo", "-h", "-N", "-o", "%N %T"], check=False)
         states = dict(line.split() for line in out.splitlines() if line.strip())
         drained = sorted(n for n in self.nodes if states.get(n, "").startswith("drain"))
         if drained:
             self._slurm(["scontrol", "update", f"nodename={','.join(drained)}", "state=resume"], check=False)
-        return self.all_idle()
+            return False
+        return set(states) >= set(self.nodes) and all(states[n] in IN_SERVICE for n in self.nodes)
 
     def sinfo(self) -> str:
         """Node, state and the full GRES of every node (one row per node), aligned."""

@@ -148,7 +148,7 @@ def _job_info(ctx: HookContext, job_id: str) -> JobInfo:
     for delay in (0, 0.5, 1.0):
         time.sleep(delay)
         try:
-            return parse_show_job(ctx.show_job(job_id))
+            return parse_show_job(ctx.show_job(job_id), job_id)
         except GpushareError as e:
             last = e
     raise NodeFault(f"cannot read job {job_id} from slurmctld: {last}",
@@ -417,6 +417,7 @@ def record_usage(ctx: HookContext, env: dict[str, str], state: dict) -> int:
     """
     from slurm_gpushare.accounting import Spool, exit_from_env, records_for_job
     from slurm_gpushare.accounting.live import load_usage, remove_usage
+    from slurm_gpushare.accounting.record import exit_from_code
 
     job_id = env.get("SLURM_JOB_ID", "")
     try:
@@ -425,7 +426,7 @@ def record_usage(ctx: HookContext, env: dict[str, str], state: dict) -> int:
         print(f"slurm-gpushare epilog: job {job_id}: monitor usage not used: {e}", file=sys.stderr)
         usage = None
     try:
-        info = parse_show_job(ctx.show_job(job_id))
+        info = parse_show_job(ctx.show_job(job_id), job_id)
         if not info.gres_on(ctx.node):
             # slurmctld drops the per-node GRES detail once the job completes (``GRES=`` is empty in
             # the Epilog): take the devices from slurmd's own environment, SLURM_JOB_GPUS
@@ -438,6 +439,9 @@ def record_usage(ctx: HookContext, env: dict[str, str], state: dict) -> int:
             plan, machine, _gres = _plan_with_machine(ctx, info)
         placement = state.get("placement") or {}
         exit_state, exit_code = exit_from_env(env)
+        if info.exit_code and info.exit_code != "0:0":
+            # scancel and time limits reach the Epilog as 0:0; slurmctld already holds the signal (0:15)
+            exit_state, exit_code = exit_from_code(info.exit_code)
         end = int(time.time())
         records = records_for_job(
             info, plan, machine, node=ctx.node, start=info.start_time or end, end=end,

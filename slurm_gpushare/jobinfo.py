@@ -58,6 +58,7 @@ class JobInfo:
     start_time: int | None = None
     array_job_id: str | None = None
     array_task_id: int | None = None
+    exit_code: str = ""  # ``ExitCode=`` (exit:signal), as slurmctld holds it
 
     @property
     def audit(self) -> dict[str, str] | None:
@@ -104,15 +105,38 @@ def parse_gres_detail(text: str) -> tuple[GresAlloc, ...]:
     return tuple(out)
 
 
-def parse_show_job(text: str) -> JobInfo:
-    """Parse the multi-line output of ``scontrol -d show job ID`` (one job).
+def _records(text: str) -> list[list[str]]:
+    """The records of ``scontrol show job`` output, each a list of lines from its ``JobId=`` line."""
+    out: list[list[str]] = []
+    for line in text.splitlines():
+        if line.strip().startswith("JobId="):
+            out.append([])
+        if out:
+            out[-1].append(line)
+    return out
+
+
+def parse_show_job(text: str, job_id: str | int | None = None) -> JobInfo:
+    """Parse the multi-line output of ``scontrol -d show job ID``.
+
+    For an array's own job id Slurm prints every task of the array, one record each (``JobId=49
+    ArrayTaskId=1``, ``JobId=50 ArrayTaskId=0``, ...): only the record whose ``JobId`` is ``job_id``
+    is read (default: the first record).
 
     Raises:
-        InputError: no ``JobId=`` (no such job), or unreadable GRES detail.
+        InputError: no ``JobId=`` (no such job), no record of ``job_id``, or unreadable GRES detail.
     """
+    records = _records(text)
+    if job_id is not None and records:
+        want = str(job_id)
+        mine = [r for r in records if r[0].strip().split()[0] == f"JobId={want}"]
+        if not mine:
+            raise InputError(f"scontrol printed no record of job {want}", source="scontrol -d show job")
+        records = mine
+    lines = records[0] if records else text.splitlines()
     fields: dict[str, str] = {}
     gres: dict[str, tuple[GresAlloc, ...]] = {}
-    for line in text.splitlines():
+    for line in lines:
         s = line.strip()
         if not s:
             continue
@@ -143,7 +167,8 @@ def parse_show_job(text: str) -> JobInfo:
                    tres_per_node=fields.get("TresPerNode", ""), admin_comment=fields.get("AdminComment", ""),
                    gres=gres, account="" if account == "(null)" else account,
                    start_time=_epoch(fields.get("StartTime", "")),
-                   array_job_id=fields.get("ArrayJobId") or None, array_task_id=int(task) if task.isdigit() else None)
+                   array_job_id=fields.get("ArrayJobId") or None, array_task_id=int(task) if task.isdigit() else None,
+                   exit_code=fields.get("ExitCode", ""))
 
 
 def _epoch(text: str) -> int | None:

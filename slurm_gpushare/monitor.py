@@ -293,7 +293,7 @@ class Monitor:
 
     def _add_job(self, job_id: str) -> None:
         try:
-            info = parse_show_job(self._show_job(job_id))
+            info = parse_show_job(self._show_job(job_id), job_id)
             plan = plan_job(info, self.node, self._gres, gpu_uuids=self._gpu_uuids, mig_uuids=self._mig_uuids,
                             shard_unit_mib=self.config.shard_unit_mib)
         except GpushareError as e:
@@ -503,7 +503,7 @@ class Monitor:
             if segment == last_text:
                 continue
             try:
-                current = parse_show_job(self._show_job(job_id)).admin_comment
+                current = parse_show_job(self._show_job(job_id), job_id).admin_comment
                 self._update_admin_comment(job_id, merge_summary(current, segment))
             except GpushareError as e:
                 self._error("admin-comment", f"job {job_id}: {e}")
@@ -644,17 +644,23 @@ def slurm_listpids(node: str) -> str:
     """``scontrol listpids '*' NODE``: the pids each slurmstepd of this node tracks. The node name is
     needed where several slurmd share a host: without it scontrol takes the first node of this host
     in slurm.conf (``man scontrol``). A node without job steps is an empty list (scontrol exits 1 with
-    "No job steps exist on this node.").
+    "No job steps exist on this node."); a step that ends during the call makes scontrol fail ("StepId=...
+    does not exist on this node."): it is asked again, up to three times.
 
     Raises:
         SlurmError: scontrol failed.
     """
-    try:
-        return slurm.run(["scontrol", "listpids", "*", node], timeout=10.0)
-    except SlurmError as e:
-        if "No job steps exist on this node" in e.message:  # scontrol exits 1 for an empty list
-            return ""
-        raise
+    for attempt in range(3):
+        try:
+            return slurm.run(["scontrol", "listpids", "*", node], timeout=10.0)
+        except SlurmError as e:
+            if "No job steps exist on this node" in e.message:  # scontrol exits 1 for an empty list
+                return ""
+            # a step that ended while scontrol walked the node's steps ("StepId=16.batch does not exist
+            # on this node."): ask again
+            if "does not exist on this node" not in e.message or attempt == 2:
+                raise
+    raise AssertionError("unreachable")
 
 
 def slurm_update_admin_comment(job_id: str, text: str) -> None:

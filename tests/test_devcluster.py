@@ -366,17 +366,17 @@ def test_failed_up_stops_only_the_daemons_it_started(cluster, monkeypatch):
         small.up(out=DEVNULL)
         kept = {d: small.pid(d) for d in ("munged", "slurmctld", "filterd")}
         _stop_pid(small.pid("slurmd-failtest"))
-        monkeypatch.setattr(DevCluster, "all_idle", lambda self: False)
+        monkeypatch.setattr(DevCluster, "_up_resuming_drained", lambda self: False)
         with pytest.raises(ClusterError) as e:
             small.up(timeout=1, out=DEVNULL)
-        assert "waiting for all nodes IDLE" in str(e.value)
+        assert "waiting for all nodes in service" in str(e.value)
         assert "stopped what this 'up' had started: slurmd-failtest (pid" in str(e.value)
         assert {d: small.pid(d) for d in kept} == kept and all(pid_alive(p) for p in kept.values())
         assert not any("slurmd -N failtest" in cmd for _, cmd in _processes_of(small))
 
         monkeypatch.undo()
         small.down(out=DEVNULL)
-        monkeypatch.setattr(DevCluster, "all_idle", lambda self: False)
+        monkeypatch.setattr(DevCluster, "_up_resuming_drained", lambda self: False)
         with pytest.raises(ClusterError) as e:
             small.up(timeout=1, out=DEVNULL)
         for d in ("munged", "slurmctld", "filterd", "slurmd-failtest"):
@@ -765,3 +765,17 @@ def test_an_unprivileged_jobs_fake_gpu_use_reaches_the_monitor_and_the_accountin
         time.sleep(0.1)
     [rec] = _spool_records(cluster, job)
     assert (rec["user"], rec["node"], rec["mem_peak_mib"]) == (user, "a100-nvb", 6144), rec
+
+
+@pytest.mark.slurm
+def test_up_restarts_a_stopped_monitor_while_jobs_run(cluster, slurm):
+    # found in a trial: up waited for every node to be IDLE, so it timed out while a job ran, and then
+    # stopped the monitor it had just started
+    job = slurm.sbatch("-p", "pcie", "--gres=gpu:1", wrap="sleep 60")
+    slurm.wait(job, states={"RUNNING"}, timeout=60)
+    _stop_pid(cluster.pid("monitor-rtx4090-pcie"))
+    assert not cluster.alive("monitor-rtx4090-pcie")
+    t0 = time.monotonic()
+    cluster.up(timeout=30, out=DEVNULL)
+    assert cluster.alive("monitor-rtx4090-pcie") and time.monotonic() - t0 < 30
+    assert slurm.show_job(job.id)["JobState"] == "RUNNING"

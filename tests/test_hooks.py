@@ -392,3 +392,22 @@ def test_records_carry_nvmls_gpu_uuid_also_when_the_prolog_saved_a_plan(node):
     (rec,) = [json.loads(line) for f in (node.root / "spool").glob("*.jsonl") for line in f.read_text().splitlines()]
     with open_nvml() as nvml:
         assert rec["gpu_index"] == 2 and rec["gpu_uuid"] == nvml.uuid(2)
+
+
+def test_a_cancelled_job_is_recorded_signaled_although_slurmd_says_0_0(node):
+    # found in a trial: for scancel and time limits slurmd gives the Epilog SLURM_JOB_EXIT_CODE2=0:0, while
+    # slurmctld already holds ExitCode=0:15 (what sacct shows)
+    from dataclasses import replace
+    ctx = HookContext(replace(node.ctx.config, spool_dir=str(node.root / "spool")), "a100",
+                      show_job=node.ctx.show_job, drain=node.ctx.drain, show_node=node.ctx.show_node)
+    node.jobs["801"] = SHOW.format(job="801", node="a100", gres="gpu:a100:1", detail="gpu:a100:1(IDX:5)",
+                                   ac="").replace("JobState=RUNNING", "JobState=COMPLETING ExitCode=0:15")
+    node.jobs["802"] = SHOW.format(job="802", node="a100", gres="gpu:a100:1", detail="gpu:a100:1(IDX:6)",
+                                   ac="").replace("JobState=RUNNING", "JobState=COMPLETING ExitCode=0:0")
+    env = {"SLURM_JOB_EXIT_CODE2": "0:0", "SLURM_JOB_EXIT_CODE": "0"}
+    assert epilog(ctx, {**_env("801"), "SLURM_JOB_GPUS": "5", **env}) == 0
+    assert epilog(ctx, {**_env("802"), "SLURM_JOB_GPUS": "6", **env}) == 0
+    recs = {r["job_id"]: r for f in (node.root / "spool").glob("*.jsonl")
+            for r in map(json.loads, f.read_text().splitlines())}
+    assert (recs["801"]["exit_state"], recs["801"]["exit_code"]) == ("SIGNALED", "0:15")
+    assert (recs["802"]["exit_state"], recs["802"]["exit_code"]) == ("COMPLETED", "0:0")

@@ -58,3 +58,42 @@ def test_plan_names_a_whole_gpu_next_to_mig_devices_by_uuid():
     plan = plan_job(parse_show_job(text), "mig", gres, gpu_uuids={0: "GPU-a"}, mig_uuids={(2, 7): "MIG-b"},
                     shard_unit_mib=1024)
     assert plan.kind == "mig" and plan.visible_devices == "GPU-a,MIG-b"
+
+
+ARRAY_SHOW = """\
+JobId=49 ArrayJobId=49 ArrayTaskId=1 JobName=wrap
+   UserId=root(0) GroupId=root(0) MCS_label=N/A
+   Priority=1 Nice=0 Account=(null) QOS=normal
+   JobState=RUNNING Reason=None Dependency=(null)
+   Requeue=1 Restarts=0 BatchFlag=1 Reboot=0 ExitCode=0:0
+   StartTime=2026-11-29T14:50:01 EndTime=Unknown Deadline=N/A
+   Partition=gpu AllocNode:Sid=localhost:1
+   NodeList=h100-mig
+   JOB_GRES=gpu:h100_1g.10gb:1
+     Nodes=h100-mig CPU_IDs=0 Mem=100 GRES=gpu:h100_1g.10gb:1(IDX:5)
+   TresPerNode=gres:gpu:h100_1g.10gb:1
+
+JobId=50 ArrayJobId=49 ArrayTaskId=0 JobName=wrap
+   UserId=root(0) GroupId=root(0) MCS_label=N/A
+   Priority=1 Nice=0 Account=(null) QOS=normal
+   JobState=COMPLETING Reason=None Dependency=(null)
+   Requeue=1 Restarts=0 BatchFlag=1 Reboot=0 ExitCode=0:15
+   StartTime=2026-11-29T14:50:00 EndTime=Unknown Deadline=N/A
+   Partition=gpu AllocNode:Sid=localhost:1
+   NodeList=h100-mig
+   JOB_GRES=gpu:h100_1g.10gb:1
+     Nodes=h100-mig CPU_IDs=1 Mem=100 GRES=gpu:h100_1g.10gb:1(IDX:4)
+   TresPerNode=gres:gpu:h100_1g.10gb:1
+"""
+
+
+def test_the_array_jobs_own_id_prints_every_task_and_only_the_asked_one_counts():
+    # found in a trial: `scontrol -d show job 49` (the array's id) prints all its tasks; the GRES of task 0
+    # (JobId=50) replaced task 1's own, and two jobs got the same MIG slice
+    info = parse_show_job(ARRAY_SHOW, "49")
+    assert (info.job_id, info.array_task_id, info.gres_on("h100-mig")[0].indices) == ("49", 1, (5,))
+    other = parse_show_job(ARRAY_SHOW, "50")
+    assert (other.job_id, other.array_task_id, other.gres_on("h100-mig")[0].indices) == ("50", 0, (4,))
+    assert (other.state, other.exit_code) == ("COMPLETING", "0:15")
+    with pytest.raises(InputError, match="no record of job 51"):
+        parse_show_job(ARRAY_SHOW, "51")

@@ -563,3 +563,17 @@ def test_an_address_that_is_not_this_hosts_is_not_called_a_busy_port(node):
     with node.monitor() as mon, pytest.raises(InputError, match="address of this host") as err:
         serve(mon, interval_s=1, listen="192.0.2.1:9817", textfile=None)
     assert "another port" not in str(err.value)
+
+
+def test_a_step_that_ends_while_listpids_asks_is_retried_not_counted(monkeypatch):
+    # found under load: "StepId=16.batch does not exist on this node." when a step ends during the call
+    from slurm_gpushare import monitor, slurm
+    calls = []
+
+    def run(argv, **kw):
+        calls.append(argv)
+        if len(calls) == 1:
+            raise SlurmError("scontrol listpids * a100 exited 1: StepId=16.batch does not exist on this node.")
+        return LISTPIDS
+    monkeypatch.setattr(slurm, "run", run)
+    assert parse_listpids(monitor.slurm_listpids("a100"))[1002] == "201" and len(calls) == 2

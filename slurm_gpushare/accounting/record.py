@@ -420,6 +420,14 @@ def exit_from_env(env: Mapping[str, str]) -> tuple[str, str]:
             return "", ""
         status = int(raw)
         code = f"{(status >> 8) & 0xFF}:{status & 0x7F}"
+    return exit_from_code(code)
+
+
+def exit_from_code(code: str) -> tuple[str, str]:
+    """``(exit_state, exit_code)`` from Slurm's ``exit:signal`` (``ExitCode=`` of ``scontrol show job``):
+    ``0:0`` COMPLETED, ``1:0`` FAILED, ``0:15`` SIGNALED; ``""`` for an empty code."""
+    if not code:
+        return "", ""
     exit_status, _, signal = code.partition(":")
     if signal not in ("", "0"):
         return "SIGNALED", code
