@@ -10,10 +10,12 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from slurm_gpushare.devcluster import pid_alive
+from tests.conftest import Job
 
 pytestmark = pytest.mark.slurm
 
@@ -184,3 +186,27 @@ def test_epilogs_spool_records_that_ingest_and_report_show(cluster, slurm, tmp_p
     again = subprocess.run([*cli, "accounting", "ingest", "--spool", str(cluster.accounting_spool),
                             "--db", str(db)], capture_output=True, text=True)
     assert again.returncode == 0 and re.search(r"ingested 0 record", again.stdout + again.stderr), again.stdout
+
+
+def test_array_tasks_on_one_node_get_their_own_mig_slices(cluster, slurm):
+    # found in a trial: the Prolog of the task whose id is the array's id read another task's GRES
+    # (scontrol -d show job <array id> prints every task), and two tasks ran on one MIG slice
+    out = Path(cluster.root) / "test-output"
+    out.mkdir(parents=True, exist_ok=True)
+    proc = slurm.run(["sbatch", "--parsable", "--hold", "--array=0-2", "-w", "h100-mig", "--gres=gpushare:mem=10G",
+                      f"--output={out}/array-%A_%a.out", "--wrap", "echo CVD=$CUDA_VISIBLE_DEVICES; sleep 6"])
+    array_id = proc.stdout.strip().split(";")[0]
+    slurm.submitted.append(array_id)
+    # the task that keeps the array's own id (the last one) starts while the others run, so that
+    # `scontrol -d show job <array id>` lists their GRES too
+    slurm.run(["scontrol", "release", f"{array_id}_0", f"{array_id}_1"])
+    for task in (0, 1):
+        slurm.wait(Job(f"{array_id}_{task}"), states={"RUNNING"}, timeout=60)
+    slurm.run(["scontrol", "release", f"{array_id}_2"])
+    seen = {}
+    for task in range(3):
+        job = slurm.wait(Job(f"{array_id}_{task}"), timeout=90)
+        assert job.state == "COMPLETED", job.fields
+        seen[task] = (out / f"array-{array_id}_{task}.out").read_text().strip()
+    assert all(v.startswith("CVD=MIG-") for v in seen.values()), seen
+    assert len(set(seen.values())) == 3, seen  # three tasks, three slices
