@@ -48,6 +48,7 @@ from slurm_gpushare.gresconf import GresOptions, node_gres, render_gres_conf, re
 from slurm_gpushare.hardware.fake import PROCESS_TABLE_ENV, ProcessTable
 from slurm_gpushare.hardware.machine import Machine
 from slurm_gpushare.hardware.ports import ENV as NVML_ENV
+from slurm_gpushare.procinfo import pid_alive
 
 DEFAULT_DIR = "/tmp/slurm-gpushare-dev"
 DEFAULT_PORT_BASE = 16817
@@ -1201,22 +1202,6 @@ def usable_by_all(path: str | os.PathLike) -> bool:
         if not (p.is_file() and p.stat().st_mode & stat.S_IXOTH):
             return False
         return all(d.stat().st_mode & stat.S_IXOTH for d in p.parents)
-    except OSError:
-        return False
-
-
-def pid_alive(pid: int) -> bool:
-    """The process exists and is not a zombie (a zombie has exited; only its parent has not reaped it)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # a zombie child of ours still "exists"; treat it as dead
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
 

@@ -33,6 +33,7 @@ from slurm_gpushare import slurm
 from slurm_gpushare.errors import GpushareError, InputError
 from slurm_gpushare.gresconf import GresOptions, node_gres
 from slurm_gpushare.hardware.machine import Machine
+from slurm_gpushare.hardware.port import read_uuids
 from slurm_gpushare.hardware.ports import open_nvml
 from slurm_gpushare.jobinfo import JobInfo, parse_show_job
 from slurm_gpushare.jobplan import JobPlan, plan_job
@@ -166,15 +167,9 @@ def _plan_with_machine(ctx: HookContext, info: JobInfo):
         raise NodeFault(f"no usable machine description for {ctx.node}: {e}",
                         hint="write it with 'slurm-gpushare inventory -o' on the node") from None
     gres = node_gres(machine, ctx.node, GresOptions(shard_unit_mib=ctx.config.shard_unit_mib, links=False))
-    gpu_uuids: dict[int, str] = {}
-    mig_uuids: dict[tuple[int, int], str] = {}
     try:
         with open_nvml() as port:
-            for g in machine.gpus:
-                gpu_uuids[g.index] = port.uuid(g.index)
-                if g.mig_enabled:
-                    for inst in port.gpu_instances(g.index):
-                        mig_uuids[(g.index, inst.gi_id)] = inst.uuid
+            gpu_uuids, mig_uuids = read_uuids(port, machine.gpus)
     except GpushareError as e:
         raise NodeFault(f"NVML failed on {ctx.node}: {e}", hint="check the driver (nvidia-smi)") from None
     try:
@@ -183,8 +178,7 @@ def _plan_with_machine(ctx: HookContext, info: JobInfo):
                         low_priority_partitions=ctx.config.low_priority_partitions)
     except InputError as e:
         raise NodeFault(e.message, hint=e.hint) from None
-    machine = replace(machine, gpus=tuple(replace(g, uuid=gpu_uuids.get(g.index, g.uuid)) for g in machine.gpus))
-    return plan, machine, gres
+    return plan, machine.with_gpu_uuids(gpu_uuids), gres
 
 
 def prolog(ctx: HookContext, env: dict[str, str]) -> int:
@@ -434,7 +428,7 @@ def record_usage(ctx: HookContext, env: dict[str, str], state: dict) -> int:
         if (state.get("plan") or {}).get("kind") in ("mps", "mig", "gpu"):
             p = state["plan"]
             plan = JobPlan(**{**p, "gpu_indices": tuple(p.get("gpu_indices", ()))})
-            machine = _plan_with_machine_only(ctx)
+            machine = _machine_with_uuids(ctx)
         else:
             plan, machine, _gres = _plan_with_machine(ctx, info)
         placement = state.get("placement") or {}
@@ -476,7 +470,7 @@ def _gres_from_env(info: JobInfo, env: dict[str, str]):
     return (GresAlloc(name, gtype, count, indices),)
 
 
-def _plan_with_machine_only(ctx: HookContext) -> Machine:
+def _machine_with_uuids(ctx: HookContext) -> Machine:
     """The node's machine description with NVML's GPU UUIDs (``nvmlDeviceGetUUID``; descriptions made
     from ``nvidia-smi topo -m`` text have none). When NVML fails the description's stand."""
     try:
@@ -485,11 +479,11 @@ def _plan_with_machine_only(ctx: HookContext) -> Machine:
         raise NodeFault(f"no usable machine description for {ctx.node}: {e}") from None
     try:
         with open_nvml() as port:
-            uuids = {g.index: port.uuid(g.index) for g in machine.gpus}
+            uuids, _mig = read_uuids(port, machine.gpus)
     except GpushareError as e:
         print(f"slurm-gpushare epilog: GPU UUIDs from the machine description: NVML failed ({e})", file=sys.stderr)
         return machine
-    return replace(machine, gpus=tuple(replace(g, uuid=uuids.get(g.index, g.uuid)) for g in machine.gpus))
+    return machine.with_gpu_uuids(uuids)
 
 
 def cleanup_job(ctx: HookContext, job_id: str) -> str | None:

@@ -61,7 +61,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from slurm_gpushare import slurm
@@ -70,10 +70,10 @@ from slurm_gpushare.accounting.record import UsageRecord, UsageTracker, records_
 from slurm_gpushare.errors import GpushareError, InputError, SlurmError
 from slurm_gpushare.gresconf import GresOptions, node_gres
 from slurm_gpushare.hardware.machine import GpuProcess, Machine
-from slurm_gpushare.hardware.port import NvmlPort
+from slurm_gpushare.hardware.port import NvmlPort, read_uuids
 from slurm_gpushare.jobinfo import JobInfo, parse_show_job
 from slurm_gpushare.jobplan import JobPlan, plan_job
-from slurm_gpushare.nodeconfig import NodeConfig
+from slurm_gpushare.nodeconfig import NodeConfig, parse_listen
 
 MIB = 1 << 20
 _CGROUP_JOB = re.compile(r"/job_(\d+)(?:/|$)")
@@ -121,8 +121,14 @@ def read_cgroup(pid: int) -> str:
 class _Job:
     info: JobInfo
     plan: JobPlan
-    records: tuple[UsageRecord, ...]  # provisional: what the Epilog would write now (reserved, asked)
+    # device key -> provisional record: what the Epilog would write now (reserved, asked)
+    devices: dict[JobKey, UsageRecord]
     over: set[JobKey] = field(default_factory=set)
+
+
+def device_key(record: UsageRecord) -> JobKey:
+    """How the monitor keys a device: the MIG device UUID, else the GPU's NVML index."""
+    return record.gpu_uuid if record.mode == "mig" else record.gpu_index
 
 
 @dataclass(frozen=True)
@@ -232,16 +238,11 @@ class Monitor:
         except BaseException:
             self.close()
             raise
-        for g in self.machine.gpus:
-            self._gpu_uuids[g.index] = self.port.uuid(g.index)
-            if g.mig_enabled:
-                for inst in self.port.gpu_instances(g.index):
-                    self._mig_uuids[(g.index, inst.gi_id)] = inst.uuid
-        self.machine = replace(self.machine, gpus=tuple(
-            replace(g, uuid=self._gpu_uuids.get(g.index, g.uuid)) for g in self.machine.gpus))
+        self._gpu_uuids, self._mig_uuids = read_uuids(self.port, self.machine.gpus)
+        self.machine = self.machine.with_gpu_uuids(self._gpu_uuids)
         restored, problems = restore_all(self.run_dir, self.tracker)
         for p in problems:
-            self._error("usage-file", p)
+            self.note_error("usage-file", p)
         if restored:
             self._log(f"took back the usage of job(s) {', '.join(restored)} from {self.run_dir / 'usage'}")
 
@@ -278,7 +279,8 @@ class Monitor:
 
     # --- one sample -------------------------------------------------------------------------------------
 
-    def _error(self, kind: str, message: str) -> None:
+    def note_error(self, kind: str, message: str) -> None:
+        """Count a failure of ``kind`` (``gpushare_monitor_errors_total``) and log it."""
         self.errors_total[kind] = self.errors_total.get(kind, 0) + 1
         self._log(f"{kind}: {message}")
 
@@ -288,7 +290,7 @@ class Monitor:
         try:
             return parse_listpids(self._listpids(self.node))
         except GpushareError as e:
-            self._error("slurm", f"scontrol listpids: {e}")
+            self.note_error("slurm", f"scontrol listpids: {e}")
             return None
 
     def _add_job(self, job_id: str) -> None:
@@ -297,14 +299,14 @@ class Monitor:
             plan = plan_job(info, self.node, self._gres, gpu_uuids=self._gpu_uuids, mig_uuids=self._mig_uuids,
                             shard_unit_mib=self.config.shard_unit_mib)
         except GpushareError as e:
-            self._error("job", f"job {job_id}: {e}")
+            self.note_error("job", f"job {job_id}: {e}")
             return
-        self._jobs[job_id] = _Job(info, plan, self._records(info, plan))
+        self._jobs[job_id] = _Job(info, plan, {device_key(r): r for r in self._records(info, plan)})
         if job_id not in self.tracker.jobs():  # a job seen again after a gap keeps its peaks
             try:
                 rows = load_state(self.run_dir, job_id)
             except InputError as e:
-                self._error("usage-file", str(e))
+                self.note_error("usage-file", str(e))
                 rows = None
             if rows:
                 self.tracker.restore(job_id, rows)
@@ -320,7 +322,7 @@ class Monitor:
                 listed = {str(j) for j in self._running_jobs(self.node)}
                 self._last_squeue = now
             except GpushareError as e:
-                self._error("slurm", f"cannot list the jobs on {self.node}: {e}")
+                self.note_error("slurm", f"cannot list the jobs on {self.node}: {e}")
         current = set(self._jobs)
         if listed is not None:
             gone = current - listed - (stepd_jobs or set())
@@ -347,7 +349,7 @@ class Monitor:
                     try:
                         remove_usage(self.run_dir, job_id)
                     except (OSError, InputError) as e:
-                        self._error("usage-file", f"cannot remove the usage file of job {job_id}: {e}")
+                        self.note_error("usage-file", f"cannot remove the usage file of job {job_id}: {e}")
 
     def _records(self, info: JobInfo, plan: JobPlan, usage=None) -> tuple[UsageRecord, ...]:
         now = int(self._clock())
@@ -355,7 +357,7 @@ class Monitor:
             return records_for_job(info, plan, self.machine, node=self.node, start=info.start_time or now, end=now,
                                    usage=usage, gpu_uuids=self._gpu_uuids, account=info.account)
         except GpushareError as e:
-            self._error("job", f"job {info.job_id}: {e}")
+            self.note_error("job", f"job {info.job_id}: {e}")
             return ()
 
     def _attribute(self, pids: Iterable[int], local: dict[int, str] | None) -> dict[int, str]:
@@ -394,13 +396,13 @@ class Monitor:
             try:
                 per_gpu[g.index] = self.port.processes(g.index)
             except GpushareError as e:
-                self._error("nvml", str(e))
+                self.note_error("nvml", str(e))
                 per_gpu[g.index] = ()
                 unread.add(g.index)
             try:
                 gpu_used[g.index] = self.port.memory_used_mib(g.index)
             except GpushareError as e:
-                self._error("nvml", str(e))
+                self.note_error("nvml", str(e))
                 gpu_used[g.index] = None
             gpu_util[g.index] = None
             if not g.mig_enabled:
@@ -413,8 +415,7 @@ class Monitor:
         # (job, key) -> [used MiB, sm sum, all processes had sm, processes, gpu index]
         acc: dict[tuple[str, JobKey], list] = {}
         for job_id, job in self._jobs.items():
-            for r in job.records:
-                key: JobKey = r.gpu_uuid if r.mode == "mig" else r.gpu_index
+            for key, r in job.devices.items():
                 acc[(job_id, key)] = [0, 0.0, True, 0, r.gpu_index]
         unattributed: dict[int, list[int]] = {g.index: [0, 0] for g in self.machine.gpus}
         for index, procs in per_gpu.items():
@@ -470,7 +471,7 @@ class Monitor:
             except (OSError, InputError) as e:
                 root = " (the monitor runs as root on GPU nodes)" if isinstance(e, PermissionError) and \
                     os.geteuid() != 0 else ""
-                self._error("usage-file", f"cannot write the usage of job {job_id}: {e}{root}")
+                self.note_error("usage-file", f"cannot write the usage of job {job_id}: {e}{root}")
         gpus = [GpuSample(g.index, self._gpu_uuids.get(g.index, g.uuid), g.model, g.memory_mib, gpu_used[g.index],
                           gpu_util[g.index], unattributed[g.index][0], unattributed[g.index][1])
                 for g in self.machine.gpus]
@@ -506,7 +507,7 @@ class Monitor:
                 current = parse_show_job(self._show_job(job_id), job_id).admin_comment
                 self._update_admin_comment(job_id, merge_summary(current, segment))
             except GpushareError as e:
-                self._error("admin-comment", f"job {job_id}: {e}")
+                self.note_error("admin-comment", f"job {job_id}: {e}")
                 continue
             self._pushed[job_id] = (now, segment)
             done.append(job_id)
@@ -514,18 +515,31 @@ class Monitor:
             self._pushed.pop(job_id, None)
         return done
 
-    def _reserved(self, job: _Job, key: JobKey) -> int:
+    @staticmethod
+    def _reserved(job: _Job, key: JobKey) -> int:
         """The job's memory share on a device, MiB (0 on a device it does not hold)."""
-        for r in job.records:
-            if (r.gpu_uuid if r.mode == "mig" else r.gpu_index) == key:
-                return r.mem_granted_mib
-        return 0
+        r = job.devices.get(key)
+        return r.mem_granted_mib if r is not None else 0
 
     def over_limit(self) -> dict[str, tuple[JobKey, ...]]:
         """Jobs over their share now: job id -> device keys."""
         return {j: tuple(sorted(job.over, key=str)) for j, job in self._jobs.items() if job.over}
 
     # --- metrics -------------------------------------------------------------------------------------------
+
+    def registry(self):
+        """A ``prometheus_client`` registry holding this monitor (for the HTTP server and the textfile)."""
+        from prometheus_client import CollectorRegistry
+
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(self)
+        return registry
+
+    def metrics_text(self) -> str:
+        """The metrics of the last sample in Prometheus text format (what ``/metrics`` serves)."""
+        from prometheus_client import generate_latest
+
+        return generate_latest(self.registry()).decode()
 
     def collect(self) -> list:
         """Prometheus metric families of the last sample (a ``prometheus_client`` collector's ``collect``)."""
@@ -560,9 +574,9 @@ class Monitor:
         for job_id, job in sorted(self._jobs.items()):
             usage = self.tracker.usage(job_id)
             keys = {d.key for d in self.snapshot.devices if d.job_id == job_id}
-            keys |= {(r.gpu_uuid if r.mode == "mig" else r.gpu_index) for r in job.records}
+            keys |= set(job.devices)
             for key in sorted(keys, key=str):
-                rec = next((r for r in job.records if (r.gpu_uuid if r.mode == "mig" else r.gpu_index) == key), None)
+                rec = job.devices.get(key)
                 d = by_key.get((job_id, key))
                 index = rec.gpu_index if rec else (d.gpu_index if d else -1)
                 gpu = self.machine.gpu(index) if rec is None and index >= 0 else None
@@ -675,18 +689,6 @@ def slurm_update_admin_comment(job_id: str, text: str) -> None:
 # --- serving ----------------------------------------------------------------------------------------------
 
 
-def parse_listen(text: str) -> tuple[str, int]:
-    """``host:port``, ``:port`` or ``port`` -> ``(host, port)``; empty host means all addresses.
-
-    Raises:
-        InputError: no valid port (1-65535).
-    """
-    host, _, port = text.rpartition(":")
-    if not port.isdigit() or not 0 < int(port) < 65536:
-        raise InputError(f"listen address {text!r} has no valid port", hint="e.g. :9817 or 127.0.0.1:9817")
-    return host.strip("[]") or "0.0.0.0", int(port)
-
-
 def serve(monitor: Monitor, *, interval_s: float, listen: str | None, textfile: str | None,
           once: bool = False, stop: Callable[[], bool] = lambda: False) -> None:
     """Run the monitor: sample every ``interval_s`` seconds, serve ``/metrics`` on ``listen`` (None: no
@@ -696,10 +698,9 @@ def serve(monitor: Monitor, *, interval_s: float, listen: str | None, textfile: 
     Raises:
         InputError: a bad listen address, or the port is taken.
     """
-    from prometheus_client import CollectorRegistry, start_http_server, write_to_textfile
+    from prometheus_client import start_http_server, write_to_textfile
 
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(monitor)
+    registry = monitor.registry()
     server = None
     if listen and not once:
         host, port = parse_listen(listen)
@@ -716,13 +717,13 @@ def serve(monitor: Monitor, *, interval_s: float, listen: str | None, textfile: 
                 monitor.sample()
                 monitor.push_summaries(force=once)
             except Exception as e:  # a daemon: one bad sample must not end the monitoring
-                monitor._error("internal", f"sample failed: {type(e).__name__}: {e}")
+                monitor.note_error("internal", f"sample failed: {type(e).__name__}: {e}")
             if textfile:
                 try:
                     Path(textfile).parent.mkdir(parents=True, exist_ok=True)
                     write_to_textfile(textfile, registry)
                 except OSError as e:
-                    monitor._error("textfile", f"cannot write {textfile}: {e}")
+                    monitor.note_error("textfile", f"cannot write {textfile}: {e}")
             if once or stop():
                 return
             end = started + interval_s

@@ -82,6 +82,27 @@ _KEYS: dict[str, type | tuple[type, ...]] = {
 }
 
 
+#: Keys in seconds: (lowest, highest, lowest allowed itself).
+_SECONDS: dict[str, tuple[float, float, bool]] = {
+    "mps_start_timeout": (0, 600, False), "mps_quit_timeout": (0, 600, False),
+    "monitor_interval": (0.1, 3600, True), "monitor_jobs_interval": (0, 3600, True),
+    "admin_comment_interval": (1, 86400, True),
+}
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """An endpoint address (``monitor_listen``, ``monitor --listen``): ``host:port``, ``:port`` or
+    ``[v6]:port`` -> ``(host, port)``; an empty host means every address (``0.0.0.0``).
+
+    Raises:
+        InputError: no valid port (1-65535).
+    """
+    host, _, port = text.rpartition(":")
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise InputError(f"listen address {text!r} has no valid port", hint="e.g. :9817 or 127.0.0.1:9817")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
 def parse_node_config(text: str, *, source: str = "<node config>") -> NodeConfig:
     """Parse node.toml text.
 
@@ -128,29 +149,20 @@ def parse_node_config(text: str, *, source: str = "<node config>") -> NodeConfig
                 raise ConfigError(f"mps_env: {', '.join(bad)} must be strings and not CUDA_MPS_* (the hooks set "
                                   "those per job)", source=source)
             kw["mps_env"] = tuple(sorted(value.items()))
-        elif key in ("mps_start_timeout", "mps_quit_timeout"):
-            if not 0 < value <= 600:
-                raise ConfigError(f"{key} = {value} is out of range (0-600 seconds)", source=source)
+        elif key in _SECONDS:
+            low, high, low_included = _SECONDS[key]
+            if not ((low <= value) if low_included else (low < value)) or not value <= high:
+                raise ConfigError(f"{key} = {value} is out of range ({low:g}-{high:g} seconds)", source=source)
             kw[key] = float(value)
         elif key == "monitor_listen":
-            host, colon, port = value.rpartition(":")
-            if value and not (port.isdigit() and 0 < int(port) < 65536):
-                raise ConfigError(f"monitor_listen = {value!r} has no valid port",
-                                  hint='write ":9817", "127.0.0.1:9817", or "" for no endpoint', source=source)
+            if value:
+                try:
+                    parse_listen(value)
+                except InputError as e:
+                    raise ConfigError(f"monitor_listen = {value!r} has no valid port",
+                                      hint='write ":9817", "127.0.0.1:9817", or "" for no endpoint',
+                                      source=source) from e
             kw[key] = value
-        elif key == "monitor_interval":
-            if not 0.1 <= value <= 3600:
-                raise ConfigError(f"monitor_interval = {value} is out of range (0.1-3600 seconds)", source=source)
-            kw[key] = float(value)
-        elif key == "monitor_jobs_interval":
-            if not 0 <= value <= 3600:
-                raise ConfigError(f"monitor_jobs_interval = {value} is out of range (0-3600 seconds)", source=source)
-            kw[key] = float(value)
-        elif key == "admin_comment_interval":
-            if not 1 <= value <= 86400:
-                raise ConfigError(f"admin_comment_interval = {value} is out of range (1-86400 seconds)",
-                                  source=source)
-            kw[key] = float(value)
         else:
             kw[key] = value
     return NodeConfig(**kw)

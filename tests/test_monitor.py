@@ -184,10 +184,7 @@ def test_over_limit_fires_for_two_processes_that_together_exceed_the_share(node)
 
 
 def _scrape_once(mon) -> str:
-    from prometheus_client import CollectorRegistry, generate_latest
-    reg = CollectorRegistry(auto_describe=False)
-    reg.register(mon)
-    return generate_latest(reg).decode()
+    return mon.metrics_text()
 
 
 def test_the_endpoint_is_prometheus_text_with_job_labels(node):

@@ -75,11 +75,11 @@ def load_usage(run_dir: str | Path, job_id: str) -> dict[int | str, Usage] | Non
     Raises:
         InputError: the file exists but is not a valid usage file (names it).
     """
-    data = _read(usage_path(run_dir, job_id))
-    if data is None:
+    rows = load_state(run_dir, job_id)
+    if rows is None:
         return None
     tracker = UsageTracker()
-    tracker.restore(job_id, data["devices"])
+    tracker.restore(job_id, rows)
     return tracker.usage(job_id)
 
 

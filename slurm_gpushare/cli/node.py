@@ -112,20 +112,14 @@ def monitor(config_path, node, interval, listen, textfile, once):
         raise NvmlError(e.message, source=e.source, code=e.code,
                         hint="the monitor reads the GPUs through the NVIDIA driver (check nvidia-smi); a simulated "
                              "node sets GPUSHARE_NVML=fake:MACHINE.json") from None
+    textfile = textfile if textfile is not None else cfg.monitor_textfile
+    to_stdout = once and textfile in ("", "-")
     with mon:
-        if once and not (textfile or cfg.monitor_textfile) or once and textfile == "-":
-            from prometheus_client import CollectorRegistry, generate_latest
-
-            mon.sample()
-            mon.push_summaries(force=True)
-            registry = CollectorRegistry(auto_describe=False)
-            registry.register(mon)
-            click.echo(generate_latest(registry).decode(), nl=False)
-        else:
-            serve(mon, interval_s=interval or cfg.monitor_interval,
-                  listen=cfg.monitor_listen if listen is None else listen,
-                  textfile=(textfile if textfile is not None else cfg.monitor_textfile) or None,
-                  once=once, stop=lambda: bool(stopping))
+        serve(mon, interval_s=interval or cfg.monitor_interval,
+              listen=None if once else (cfg.monitor_listen if listen is None else listen),
+              textfile=None if to_stdout else textfile or None, once=once, stop=lambda: bool(stopping))
+        if to_stdout:
+            click.echo(mon.metrics_text(), nl=False)
         problems = sum(mon.errors_total.values())
     if once and problems:
         click.echo(f"slurm-gpushare monitor: {problems} problem(s) in this sample (see above); the numbers may be "

@@ -72,6 +72,7 @@ from slurm_gpushare.hardware.port import (
     nvml_error,
     plan_gpu_instance,
 )
+from slurm_gpushare.procinfo import pid_alive
 
 #: Namespace of the fake's derived UUIDs.
 FAKE_UUID_NAMESPACE = uuidlib.UUID("5f0d6a3e-9c1b-4b7e-8a51-2d3c4e5f6a7b")
@@ -723,7 +724,7 @@ class ProcessTable:
             return out
         for f in files:
             pid = f.stem
-            if not pid.isdigit() or not _pid_alive(int(pid)):
+            if not pid.isdigit() or not pid_alive(int(pid)):
                 continue
             try:
                 data = json.loads(f.read_text())
@@ -740,16 +741,7 @@ class ProcessTable:
         """Remove entries of pids that are gone. Returns those pids."""
         gone = []
         for f in self.path.glob("*.json"):
-            if f.stem.isdigit() and not _pid_alive(int(f.stem)):
+            if f.stem.isdigit() and not pid_alive(int(f.stem)):
                 f.unlink(missing_ok=True)
                 gone.append(int(f.stem))
         return sorted(gone)
-
-
-def _pid_alive(pid: int) -> bool:
-    """The pid names a process that has not exited (a zombie has exited)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rpartition(")")[2].split()[:1] != ["Z"]

@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 import json
 import re
-from dataclasses import MISSING, asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -343,6 +343,12 @@ class Machine:
     source: str = ""
     driver_version: str = ""
     version: int = SCHEMA_VERSION
+
+    def with_gpu_uuids(self, uuids: dict[int, str]) -> Machine:
+        """The same machine with these GPU UUIDs (NVML index -> ``GPU-...``, as ``nvmlDeviceGetUUID``
+        reports them; descriptions made from ``nvidia-smi topo -m`` text have none); GPUs not in
+        ``uuids`` keep theirs."""
+        return replace(self, gpus=tuple(replace(g, uuid=uuids.get(g.index, g.uuid)) for g in self.gpus))
 
     def gpu(self, index: int) -> Gpu:
         """The GPU with NVML index ``index``.

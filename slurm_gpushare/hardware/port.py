@@ -469,6 +469,24 @@ class NvmlPort(Protocol):
 # --- MIG placement rules ------------------------------------------------------------------------
 
 
+def read_uuids(port: NvmlPort, gpus) -> tuple[dict[int, str], dict[tuple[int, int], str]]:
+    """The UUIDs of these GPUs (``nvmlDeviceGetUUID``) and of the MIG devices of those with MIG enabled
+    (``gpu_instances``): ``({NVML index: GPU-...}, {(NVML index, GPU instance id): MIG-...})``.
+    ``port`` must be open.
+
+    Raises:
+        NvmlError: a call failed.
+    """
+    gpu_uuids: dict[int, str] = {}
+    mig_uuids: dict[tuple[int, int], str] = {}
+    for g in gpus:
+        gpu_uuids[g.index] = port.uuid(g.index)
+        if g.mig_enabled:
+            for inst in port.gpu_instances(g.index):
+                mig_uuids[(g.index, inst.gi_id)] = inst.uuid
+    return gpu_uuids, mig_uuids
+
+
 def instance_span(gpu: int, profiles: tuple[MigProfile, ...] | list[MigProfile],
                   instance: MigInstance) -> tuple[int, int]:
     """The ``(start, size)`` memory-slice span of a live GPU instance.
