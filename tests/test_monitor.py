@@ -574,3 +574,14 @@ def test_a_step_that_ends_while_listpids_asks_is_retried_not_counted(monkeypatch
         return LISTPIDS
     monkeypatch.setattr(slurm, "run", run)
     assert parse_listpids(monitor.slurm_listpids("a100"))[1002] == "201" and len(calls) == 2
+
+
+def test_a_bad_listen_address_is_refused_before_nvml_is_opened(cli_node, monkeypatch):
+    # found reading the change: --listen 127.0.0.1:99999 on a node without a driver reported NVML, not the port
+    from click.testing import CliRunner
+
+    from slurm_gpushare.cli import main
+    _, config = cli_node
+    monkeypatch.setenv("GPUSHARE_NVML", "bogus")
+    r = CliRunner().invoke(main, ["monitor", "--config", str(config), "--listen", "127.0.0.1:99999"])
+    assert r.exit_code == 2 and "--listen" in r.stderr and "no valid port" in r.stderr and "NVML" not in r.stderr

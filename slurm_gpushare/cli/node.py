@@ -72,7 +72,8 @@ def doctor(config_path, node, repair):
 @click.option("--node", help="Slurm node name (default: SLURMD_NODENAME, else this host's short name)")
 @click.option("--interval", type=click.FloatRange(0.1, 3600), callback=lambda ctx, p, v: _finite(v, "--interval"),
               help="seconds between samples (default: monitor_interval of node.toml, 10)")
-@click.option("--listen", help="Prometheus endpoint, HOST:PORT or :PORT; '' for none (default: monitor_listen, :9817)")
+@click.option("--listen", callback=lambda ctx, p, v: _listen(v),
+              help="Prometheus endpoint, HOST:PORT or :PORT; '' for none (default: monitor_listen, :9817)")
 @click.option("--textfile", help="write the metrics to this node_exporter textfile after each sample "
               "(default: monitor_textfile)")
 @click.option("--once", is_flag=True, help="take one sample, print the metrics (Prometheus text format) and exit; "
@@ -125,6 +126,19 @@ def monitor(config_path, node, interval, listen, textfile, once):
         click.echo(f"slurm-gpushare monitor: {problems} problem(s) in this sample (see above); the numbers may be "
                    "incomplete", err=True)
         sys.exit(1)
+
+
+def _listen(value):
+    """Check --listen before anything starts ('' means no endpoint)."""
+    if value:
+        from slurm_gpushare.errors import InputError
+        from slurm_gpushare.nodeconfig import parse_listen
+
+        try:
+            parse_listen(value)
+        except InputError as e:
+            raise click.BadParameter(f"{e.message} ({e.hint})", param_hint="--listen") from None
+    return value
 
 
 def _finite(value, name: str):
