@@ -2,7 +2,7 @@
 -- (inside slurmctld) and cli_filter.lua (inside srun). Lua 5.1, lua-socket.
 --
 -- One request line of JSON, one answer line, on a unix-socket connection that is kept open
--- between calls (the Lua state survives between submissions). See slurm_gpushare/filterd.py.
+-- between calls (the Lua state survives between submissions). See slurm_gpushare/submit/service.py.
 
 local M = {}
 

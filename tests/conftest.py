@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_gpushare.devcluster import DevCluster
+from slurm_gpushare_dev.cluster import DevCluster
 
 TEST_DIR = os.environ.get("GPUSHARE_TEST_DIR", "/tmp/slurm-gpushare-test")
 TEST_PORT = int(os.environ.get("GPUSHARE_TEST_PORT", "17817"))

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from slurm_gpushare.devcluster import packaged_machine
+from slurm_gpushare_dev.cluster import packaged_machine
 from tests.conftest import Job, push_usage_summary
 
 pytestmark = pytest.mark.slurm

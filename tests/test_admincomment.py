@@ -2,8 +2,8 @@
 
 import pytest
 
-from slurm_gpushare.admincomment import extract, format_segment, merge
 from slurm_gpushare.errors import InputError
+from slurm_gpushare.slurm.admincomment import extract, format_segment, merge
 
 
 def test_merge_keeps_other_content_and_replaces_our_segment():

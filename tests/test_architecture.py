@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import pkgutil
+import re
 import shutil
 import subprocess
 import sys
@@ -29,14 +30,14 @@ def test_layer_contracts_are_kept():
 
 
 def test_layer_contracts_fail_when_a_lower_layer_imports_a_higher_one(tmp_path):
-    shutil.copytree(ROOT / "slurm_gpushare", tmp_path / "slurm_gpushare",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    for package in ("slurm_gpushare", "slurm_gpushare_dev"):
+        shutil.copytree(ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "setup.cfg", tmp_path / "setup.cfg")
     machine = tmp_path / "slurm_gpushare" / "hardware" / "machine.py"
-    machine.write_text(machine.read_text() + "\nimport slurm_gpushare.gresconf  # noqa: E402,F401\n")
+    machine.write_text(machine.read_text() + "\nimport slurm_gpushare.gresconf.render  # noqa: E402,F401\n")
     proc = _lint_imports(tmp_path)
     assert proc.returncode != 0
-    assert "slurm_gpushare.hardware.machine -> slurm_gpushare.gresconf" in proc.stdout
+    assert "slurm_gpushare.hardware.machine -> slurm_gpushare.gresconf.render" in proc.stdout
 
 
 def _modules() -> list[str]:
@@ -65,3 +66,69 @@ def test_importing_any_module_does_nothing():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert int(proc.stdout) == len(_modules()) > 5
+
+
+def test_documented_packages_are_the_packages_on_disk():
+    # docs/architecture.md's package table names every package of the tree, and nothing else
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    documented = set(re.findall(r"^\| `(slurm_gpushare[a-z_.]*)` \|", text, re.M))
+    on_disk = {".".join(p.parent.relative_to(ROOT).parts)
+               for top in ("slurm_gpushare", "slurm_gpushare_dev")
+               for p in (ROOT / top).rglob("__init__.py") if "__pycache__" not in p.parts}
+    on_disk.discard("slurm_gpushare")  # the root package; its modules are listed in the text below the table
+    assert documented == on_disk
+    top_modules = {p.stem for p in (ROOT / "slurm_gpushare").glob("*.py") if p.stem != "__init__"}
+    for name in top_modules:
+        assert f"`{name}`" in text, f"docs/architecture.md does not mention slurm_gpushare/{name}.py"
+
+
+HEAVY = ("numpy", "scipy", "networkx", "pynvml")
+
+
+def _loaded_in_fresh_interpreter(code: str) -> set[str]:
+    probe = code + "\nimport sys\nprint(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in %r)))\n" % (
+        HEAVY,)
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    return set(proc.stdout.split())
+
+
+def test_the_controller_path_loads_no_numpy_scipy_or_networkx(tmp_path):
+    # `slurm-gpushare filterd --help`, then a whole decision through the service's own inventory cache
+    help_run = ("import sys\nfrom click.testing import CliRunner\nfrom slurm_gpushare.cli import main\n"
+                "r = CliRunner().invoke(main, ['filterd', '--help'])\nassert r.exit_code == 0, r.output\n")
+    assert _loaded_in_fresh_interpreter(help_run) == set()
+    machines = tmp_path / "machines"
+    machines.mkdir()
+    for f in ("8x-a100-nv12-bridge.json", "4x-h100-mig-mixed.json"):
+        (machines / f).write_bytes((ROOT / "slurm_gpushare" / "data" / "machines" / f).read_bytes())
+    decision = (
+        "import io, json\n"
+        "from pathlib import Path\n"
+        "from slurm_gpushare.hardware.machine import Machine\n"
+        "from slurm_gpushare.slurm.nodegres import node_gres\n"
+        "from slurm_gpushare.submit.policyfile import SitePolicy\n"
+        "from slurm_gpushare.submit.service import FilterService, InventoryCache, Log\n"
+        f"d = Path({str(machines)!r})\n"
+        "ms = {p.stem: Machine.load(p) for p in d.glob('*.json')}\n"
+        "fmt = lambda c: ','.join(f'{n}:{t}:{k}' if t else f'{n}:{k}' for (n, t), k in c.items())\n"
+        "sinfo = json.dumps({'nodes': [{'name': n, 'gres': fmt(node_gres(m, n).counts), 'state': 'idle',\n"
+        "                               'partitions': ['gpu']} for n, m in ms.items()]})\n"
+        "parts = 'PartitionName=gpu Default=YES Nodes=' + ','.join(ms)\n"
+        "cache = InventoryCache(d, shard_unit_mib=1024, slurm_source=lambda: (sinfo, parts), log=Log(io.StringIO()))\n"
+        "cache.refresh('test')\n"
+        "svc = FilterService(cache, SitePolicy(), Log(io.StringIO()))\n"
+        "a = svc.handle_line(json.dumps({'op': 'submit', 'tres_per_node': 'gres:gpushare:mem=10G'}))\n"
+        "assert a['action'] == 'rewrite', a\n"
+    )
+    assert _loaded_in_fresh_interpreter(decision) == set()
+
+
+def test_the_task_prolog_runs_no_python():
+    # the TaskProlog runs before every task: plain shell that prints what the Prolog prepared
+    text = (ROOT / "etc" / "taskprolog.sh").read_text()
+    assert text.startswith("#!/bin/sh\n")
+    code = [line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    runs = re.compile(r"(^|[;&|(`]|\bthen|\bdo|\bexec)\s*(\S*/)?(python[0-9.]*|slurm-gpushare)(\s|$)")
+    assert code and not [line for line in code if runs.search(line)]
+    assert runs.search("exec /usr/bin/python3 -m x") and runs.search("if x; then slurm-gpushare hook")

@@ -1,4 +1,4 @@
-"""Tests of slurm_gpushare.binding: rank order along NVLink, nearest NICs, cores, the environment.
+"""Tests of slurm_gpushare.topology.binding: rank order along NVLink, nearest NICs, cores, the environment.
 
 Machines are the recorded ``nvidia-smi topo -m`` outputs in tests/data/topo (DGX-1 with one mlx5 NIC,
 4x L40S with two) and synthetic descriptions built here.
@@ -13,11 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from slurm_gpushare.binding import bind, cpu_list, gpu_ring
 from slurm_gpushare.errors import InputError, MachineDescriptionError
 from slurm_gpushare.hardware.machine import PCIE_LEVELS, CpuLayout, Gpu, Link, Machine
-from slurm_gpushare.nvidia_smi import parse_topo_matrix
-from slurm_gpushare.topology import nearest_nic
+from slurm_gpushare.hardware.nvidia_smi import parse_topo_matrix
+from slurm_gpushare.topology.binding import bind, cpu_list, gpu_ring
+from slurm_gpushare.topology.hops import nearest_nic
 
 TOPO = Path(__file__).parent / "data" / "topo"
 DGX1_FILE = "dgx1-v100-sxm2-8gpu-1nic.txt"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_gpushare.devcluster import DEFAULT_NODES, DevCluster, packaged_machine
+from slurm_gpushare_dev.cluster import DEFAULT_NODES, DevCluster, packaged_machine
 from tests.conftest import (
     FINAL_STATES,
     TEST_PORT,

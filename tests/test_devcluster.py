@@ -19,7 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from slurm_gpushare.devcluster import (
+from slurm_gpushare.errors import ClusterError
+from slurm_gpushare.gresconf.render import generate_node_gres
+from slurm_gpushare.hardware.fake import FakeNvml
+from slurm_gpushare.hardware.machine import Machine
+from slurm_gpushare.node.config import parse_node_config
+from slurm_gpushare_dev.cluster import (
     DEFAULT_NODES,
     DevCluster,
     _stop_pid,
@@ -28,11 +33,6 @@ from slurm_gpushare.devcluster import (
     packaged_machine,
     pid_alive,
 )
-from slurm_gpushare.errors import ClusterError
-from slurm_gpushare.gresconf import node_gres
-from slurm_gpushare.hardware.fake import FakeNvml
-from slurm_gpushare.hardware.machine import Machine
-from slurm_gpushare.nodeconfig import parse_node_config
 from tests.conftest import Job
 
 
@@ -42,7 +42,7 @@ def test_render_has_one_node_line_and_gres_per_machine(tmp_path):
     conf = files["etc/slurm.conf"]
     for name, m in c.nodes.items():
         line = next(ln for ln in conf.splitlines() if ln.startswith(f"NodeName={name} "))
-        assert f"Gres={node_gres(m, name).gres_value}" in line
+        assert f"Gres={generate_node_gres(m, name).gres_value}" in line
         assert "NodeAddr=127.0.0.1" in line
     ports = sorted(int(p) for p in re.findall(r" Port=(\d+)", conf))
     assert ports == [20011, 20012, 20013, 20014]
@@ -68,7 +68,7 @@ def test_nodes_idle_with_their_gres(cluster, slurm):
     for name, m in cluster.nodes.items():
         state, gres = rows[name]
         assert state == "idle", (name, state)
-        expected = node_gres(m, name)
+        expected = generate_node_gres(m, name)
         for (gname, gtype), count in expected.counts.items():
             if gname == "gpu":
                 assert re.search(rf"gpu:{re.escape(gtype)}:{count}\b", gres), (name, gres)
@@ -433,7 +433,7 @@ def test_status_into_a_closed_pipe_exits_quietly(tmp_path):
     r, w = os.pipe()
     os.close(r)  # like 'status | head' after head has gone
     try:
-        proc = subprocess.run([sys.executable, "-m", "slurm_gpushare.devcluster", "status", "--dir",
+        proc = subprocess.run([sys.executable, "-m", "slurm_gpushare_dev.cluster", "status", "--dir",
                                str(tmp_path / "none")], stdout=w, stderr=subprocess.PIPE, text=True, timeout=60)
     finally:
         os.close(w)
@@ -642,12 +642,14 @@ def test_install_lib_copies_the_package_world_readable_without_caches(tmp_path):
     stale.write_text("# a module the package no longer has\n")
     c.install_lib()
     lib = c.lib_dir / "slurm_gpushare"
-    assert (lib / "fakeapp.py").read_text() == (Path(__file__).parent.parent / "slurm_gpushare" / "fakeapp.py"
+    dev = c.lib_dir / "slurm_gpushare_dev"
+    assert (dev / "fakeapp.py").read_text() == (Path(__file__).parent.parent / "slurm_gpushare_dev" / "fakeapp.py"
                                                 ).read_text()
     assert (lib / "data" / "machines" / DEFAULT_NODES["a100-nvb"]).is_file()
     assert not stale.exists()
-    assert not [p for p in lib.rglob("*") if "__pycache__" in p.parts or p.suffix == ".pyc"]
-    assert all(p.stat().st_mode & 0o777 == (0o755 if p.is_dir() else 0o644) for p in [lib, *lib.rglob("*")])
+    for tree in (lib, dev):
+        assert not [p for p in tree.rglob("*") if "__pycache__" in p.parts or p.suffix == ".pyc"]
+        assert all(p.stat().st_mode & 0o777 == (0o755 if p.is_dir() else 0o644) for p in [tree, *tree.rglob("*")])
 
 
 def test_fake_gpu_app_registers_on_the_jobs_gpus_from_the_lib_copy(tmp_path):
@@ -657,7 +659,7 @@ def test_fake_gpu_app_registers_on_the_jobs_gpus_from_the_lib_copy(tmp_path):
     table = c.fake_gpu_table("n1")
     table.mkdir(parents=True)
     text = c.render()["bin/fake-gpu-app"]
-    assert text.splitlines()[-1] == f'exec {job_python()} -s -m slurm_gpushare.fakeapp "$@"'
+    assert text.splitlines()[-1] == f'exec {job_python()} -s -m slurm_gpushare_dev.fakeapp "$@"'
     os.chmod(c.fake_gpu_app, 0o755)
     # as in a job: slurmd sets SLURMD_NODENAME and CUDA_VISIBLE_DEVICES; nothing of the project's venv
     env = {"PATH": "/usr/bin:/bin", "SLURMD_NODENAME": "n1", "CUDA_VISIBLE_DEVICES": "3"}

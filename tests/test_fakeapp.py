@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from slurm_gpushare.devcluster import packaged_machine
 from slurm_gpushare.errors import InputError
-from slurm_gpushare.fakeapp import EXIT_OOM, EXIT_USAGE, mps_limits, parse_schedule, resolve_devices
 from slurm_gpushare.hardware.fake import FakeNvml, ProcessTable
+from slurm_gpushare_dev.cluster import packaged_machine
+from slurm_gpushare_dev.fakeapp import EXIT_OOM, EXIT_USAGE, mps_limits, parse_schedule, resolve_devices
 
 
 def test_schedule_syntax():
@@ -44,7 +44,7 @@ def _run(tmp_path, *args, env=None):
     m = tmp_path / "m.json"
     m.write_text(packaged_machine("8x-a100-nv12-bridge.json").to_json())
     (tmp_path / "t").mkdir(exist_ok=True)
-    return subprocess.Popen([sys.executable, "-m", "slurm_gpushare.fakeapp", "--machine", str(m),
+    return subprocess.Popen([sys.executable, "-m", "slurm_gpushare_dev.fakeapp", "--machine", str(m),
                              "--table", str(tmp_path / "t"), *args],
                             env={"PATH": "/usr/bin:/bin", **(env or {})}, stderr=subprocess.PIPE, text=True)
 
@@ -71,7 +71,7 @@ def test_above_the_mps_limit_the_app_fails_like_cudamalloc(tmp_path):
 
 
 def test_bad_usage_says_what_is_missing(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "slurm_gpushare.fakeapp"], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "slurm_gpushare_dev.fakeapp"], capture_output=True, text=True,
                           env={"PATH": "/usr/bin:/bin"})
     assert proc.returncode == EXIT_USAGE and "GPUSHARE_NVML" in proc.stderr
     proc = _run(tmp_path, env={})
@@ -87,7 +87,7 @@ def test_more_than_the_device_holds_fails_like_cudamalloc(tmp_path, visible, mem
     if visible == "MIG":
         with FakeNvml(machine) as fake:
             visible = next(i.uuid for i in fake.gpu_instances(2) if i.profile == "1g.10gb")
-    proc = subprocess.run([sys.executable, "-m", "slurm_gpushare.fakeapp", "--machine", str(m), "--table",
+    proc = subprocess.run([sys.executable, "-m", "slurm_gpushare_dev.fakeapp", "--machine", str(m), "--table",
                            str(tmp_path), "--mem", mem, "--seconds", "3"], capture_output=True, text=True,
                           env={"PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": visible}, timeout=20)
     assert proc.returncode == EXIT_OOM and "out of memory" in proc.stderr and "device memory" in proc.stderr
@@ -105,7 +105,7 @@ def test_bad_arguments_are_refused(tmp_path, args, words):
     for i in range(0, len(args), 2):
         base[args[i]] = args[i + 1]
     argv = [x for kv in base.items() for x in kv]
-    proc = subprocess.run([sys.executable, "-m", "slurm_gpushare.fakeapp", *argv], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "slurm_gpushare_dev.fakeapp", *argv], capture_output=True, text=True,
                           env={"PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": "0"}, timeout=20)
     assert proc.returncode == EXIT_USAGE and words in proc.stderr, proc.stderr
     assert not Path("/nonexistent-dir").exists()

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from slurm_gpushare.devcluster import DEFAULT_NODES, packaged_machine
-from slurm_gpushare.filterd import FilterService, InventoryCache, Log, serve
-from slurm_gpushare.gresconf import node_gres
-from slurm_gpushare.policyfile import SitePolicy
+from slurm_gpushare.slurm.nodegres import node_gres
+from slurm_gpushare.submit.policyfile import SitePolicy
+from slurm_gpushare.submit.service import FilterService, InventoryCache, Log, serve
+from slurm_gpushare_dev.cluster import DEFAULT_NODES, packaged_machine
 
 ETC = Path(__file__).resolve().parent.parent / "etc"
 LUA = shutil.which("lua5.1")

@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from slurm_gpushare.devcluster import DevCluster, packaged_machine
-from slurm_gpushare.gresconf import GresOptions, node_gres
-from slurm_gpushare.nvidia_smi import parse_topo_matrix
+from slurm_gpushare.gresconf.render import generate_node_gres
+from slurm_gpushare.hardware.nvidia_smi import parse_topo_matrix
+from slurm_gpushare.slurm.nodegres import GresOptions
+from slurm_gpushare_dev.cluster import DevCluster, packaged_machine
 from tests.conftest import SlurmSession
 
 DATA = Path(__file__).parent / "data" / "topo"
@@ -65,7 +66,7 @@ def test_every_generated_node_is_idle_with_the_expected_gres(hw):
                       if "=" in kv)
         assert fields["State"] == "IDLE", (name, fields["State"], fields.get("Reason"))
         shown = fields["Gres"]
-        for (gname, gtype), count in node_gres(m, name, c.gres_options.get(name)).counts.items():
+        for (gname, gtype), count in generate_node_gres(m, name, c.gres_options.get(name)).counts.items():
             if gname == "gpu":
                 assert re.search(rf"(^|,)gpu:{re.escape(gtype)}:{count}(\(|,|$)", shown), (name, shown)
             else:  # shards are typed by Slurm after the GPU they sit on; sum them

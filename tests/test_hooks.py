@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from slurm_gpushare.devcluster import MPS_STANDIN, packaged_machine, pid_alive
-from slurm_gpushare.hooks import HookContext, NodeFault, doctor, epilog, prolog, read_state
-from slurm_gpushare.nodeconfig import NodeConfig
+from slurm_gpushare.node.config import NodeConfig
+from slurm_gpushare.node.hooks import HookContext, NodeFault, doctor, epilog, prolog, read_state
+from slurm_gpushare_dev.cluster import MPS_STANDIN, packaged_machine, pid_alive
 
 SHOW = """\
 JobId={job} JobName=wrap
@@ -121,7 +121,7 @@ def test_epilog_after_a_prolog_that_died_half_way(node):
     jd = node.ctx.job_dir("102")
     jd.mkdir(parents=True)
     (jd / "state.json").write_text('{"version": 1, "phase": "starting"')  # truncated write
-    from slurm_gpushare.jobplan import JobPlan
+    from slurm_gpushare.node.plan import JobPlan
     d = node.ctx.mps("102", JobPlan("mps", "102", visible_devices="GPU-x"))
     d.start()
     pid = d.pid()
@@ -132,7 +132,7 @@ def test_epilog_after_a_prolog_that_died_half_way(node):
 def test_a_retried_prolog_replaces_a_half_started_daemon(node):
     _shard_job(node, "103")
     jd = node.ctx.job_dir("103")
-    from slurm_gpushare.jobplan import JobPlan
+    from slurm_gpushare.node.plan import JobPlan
     jd.mkdir(parents=True)
     stale = node.ctx.mps("103", JobPlan("mps", "103", visible_devices="GPU-x"))
     stale.start()
@@ -173,7 +173,7 @@ def test_stuck_daemon_drains_the_node_and_names_it(node):
     assert prolog(node.ctx, _env("107")) == 0
     pid = node.ctx.mps("107").pid()
     # a daemon stuck in the kernel survives SIGKILL; here: a stop that reports it as a survivor
-    from slurm_gpushare import hooks
+    from slurm_gpushare.node import hooks
 
     class Stuck:
         def stop(self):
@@ -236,7 +236,7 @@ def test_per_gpu_mode_shares_one_daemon_per_gpu_and_user(shared):
     n.jobs["202"] = SHOW.format(job="202", node="a100", gres="shard:30", detail="shard:30(IDX:0)",
                                 ac="[gpushare:v1 req=mem=30G grant=gres:shard:30 kind=mps]")
     assert prolog(n.ctx, _env("201")) == 0 and prolog(n.ctx, _env("202")) == 0
-    from slurm_gpushare.hooks import shared_dir
+    from slurm_gpushare.node.hooks import shared_dir
     d = shared_dir(n.ctx, 0, 0)
     daemon = n.ctx.mps("-", base=d)
     pid = daemon.pid()
@@ -257,7 +257,7 @@ def test_per_gpu_mode_shares_one_daemon_per_gpu_and_user(shared):
 
 def test_doctor_cleans_a_shared_daemon_of_jobs_gone_and_resets_compute_modes(shared):
     from slurm_gpushare.hardware.fake import FakeNvml
-    from slurm_gpushare.hooks import shared_dir
+    from slurm_gpushare.node.hooks import shared_dir
     n = shared
     _shard_job(n, "203")
     assert prolog(n.ctx, _env("203")) == 0

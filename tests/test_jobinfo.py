@@ -3,7 +3,7 @@
 import pytest
 
 from slurm_gpushare.errors import InputError
-from slurm_gpushare.jobinfo import GresAlloc, parse_gres_detail, parse_show_job
+from slurm_gpushare.slurm.job import GresAlloc, parse_gres_detail, parse_show_job
 
 SHARD_JOB = """\
 JobId=15 JobName=wrap
@@ -48,9 +48,9 @@ def test_bad_input():
 
 
 def test_plan_names_a_whole_gpu_next_to_mig_devices_by_uuid():
-    from slurm_gpushare.devcluster import packaged_machine
-    from slurm_gpushare.gresconf import node_gres
-    from slurm_gpushare.jobplan import plan_job
+    from slurm_gpushare.node.plan import plan_job
+    from slurm_gpushare.slurm.nodegres import node_gres
+    from slurm_gpushare_dev.cluster import packaged_machine
 
     gres = node_gres(packaged_machine("4x-h100-mig-mixed.json"), "mig")
     text = ("JobId=9 UserId=a(1) GroupId=a(1)\n NodeList=mig\n"

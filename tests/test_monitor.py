@@ -15,11 +15,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from slurm_gpushare.accounting.live import load_usage, save_usage, usage_path
 from slurm_gpushare.accounting.record import UsageTracker
-from slurm_gpushare.devcluster import packaged_machine
 from slurm_gpushare.errors import SlurmError
 from slurm_gpushare.hardware.fake import FakeNvml, ScheduledProcess
-from slurm_gpushare.monitor import Monitor, job_of_cgroup, parse_listen, parse_listpids, serve
-from slurm_gpushare.nodeconfig import NodeConfig
+from slurm_gpushare.node.config import NodeConfig
+from slurm_gpushare.node.monitor import Monitor, job_of_cgroup, parse_listen, parse_listpids, serve
+from slurm_gpushare_dev.cluster import packaged_machine
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -526,7 +526,8 @@ def test_a_description_of_another_machine_is_a_clear_error(cli_node):
 def test_a_node_without_job_steps_is_not_an_error(monkeypatch):
     # found on the dev cluster with slurmdbd: scontrol listpids exits 1 saying "No job steps exist on this
     # node." when no job runs there (or a job's Prolog still runs); that is an empty list, not a failure
-    from slurm_gpushare import monitor, slurm
+    from slurm_gpushare.node import monitor
+    from slurm_gpushare.slurm import commands as slurm
 
     def run(argv, **kw):
         assert argv[:4] == ["scontrol", "listpids", "*", "a100"]
@@ -564,7 +565,8 @@ def test_an_address_that_is_not_this_hosts_is_not_called_a_busy_port(node):
 
 def test_a_step_that_ends_while_listpids_asks_is_retried_not_counted(monkeypatch):
     # found under load: "StepId=16.batch does not exist on this node." when a step ends during the call
-    from slurm_gpushare import monitor, slurm
+    from slurm_gpushare.node import monitor
+    from slurm_gpushare.slurm import commands as slurm
     calls = []
 
     def run(argv, **kw):

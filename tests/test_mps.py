@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from slurm_gpushare.errors import HardwareError, InputError
-from slurm_gpushare.mps import (
+from slurm_gpushare.node.mps import (
     CONTROL_SOCKET,
     PID_FILE,
     MpsDaemon,
@@ -376,7 +376,7 @@ def test_unprivileged_caller_cannot_name_another_user():
     if os.geteuid() == 0:
         # only the effective ids change: the interpreter stays where root put it
         code = ("import os\n"
-                "from slurm_gpushare.mps import MpsDaemon\n"
+                "from slurm_gpushare.node.mps import MpsDaemon\n"
                 "os.setegid(65534); os.seteuid(65534)\n"
                 "try:\n    MpsDaemon('/tmp/p', '/tmp/l', visible_devices='0', uid=0)\n"
                 "except Exception as e:\n    print(type(e).__name__, e)\n")

@@ -1,5 +1,5 @@
 """docs/mps.md stays true to the tree: the tests it cites exist, and the TaskProlog variables it lists
-are the ones ``slurm_gpushare/jobplan.py`` exports."""
+are the ones ``slurm_gpushare/node/plan.py`` exports."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "mps.md"
-JOBPLAN = ROOT / "slurm_gpushare" / "jobplan.py"
+JOBPLAN = ROOT / "slurm_gpushare" / "node" / "plan.py"
 
 #: ``tests/<file>.py::test_name`` as the "Verified here" section cites a test.
 CITED_TEST = re.compile(r"`(tests/[\w/]+\.py)::(test_\w+)`")
@@ -60,7 +60,7 @@ def test_taskprolog_variables_are_those_jobplan_exports():
     assert documented, "the TaskProlog section of docs/mps.md lists no variable"
     source = JOBPLAN.read_text()
     not_in_code = sorted(v for v in documented if re.search(rf"\b{v}\b", source) is None)
-    assert not_in_code == [], f"docs/mps.md says the TaskProlog exports {not_in_code}, unknown to jobplan.py"
+    assert not_in_code == [], f"docs/mps.md says the TaskProlog exports {not_in_code}, unknown to node/plan.py"
     exported = set(re.findall(r'out\["([A-Z][A-Z0-9_]*)"\]', source))
-    assert exported, "found no exported variable in jobplan.py (JobPlan.env changed shape?)"
-    assert sorted(exported - documented) == [], "jobplan.py exports variables docs/mps.md does not list"
+    assert exported, "found no exported variable in node/plan.py (JobPlan.env changed shape?)"
+    assert sorted(exported - documented) == [], "node/plan.py exports variables docs/mps.md does not list"

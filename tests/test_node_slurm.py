@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_gpushare.devcluster import pid_alive
+from slurm_gpushare_dev.cluster import pid_alive
 from tests.conftest import Job
 
 pytestmark = pytest.mark.slurm

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from slurm_gpushare.errors import ConfigError
-from slurm_gpushare.nodeconfig import NodeConfig, load_node_config, parse_node_config
+from slurm_gpushare.node.config import NodeConfig, load_node_config, parse_node_config
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "etc" / "node.toml.example"
 
@@ -43,7 +43,7 @@ def test_missing_files(tmp_path):
 
 def test_a_missing_version_says_to_add_it():
     from slurm_gpushare.errors import ConfigError
-    from slurm_gpushare.nodeconfig import parse_node_config
+    from slurm_gpushare.node.config import parse_node_config
     with pytest.raises(ConfigError, match="no version key") as err:
         parse_node_config('run_dir = "/run/x"\n')
     assert "version = 1" in str(err.value)

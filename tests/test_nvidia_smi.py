@@ -1,4 +1,4 @@
-"""Tests of slurm_gpushare.nvidia_smi against recorded nvidia-smi output (tests/data/topo, tests/data/mig)."""
+"""Tests of slurm_gpushare.hardware.nvidia_smi against recorded nvidia-smi output (tests/data/topo, tests/data/mig)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from slurm_gpushare.errors import ParseError
 from slurm_gpushare.hardware.machine import CpuLayout, Machine
-from slurm_gpushare.nvidia_smi import (
+from slurm_gpushare.hardware.nvidia_smi import (
     MAX_DIRECT_NVLINKS,
     SEVEN_SLICE_PLACEMENTS,
     infer_cpu_layout,

@@ -1,4 +1,4 @@
-"""Tests of slurm_gpushare.placement: the cost model, exactness, the heuristic, the audit, and ``place``.
+"""Tests of slurm_gpushare.topology.placement: the cost model, exactness, the heuristic, the audit, and ``place``.
 
 Machines are the recorded ``nvidia-smi topo -m`` outputs in tests/data/topo (parsed with
 ``parse_topo_matrix``) plus synthetic hop matrices with known structure. The reference for exactness
@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from slurm_gpushare import placement as P
+from slurm_gpushare.topology import placement as P
 from slurm_gpushare.cli import main
 from slurm_gpushare.errors import InputError
-from slurm_gpushare.nvidia_smi import parse_topo_matrix
-from slurm_gpushare.topology import HOP_NVSWITCH, HOP_SYS, Topology, nvlink_hop
+from slurm_gpushare.hardware.nvidia_smi import parse_topo_matrix
+from slurm_gpushare.topology.hops import HOP_NVSWITCH, HOP_SYS, Topology, nvlink_hop
 
 TOPO = Path(__file__).parent / "data" / "topo"
 FILES = sorted(p.name for p in TOPO.glob("*.txt"))

@@ -1,4 +1,4 @@
-"""The submit-side decision (slurm_gpushare.policy.decide) on the dev cluster's four packaged machines."""
+"""The submit-side decision (slurm_gpushare.submit.policy.decide) on the dev cluster's four packaged machines."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from slurm_gpushare import policy as policy_module
-from slurm_gpushare import request as request_module
-from slurm_gpushare.admincomment import extract, format_segment, merge
-from slurm_gpushare.gresconf import node_gres
 from slurm_gpushare.hardware.machine import Machine, MigInstance, MigProfile
-from slurm_gpushare.inventory import ClusterInventory, NodeInventory
-from slurm_gpushare.policy import ESLURM_INVALID_GRES, Decision, decide, nominal_gpu_mib, nominal_profile_mib
-from slurm_gpushare.policyfile import SitePolicy
+from slurm_gpushare.slurm.admincomment import extract, format_segment, merge
+from slurm_gpushare.slurm.nodegres import node_gres
+from slurm_gpushare.submit import policy as policy_module
+from slurm_gpushare.submit import request as request_module
+from slurm_gpushare.submit.inventory import ClusterInventory, NodeInventory
+from slurm_gpushare.submit.policy import ESLURM_INVALID_GRES, Decision, decide, nominal_gpu_mib, nominal_profile_mib
+from slurm_gpushare.submit.policyfile import SitePolicy
 
 ROOT = Path(__file__).resolve().parent.parent
 FILES = {

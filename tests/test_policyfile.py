@@ -1,4 +1,4 @@
-"""The site policy file (slurm_gpushare.policyfile): versioned, strict, documented defaults."""
+"""The site policy file (slurm_gpushare.submit.policyfile): versioned, strict, documented defaults."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from slurm_gpushare.errors import ConfigError
-from slurm_gpushare.policyfile import SitePolicy, load_policy, parse_policy
+from slurm_gpushare.submit.policyfile import SitePolicy, load_policy, parse_policy
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "etc" / "gpushare.toml.example"
 

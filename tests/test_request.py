@@ -1,4 +1,4 @@
-"""TRES strings and gpushare knobs (slurm_gpushare.request)."""
+"""TRES strings and gpushare knobs (slurm_gpushare.submit.request)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from slurm_gpushare.errors import InputError
-from slurm_gpushare.request import (
+from slurm_gpushare.submit.request import (
     MESSAGES,
     GpushareRequest,
     TresItem,

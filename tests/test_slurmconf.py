@@ -1,4 +1,4 @@
-"""Tests of slurm_gpushare.slurmconf: gres.conf and slurm.conf GRES parsing, hostlists, counts.
+"""Tests of slurm_gpushare.slurm.conf: gres.conf and slurm.conf GRES parsing, hostlists, counts.
 
 The real files are tests/data/gres (copied from ../machines/gres with their source headers). Two of
 them are slurm.conf text (the upstream MIG example) or slurm.conf and gres.conf in one file, split
@@ -14,7 +14,7 @@ import pytest
 
 from slurm_gpushare.errors import ParseError
 from slurm_gpushare.hardware.machine import CpuLayout
-from slurm_gpushare.slurmconf import (
+from slurm_gpushare.slurm.conf import (
     GRES_CONF_KEYS,
     GresSpec,
     compress_hostlist,

@@ -1,8 +1,8 @@
-"""Tests of slurm_gpushare.topology: hop matrix, gres.conf Links=, graph queries, GPU sets.
+"""Tests of slurm_gpushare.topology.hops: hop matrix, gres.conf Links=, graph queries, GPU sets.
 
 The four real machines are the public ``nvidia-smi topo -m`` outputs in tests/data/topo (copied from
 ../machines/topo with their source headers). Each is built here by hand, and also parsed with
-``slurm_gpushare.nvidia_smi.parse_topo_matrix`` where that module exists; both must give the
+``slurm_gpushare.hardware.nvidia_smi.parse_topo_matrix`` where that module exists; both must give the
 literal expected hop matrices written below (not recomputed with the module's formula).
 """
 
@@ -17,7 +17,7 @@ import pytest
 
 from slurm_gpushare.errors import InputError, MachineDescriptionError
 from slurm_gpushare.hardware.machine import Gpu, Link, Machine, Nic
-from slurm_gpushare.topology import (
+from slurm_gpushare.topology.hops import (
     EXACT_SEARCH_MAX_GPUS,
     GpuSet,
     Topology,
@@ -144,7 +144,7 @@ MACHINES = {
 
 def parsed(name: str) -> Machine:
     """The machine parsed from its recorded ``nvidia-smi topo -m`` text (skips without the parser)."""
-    nvidia_smi = pytest.importorskip("slurm_gpushare.nvidia_smi")
+    nvidia_smi = pytest.importorskip("slurm_gpushare.hardware.nvidia_smi")
     _, file, gpu_name, memory_mib, _ = MACHINES[name]
     text = (TOPO / file).read_text()
     return nvidia_smi.parse_topo_matrix(text, source=file, hostname=name, gpu_name=gpu_name,
@@ -553,7 +553,7 @@ def test_format_table_lists_nearest_nics():
 
 
 def test_parsed_dgx_h100_nvswitch_is_hop_2_everywhere():
-    nvidia_smi = pytest.importorskip("slurm_gpushare.nvidia_smi")
+    nvidia_smi = pytest.importorskip("slurm_gpushare.hardware.nvidia_smi")
     file = "dgx-h100-8gpu-nv18-no-nic.txt"
     m = nvidia_smi.parse_topo_matrix((TOPO / file).read_text(), source=file, hostname="h100",
                                      gpu_name="NVIDIA H100 80GB HBM3", memory_mib=81559)

@@ -5,12 +5,12 @@ Flow (see docs/accounting.md):
 1. while a job runs, the node monitor samples NVML and keeps each job's peak memory and SM
    utilization per GPU (:class:`~slurm_gpushare.accounting.record.UsageTracker`);
 2. the Epilog builds one :class:`~slurm_gpushare.accounting.record.UsageRecord` per job and GPU
-   (:func:`~slurm_gpushare.accounting.record.records_for_job`) and appends them to the node's
+   (:func:`~slurm_gpushare.node.records.records_for_job`) and appends them to the node's
    spool (:class:`~slurm_gpushare.accounting.spool.Spool`): one fsynced JSON line each, so nothing
    is lost when no database is reachable;
 3. ``slurm-gpushare accounting ingest`` loads spool files into the embedded SQLite store
    (:class:`~slurm_gpushare.accounting.store.Store`), idempotently;
-4. ``slurm-gpushare report`` (:mod:`slurm_gpushare.report`) aggregates the store.
+4. ``slurm-gpushare report`` (:mod:`slurm_gpushare.accounting.report`) aggregates the store.
 
 Importing this package does nothing (no file is opened, no database touched).
 """
@@ -23,7 +23,6 @@ from slurm_gpushare.accounting.record import (
     UsageTracker,
     exit_from_env,
     merge_summary,
-    records_for_job,
     summary_segment,
 )
 from slurm_gpushare.accounting.spool import DEFAULT_SPOOL_DIR, Spool, spool_files
@@ -44,7 +43,6 @@ __all__ = [
     "UsageTracker",
     "exit_from_env",
     "merge_summary",
-    "records_for_job",
     "spool_files",
     "summary_segment",
 ]

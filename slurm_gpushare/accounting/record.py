@@ -10,9 +10,8 @@ the whole GPU (0-100). A measurement that does not exist is ``null``/None, never
 SM utilization for MIG devices (``nvmlDeviceGetUtilizationRates`` answers ``NOT_SUPPORTED`` on a
 MIG-enabled GPU) nor on some older GPUs, and a job the monitor never sampled has no peaks at all.
 
-The builder :func:`records_for_job` is pure: the Epilog hands it what it already has (the job as
-slurmctld recorded it, the :class:`~slurm_gpushare.jobplan.JobPlan`, the node's machine description)
-and what the monitor measured (:class:`Usage` per GPU, see :class:`UsageTracker`).
+The node side builds records (:func:`slurm_gpushare.node.records.records_for_job`) from what the
+Epilog already has and what the monitor measured (:class:`Usage` per GPU, see :class:`UsageTracker`).
 
 Jobs that got GPUs through ``--gres=gpu:N``, ``--gpus=N`` or ``--gpus-per-node=N`` all become records
 the same way: Slurm turns each into a ``gres/gpu`` allocation with device indices, which is what
@@ -30,9 +29,6 @@ from functools import partial
 from typing import Any
 
 from slurm_gpushare.errors import InputError
-from slurm_gpushare.hardware.machine import Gpu, Machine
-from slurm_gpushare.jobinfo import JobInfo
-from slurm_gpushare.jobplan import JobPlan
 
 #: Version of the record format; the ``"v"`` key of every JSON line.
 RECORD_VERSION = 1
@@ -67,7 +63,7 @@ class UsageTracker:
     """Running peaks and means per job and GPU device, fed sample by sample (for the node monitor).
 
     Keys are whatever identifies a device for the caller: the NVML index of a GPU (``int``) or, for
-    MIG devices, the MIG device UUID (``str``), as :func:`records_for_job` looks them up.
+    MIG devices, the MIG device UUID (``str``), as :func:`~slurm_gpushare.node.records.records_for_job` looks them up.
 
     Example::
 
@@ -432,112 +428,6 @@ def exit_from_code(code: str) -> tuple[str, str]:
     if signal not in ("", "0"):
         return "SIGNALED", code
     return ("COMPLETED" if exit_status == "0" else "FAILED"), code
-
-
-def _audit_mem(text: str | None) -> tuple[int | None, int | None]:
-    """``10240/10240MiB`` -> ``(10240, 10240)``; ``-/81559MiB`` -> ``(None, 81559)``."""
-    if not text:
-        return None, None
-    asked, _, granted = text.removesuffix("MiB").partition("/")
-    return (int(asked) if asked.isdigit() else None), (int(granted) if granted.isdigit() else None)
-
-
-def _gpu(machine: Machine, index: int, job_id: str) -> Gpu:
-    for g in machine.gpus:
-        if g.index == index:
-            return g
-    raise InputError(f"job {job_id} used GPU {index}, which the machine description of {machine.hostname} "
-                     "does not have", hint="regenerate it with 'slurm-gpushare inventory'")
-
-
-def records_for_job(info: JobInfo, plan: JobPlan, machine: Machine, *, node: str, start: int, end: int,
-                    exit_state: str = "", exit_code: str = "",
-                    usage: Mapping[int | str, Usage] | None = None,
-                    gpu_uuids: Mapping[int, str] | None = None, account: str | None = None,
-                    array_job_id: str | None = None, array_task_id: int | None = None, step: str = "",
-                    placement_cost: float | None = None) -> tuple[UsageRecord, ...]:
-    """The records of one finished job on this node, one per GPU device it held (pure).
-
-    Args:
-        info: the job as slurmctld recorded it (``scontrol -d show job``): user, partition, GRES
-            detail (MIG GRES types) and the AdminComment audit (``mem=<asked>/<granted>MiB``, ``sm=``).
-        plan: what the Prolog prepared (:func:`~slurm_gpushare.jobplan.plan_job`): kind, GPU indices,
-            MIG UUIDs (``visible_devices``), the MPS memory limit and thread percentage.
-        machine: the node's machine description (GPU names, memory, MIG profiles and instances).
-        node: this node's Slurm name.
-        start, end: the job's start and end, epoch seconds (``end`` is clamped to ``start``).
-        exit_state, exit_code: see :func:`exit_from_env`.
-        usage: what the monitor measured, keyed by MIG device UUID or GPU index
-            (:meth:`UsageTracker.pop`); a device with no entry gets "no data" (None), never 0.
-        gpu_uuids: NVML index -> GPU UUID (``nvmlDeviceGetUUID``); default: the machine description's.
-        account: the job's account (``Account=`` of ``scontrol show job``); default ``info.account``
-            when JobInfo has it, else ``""``.
-        array_job_id, array_task_id, step: for array tasks and per-step records.
-        placement_cost: the topology placement's cost, when known.
-
-    Returns:
-        One record per GPU device, in the plan's order; empty for a job without GPUs here.
-
-    Raises:
-        InputError: the plan names a GPU the machine description lacks.
-    """
-    if plan.kind not in MODES or not plan.gpu_indices:
-        return ()
-    usage = usage or {}
-    uuids = dict(gpu_uuids or {})
-    audit = info.audit or {}
-    asked, granted_audit = _audit_mem(audit.get("mem"))
-    sm_asked = plan.sm_percent
-    if sm_asked is None and audit.get("sm", "").isdigit():
-        sm_asked = int(audit["sm"])
-    if account is None:
-        account = getattr(info, "account", "") or ""
-    allocs = info.gres_on(node)
-    end = max(end, start)
-    common = dict(job_id=str(info.job_id or plan.job_id), user=info.user, account=account,
-                  partition=info.partition, node=node, mem_asked_mib=asked, sm_asked_percent=sm_asked,
-                  start=int(start), end=int(end), exit_state=exit_state, exit_code=exit_code,
-                  array_job_id=array_job_id, array_task_id=array_task_id, step=step,
-                  placement_cost=placement_cost)
-
-    def measured(*keys: int | str) -> dict[str, Any]:
-        u = next((usage[k] for k in keys if k != "" and k in usage), None)
-        if u is None:
-            return {}
-        return dict(mem_peak_mib=u.peak_mib, sm_mean_percent=u.sm_mean, sm_peak_percent=u.sm_peak,
-                    samples=u.samples)
-
-    out: list[UsageRecord] = []
-    if plan.kind == "mig":
-        types = [a.type for a in allocs if a.name == "gpu" for _ in a.indices]
-        mig_uuids = plan.visible_devices.split(",") if plan.visible_devices else []
-        for n, index in enumerate(plan.gpu_indices):
-            gpu = _gpu(machine, index, common["job_id"])
-            uuid = mig_uuids[n] if n < len(mig_uuids) else ""
-            inst = next((i for i in gpu.mig_instances if uuid and i.uuid == uuid), None)
-            profile = inst.profile if inst else (types[n].partition("_")[2] if n < len(types) else "")
-            mem = next((p.memory_mib for p in gpu.mig_profiles if p.name == profile), None)
-            if mem is None:
-                mem = granted_audit or 0
-            # NVML indexes MIG devices by UUID; an index key is ambiguous with two slices of one GPU
-            only_one = plan.gpu_indices.count(index) == 1
-            out.append(UsageRecord(**common, gpu_index=index, gpu_uuid=uuid, gpu_model=gpu.model,
-                                   gpu_memory_mib=gpu.memory_mib, mode="mig", share=profile,
-                                   mem_granted_mib=mem,
-                                   **measured(*((uuid, index) if only_one else (uuid,)))))
-        return tuple(out)
-    share = ""
-    if plan.kind == "mps":
-        shards = sum(a.count for a in allocs if a.name == "shard")
-        share = f"shard:{shards}" if shards else ""
-    for index in plan.gpu_indices:
-        gpu = _gpu(machine, index, common["job_id"])
-        uuid = uuids.get(index) or gpu.uuid
-        granted = plan.mem_limit_mib if plan.kind == "mps" and plan.mem_limit_mib is not None else gpu.memory_mib
-        out.append(UsageRecord(**common, gpu_index=index, gpu_uuid=uuid, gpu_model=gpu.model,
-                               gpu_memory_mib=gpu.memory_mib, mode=plan.kind, share=share,
-                               mem_granted_mib=min(granted, gpu.memory_mib), **measured(uuid, index)))
-    return tuple(out)
 
 
 # --- the summary for Slurm's own accounting (AdminComment) -------------------------------------------

@@ -72,8 +72,8 @@ def report(db_path, by, since, until, fmt, waste):
     without utilization data count as "no data", never 0%. Durations are clipped to the period.
     See docs/accounting.md for every column.
     """
+    from slurm_gpushare.accounting.report import job_report, parse_time, render, usage_report, waste_report
     from slurm_gpushare.accounting.store import Store, default_db
-    from slurm_gpushare.report import job_report, parse_time, render, usage_report, waste_report
 
     if waste and by not in (None, "job"):
         raise click.UsageError(f"--waste lists jobs; --by {by} does not apply to it (use 'report --by {by}' "

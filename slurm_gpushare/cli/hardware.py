@@ -125,8 +125,8 @@ def load_machine(path: str | None = None, *, from_topo: str | None = None, gpu_n
         return m
     host = hostname or socket.gethostname().split(".")[0]
     if from_topo:
+        from slurm_gpushare.hardware.nvidia_smi import parse_mig_profiles, parse_topo_matrix
         from slurm_gpushare.memsize import parse_mib
-        from slurm_gpushare.nvidia_smi import parse_mig_profiles, parse_topo_matrix
 
         if placeholders:
             gpu_name = gpu_name or PLACEHOLDER_GPU_NAME
@@ -280,7 +280,7 @@ def topology(machine: Machine, as_json: bool, score_gpus: str | None) -> None:
 
         click.echo(score_report(machine, score_gpus, as_json=as_json))
         return
-    from slurm_gpushare.topology import Topology, format_table
+    from slurm_gpushare.topology.hops import Topology, format_table
 
     topo = Topology.from_machine(machine)
     if as_json:

@@ -13,8 +13,8 @@ from slurm_gpushare.errors import GpushareError
 
 
 def _context(config_path: str | None, node: str | None):
-    from slurm_gpushare.hooks import HookContext
-    from slurm_gpushare.nodeconfig import load_node_config
+    from slurm_gpushare.node.config import load_node_config
+    from slurm_gpushare.node.hooks import HookContext
 
     name = node or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
     return HookContext(load_node_config(config_path), name)
@@ -30,7 +30,7 @@ def hook(which, config_path):
     slurmctld. Exit status 1 (which drains the node) only for node faults; the drain reason says what
     to fix. Errors go to stderr, which slurmd logs.
     """
-    from slurm_gpushare.hooks import NodeFault, epilog, prolog
+    from slurm_gpushare.node.hooks import NodeFault, epilog, prolog
 
     ctx = _context(config_path, None)
     try:
@@ -55,7 +55,7 @@ def doctor(config_path, node, repair):
     job whose MPS daemon died gets a new one with its limits. Exit status 1 when something was found
     and not repaired.
     """
-    from slurm_gpushare.hooks import doctor as run_doctor
+    from slurm_gpushare.node.hooks import doctor as run_doctor
 
     ctx = _context(config_path, node)
     findings = run_doctor(ctx, repair=repair)
@@ -93,7 +93,7 @@ def monitor(config_path, node, interval, listen, textfile, once):
     from slurm_gpushare.errors import MachineDescriptionError, NvmlError
     from slurm_gpushare.hardware.machine import Machine
     from slurm_gpushare.hardware.ports import open_nvml
-    from slurm_gpushare.monitor import Monitor, serve
+    from slurm_gpushare.node.monitor import Monitor, serve
 
     ctx = _context(config_path, node)
     cfg = ctx.config
@@ -132,7 +132,7 @@ def _listen(value):
     """Check --listen before anything starts ('' means no endpoint)."""
     if value:
         from slurm_gpushare.errors import InputError
-        from slurm_gpushare.nodeconfig import parse_listen
+        from slurm_gpushare.node.config import parse_listen
 
         try:
             parse_listen(value)

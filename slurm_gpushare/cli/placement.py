@@ -68,8 +68,8 @@ def score_report(machine: Machine, gpus_text: str, *, as_json: bool, free_text: 
     Raises:
         InputError: a malformed GPU list, a GPU the node does not have.
     """
-    from slurm_gpushare.placement import score
-    from slurm_gpushare.topology import Topology
+    from slurm_gpushare.topology.hops import Topology
+    from slurm_gpushare.topology.placement import score
 
     topo = Topology.from_machine(machine)
     labels = topo.gpus
@@ -124,7 +124,8 @@ def place(machine: Machine, count: int | None, free_text: str | None, score_text
         raise InputError(f"--draws {draws} must not be negative")
     import numpy as np
 
-    from slurm_gpushare.placement import (
+    from slurm_gpushare.topology.hops import Topology
+    from slurm_gpushare.topology.placement import (
         PAIR_WEIGHT,
         RING_WEIGHT,
         best_placement,
@@ -132,7 +133,6 @@ def place(machine: Machine, count: int | None, free_text: str | None, score_text
         first_fit,
         random_fit,
     )
-    from slurm_gpushare.topology import Topology
 
     topo = Topology.from_machine(machine)
     labels = topo.gpus

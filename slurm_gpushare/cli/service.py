@@ -1,4 +1,4 @@
-"""``filterd``: run the decision service for job_submit.lua / cli_filter.lua (see slurm_gpushare.filterd)."""
+"""``filterd``: run the decision service for job_submit.lua / cli_filter.lua (see slurm_gpushare.submit.service)."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def filterd(socket_path, machines_dir, policy_path, refresh, socket_mode, log_pa
     descriptions joined with sinfo --json) is reloaded on SIGHUP, when the directory changes, and
     every --refresh seconds.
     """
-    from slurm_gpushare.filterd import serve
+    from slurm_gpushare.submit.service import serve
 
     if not Path(machines_dir).is_dir():
         raise InputError(f"--machines {machines_dir} is not a directory",

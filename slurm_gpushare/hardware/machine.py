@@ -184,7 +184,7 @@ class Gpu:
             ``NVML_AFFINITY_SCOPE_NODE``; the ``NUMA Affinity`` column of ``nvidia-smi topo -m``), or None.
             Parsed from ``topo -m`` output without that column (old drivers), it is derived from the
             CPU layout instead, not reported by NVML: the socket holding all the GPU's affinity CPUs
-            (see :func:`slurm_gpushare.nvidia_smi.parse_topo_matrix`).
+            (see :func:`slurm_gpushare.hardware.nvidia_smi.parse_topo_matrix`).
         mig_enabled: MIG mode is on (``nvmlDeviceGetMigMode`` current mode).
         mig_profiles: GPU instance profiles this GPU supports (empty when MIG is unsupported).
         mig_instances: live MIG devices.

@@ -1,1 +1,1 @@
-"""Tests of slurm_gpushare.accounting and slurm_gpushare.report."""
+"""Tests of slurm_gpushare.accounting and slurm_gpushare.accounting.report."""

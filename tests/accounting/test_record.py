@@ -15,14 +15,14 @@ from slurm_gpushare.accounting.record import (
     UsageRecord,
     UsageTracker,
     exit_from_env,
-    records_for_job,
     rows_from_lines,
 )
-from slurm_gpushare.devcluster import packaged_machine
 from slurm_gpushare.errors import InputError
-from slurm_gpushare.gresconf import GresOptions, node_gres
-from slurm_gpushare.jobinfo import parse_show_job
-from slurm_gpushare.jobplan import plan_job
+from slurm_gpushare.node.plan import plan_job
+from slurm_gpushare.node.records import records_for_job
+from slurm_gpushare.slurm.job import parse_show_job
+from slurm_gpushare.slurm.nodegres import GresOptions, node_gres
+from slurm_gpushare_dev.cluster import packaged_machine
 
 
 def record(**kw) -> UsageRecord:
@@ -153,7 +153,7 @@ MACHINE = packaged_machine("4x-h100-mig-mixed.json")  # hostname h100-mig: GPUs 
 
 def _records(detail: str, ac: str = "", tres: str = "TresPerNode=gres:gpu:1", **kw):
     info = parse_show_job(SHOW.format(job="77", tres=tres, detail=detail, ac=ac))
-    gres = node_gres(MACHINE, "h100-mig", GresOptions(shard_unit_mib=1024, links=False))
+    gres = node_gres(MACHINE, "h100-mig", GresOptions(shard_unit_mib=1024))
     gpu_uuids = {g.index: g.uuid for g in MACHINE.gpus}
     mig_uuids = {(g.index, i.gi_id): i.uuid for g in MACHINE.gpus for i in g.mig_instances}
     plan = plan_job(info, "h100-mig", gres, gpu_uuids=gpu_uuids, mig_uuids=mig_uuids, shard_unit_mib=1024)
@@ -202,14 +202,14 @@ def test_whole_gpus_are_records_however_they_were_requested(tres):
 
 def test_a_job_without_gpus_here_has_no_records():
     info = parse_show_job(SHOW.format(job="5", tres="", detail="", ac="").replace(" GRES=", " X="))
-    gres = node_gres(MACHINE, "h100-mig", GresOptions(shard_unit_mib=1024, links=False))
+    gres = node_gres(MACHINE, "h100-mig", GresOptions(shard_unit_mib=1024))
     plan = plan_job(info, "h100-mig", gres, gpu_uuids={}, mig_uuids={}, shard_unit_mib=1024)
     assert records_for_job(info, plan, MACHINE, node="h100-mig", start=0, end=1) == ()
 
 
 def test_summary_segment_for_admin_comment():
     from slurm_gpushare.accounting.record import merge_summary, summary_segment
-    from slurm_gpushare.admincomment import extract, format_segment, merge
+    from slurm_gpushare.slurm.admincomment import extract, format_segment, merge
 
     recs = [record(job_id="2", mode="gpu", gpu_index=0, gpu_uuid="a", mem_granted_mib=81920, mem_peak_mib=20480,
                    sm_mean_percent=80.0, sm_peak_percent=90.0),

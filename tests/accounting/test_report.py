@@ -14,9 +14,7 @@ import json
 
 import pytest
 
-from slurm_gpushare.accounting.store import Store
-from slurm_gpushare.errors import InputError
-from slurm_gpushare.report import (
+from slurm_gpushare.accounting.report import (
     NO_DATA,
     fit_request,
     job_report,
@@ -25,6 +23,8 @@ from slurm_gpushare.report import (
     usage_report,
     waste_report,
 )
+from slurm_gpushare.accounting.store import Store
+from slurm_gpushare.errors import InputError
 from tests.accounting.test_record import record
 
 T0 = 1_764_547_200  # 2025-12-01T00:00:00Z
@@ -199,7 +199,7 @@ def test_waste_does_not_judge_jobs_that_failed():
 
 def test_short_jobs_do_not_all_read_zero_hours_in_the_table():
     # found in a trial: jobs of seconds showed GPU-H 0.00 next to their efficiencies
-    from slurm_gpushare.report import _cell
+    from slurm_gpushare.accounting.report import _cell
     assert [_cell(v, "hours") for v in (0, 0.5, 0.0028, 3.5e-5, 12.345)] == ["0.00", "0.50", "0.0028", "0.000035",
                                                                             "12.35"]
 

@@ -8,11 +8,11 @@ import sys
 
 import pytest
 
-from slurm_gpushare.devcluster import packaged_machine
 from slurm_gpushare.errors import MachineDescriptionError
 from slurm_gpushare.hardware.fake import FakeNvml, ProcessTable, ScheduledProcess
 from slurm_gpushare.hardware.machine import GpuProcess
 from slurm_gpushare.hardware.ports import open_nvml
+from slurm_gpushare_dev.cluster import packaged_machine
 
 
 class Clock:

@@ -1,14 +1,14 @@
 """A throwaway Slurm cluster with simulated GPUs on one host: the test fixture and the demo.
 
-``scripts/dev-cluster up|down|status|env`` (or ``python -m slurm_gpushare.devcluster``) runs Debian's
+``scripts/dev-cluster up|down|status|env`` (or ``python -m slurm_gpushare_dev.cluster``) runs Debian's
 ``slurm-wlm`` 22.05 as root without systemd: munged, slurmctld, the filter service, one
 ``slurmd -N <node>`` and one node monitor (``slurm-gpushare monitor``) per node, optionally a private
 MariaDB + slurmdbd for ``sacct``. Each node's GPUs come from a machine
 description (real machines' ``nvidia-smi topo -m`` parsed into JSON, shipped in
 ``slurm_gpushare/data/machines``): fake ``nvidiaN`` character devices (major 195) and, for MIG
 devices, ``nvidia-caps/nvidia-capN`` devices are made with mknod under the cluster's own directory,
-and gres.conf / slurm.conf are rendered by :mod:`slurm_gpushare.gresconf`. Jobs "use" the fake GPUs
-with ``<dir>/bin/fake-gpu-app`` (:mod:`slurm_gpushare.fakeapp`, run from a world-readable copy of the
+and gres.conf / slurm.conf are rendered by :mod:`slurm_gpushare.gresconf.render`. Jobs "use" the fake GPUs
+with ``<dir>/bin/fake-gpu-app`` (:mod:`slurm_gpushare_dev.fakeapp`, run from a world-readable copy of the
 package), which registers in a process table that every fake NVML of the cluster reads.
 
 Everything lives under one state directory (``--dir``, env ``GPUSHARE_DEV_DIR``, default
@@ -43,12 +43,14 @@ from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 
+import slurm_gpushare
 from slurm_gpushare.errors import ClusterError, GpushareError
-from slurm_gpushare.gresconf import GresOptions, node_gres, render_gres_conf, render_slurm_conf
+from slurm_gpushare.gresconf.render import generate_node_gres, render_gres_conf, render_slurm_conf
 from slurm_gpushare.hardware.fake import PROCESS_TABLE_ENV, ProcessTable
 from slurm_gpushare.hardware.machine import Machine
 from slurm_gpushare.hardware.ports import ENV as NVML_ENV
 from slurm_gpushare.procinfo import pid_alive
+from slurm_gpushare.slurm.nodegres import GresOptions
 
 DEFAULT_DIR = "/tmp/slurm-gpushare-dev"
 DEFAULT_PORT_BASE = 16817
@@ -86,8 +88,9 @@ SLURMD_PORT_OFFSET = 10
 MONITOR_PORT_OFFSET = 40
 #: Most nodes a cluster can have before node slurmd ports would run into the monitors' ports.
 MAX_NODES = MONITOR_PORT_OFFSET - SLURMD_PORT_OFFSET - 1
-#: The package's source tree, copied to ``<dir>/lib`` for the jobs' users (see :meth:`DevCluster.install_lib`).
-PACKAGE_DIR = Path(__file__).resolve().parent
+#: The source trees of the product and of this package, copied to ``<dir>/lib`` for the jobs' users
+#: (see :meth:`DevCluster.install_lib`).
+PACKAGE_DIRS = (Path(slurm_gpushare.__file__).resolve().parent, Path(__file__).resolve().parent)
 
 
 @dataclass
@@ -174,7 +177,7 @@ class DevCluster:
     @property
     def fake_gpu_app(self) -> Path:
         """The stand-in CUDA program for jobs: ``fake-gpu-app --mem 6G --sm 40 --seconds 10``
-        (:mod:`slurm_gpushare.fakeapp`) "uses" the job's fake GPUs; any user can run it in a job."""
+        (:mod:`slurm_gpushare_dev.fakeapp`) "uses" the job's fake GPUs; any user can run it in a job."""
         return self.root / "bin" / "fake-gpu-app"
 
     @property
@@ -232,7 +235,7 @@ class DevCluster:
     def render(self) -> dict[str, str]:
         """All config files of the cluster, as ``{relative path: text}`` (pure)."""
         r = self.root
-        generated = [node_gres(m, name, replace(self.gres_options.get(name, GresOptions()),
+        generated = [generate_node_gres(m, name, replace(self.gres_options.get(name, GresOptions()),
                                                 device_dir=str(self.device_dir(name))))
                      for name, m in self.nodes.items()]
         hostname = socket.gethostname().split(".")[0]
@@ -650,7 +653,7 @@ class DevCluster:
         }
 
     def _fake_gpu_app_text(self) -> str:
-        """``bin/fake-gpu-app``: runs :mod:`slurm_gpushare.fakeapp` from ``lib/`` with an interpreter
+        """``bin/fake-gpu-app``: runs :mod:`slurm_gpushare_dev.fakeapp` from ``lib/`` with an interpreter
         every user can run (a job's user cannot use a venv or interpreter under root's home)."""
         r = self.root
         return (
@@ -672,7 +675,7 @@ class DevCluster:
             "fi\n"
             f"PYTHONPATH={self.lib_dir}\n"
             "export PYTHONPATH\n"
-            f'exec {job_python()} -s -m slurm_gpushare.fakeapp "$@"\n')
+            f'exec {job_python()} -s -m slurm_gpushare_dev.fakeapp "$@"\n')
 
     @property
     def accounting_spool(self) -> Path:
@@ -742,13 +745,18 @@ class DevCluster:
                         _mknod(d / "nvidia-caps" / f"nvidia-cap{cap}", NVIDIA_CAPS_MAJOR, cap)
 
     def install_lib(self) -> None:
-        """Copy the package (its modules and data files, no ``__pycache__``) to ``lib/slurm_gpushare``,
-        world-readable, for :attr:`fake_gpu_app`: a job's user may not reach the project's tree or venv.
-        Only changed files are rewritten; files the package no longer has are removed."""
-        dest = self.lib_dir / "slurm_gpushare"
+        """Copy the packages (``slurm_gpushare`` and ``slurm_gpushare_dev``: modules and data files, no
+        ``__pycache__``) to ``lib/``, world-readable, for :attr:`fake_gpu_app`: a job's user may not
+        reach the project's tree or venv. Only changed files are rewritten; files a package no longer has
+        are removed."""
+        for package_dir in PACKAGE_DIRS:
+            self._install_package(package_dir)
+
+    def _install_package(self, package_dir: Path) -> None:
+        dest = self.lib_dir / package_dir.name
         wanted: set[Path] = set()
-        for src in sorted(PACKAGE_DIR.rglob("*")):
-            rel = src.relative_to(PACKAGE_DIR)
+        for src in sorted(package_dir.rglob("*")):
+            rel = src.relative_to(package_dir)
             if "__pycache__" in rel.parts or src.suffix == ".pyc" or not src.is_file():
                 continue
             wanted.add(rel)

@@ -1,7 +1,7 @@
 """Installed Slurm configuration, read: gres.conf and the GRES part of slurm.conf, as plain data (pure).
 
 This is an inputs-layer module: it turns the text of a site's ``gres.conf`` and ``slurm.conf`` into
-frozen dataclasses for the checks in :mod:`slurm_gpushare.grescheck`. It reads no files (callers
+frozen dataclasses for the checks in :mod:`slurm_gpushare.gresconf.check`. It reads no files (callers
 pass the text and a ``source`` name used in errors as ``source:line``) and judges nothing that
 parses: a ``Links=`` with an empty field, a ``Cores=`` with hyperthread ids or a count that does not
 match slurm.conf are read as written and left to the linter.

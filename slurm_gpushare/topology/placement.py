@@ -1,9 +1,9 @@
 """Placement engine: the best k-GPU set of a node's free GPUs, and how far an allocation was from it.
 
-A decisions-layer module: pure functions of a hop matrix (:func:`slurm_gpushare.topology.hop_matrix`),
+A decisions-layer module: pure functions of a hop matrix (:func:`slurm_gpushare.topology.hops.hop_matrix`),
 no I/O. Positions are matrix positions (row ``i`` is the ``i``-th smallest GPU index, see
-:mod:`slurm_gpushare.topology`); on a node whose GPUs are numbered ``0..n-1`` they are GPU indices.
-Callers that hold a :class:`~slurm_gpushare.topology.Topology` map with ``Topology.gpus``.
+:mod:`slurm_gpushare.topology.hops`); on a node whose GPUs are numbered ``0..n-1`` they are GPU indices.
+Callers that hold a :class:`~slurm_gpushare.topology.hops.Topology` map with ``Topology.gpus``.
 
 The cost model (docs/placement.md)
     For a set ``S`` of ``k`` GPUs on a node with hop matrix ``H``::
@@ -11,7 +11,7 @@ The cost model (docs/placement.md)
         cost(S) = PAIR_WEIGHT * pair_cost(S) + RING_WEIGHT * k * ring_bottleneck(S)
 
     - ``pair_cost(S)`` is the sum of ``H[a, b]`` over the ``k(k-1)/2`` pairs of ``S``
-      (:func:`slurm_gpushare.topology.set_cost`): all-to-all traffic, tree collectives and
+      (:func:`slurm_gpushare.topology.hops.set_cost`): all-to-all traffic, tree collectives and
       pipeline neighbours cross every pair's path, so every slow pair counts.
     - ``ring_bottleneck(S)`` is the hop of the slowest link of the best ring through ``S``: the order
       of the GPUs, as a cycle, that minimizes the largest hop between neighbours (ties: the smallest
@@ -62,7 +62,7 @@ from typing import Any
 import numpy as np
 
 from slurm_gpushare.errors import InputError
-from slurm_gpushare.topology import EXACT_SEARCH_MAX_GPUS
+from slurm_gpushare.topology.hops import EXACT_SEARCH_MAX_GPUS
 
 #: Weight of the pair cost (sum of hops over every pair of the set).
 PAIR_WEIGHT = 1.0
@@ -176,7 +176,7 @@ def best_placement(hop: Any, k: int, free: Iterable[int] | None = None,
     """The best ``k``-GPU set among the free GPUs (module docstring: cost model and search).
 
     Args:
-        hop: the hop matrix, ``(n, n)`` (:func:`slurm_gpushare.topology.hop_matrix`).
+        hop: the hop matrix, ``(n, n)`` (:func:`slurm_gpushare.topology.hops.hop_matrix`).
         k: GPUs wanted, at least 1.
         free: positions that may be used (default: all).
         numa: NUMA node per position (None = unknown), the tie-breaker; default: all unknown.
@@ -398,7 +398,7 @@ def _check_hop(hop: Any) -> np.ndarray:
         raise InputError("a hop matrix holds finite, non-negative hops")
     if np.abs(np.diagonal(h)).max() > _TOL or np.abs(h - h.T).max() > _TOL:
         raise InputError("a hop matrix must be symmetric and 0 on the diagonal",
-                         hint="build it with slurm_gpushare.topology.hop_matrix")
+                         hint="build it with slurm_gpushare.topology.hops.hop_matrix")
     return h
 
 

@@ -1,6 +1,6 @@
 """A stand-in GPU application for simulated nodes: it "uses" fake GPUs as a CUDA program would.
 
-``python -m slurm_gpushare.fakeapp --mem 6G --sm 40 --seconds 10`` run inside a job on the dev
+``python -m slurm_gpushare_dev.fakeapp --mem 6G --sm 40 --seconds 10`` run inside a job on the dev
 cluster registers itself in the fake NVML's process table
 (:class:`~slurm_gpushare.hardware.fake.ProcessTable`, ``GPUSHARE_FAKE_GPU_PROCESSES``), so that every
 :class:`~slurm_gpushare.hardware.fake.FakeNvml` of that node (the node monitor's, the Epilog's)
@@ -129,7 +129,7 @@ def mps_limits(text: str) -> dict[int, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m slurm_gpushare.fakeapp", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m slurm_gpushare_dev.fakeapp", description=__doc__.split("\n\n")[0])
     ap.add_argument("--mem", default="1G", help="GPU memory per device (default 1G); ignored with --schedule")
     ap.add_argument("--sm", default="50", help="SM utilization percent, '-' for none (default 50)")
     ap.add_argument("--schedule", help="SECONDS:SIZE:SM,... memory and SM over time")

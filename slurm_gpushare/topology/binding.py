@@ -7,7 +7,7 @@ TaskProlog prints the lines of the task it runs before (``SLURM_LOCALID``). See 
 What is decided, in order
     1. Rank order (:func:`gpu_ring`): the allocated GPUs as a ring, the order that minimizes the
        largest hop between ring neighbours (the bottleneck link of a ring all-reduce), then the sum
-       of hops around the ring: the placement engine's ring (:func:`slurm_gpushare.placement.ring_order`,
+       of hops around the ring: the placement engine's ring (:func:`slurm_gpushare.topology.placement.ring_order`,
        exact up to 16 GPUs). A caller that holds another order passes it as ``ring``.
     2. Task -> GPUs: rank ``r`` (``SLURM_LOCALID``) gets the ``r``-th GPU of the ring; with fewer
        tasks than GPUs each task gets a run of consecutive ring GPUs, with more tasks than GPUs
@@ -60,8 +60,8 @@ import numpy as np
 
 from slurm_gpushare.errors import InputError, MachineDescriptionError
 from slurm_gpushare.hardware.machine import PCIE_LEVELS, CpuLayout, Machine
-from slurm_gpushare.placement import ring_order
-from slurm_gpushare.topology import hop_matrix
+from slurm_gpushare.topology.hops import hop_matrix
+from slurm_gpushare.topology.placement import ring_order
 
 #: Rings of up to this many GPUs are found by trying every cycle (``(k-1)!/2``: 2520 for 8).
 #: NIC port used in ``NCCL_IB_HCA`` / ``UCX_NET_DEVICES`` when none is given.

@@ -1,7 +1,7 @@
 """Slurm commands the product runs (``sinfo``, ``scontrol``), in one place, with timeouts.
 
 Every function returns the command's text; parsing is done by the pure modules
-(:mod:`slurm_gpushare.inventory`). pyslurm is not used: it must match the site's Slurm release
+(:mod:`slurm_gpushare.submit.inventory`). pyslurm is not used: it must match the site's Slurm release
 exactly, and the command-line clients always do.
 """
 

@@ -10,7 +10,7 @@ The filter service decides from this snapshot only. It is built from two sources
 A node whose description is missing, or whose description calls for other GPU GRES than Slurm has
 configured, is kept with a ``problem`` and is never a candidate: stale data is reported, not guessed.
 Parsing here is pure (text in, frozen snapshot out); reading the files and running the commands is
-the caller's job (:mod:`slurm_gpushare.filterd`).
+the caller's job (:mod:`slurm_gpushare.submit.service`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from slurm_gpushare.errors import InputError
 from slurm_gpushare.hardware.machine import Gpu, Machine
-from slurm_gpushare.slurmconf import expand_hostlist, split_outside
+from slurm_gpushare.slurm.conf import expand_hostlist, split_outside
 
 _GRES_ITEM = re.compile(r"^(?P<name>[^:()]+)(?::(?P<type>[^:()]+))?:(?P<count>\d+)(?:\(.*\))?$")
 

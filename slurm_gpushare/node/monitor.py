@@ -12,7 +12,7 @@ serves Prometheus metrics and hands the usage to the Epilog.
    file for its Epilog; a job seen again (an allocation between two steps) takes its peaks back from
    that file. Each new job's record is read once with ``scontrol -d show job`` and planned like the
    Prolog plans it (which GPUs or MIG devices, which memory share,
-   :func:`~slurm_gpushare.jobplan.plan_job`);
+   :func:`~slurm_gpushare.node.plan.plan_job`);
 2. reads every GPU's compute processes (``nvmlDeviceGetComputeRunningProcesses``, with per-process
    SM utilization from ``nvmlDeviceGetProcessUtilization`` where NVML has it) and the GPU's
    utilization (``nvmlDeviceGetUtilizationRates``; not supported on MIG-enabled GPUs);
@@ -64,16 +64,17 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from slurm_gpushare import slurm
 from slurm_gpushare.accounting.live import load_state, remove_usage, restore_all, save_usage, usage_files
-from slurm_gpushare.accounting.record import UsageRecord, UsageTracker, records_for_job
+from slurm_gpushare.accounting.record import UsageRecord, UsageTracker
 from slurm_gpushare.errors import GpushareError, InputError, SlurmError
-from slurm_gpushare.gresconf import GresOptions, node_gres
 from slurm_gpushare.hardware.machine import GpuProcess, Machine
 from slurm_gpushare.hardware.port import NvmlPort, read_uuids
-from slurm_gpushare.jobinfo import JobInfo, parse_show_job
-from slurm_gpushare.jobplan import JobPlan, plan_job
-from slurm_gpushare.nodeconfig import NodeConfig, parse_listen
+from slurm_gpushare.node.config import NodeConfig, parse_listen
+from slurm_gpushare.node.plan import JobPlan, plan_job
+from slurm_gpushare.node.records import records_for_job
+from slurm_gpushare.slurm import commands as slurm
+from slurm_gpushare.slurm.job import JobInfo, parse_show_job
+from slurm_gpushare.slurm.nodegres import GresOptions, node_gres
 
 MIB = 1 << 20
 _CGROUP_JOB = re.compile(r"/job_(\d+)(?:/|$)")
@@ -212,7 +213,7 @@ class Monitor:
         self._clock = clock
         self._update_admin_comment = update_admin_comment or slurm_update_admin_comment
         self._jobs: dict[str, _Job] = {}
-        self._gres = node_gres(machine, node, GresOptions(shard_unit_mib=config.shard_unit_mib, links=False))
+        self._gres = node_gres(machine, node, GresOptions(shard_unit_mib=config.shard_unit_mib))
         self._gpu_uuids: dict[int, str] = {}
         self._mig_uuids: dict[tuple[int, int], str] = {}
         self._open = False

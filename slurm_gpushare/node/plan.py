@@ -20,9 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from slurm_gpushare.errors import InputError
-from slurm_gpushare.gresconf import NodeGres
-from slurm_gpushare.jobinfo import JobInfo
 from slurm_gpushare.memsize import format_mib
+from slurm_gpushare.slurm.job import JobInfo
+from slurm_gpushare.slurm.nodegres import NodeGres
 
 
 @dataclass(frozen=True)

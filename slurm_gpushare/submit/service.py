@@ -2,7 +2,7 @@
 
 Runs on the controller as SlurmUser, listens on a unix socket and speaks JSON lines: one request
 object per line, one answer per line, on connections that stay open (slurmctld's Lua keeps one).
-It decides from a cluster snapshot held in memory (:mod:`slurm_gpushare.inventory`: machine
+It decides from a cluster snapshot held in memory (:mod:`slurm_gpushare.submit.inventory`: machine
 descriptions from a directory joined with ``sinfo --json``), refreshed in the background, on a
 change of the directory, and on SIGHUP, so that a request costs a dictionary lookup and the pure
 policy, never a Slurm command. It never imports NVML or node-side code (import-linter contract).
@@ -37,14 +37,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from slurm_gpushare import slurm
-from slurm_gpushare.admincomment import format_segment, merge
 from slurm_gpushare.errors import GpushareError, InputError
-from slurm_gpushare.gresconf import GresOptions, node_gres
 from slurm_gpushare.hardware.machine import Machine
-from slurm_gpushare.inventory import ClusterInventory, build_inventory
-from slurm_gpushare.policy import decide
-from slurm_gpushare.policyfile import SitePolicy, load_policy
+from slurm_gpushare.slurm import commands as slurm
+from slurm_gpushare.slurm.admincomment import format_segment, merge
+from slurm_gpushare.slurm.nodegres import GresOptions, node_gres
+from slurm_gpushare.submit.inventory import ClusterInventory, build_inventory
+from slurm_gpushare.submit.policy import decide
+from slurm_gpushare.submit.policyfile import SitePolicy, load_policy
 
 PROTOCOL = 1
 ERRNO_INVALID_GRES = 2072  # ESLURM_INVALID_GRES: "Invalid generic resource (gres) specification"

@@ -276,7 +276,7 @@ def _links_of_hop(h: float, i: int, j: int) -> int:
         if abs(h - (HOP_PCIE + extra)) < _TOL:
             return LINKS_PCIE[level]
     raise InputError(f"hop {h!r} between positions {i} and {j} is not a value hop_matrix produces",
-                     hint="build the matrix with slurm_gpushare.topology.hop_matrix")
+                     hint="build the matrix with slurm_gpushare.topology.hops.hop_matrix")
 
 
 def format_links(row: Iterable[int | np.integer]) -> str:

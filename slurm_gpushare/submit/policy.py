@@ -1,8 +1,8 @@
 """The submit-side decision: a job's GPU-share request -> a TRES string Slurm can schedule (pure).
 
 :func:`decide` takes what job_submit.lua sees (``job_desc.tres_per_node`` / ``tres_per_job``), the
-job's partitions, the controller's :class:`~slurm_gpushare.inventory.ClusterInventory` and the
-:class:`~slurm_gpushare.policyfile.SitePolicy`, and answers with a :class:`Decision`: nothing to do
+job's partitions, the controller's :class:`~slurm_gpushare.submit.inventory.ClusterInventory` and the
+:class:`~slurm_gpushare.submit.policyfile.SitePolicy`, and answers with a :class:`Decision`: nothing to do
 (``pass``), a new ``tres_per_node`` plus an audit record (``rewrite``), or a refusal with one line for
 the user and Slurm's ``ESLURM_INVALID_GRES`` (``reject``). It does no I/O and never raises for a bad
 request: every :class:`~slurm_gpushare.errors.InputError` becomes a refusal.
@@ -36,12 +36,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slurm_gpushare.errors import InputError
-from slurm_gpushare.gresconf import mig_type
 from slurm_gpushare.hardware.machine import MigProfile
-from slurm_gpushare.inventory import ClusterInventory, NodeInventory
 from slurm_gpushare.memsize import format_mib
-from slurm_gpushare.policyfile import KINDS, SitePolicy
-from slurm_gpushare.request import (
+from slurm_gpushare.slurm.nodegres import mig_type
+from slurm_gpushare.submit.inventory import ClusterInventory, NodeInventory
+from slurm_gpushare.submit.policyfile import KINDS, SitePolicy
+from slurm_gpushare.submit.request import (
     DEFAULT_PREFIX,
     SHARE_NAMES,
     GpushareRequest,

@@ -10,7 +10,7 @@ prolog|epilog``). Per job and node, everything lives in one directory,
 * ``mps/pipe``, ``mps/log``: the job's own MPS control daemon's directories (owned by the job's
   user, mode 0700).
 
-Decisions come from trusted inputs only (:mod:`slurm_gpushare.jobplan`). Every step is idempotent
+Decisions come from trusted inputs only (:mod:`slurm_gpushare.node.plan`). Every step is idempotent
 and guarded by a per-job lock (``fcntl.flock``), so concurrent Prologs and Epilogs of different jobs
 never block each other and a retried or half-finished one is repaired by the next. The exit status is
 non-zero (which drains the node) only for node faults, after setting a drain reason that says what
@@ -29,16 +29,16 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from slurm_gpushare import slurm
 from slurm_gpushare.errors import GpushareError, InputError
-from slurm_gpushare.gresconf import GresOptions, node_gres
 from slurm_gpushare.hardware.machine import Machine
 from slurm_gpushare.hardware.port import read_uuids
 from slurm_gpushare.hardware.ports import open_nvml
-from slurm_gpushare.jobinfo import JobInfo, parse_show_job
-from slurm_gpushare.jobplan import JobPlan, plan_job
-from slurm_gpushare.mps import MpsDaemon, MpsError, MpsSettings
-from slurm_gpushare.nodeconfig import NodeConfig
+from slurm_gpushare.node.config import NodeConfig
+from slurm_gpushare.node.mps import MpsDaemon, MpsError, MpsSettings
+from slurm_gpushare.node.plan import JobPlan, plan_job
+from slurm_gpushare.slurm import commands as slurm
+from slurm_gpushare.slurm.job import JobInfo, parse_show_job
+from slurm_gpushare.slurm.nodegres import GresOptions, node_gres
 
 STATE_VERSION = 1
 
@@ -166,7 +166,7 @@ def _plan_with_machine(ctx: HookContext, info: JobInfo):
     except GpushareError as e:
         raise NodeFault(f"no usable machine description for {ctx.node}: {e}",
                         hint="write it with 'slurm-gpushare inventory -o' on the node") from None
-    gres = node_gres(machine, ctx.node, GresOptions(shard_unit_mib=ctx.config.shard_unit_mib, links=False))
+    gres = node_gres(machine, ctx.node, GresOptions(shard_unit_mib=ctx.config.shard_unit_mib))
     try:
         with open_nvml() as port:
             gpu_uuids, mig_uuids = read_uuids(port, machine.gpus)
@@ -248,7 +248,7 @@ def _prepare(ctx: HookContext, plan: JobPlan, job_dir: Path) -> None:
 def _free_before(ctx: HookContext, gres, plan: JobPlan) -> tuple[int, ...]:
     """NVML indices of the node's whole GPUs that were free when Slurm chose this job's: not in use
     by another job's GPUs or shards (``scontrol -d show node``: ``GresUsed=...(IDX:..)``)."""
-    from slurm_gpushare.jobinfo import parse_gres_detail
+    from slurm_gpushare.slurm.job import parse_gres_detail
 
     devices = [r for r in gres.records if r.name == "gpu"]
     text = ctx.show_node(ctx.node)
@@ -263,14 +263,14 @@ def _prepare_topology(ctx: HookContext, info: JobInfo, plan: JobPlan, machine: M
                       job_dir: Path) -> None:
     """A multi-GPU whole-GPU job: audit Slurm's choice against the best free set, and bind tasks.
 
-    The audit (:func:`slurm_gpushare.placement.audit`) goes to state.json (accounting reads it) and,
+    The audit (:func:`slurm_gpushare.topology.placement.audit`) goes to state.json (accounting reads it) and,
     when the job got a worse set than was free, to slurmd's log. The tasks get the GPUs in ring order
-    along NVLink and, per local rank, the nearest NIC and cores (:mod:`slurm_gpushare.binding`):
+    along NVLink and, per local rank, the nearest NIC and cores (:mod:`slurm_gpushare.topology.binding`):
     ``env`` for all tasks, ``env.<local id>`` for one (the TaskProlog prints both).
     """
-    from slurm_gpushare.binding import bind
-    from slurm_gpushare.placement import audit
-    from slurm_gpushare.topology import hop_matrix
+    from slurm_gpushare.topology.binding import bind
+    from slurm_gpushare.topology.hops import hop_matrix
+    from slurm_gpushare.topology.placement import audit
 
     job_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(job_dir, 0o755)
@@ -409,9 +409,10 @@ def record_usage(ctx: HookContext, env: dict[str, str], state: dict) -> int:
     Returns:
         the number of records written.
     """
-    from slurm_gpushare.accounting import Spool, exit_from_env, records_for_job
+    from slurm_gpushare.accounting import Spool, exit_from_env
     from slurm_gpushare.accounting.live import load_usage, remove_usage
     from slurm_gpushare.accounting.record import exit_from_code
+    from slurm_gpushare.node.records import records_for_job
 
     job_id = env.get("SLURM_JOB_ID", "")
     try:
@@ -455,7 +456,7 @@ def record_usage(ctx: HookContext, env: dict[str, str], state: dict) -> int:
 def _gres_from_env(info: JobInfo, env: dict[str, str]):
     """The job's GPU devices on this node from slurmd's Epilog environment (``SLURM_JOB_GPUS=0,2``),
     typed as the job's TresPerNode says (``gres:gpu:a100:2`` -> ``gpu:a100``)."""
-    from slurm_gpushare.jobinfo import GresAlloc, parse_indices
+    from slurm_gpushare.slurm.job import GresAlloc, parse_indices
 
     indices = parse_indices(env.get("SLURM_JOB_GPUS", ""))
     if not indices:

@@ -5,7 +5,7 @@ Comment or environment, which its user controls. The parts used:
 
 * ``UserId=alice(1000) GroupId=alice(1000)``, ``JobState=``, ``Partition=``, ``NodeList=``;
 * ``TresPerNode=gres:shard:10`` (what the job holds after the job_submit rewrite);
-* ``AdminComment=...`` with the gpushare segment (:mod:`slurm_gpushare.admincomment`);
+* ``AdminComment=...`` with the gpushare segment (:mod:`slurm_gpushare.slurm.admincomment`);
 * the detail lines of ``-d``: ``Nodes=a100-nvb CPU_IDs=0 Mem=100 GRES=shard:10(IDX:0)``: which
   devices of which node the job got (IDX = slurmd's device index on that node).
 """
@@ -16,9 +16,9 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from slurm_gpushare.admincomment import extract
 from slurm_gpushare.errors import InputError
-from slurm_gpushare.slurmconf import expand_hostlist, split_outside
+from slurm_gpushare.slurm.admincomment import extract
+from slurm_gpushare.slurm.conf import expand_hostlist, split_outside
 
 _FREE_TEXT = ("AdminComment=", "Comment=", "Command=", "Reason=")
 _GRES_ITEM = re.compile(r"^(?P<name>[^:()]+)(?::(?P<type>[^:()]+))?:(?P<count>\d+)(?:\((?P<detail>[^)]*)\))?$")

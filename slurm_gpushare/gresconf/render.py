@@ -1,0 +1,125 @@
+"""gres.conf and the matching slurm.conf text, generated from machine descriptions (pure).
+
+What is written, per node (gres.conf(5) of Slurm 22.05 is the reference for every key):
+
+* one ``Name=gpu`` line per whole GPU (MIG mode off) with ``Type=<model>``, ``File=<dev>/nvidia<minor>``,
+  ``Cores=`` (Slurm core ids from the GPU's CPU affinity; SMT siblings collapse onto their core, so
+  hyperthread ids never appear) and ``Links=`` (from :func:`slurm_gpushare.topology.hops.slurm_links`:
+  -1 for the device itself, 0 for no useful connection, larger for nearer GPUs);
+* one ``Name=gpu Type=<model>_<profile>`` line per live MIG device. Two forms:
+
+  - default (Slurm 22.05): ``File=<caps>/nvidia-cap<M>``, the GPU instance's access device alone (the
+    device real 22.05 autodetection reports as the MIG GRES's ``File=``).
+    Measured on slurmd 22.05.8: ``MultipleFiles=`` with AutoDetect off is expanded into one GRES per
+    file (the node then reports more GPUs than slurm.conf, falls back to count-only tracking, and jobs
+    get no device at all). The parent ``/dev/nvidiaN`` then stays outside Slurm's device cgroup, which
+    is what MIG needs: every MIG job opens the parent, and the capability device grants the instance.
+  - ``mig_multiple_files=True`` (newer Slurm): ``MultipleFiles=`` with the parent ``/dev/nvidiaN`` and
+    the GPU instance's and compute instance's ``nvidia-caps`` devices.
+
+  MIG lines carry no ``Links=`` (MIG devices do not do NVLink peer-to-peer), and on a node with MIG
+  devices no line carries ``Links=`` (Slurm numbers devices by record order, which would mix slices
+  and whole GPUs);
+* one ``Name=shard Count=<memory in the shard unit> File=<dev>/nvidia<minor>`` line per whole GPU, so a
+  shard is a unit of GPU memory (default 1 GiB) and Slurm never places more reserved memory on a GPU
+  than it has (DESIGN.md section 4); :func:`check_shard_unit` refuses a unit larger than a GPU's memory;
+* a comment ``# GPU N: CPU affinity unknown, no Cores=`` (or ``CPU layout unknown``) for each GPU whose
+  lines get no ``Cores=`` because the facts are missing (an empty ``CPU Affinity`` cell inside a
+  Slurm job's cpuset, a layout that cannot be inferred), so that the gap is visible, not silent.
+
+The slurm.conf side is ``GresTypes=``, ``AccountingStorageTRES=`` and one ``NodeName=... Gres=...``
+line per node whose counts equal the gres.conf records.
+"""
+
+
+from __future__ import annotations
+
+from slurm_gpushare.errors import InputError
+from slurm_gpushare.hardware.machine import Machine
+from slurm_gpushare.memsize import format_mib
+from slurm_gpushare.slurm.nodegres import GresOptions, NodeGres, node_gres
+from slurm_gpushare.topology.hops import slurm_links
+
+
+def generate_node_gres(machine: Machine, node_name: str | None = None,
+                       options: GresOptions | None = None) -> NodeGres:
+    """:func:`~slurm_gpushare.slurm.nodegres.node_gres` with ``Links=`` from the hop matrix when
+    ``options.links`` (the default): what ``gres-conf`` and the dev cluster write.
+
+    Raises:
+        MachineDescriptionError, InputError: as :func:`~slurm_gpushare.slurm.nodegres.node_gres`.
+    """
+    opts = options or GresOptions()
+    links = None
+    if opts.links and len(machine.gpus) > 1 and not any(g.mig_enabled for g in machine.gpus):
+        links = slurm_links(machine).tolist()
+    return node_gres(machine, node_name, opts, links=links)
+
+
+def check_shard_unit(machine: Machine, shard_unit_mib: int, node_name: str | None = None) -> None:
+    """Refuse a shard unit larger than the memory of a whole GPU: that GPU would get no shard line.
+
+    (:func:`node_gres` itself leaves such a GPU without shards; the command line calls this first.)
+
+    Raises:
+        InputError: the first such GPU, with its name and memory.
+    """
+    for g in sorted(machine.gpus, key=lambda g: g.index):
+        if not g.mig_enabled and g.memory_mib < shard_unit_mib:
+            raise InputError(
+                f"shard unit {format_mib(shard_unit_mib)} is larger than GPU {g.index} ({g.name}, "
+                f"{format_mib(g.memory_mib)}) of {node_name or machine.hostname}: it would get no shards",
+                hint=f"give --shard-unit {format_mib(g.memory_mib)} or less, e.g. 1G, or --no-shards")
+
+
+def render_gres_conf(nodes: list[NodeGres], *, header: str = "") -> str:
+    """Render one gres.conf for all nodes (every line starts with ``NodeName=``).
+
+    ``AutoDetect=off`` comes first: a File-less duplicate next to an autodetected device is the
+    classic mistake this avoids, and Debian's build has no NVML autodetection anyway.
+    """
+    lines = []
+    if header:
+        lines += [f"# {h}" if h else "#" for h in header.splitlines()]
+    lines.append("AutoDetect=off")
+    for node in nodes:
+        origin = node.machine.source or "machine description"
+        lines.append(f"# {node.node_name}: {len(node.machine.gpus)} GPU(s), from {origin}")
+        lines += [f"# {note}" for note in node.notes]
+        lines += [r.render(node.node_name) for r in node.records]
+    return "\n".join(lines) + "\n"
+
+
+def render_slurm_conf(nodes: list[NodeGres], *, node_params: dict[str, str] | None = None,
+                      accounting_tres: bool = True, gpushare: bool = True) -> str:
+    """The slurm.conf lines that must match the gres.conf: GresTypes, AccountingStorageTRES, NodeName.
+
+    Args:
+        nodes: the generated nodes.
+        node_params: extra ``Key=Value`` text per node name appended to its ``NodeName=`` line
+            (``NodeAddr=...``, ``RealMemory=...``).
+        accounting_tres: write ``AccountingStorageTRES=`` (slurmctld 22.05 refuses to start with
+            GRES TRES but no slurmdbd: "slurmdbd is required to run with TRES gres/gpu").
+        gpushare: add ``gpushare`` to ``GresTypes``: sbatch/salloc/srun refuse a GRES name that is
+            not in GresTypes before anything reaches job_submit.lua, which rewrites it away.
+    """
+    names = dict.fromkeys(["gpu"] + [n for node in nodes for (n, _t) in node.counts])
+    if gpushare:
+        names["gpushare"] = None
+    tres = dict.fromkeys(t for node in nodes for t in node.tres)
+    lines = [f"GresTypes={','.join(names)}"]
+    if accounting_tres:
+        lines.append(f"AccountingStorageTRES={','.join(tres)}")
+    for node in nodes:
+        parts = [f"NodeName={node.node_name}"]
+        cpus = node.machine.cpus
+        if cpus is not None:
+            parts.append(f"Sockets={cpus.sockets} CoresPerSocket={cpus.cores_per_socket} "
+                         f"ThreadsPerCore={cpus.threads_per_core}")
+        extra = (node_params or {}).get(node.node_name)
+        if extra:
+            parts.append(extra)
+        if node.counts:
+            parts.append(f"Gres={node.gres_value}")
+        lines.append(" ".join(parts))
+    return "\n".join(lines) + "\n"
