@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from slurm_gpushare.topology import placement as P
 from slurm_gpushare.cli import main
 from slurm_gpushare.errors import InputError
 from slurm_gpushare.hardware.nvidia_smi import parse_topo_matrix
+from slurm_gpushare.topology import placement as P
 from slurm_gpushare.topology.hops import HOP_NVSWITCH, HOP_SYS, Topology, nvlink_hop
 
 TOPO = Path(__file__).parent / "data" / "topo"
