@@ -162,34 +162,35 @@ class Store:
                     if not p.parent.parent.is_dir():
                         raise StoreError(f"cannot create {p}: {p.parent.parent} does not exist")
                     p.parent.mkdir(mode=0o755)
-        self._db = None
+        db: sqlite3.Connection | None = None
         try:
-            self._db = sqlite3.connect(self.path, isolation_level=None)
-            self._db.execute("PRAGMA busy_timeout = 30000")
+            db = sqlite3.connect(self.path, isolation_level=None)
+            db.execute("PRAGMA busy_timeout = 30000")
             # a new database only: 8 KiB pages made ingest ~15% faster than 4 KiB (fewer B-tree splits)
-            self._db.execute("PRAGMA page_size = 8192")
+            db.execute("PRAGMA page_size = 8192")
             if not memory:
-                self._db.execute("PRAGMA journal_mode = WAL")
-            self._db.executescript("PRAGMA synchronous = NORMAL; PRAGMA temp_store = MEMORY;"
-                                   "PRAGMA cache_size = -65536;")
+                db.execute("PRAGMA journal_mode = WAL")
+            db.executescript("PRAGMA synchronous = NORMAL; PRAGMA temp_store = MEMORY;"
+                             "PRAGMA cache_size = -65536;")
             if create:
-                self._db.executescript("BEGIN IMMEDIATE;" + _SCHEMA + "COMMIT;")
-            elif not self._db.execute("SELECT 1 FROM sqlite_master WHERE name = 'meta'").fetchone():
+                db.executescript("BEGIN IMMEDIATE;" + _SCHEMA + "COMMIT;")
+            elif not db.execute("SELECT 1 FROM sqlite_master WHERE name = 'meta'").fetchone():
                 raise StoreError("not an accounting database (no table meta)", source=self.path)
-            row = self._db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
+            row = db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
             if row is None:
                 if not create:
                     raise StoreError("not an accounting database (no layout version)", source=self.path)
-                self._db.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+                db.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
             elif row[0] != str(SCHEMA_VERSION):
                 raise StoreError(f"database layout version {row[0]}; this slurm-gpushare uses {SCHEMA_VERSION}",
                                  source=self.path, hint="use the slurm-gpushare release that created it")
         except (sqlite3.Error, StoreError) as e:
-            if self._db is not None:
-                self._db.close()
+            if db is not None:
+                db.close()
             if isinstance(e, StoreError):
                 raise
             raise StoreError(f"cannot open the accounting database: {e}", source=self.path) from None
+        self._db: sqlite3.Connection = db
 
     # --- lifecycle -------------------------------------------------------------------------------
 

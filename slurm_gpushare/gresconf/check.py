@@ -394,7 +394,7 @@ def _lint_links(node: _Node) -> list[_Raw]:
     if expected is not None:
         for pos, values in rows.items():
             if values != expected[pos]:
-                source = node.machine.source or "machine description"
+                source = (node.machine.source if node.machine else None) or "machine description"
                 out.append(_per_node(node, "warning", where_of[pos],
                                      f"Links={','.join(map(str, values))} differ from the topology of {source}: "
                                      f"expected Links={','.join(map(str, expected[pos]))}",
@@ -490,7 +490,9 @@ def _slurm_only_split(node: _Node, skip: frozenset[str] | set[str] = frozenset()
     """Lint (e) for slurm.conf: a shard/mps count with no gres.conf lines is split over the GPUs too."""
     s = node.slurm
     out: list[_Raw] = []
-    for (name, _type), count in (s.gres_counts.items() if s is not None else ()):
+    if s is None:
+        return out
+    for (name, _type), count in s.gres_counts.items():
         if name.lower() in SHARING_GRES and name.lower() not in skip:
             out += _uneven_split(node, name, count, s.where, f"Gres={name}:{count} (no gres.conf {name} lines)")
     return out

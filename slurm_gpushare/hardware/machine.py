@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import MISSING, asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
@@ -303,7 +304,7 @@ class CpuLayout:
         """Total logical CPUs."""
         return self.cores * self.threads_per_core
 
-    def core_ids(self, cpu_ids: tuple[int, ...] | list[int]) -> tuple[int, ...]:
+    def core_ids(self, cpu_ids: Sequence[int]) -> tuple[int, ...]:
         """Map logical CPU ids to sorted unique Slurm core ids (SMT siblings collapse to one core).
 
         Raises:

@@ -510,7 +510,7 @@ def instance_span(gpu: int, profiles: tuple[MigProfile, ...] | list[MigProfile],
 def describe_occupancy(gpu: int, profiles: tuple[MigProfile, ...] | list[MigProfile],
                        instances: tuple[MigInstance, ...] | list[MigInstance]) -> str:
     """Occupied memory slices in words: ``slices 0-3 4g.40gb (GI 1), 4 1g.10gb (GI 11)`` or ``none``."""
-    spans = {}
+    spans: dict[int, tuple[tuple[int, int], str]] = {}
     for inst in instances:
         spans.setdefault(inst.gi_id, (instance_span(gpu, profiles, inst), inst.profile))
     parts = []
@@ -576,11 +576,12 @@ def plan_gpu_instance(gpu: int, *, mig_enabled: bool, profiles: tuple[MigProfile
                 return profile, placement
         raise MigPlacementError(f"GPU {gpu}: no free placement for {label}; occupied {occupied}",
                                 hint="destroy a GPU instance first (nvidia-smi mig -dci; mig -dgi)")
-    placement = next((pl for pl in profile.placements if pl[0] == start), None)
-    if placement is None:
+    wanted = next((pl for pl in profile.placements if pl[0] == start), None)
+    if wanted is None:
         allowed = ", ".join(str(s) for s, _ in sorted(profile.placements)) or "none"
         raise MigPlacementError(f"GPU {gpu}: {label} cannot start at memory slice {start}",
                                 hint=f"allowed starts for {profile.name}: {allowed}")
+    placement = wanted
     gis = clashes(placement)
     if gis:
         end = placement[0] + placement[1] - 1

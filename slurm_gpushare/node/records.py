@@ -78,11 +78,11 @@ def records_for_job(info: JobInfo, plan: JobPlan, machine: Machine, *, node: str
         account = getattr(info, "account", "") or ""
     allocs = info.gres_on(node)
     end = max(end, start)
-    common = dict(job_id=str(info.job_id or plan.job_id), user=info.user, account=account,
-                  partition=info.partition, node=node, mem_asked_mib=asked, sm_asked_percent=sm_asked,
-                  start=int(start), end=int(end), exit_state=exit_state, exit_code=exit_code,
-                  array_job_id=array_job_id, array_task_id=array_task_id, step=step,
-                  placement_cost=placement_cost)
+    common: dict[str, Any] = dict(
+        job_id=str(info.job_id or plan.job_id), user=info.user, account=account, partition=info.partition,
+        node=node, mem_asked_mib=asked, sm_asked_percent=sm_asked, start=int(start), end=int(end),
+        exit_state=exit_state, exit_code=exit_code, array_job_id=array_job_id, array_task_id=array_task_id,
+        step=step, placement_cost=placement_cost)
 
     def measured(*keys: int | str) -> dict[str, Any]:
         u = next((usage[k] for k in keys if k != "" and k in usage), None)
