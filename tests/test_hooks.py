@@ -411,3 +411,20 @@ def test_a_cancelled_job_is_recorded_signaled_although_slurmd_says_0_0(node):
             for r in map(json.loads, f.read_text().splitlines())}
     assert (recs["801"]["exit_state"], recs["801"]["exit_code"]) == ("SIGNALED", "0:15")
     assert (recs["802"]["exit_state"], recs["802"]["exit_code"]) == ("COMPLETED", "0:0")
+
+
+@pytest.mark.parametrize("tres, job_gpus, want", [
+    # Slurm 23.x and later write the gres/ prefix (SLURM_FACTS "Slurm 24.11/26.05")
+    ("gres/shard:10", "0", ("shard", "", 10, (0,))),
+    ("gres/gpu:a100:2", "0,2", ("gpu", "a100", 2, (0, 2))),
+    ("gres:gpu:a100:2", "0,2", ("gpu", "a100", 2, (0, 2))),
+    ("gres:shard:10", "1", ("shard", "", 10, (1,))),
+    ("gres:gpu:2,gres:gpushare:10", "0-1", ("gpu", "", 2, (0, 1))),
+])
+def test_epilog_reads_the_devices_from_slurm_job_gpus_typed_by_tres_per_node(tres, job_gpus, want):
+    """The Epilog's fallback when slurmctld dropped the GRES detail: both TRES prefixes, typed or not."""
+    from slurm_gpushare.node.hooks import _gres_from_env
+    from slurm_gpushare.slurm.job import JobInfo
+
+    (alloc,) = _gres_from_env(JobInfo("7", tres_per_node=tres), {"SLURM_JOB_GPUS": job_gpus})
+    assert (alloc.name, alloc.type, alloc.count, alloc.indices) == want

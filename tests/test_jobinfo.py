@@ -3,7 +3,8 @@
 import pytest
 
 from slurm_gpushare.errors import InputError
-from slurm_gpushare.slurm.job import GresAlloc, parse_gres_detail, parse_show_job
+from slurm_gpushare.slurm.gres import GresItem
+from slurm_gpushare.slurm.job import parse_gres_detail, parse_show_job
 
 SHARD_JOB = """\
 JobId=15 JobName=wrap
@@ -25,7 +26,7 @@ def test_shard_job():
     j = parse_show_job(SHARD_JOB)
     assert (j.job_id, j.user, j.uid, j.gid, j.state, j.partition) == ("15", "alice", 1000, 100, "RUNNING", "nomig")
     assert j.nodes == ("a100-nvb",) and j.tres_per_node == "gres:shard:10"
-    assert j.gres_on("a100-nvb") == (GresAlloc("shard", "", 10, (0,)),)
+    assert j.gres_on("a100-nvb") == (GresItem("shard", "", 10, "IDX:0"),)
     assert j.gres_on("other") == ()
     # the audit comes from AdminComment only, never from the user's Comment
     assert j.audit["sm"] == "25" and j.audit["grant"] == "gres:shard:10"
@@ -36,7 +37,8 @@ def test_multi_node_and_multi_item_detail():
             "   Nodes=gpu[01-02] CPU_IDs=0-1 Mem=200 GRES=gpu:a100:2(IDX:0,2),nic:1(IDX:N/A)\n")
     j = parse_show_job(text)
     assert j.nodes == ("gpu01", "gpu02")
-    assert j.gres_on("gpu02") == (GresAlloc("gpu", "a100", 2, (0, 2)), GresAlloc("nic", "", 1, ()))
+    assert j.gres_on("gpu02") == (GresItem("gpu", "a100", 2, "IDX:0,2"), GresItem("nic", "", 1, "IDX:N/A"))
+    assert [a.indices for a in j.gres_on("gpu02")] == [(0, 2), ()]
 
 
 def test_bad_input():

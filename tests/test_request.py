@@ -7,11 +7,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from slurm_gpushare.errors import InputError
+from slurm_gpushare.slurm.gres import GresItem, item_name
 from slurm_gpushare.submit.request import (
     MESSAGES,
     GpushareRequest,
-    TresItem,
-    item_name,
     mentions_share,
     parse_gpushare,
     parse_tres,
@@ -34,18 +33,20 @@ def refusal(text: str) -> InputError:
 def test_items_keep_prefix_name_type_and_count():
     items = parse_tres("gres:gpushare:mem=10G+sm=25:2,gres/gpu:h100:1,gres:gpu:2,gres:nic,shard:3")
     assert items == (
-        TresItem("gres:", "gpushare", "mem=10G+sm=25", 2, "gres:gpushare:mem=10G+sm=25:2"),
-        TresItem("gres/", "gpu", "h100", 1, "gres/gpu:h100:1"),
-        TresItem("gres:", "gpu", "", 2, "gres:gpu:2"),
-        TresItem("gres:", "nic", "", None, "gres:nic"),
-        TresItem("", "shard", "", 3, "shard:3"),
+        GresItem("gpushare", "mem=10G+sm=25", 2, prefix="gres:"),
+        GresItem("gpu", "h100", 1, prefix="gres/"),
+        GresItem("gpu", "", 2, prefix="gres:"),
+        GresItem("nic", prefix="gres:"),
+        GresItem("shard", "", 3),
     )
+    assert [it.text for it in items] == ["gres:gpushare:mem=10G+sm=25:2", "gres/gpu:h100:1", "gres:gpu:2",
+                                         "gres:nic", "shard:3"]
 
 
 def test_two_part_item_is_type_unless_digits():
     assert parse_tres("gres:gpushare:mem=10G")[0].type == "mem=10G"
     assert parse_tres("gres:gpushare:mem=10G")[0].count is None
-    assert parse_tres("gres:gpu:a100")[0] == TresItem("gres:", "gpu", "a100", None, "gres:gpu:a100")
+    assert parse_tres("gres:gpu:a100")[0] == GresItem("gpu", "a100", prefix="gres:")
     assert parse_tres("gres:gpushare:10")[0].count == 10
 
 
@@ -55,10 +56,10 @@ def test_empty_items_are_skipped_and_empty_string_has_none():
 
 
 def test_render_is_strict_with_count_and_prefix():
-    assert parse_tres("gres:nic")[0].render() == "gres:nic:1"
-    assert parse_tres("gres/gpu:h100:02")[0].render() == "gres/gpu:h100:2"
-    assert parse_tres("shard:3")[0].render("gres/") == "gres/shard:3"
-    assert parse_tres("shard:3")[0].render() == "gres:shard:3"
+    assert parse_tres("gres:nic")[0].strict() == "gres:nic:1"
+    assert parse_tres("gres/gpu:h100:02")[0].strict() == "gres/gpu:h100:2"
+    assert parse_tres("shard:3")[0].strict("gres/") == "gres/shard:3"
+    assert parse_tres("shard:3")[0].strict() == "gres:shard:3"
 
 
 @pytest.mark.parametrize("text, message", [

@@ -16,15 +16,13 @@ from slurm_gpushare.errors import ParseError
 from slurm_gpushare.hardware.machine import CpuLayout
 from slurm_gpushare.slurm.conf import (
     GRES_CONF_KEYS,
-    GresSpec,
-    compress_hostlist,
-    expand_hostlist,
     parse_count,
     parse_gres_conf,
     parse_gres_value,
-    parse_id_list,
     parse_slurm_conf_gres,
 )
+from slurm_gpushare.slurm.gres import GresItem
+from slurm_gpushare.slurm.hostlist import compress_hostlist, expand_hostlist, parse_id_list
 
 GRES = Path(__file__).parent / "data" / "gres"
 
@@ -110,7 +108,7 @@ def test_upstream_mig_example_is_slurm_conf_with_mixed_case_gres_key():
     assert [n.name for n in conf.nodes] == [f"tux{i}" for i in range(1, 17)]
     tux7 = conf.node("tux7")
     assert tux7.where == f"{MIG}:9"
-    assert tux7.gres == (GresSpec("gpu", "a100", 1), GresSpec("gpu", "a100_3g.20gb", 2))
+    assert tux7.gres == (GresItem("gpu", "a100", 1), GresItem("gpu", "a100_3g.20gb", 2))
     assert tux7.gres_counts == {("gpu", "a100"): 1, ("gpu", "a100_3g.20gb"): 2}
     assert tux7.layout is None
     # as gres.conf it is refused, naming the line and the key
@@ -124,7 +122,7 @@ def test_upstream_shard_example_both_sections():
     slurm_text, gres_text = split_sections(read(SHARD))
     slurm = parse_slurm_conf_gres(slurm_text, source=SHARD)
     assert slurm.gres_types == ("gpu", "shard")
-    assert slurm.node("tux16").gres == (GresSpec("gpu", "", 2), GresSpec("shard", "", 64))
+    assert slurm.node("tux16").gres == (GresItem("gpu", "", 2), GresItem("shard", "", 64))
     gres = parse_gres_conf(gres_text, source=SHARD)
     recs = gres.records_for("tux3")
     assert [(e.line, e.name, e.count) for e in recs if e.name == "shard"] == [
@@ -267,15 +265,15 @@ def test_results_are_frozen():
 
 
 @pytest.mark.parametrize("value, specs", [
-    ("gpu:a100:8,shard:640", (GresSpec("gpu", "a100", 8), GresSpec("shard", "", 640))),
-    ("gpu:2", (GresSpec("gpu", "", 2),)),
-    ("gpu", (GresSpec("gpu", "", 1),)),
-    ("gpu:kepler", (GresSpec("gpu", "kepler", 1),)),
-    ("mps:4K", (GresSpec("mps", "", 4096),)),
-    ("bandwidth:lustre:no_consume:4G", (GresSpec("bandwidth", "lustre", 4 * 1024**3, no_consume=True),)),
+    ("gpu:a100:8,shard:640", (GresItem("gpu", "a100", 8), GresItem("shard", "", 640))),
+    ("gpu:2", (GresItem("gpu", "", 2),)),
+    ("gpu", (GresItem("gpu"),)),
+    ("gpu:kepler", (GresItem("gpu", "kepler"),)),
+    ("mps:4K", (GresItem("mps", "", 4096),)),
+    ("bandwidth:lustre:no_consume:4G", (GresItem("bandwidth", "lustre", 4 * 1024**3, no_consume=True),)),
     ("gpu:tesla:2(S:0-1),gpu:kepler:2(S:0,1)",
-     (GresSpec("gpu", "tesla", 2, sockets="S:0-1"), GresSpec("gpu", "kepler", 2, sockets="S:0,1"))),
-    ("gpu:a100_3g.20gb:2", (GresSpec("gpu", "a100_3g.20gb", 2),)),
+     (GresItem("gpu", "tesla", 2, detail="S:0-1"), GresItem("gpu", "kepler", 2, detail="S:0,1"))),
+    ("gpu:a100_3g.20gb:2", (GresItem("gpu", "a100_3g.20gb", 2),)),
 ])
 def test_gres_value_grammar(value, specs):
     assert parse_gres_value(value) == specs

@@ -43,11 +43,11 @@ from slurm_gpushare.slurm.conf import (
     GresEntry,
     SlurmGresConf,
     SlurmNode,
-    compress_hostlist,
-    format_ranges,
     parse_gres_conf,
     parse_slurm_conf_gres,
 )
+from slurm_gpushare.slurm.gres import render_counts
+from slurm_gpushare.slurm.hostlist import compress_hostlist, format_ranges
 from slurm_gpushare.topology.hops import slurm_links
 
 #: Severities of a :class:`Finding`.
@@ -499,11 +499,11 @@ def _slurm_only_split(node: _Node, skip: frozenset[str] | set[str] = frozenset()
 
 
 def _gres_text(s: SlurmNode) -> str:
-    return ",".join(g.text for g in s.gres or ())
+    return ",".join(g.strict("") for g in s.gres or ())
 
 
 def _spec_list(name: str, by_type: dict[str, int]) -> str:
-    return ",".join(f"{name}:{t}:{c}" if t else f"{name}:{c}" for t, c in by_type.items())
+    return render_counts({(name, t): c for t, c in by_type.items()})
 
 
 def _where_list(entries: list[GresEntry]) -> str:

@@ -456,19 +456,18 @@ def record_usage(ctx: HookContext, env: dict[str, str], state: dict) -> int:
 def _gres_from_env(info: JobInfo, env: dict[str, str]):
     """The job's GPU devices on this node from slurmd's Epilog environment (``SLURM_JOB_GPUS=0,2``),
     typed as the job's TresPerNode says (``gres:gpu:a100:2`` -> ``gpu:a100``)."""
-    from slurm_gpushare.slurm.job import GresAlloc, parse_indices
+    from slurm_gpushare.slurm.gres import GresItem, parse
+    from slurm_gpushare.slurm.hostlist import format_ranges, parse_id_list
 
-    indices = parse_indices(env.get("SLURM_JOB_GPUS", ""))
-    if not indices:
+    job_gpus = env.get("SLURM_JOB_GPUS", "")
+    if not job_gpus:
         return ()
-    name, gtype = "gpu", ""
-    for item in info.tres_per_node.split(","):
-        parts = item.split(":")
-        if len(parts) >= 3 and parts[1] in ("gpu", "shard"):
-            name = parts[1]
-            gtype = parts[2] if len(parts) == 4 else ""
-    count = len(indices) if name == "gpu" else int(info.tres_per_node.rsplit(":", 1)[-1] or 0)
-    return (GresAlloc(name, gtype, count, indices),)
+    indices = parse_id_list(job_gpus)
+    tres = info.tres_per_node if info.tres_per_node != "(null)" else ""
+    held = [it for it in parse(tres) if it.name in ("gpu", "shard")]
+    name, gtype = (held[-1].name, held[-1].type) if held else ("gpu", "")
+    count = len(indices) if name == "gpu" else held[-1].amount
+    return (GresItem(name, gtype, count, f"IDX:{format_ranges(indices)}"),)
 
 
 def _machine_with_uuids(ctx: HookContext) -> Machine:

@@ -72,7 +72,7 @@ from slurm_gpushare.hardware.port import NvmlPort, read_uuids
 from slurm_gpushare.node.config import NodeConfig, parse_listen
 from slurm_gpushare.node.plan import JobPlan, plan_job
 from slurm_gpushare.node.records import records_for_job
-from slurm_gpushare.slurm import commands as slurm
+from slurm_gpushare.slurm import commands
 from slurm_gpushare.slurm.job import JobInfo, parse_show_job
 from slurm_gpushare.slurm.nodegres import GresOptions, node_gres
 
@@ -189,7 +189,7 @@ class Monitor:
 
     def __init__(self, config: NodeConfig, node: str, machine: Machine, port: NvmlPort, *,
                  running_jobs: Callable[[str], Iterable[str]] | None = None,
-                 show_job: Callable[[str], str] = slurm.show_job,
+                 show_job: Callable[[str], str] = commands.show_job,
                  listpids: Callable[[str], str] | None = None,
                  cgroup_of: Callable[[int], str] = read_cgroup,
                  log: Callable[[str], None] | None = None,
@@ -205,7 +205,7 @@ class Monitor:
         self.samples_total = 0
         self.errors_total: dict[str, int] = {}
         self.over_limit_total = 0
-        self._running_jobs = running_jobs or slurm_running_jobs
+        self._running_jobs = running_jobs or commands.running_jobs
         self._show_job = show_job
         self._listpids = listpids or slurm_listpids
         self._cgroup_of = cgroup_of
@@ -644,17 +644,6 @@ class Monitor:
 # --- Slurm on the node ---------------------------------------------------------------------------------
 
 
-def slurm_running_jobs(node: str) -> list[str]:
-    """Jobs with an allocation on ``node``: ``squeue -h -w NODE -t RUNNING,COMPLETING,CONFIGURING -o %A``
-    (COMPLETING so that a job stays known while its Epilog reads the usage file).
-
-    Raises:
-        SlurmError: squeue failed.
-    """
-    out = slurm.run(["squeue", "-h", "-w", node, "-t", "RUNNING,COMPLETING,CONFIGURING", "-o", "%A"])
-    return sorted(set(out.split()))
-
-
 def slurm_listpids(node: str) -> str:
     """``scontrol listpids '*' NODE``: the pids each slurmstepd of this node tracks. The node name is
     needed where several slurmd share a host: without it scontrol takes the first node of this host
@@ -667,7 +656,7 @@ def slurm_listpids(node: str) -> str:
     """
     for attempt in range(3):
         try:
-            return slurm.run(["scontrol", "listpids", "*", node], timeout=10.0)
+            return commands.run(["scontrol", "listpids", "*", node], timeout=10.0)
         except SlurmError as e:
             if "No job steps exist on this node" in e.message:  # scontrol exits 1 for an empty list
                 return ""
@@ -684,7 +673,7 @@ def slurm_update_admin_comment(job_id: str, text: str) -> None:
     Raises:
         SlurmError: scontrol failed (``Job has already finished``, not root, ...).
     """
-    slurm.run(["scontrol", "update", f"jobid={job_id}", f"AdminComment={text}"], timeout=10.0)
+    commands.run(["scontrol", "update", f"jobid={job_id}", f"AdminComment={text}"], timeout=10.0)
 
 
 # --- serving ----------------------------------------------------------------------------------------------

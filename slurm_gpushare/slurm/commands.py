@@ -1,8 +1,9 @@
-"""Slurm commands the product runs (``sinfo``, ``scontrol``), in one place, with timeouts.
+"""Slurm commands the product runs (``sinfo``, ``scontrol``, ``squeue``), in one place, with timeouts.
 
-Every function returns the command's text; parsing is done by the pure modules
-(:mod:`slurm_gpushare.submit.inventory`). pyslurm is not used: it must match the site's Slurm release
-exactly, and the command-line clients always do.
+Every function returns the command's text (or, for a plain list of job ids, the ids); parsing is
+done by the pure modules (:mod:`slurm_gpushare.submit.inventory`, :mod:`slurm_gpushare.slurm.job`).
+pyslurm is not used: it must match the site's Slurm release exactly, and the command-line clients
+always do.
 """
 
 from __future__ import annotations
@@ -48,6 +49,18 @@ def show_job(job_id: str | int, **kw) -> str:
     """``scontrol -d show job ID``: the multi-line record, free-text fields (AdminComment) on lines of
     their own, and the per-node GRES detail (``Nodes=... GRES=shard:10(IDX:0)``)."""
     return run(["scontrol", "-d", "show", "job", str(job_id)], **kw)
+
+
+def running_jobs(node: str, **kw) -> list[str]:
+    """Jobs with an allocation on ``node``, sorted, each once:
+    ``squeue -h -w NODE -t RUNNING,COMPLETING,CONFIGURING -o %A`` (COMPLETING so that a job stays
+    known while its Epilog runs).
+
+    Raises:
+        SlurmError: squeue failed.
+    """
+    out = run(["squeue", "-h", "-w", node, "-t", "RUNNING,COMPLETING,CONFIGURING", "-o", "%A"], **kw)
+    return sorted(set(out.split()))
 
 
 def show_node(node: str, **kw) -> str:

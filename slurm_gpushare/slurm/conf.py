@@ -15,7 +15,7 @@ The syntax is Slurm 22.05's, from gres.conf(5) and slurm.conf(5):
   ``Flags``, ``AutoDetect``. Any other key is a :class:`~slurm_gpushare.errors.ParseError`.
 * ``NodeName`` (both files) and ``File``/``MultipleFiles`` (gres.conf) take Slurm hostlist
   expressions: ``tux[0-15]``, ``lx[15,18,32-33]``, ``linux[0000-1023]``, ``alpha,beta``,
-  ``/dev/nvidia[0,2-3]`` (see :func:`expand_hostlist`).
+  ``/dev/nvidia[0,2-3]`` (see :func:`slurm_gpushare.slurm.hostlist.expand_hostlist`).
 * Counts take a ``K``/``M``/``G``/``T``/``P`` suffix (powers of 1024; gres.conf(5) "Count",
   slurm.conf(5) "Gres").
 * slurm.conf ``Gres=`` is ``<name>[:<type>][:no_consume]:<count>`` items, comma separated
@@ -24,13 +24,14 @@ The syntax is Slurm 22.05's, from gres.conf(5) and slurm.conf(5):
 
 from __future__ import annotations
 
-import itertools
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from slurm_gpushare.errors import ParseError
 from slurm_gpushare.hardware.machine import CpuLayout
+from slurm_gpushare.slurm.gres import COUNT_SUFFIXES, GresItem, parse
+from slurm_gpushare.slurm.hostlist import expand_hostlist, parse_id_list
 
 #: gres.conf keys, as gres.conf(5) of Slurm 22.05 spells them (``CPUs`` is the undocumented old name
 #: of ``Cores`` that Slurm still reads).
@@ -42,110 +43,13 @@ GRES_CONF_KEYS = ("NodeName", "Name", "Type", "File", "MultipleFiles", "Count", 
 SLURM_NODE_KEYS = ("NodeName", "Gres", "Sockets", "SocketsPerBoard", "CoresPerSocket", "ThreadsPerCore",
                    "Boards", "CPUs")
 
-#: Count suffixes (gres.conf(5) "Count", slurm.conf(5) "Gres"): powers of 1024.
-COUNT_SUFFIXES = {"K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4, "P": 1024**5}
-
 _GRES_KEYS = {k.lower(): k for k in GRES_CONF_KEYS}
 _NODE_KEYS = {k.lower(): k for k in SLURM_NODE_KEYS}
 _TOKEN = re.compile(r"""([^\s=]+)=("[^"]*"|'[^']*'|\S*)|(\S+)""")
 _COUNT = re.compile(r"(\d+)([KMGTP]?)", re.IGNORECASE)
-_RANGE = re.compile(r"(\d+)(?:-(\d+))?")
 
 
 # --- value syntax -----------------------------------------------------------------------------
-
-
-def expand_hostlist(expr: str) -> tuple[str, ...]:
-    """Expand a Slurm hostlist expression into its names, in order.
-
-    Supports what slurm.conf(5) "NODE CONFIGURATION" describes: comma lists (``alpha,beta``), one or
-    more bracket groups of numbers and ranges (``tux[1-16]``, ``node[1,3-5]``,
-    ``rack[0-1]_blade[0-2]``), zero padding taken from the range's first number
-    (``linux[0000-0002]`` -> ``linux0000 linux0001 linux0002``). The same syntax expands gres.conf
-    ``File=/dev/nvidia[0-3]``.
-
-    Args:
-        expr: the expression as written.
-
-    Returns:
-        The names; duplicates are kept (a hostlist may name a node twice).
-
-    Raises:
-        ParseError: unbalanced brackets, an empty item, a range that is not ``a-b`` with ``a <= b``.
-            ``source`` is None; callers add the file and line.
-    """
-    names: list[str] = []
-    for item in split_outside(expr, ",", "[", "]"):
-        if not item:
-            raise ParseError(f"empty name in hostlist {expr!r}")
-        parts = re.split(r"(\[[^\[\]]*\])", item)
-        if any("[" in p or "]" in p for p in parts[::2]):
-            raise ParseError(f"unbalanced brackets in hostlist {expr!r}")
-        choices: list[list[str]] = []
-        for i, part in enumerate(parts):
-            choices.append(_expand_brackets(part[1:-1], expr) if i % 2 else [part])
-        names.extend("".join(combo) for combo in itertools.product(*choices))
-    return tuple(names)
-
-
-def _expand_brackets(body: str, expr: str) -> list[str]:
-    out: list[str] = []
-    for piece in body.split(","):
-        m = _RANGE.fullmatch(piece.strip())
-        if m is None:
-            raise ParseError(f"bad range {piece!r} in hostlist {expr!r}", hint="use numbers and a-b ranges")
-        lo, hi = m.group(1), m.group(2) or m.group(1)
-        if int(hi) < int(lo):
-            raise ParseError(f"range {piece!r} in hostlist {expr!r} runs backwards")
-        width = len(lo) if lo.startswith("0") else 0
-        out.extend(str(v).zfill(width) for v in range(int(lo), int(hi) + 1))
-    return out
-
-
-def compress_hostlist(names: list[str] | tuple[str, ...]) -> str:
-    """The shortest usual hostlist text for ``names``: ``tux1..tux16`` -> ``tux[1-16]``.
-
-    Names are grouped by their prefix before a trailing number (and the number's zero-padded width);
-    groups keep the order in which they first appear. The inverse of :func:`expand_hostlist` for
-    the names it produces.
-    """
-    groups: dict[tuple[str, int], list[int]] = {}
-    plain: dict[tuple[str, int], str] = {}
-    for name in dict.fromkeys(names):
-        m = re.fullmatch(r"(.*?)(\d+)", name)
-        if m is None:
-            plain[(name, -1)] = name
-            groups.setdefault((name, -1), [])
-            continue
-        digits = m.group(2)
-        width = len(digits) if digits.startswith("0") and len(digits) > 1 else 0
-        groups.setdefault((m.group(1), width), []).append(int(digits))
-    out = []
-    for (prefix, width), nums in groups.items():
-        if width < 0:
-            out.append(plain[(prefix, width)])
-            continue
-        ranges = _ranges(sorted(nums), width)
-        out.append(f"{prefix}{ranges[0]}" if len(nums) == 1 else f"{prefix}[{','.join(ranges)}]")
-    return ",".join(out)
-
-
-def format_ranges(ids: tuple[int, ...] | list[int]) -> str:
-    """``(0, 1, 2, 5, 7, 8)`` -> ``"0-2,5,7-8"`` (Slurm's range syntax)."""
-    return ",".join(_ranges(sorted(set(ids)), 0))
-
-
-def _ranges(nums: list[int], width: int) -> list[str]:
-    out = []
-    i = 0
-    while i < len(nums):
-        j = i
-        while j + 1 < len(nums) and nums[j + 1] == nums[j] + 1:
-            j += 1
-        a, b = str(nums[i]).zfill(width), str(nums[j]).zfill(width)
-        out.append(a if i == j else f"{a}-{b}")
-        i = j + 1
-    return out
 
 
 def parse_count(text: str) -> int:
@@ -160,41 +64,6 @@ def parse_count(text: str) -> int:
     if m is None:
         raise ParseError(f"count {text!r} is not a number", hint="write an integer, optionally with K, M, G, T or P")
     return int(m.group(1)) * COUNT_SUFFIXES.get(m.group(2).upper(), 1)
-
-
-def parse_id_list(text: str) -> tuple[int, ...]:
-    """A list of ids and ranges, ``"0-2,5"`` -> ``(0, 1, 2, 5)`` (gres.conf(5) "Cores"), in written order.
-
-    Raises:
-        ParseError: an item that is not ``n`` or ``a-b`` with ``a <= b`` (``source`` is None).
-    """
-    out: list[int] = []
-    for piece in text.split(","):
-        m = _RANGE.fullmatch(piece.strip())
-        if m is None or (m.group(2) is not None and int(m.group(2)) < int(m.group(1))):
-            raise ParseError(f"{piece!r} in {text!r} is not an id or an a-b range", hint="e.g. 0-15,32-47")
-        lo = int(m.group(1))
-        hi = int(m.group(2)) if m.group(2) is not None else lo
-        out.extend(range(lo, hi + 1))
-    return tuple(out)
-
-
-def split_outside(text: str, sep: str, open_: str, close: str) -> list[str]:
-    """Split at ``sep`` where not inside ``open_ ... close``: ``split_outside("a(1,2),b", ",", "(", ")")``
-    -> ``["a(1,2)", "b"]`` (Slurm's GRES lists: ``gpu:a100:2(IDX:0,2),shard:10(IDX:1)``)."""
-    out, depth, cur = [], 0, []
-    for ch in text:
-        if ch == open_:
-            depth += 1
-        elif ch == close:
-            depth -= 1
-        if ch == sep and depth == 0:
-            out.append("".join(cur))
-            cur = []
-        else:
-            cur.append(ch)
-    out.append("".join(cur))
-    return out
 
 
 def _logical_lines(text: str) -> Iterator[tuple[int, str]]:
@@ -417,30 +286,6 @@ def _gres_entry(line: str, source: str, number: int) -> GresEntry:
 
 
 @dataclass(frozen=True)
-class GresSpec:
-    """One item of a slurm.conf ``Gres=`` value: ``<name>[:<type>][:no_consume]:<count>``.
-
-    Attributes:
-        name: GRES name (``gpu``, ``shard``).
-        type: GRES type, or ``""``.
-        count: the count with its suffix applied (1 when the item gives none).
-        no_consume: the ``no_consume`` field was given.
-        sockets: a socket binding written after the item, e.g. ``S:0-1``, or ``""``.
-    """
-
-    name: str
-    type: str = ""
-    count: int = 1
-    no_consume: bool = False
-    sockets: str = ""
-
-    @property
-    def text(self) -> str:
-        """``name[:type]:count``, the form the generator writes."""
-        return f"{self.name}:{self.type}:{self.count}" if self.type else f"{self.name}:{self.count}"
-
-
-@dataclass(frozen=True)
 class SlurmNode:
     """The GRES and CPU layout of one node from its slurm.conf ``NodeName=`` line (defaults applied).
 
@@ -448,7 +293,8 @@ class SlurmNode:
         name: the node name (one per node of a hostlist).
         source: the file name given to :func:`parse_slurm_conf_gres`.
         line: number of the ``NodeName=`` line.
-        gres: the ``Gres=`` items, or None when the node has no ``Gres=``.
+        gres: the ``Gres=`` items (count suffixes applied, a socket binding ``S:0-1`` in ``detail``),
+            or None when the node has no ``Gres=``.
         sockets, sockets_per_board, cores_per_socket, threads_per_core, boards, cpus: as written
             (None when neither the line nor a ``NodeName=DEFAULT`` line gives them).
     """
@@ -456,7 +302,7 @@ class SlurmNode:
     name: str
     source: str
     line: int
-    gres: tuple[GresSpec, ...] | None = None
+    gres: tuple[GresItem, ...] | None = None
     sockets: int | None = None
     sockets_per_board: int | None = None
     cores_per_socket: int | None = None
@@ -474,7 +320,7 @@ class SlurmNode:
         """``Gres=`` counts keyed by ``(name, type)``, summed over repeated items."""
         out: dict[tuple[str, str], int] = {}
         for g in self.gres or ():
-            out[(g.name, g.type)] = out.get((g.name, g.type), 0) + g.count
+            out[g.key] = out.get(g.key, 0) + g.amount
         return out
 
     @property
@@ -542,38 +388,22 @@ class SlurmGresConf:
         return None
 
 
-def parse_gres_value(text: str) -> tuple[GresSpec, ...]:
+def parse_gres_value(text: str) -> tuple[GresItem, ...]:
     """Parse a slurm.conf ``Gres=`` value: ``gpu:a100:8,shard:640``, ``gpu:tesla:2(S:0-1)``.
 
-    Grammar (slurm.conf(5) "Gres"): comma-separated ``<name>[:<type>][:no_consume]:<count>[K|M|G|T|P]``;
-    the count may be left out (1).
+    Grammar (slurm.conf(5) "Gres"): comma-separated ``<name>[:<type>][:no_consume]:<count>[K|M|G|T|P]``,
+    the count may be left out (1), a socket binding may follow in parentheses; read by
+    :func:`slurm_gpushare.slurm.gres.parse` with ``units=True``.
 
     Raises:
         ParseError: an empty item or name, a bad count, more fields than the grammar allows
             (``source`` is None).
     """
-    specs = []
-    for item in split_outside(text, ",", "(", ")"):
-        item = item.strip()
-        sockets = ""
-        m = re.fullmatch(r"(.*?)\((.*)\)", item)
-        if m is not None:
-            item, sockets = m.group(1), m.group(2)
-        fields = item.split(":")
-        if not item or not fields[0]:
-            raise ParseError(f"empty GRES item in Gres={text}", hint="e.g. Gres=gpu:a100:8,shard:640")
-        count = 1
-        if len(fields) > 1 and _COUNT.fullmatch(fields[-1]):
-            count = parse_count(fields.pop())
-        no_consume = False
-        if len(fields) > 1 and fields[-1].lower() == "no_consume":
-            fields.pop()
-            no_consume = True
-        if len(fields) > 2:
-            raise ParseError(f"GRES item {item!r} in Gres={text} has too many fields",
-                             hint="write <name>[:<type>][:no_consume]:<count>")
-        specs.append(GresSpec(fields[0], fields[1] if len(fields) == 2 else "", count, no_consume, sockets))
-    return tuple(specs)
+    try:
+        return parse(text, units=True, allow_empty=False)
+    except ParseError as e:
+        raise ParseError(f"{e.message} in Gres={text}", hint="write <name>[:<type>][:no_consume]:<count>, "
+                         "e.g. Gres=gpu:a100:8,shard:640") from None
 
 
 def parse_slurm_conf_gres(text: str, *, source: str) -> SlurmGresConf:

@@ -18,26 +18,10 @@ from datetime import datetime
 
 from slurm_gpushare.errors import InputError
 from slurm_gpushare.slurm.admincomment import extract
-from slurm_gpushare.slurm.conf import expand_hostlist, split_outside
+from slurm_gpushare.slurm.gres import GresItem, parse
+from slurm_gpushare.slurm.hostlist import expand_hostlist
 
 _FREE_TEXT = ("AdminComment=", "Comment=", "Command=", "Reason=")
-_GRES_ITEM = re.compile(r"^(?P<name>[^:()]+)(?::(?P<type>[^:()]+))?:(?P<count>\d+)(?:\((?P<detail>[^)]*)\))?$")
-
-
-@dataclass(frozen=True)
-class GresAlloc:
-    """One GRES item a job holds on one node: ``shard:10(IDX:0)`` -> name shard, count 10, indices (0,).
-
-    Attributes:
-        name, type: the GRES name and type (``""`` when untyped).
-        count: how many (shards, GPUs).
-        indices: slurmd device indices (``IDX:0,2-3``); empty when Slurm gave none (``IDX:N/A``).
-    """
-
-    name: str
-    type: str
-    count: int
-    indices: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -53,7 +37,7 @@ class JobInfo:
     nodes: tuple[str, ...] = ()
     tres_per_node: str = ""
     admin_comment: str = ""
-    gres: dict[str, tuple[GresAlloc, ...]] = field(default_factory=dict)
+    gres: dict[str, tuple[GresItem, ...]] = field(default_factory=dict)
     account: str = ""
     start_time: int | None = None
     array_job_id: str | None = None
@@ -65,44 +49,29 @@ class JobInfo:
         """The gpushare AdminComment segment's fields, or None."""
         return extract(self.admin_comment)
 
-    def gres_on(self, node: str) -> tuple[GresAlloc, ...]:
+    def gres_on(self, node: str) -> tuple[GresItem, ...]:
         """The GRES the job holds on ``node`` (empty when none)."""
         return self.gres.get(node, ())
 
 
-def parse_indices(text: str) -> tuple[int, ...]:
-    """``0,2-3`` -> ``(0, 2, 3)``; ``N/A`` -> ``()``.
+def parse_gres_detail(text: str) -> tuple[GresItem, ...]:
+    """The GRES a job holds on a node (``GRES=`` of ``scontrol -d show job``) or a node has in use
+    (``GresUsed=`` of ``scontrol -d show node``): ``gpu:a100:2(IDX:4-5),shard:10(IDX:0)`` -> items,
+    each with its count and its device indices (``GresItem.indices``; none for ``IDX:N/A``).
 
     Raises:
-        InputError: not a Slurm index list.
+        InputError: an item that is not ``name[:type]:count[(IDX:...)]`` (the count is required here).
     """
-    if text in ("", "N/A"):
-        return ()
-    out: list[int] = []
-    for part in text.split(","):
-        lo, _, hi = part.partition("-")
-        if not lo.isdigit() or (hi and not hi.isdigit()):
-            raise InputError(f"bad GRES index list {text!r}")
-        out += range(int(lo), int(hi or lo) + 1)
-    return tuple(out)
-
-
-def parse_gres_detail(text: str) -> tuple[GresAlloc, ...]:
-    """``gpu:a100:2(IDX:4-5),shard:10(IDX:0)`` -> GresAlloc items (commas inside parentheses kept).
-
-    Raises:
-        InputError: an item that is not ``name[:type]:count[(IDX:...)]``.
-    """
-    items = [i for i in split_outside(text.strip(), ",", "(", ")") if i]
-    out = []
-    for item in items:
-        m = _GRES_ITEM.match(item.strip())
-        if not m:
-            raise InputError(f"cannot read the job's GRES detail item {item!r}", source="scontrol -d show job")
-        detail = m.group("detail") or ""
-        idx = parse_indices(detail[4:]) if detail.startswith("IDX:") else ()
-        out.append(GresAlloc(m.group("name"), m.group("type") or "", int(m.group("count")), idx))
-    return tuple(out)
+    try:
+        items = parse(text.strip())
+        for it in items:
+            if it.count is None:
+                raise InputError(f"GRES item {it.text!r} has no count")
+            it.indices  # noqa: B018 (an unreadable IDX: list fails here, not later in the Prolog)
+    except InputError as e:
+        raise InputError(f"cannot read the job's GRES detail {text!r}: {e.message}",
+                         source="scontrol -d show job") from None
+    return items
 
 
 def _records(text: str) -> list[list[str]]:
@@ -135,7 +104,7 @@ def parse_show_job(text: str, job_id: str | int | None = None) -> JobInfo:
         records = mine
     lines = records[0] if records else text.splitlines()
     fields: dict[str, str] = {}
-    gres: dict[str, tuple[GresAlloc, ...]] = {}
+    gres: dict[str, tuple[GresItem, ...]] = {}
     for line in lines:
         s = line.strip()
         if not s:

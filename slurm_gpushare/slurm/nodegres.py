@@ -15,7 +15,8 @@ from dataclasses import dataclass, field, replace
 
 from slurm_gpushare.errors import InputError
 from slurm_gpushare.hardware.machine import Gpu, Machine
-from slurm_gpushare.slurm.conf import format_ranges
+from slurm_gpushare.slurm.gres import GresItem, render_counts
+from slurm_gpushare.slurm.hostlist import format_ranges
 
 MIB_PER_GIB = 1024
 
@@ -120,16 +121,16 @@ class NodeGres:
     @property
     def gres_value(self) -> str:
         """The slurm.conf ``Gres=`` value, e.g. ``gpu:h100:2,gpu:h100_1g.10gb:6,shard:160``."""
-        return ",".join(f"{n}:{t}:{c}" if t else f"{n}:{c}" for (n, t), c in self.counts.items())
+        return render_counts(self.counts)
 
     @property
     def tres(self) -> tuple[str, ...]:
         """TRES names for ``AccountingStorageTRES`` (``gres/gpu``, ``gres/gpu:h100``, ...)."""
         out = []
         for n, t in self.counts:
-            out.append(f"gres/{n}")
+            out.append(GresItem(n, prefix="gres/").text)
             if t:
-                out.append(f"gres/{n}:{t}")
+                out.append(GresItem(n, t, prefix="gres/").text)
         return tuple(dict.fromkeys(out))
 
 

@@ -16,22 +16,21 @@ the caller's job (:mod:`slurm_gpushare.submit.service`).
 from __future__ import annotations
 
 import json
-import re
 from collections import Counter
 from dataclasses import dataclass, field
 
 from slurm_gpushare.errors import InputError
 from slurm_gpushare.hardware.machine import Gpu, Machine
-from slurm_gpushare.slurm.conf import expand_hostlist, split_outside
-
-_GRES_ITEM = re.compile(r"^(?P<name>[^:()]+)(?::(?P<type>[^:()]+))?:(?P<count>\d+)(?:\(.*\))?$")
+from slurm_gpushare.slurm.gres import parse, render_counts
+from slurm_gpushare.slurm.hostlist import expand_hostlist
 
 
 def parse_gres_counts(text: str) -> dict[tuple[str, str], int]:
     """``gpu:a100:8(S:0-1),shard:a100:640(S:0-1)`` -> ``{("gpu", "a100"): 8, ("shard", "a100"): 640}``.
 
-    The format of sinfo's ``%G`` / ``sinfo --json`` ``gres`` field (Slurm 22.05). Zero counts are
-    kept out. ``(null)`` or an empty string give ``{}``.
+    The format of sinfo's ``%G`` / ``sinfo --json`` ``gres`` field (Slurm 22.05), read by
+    :func:`slurm_gpushare.slurm.gres.parse`. Zero counts are kept out. ``(null)`` or an empty
+    string give ``{}``.
 
     Raises:
         InputError: an item that is not ``name[:type]:count[(...)]``.
@@ -40,12 +39,15 @@ def parse_gres_counts(text: str) -> dict[tuple[str, str], int]:
     text = (text or "").strip()
     if text in ("", "(null)"):
         return {}
-    for item in split_outside(text, ",", "(", ")"):
-        m = _GRES_ITEM.match(item.strip())
-        if not m:
-            raise InputError(f"cannot read GRES item {item!r} in {text!r}")
-        if int(m.group("count")):
-            out[(m.group("name"), m.group("type") or "")] += int(m.group("count"))
+    try:
+        items = parse(text)
+    except InputError as e:
+        raise InputError(f"cannot read GRES {text!r}: {e.message}", source="sinfo --json") from None
+    for it in items:
+        if it.count is None:
+            raise InputError(f"cannot read GRES item {it.text!r} in {text!r}: no count", source="sinfo --json")
+        if it.count:
+            out[it.key] += it.count
     return dict(out)
 
 
@@ -197,4 +199,4 @@ def build_inventory(machines: dict[str, Machine], sinfo_json: str, partitions_te
 
 
 def _fmt(gres: dict[tuple[str, str], int]) -> str:
-    return ",".join(f"{n}:{t}:{c}" if t else f"{n}:{c}" for (n, t), c in sorted(gres.items()))
+    return render_counts(dict(sorted(gres.items())))

@@ -38,20 +38,17 @@ from typing import Any
 from slurm_gpushare.errors import InputError
 from slurm_gpushare.hardware.machine import MigProfile
 from slurm_gpushare.memsize import format_mib
+from slurm_gpushare.slurm.gres import DEFAULT_PREFIX, GresItem, item_name, prefix_of
 from slurm_gpushare.slurm.nodegres import mig_type
 from slurm_gpushare.submit.inventory import ClusterInventory, NodeInventory
 from slurm_gpushare.submit.policyfile import KINDS, SitePolicy
 from slurm_gpushare.submit.request import (
-    DEFAULT_PREFIX,
     SHARE_NAMES,
     GpushareRequest,
-    TresItem,
-    item_name,
     make_error,
     mentions_share,
     parse_gpushare,
     parse_tres,
-    prefix_of,
 )
 
 #: ``ESLURM_INVALID_GRES`` (slurm/slurm_errno.h): "Invalid generic resource (gres) specification".
@@ -649,14 +646,14 @@ def _decide(tpn: str, tpj: str, partitions: tuple[str, ...] | None, inventory: C
         pool = _pool_for(inventory, parts, policy)
         chosen, considered, reason = _choose(req, pool, policy, parts)
         first = next(it for it in items if it.name == "gpushare")
-        new_item = TresItem(first.prefix or prefix, chosen.name, chosen.type, chosen.count)
+        new_item = GresItem(chosen.name, chosen.type, chosen.count, prefix=first.prefix or prefix)
         out = []
         for it in items:
             if it is first:
-                out.append(new_item.render(prefix))
+                out.append(new_item.strict(prefix))
             elif it.name != "gpushare":
-                out.append(it.render(prefix))
-        grant = new_item.render(prefix)
+                out.append(it.strict(prefix))
+        grant = new_item.strict(prefix)
         audit.update(action="rewrite", kind=chosen.kind, grant=grant, gres_type=chosen.type,
                      model=",".join(chosen.models), mem_asked_mib=req.mem_mib, mem_granted_mib=chosen.granted_mib,
                      sm_percent=req.sm_percent, count=req.count, mode=req.mode, partitions=list(parts),
@@ -680,7 +677,7 @@ def _granted_message(req: GpushareRequest, c: Candidate) -> str:
     return f"gpushare: {ask} -> {c.count} whole {c.type} {plural} ({_gib(c.granted_mib)}{each})"
 
 
-def _direct(items: tuple[TresItem, ...], prefix: str, partitions: tuple[str, ...] | None,
+def _direct(items: tuple[GresItem, ...], prefix: str, partitions: tuple[str, ...] | None,
             inventory: ClusterInventory, policy: SitePolicy, audit: dict[str, Any]) -> Decision:
     """Police direct ``shard:N`` / ``mps:N`` requests."""
     shards = [it for it in items if it.name == "shard"]
@@ -716,10 +713,10 @@ def _direct(items: tuple[TresItem, ...], prefix: str, partitions: tuple[str, ...
         if n > MPS_PER_GPU:
             raise _error("mps-large", n=n)
         audit.update(kind="mps-direct", sm_percent=n, candidates=[f"mps-direct:mps:{n}"])
-    grant = it.render(prefix)
+    grant = it.strict(prefix)
     audit.update(action="rewrite", grant=grant, gres_type=it.type, count=n, mode="direct", partitions=list(parts),
                  reason=f"direct {it.name} request within the limits of {pool.where}")
-    return Decision("rewrite", ",".join(x.render(prefix) for x in items), audit, "", SUCCESS)
+    return Decision("rewrite", ",".join(x.strict(prefix) for x in items), audit, "", SUCCESS)
 
 
 __all__ = [

@@ -27,12 +27,10 @@ from dataclasses import dataclass
 
 from slurm_gpushare.errors import InputError
 from slurm_gpushare.memsize import format_mib, parse_mib
+from slurm_gpushare.slurm.gres import GresItem, GresSyntaxError, item_name, parse_item, prefix_of, split_items
 
 #: GRES names whose requests the policy handles: our own, and the two it polices.
 SHARE_NAMES = ("gpushare", "shard", "mps")
-#: TRES prefixes: ``gres:`` in Slurm 22.05, ``gres/`` in newer releases. The incoming one is kept.
-PREFIXES = ("gres:", "gres/")
-DEFAULT_PREFIX = "gres:"
 #: The knobs of a gpushare request, in the order they are written back.
 KNOBS = ("mem", "sm", "mode")
 MODES = ("auto", "mig", "mps", "gpu")
@@ -63,7 +61,6 @@ MESSAGES: dict[str, tuple[str, str]] = {
                     "write gpushare:mem=10G, or gpushare:mode=gpu:N for N whole GPUs"),
 }
 
-_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 _TYPE = re.compile(r"[A-Za-z0-9_.-]+")
 _COUNT = re.compile(r"[0-9]+")
 _MEM = re.compile(r"([0-9]{1,12})(\.[0-9]{1,9})?([KMGT])(?:I?B)?", re.IGNORECASE)
@@ -88,35 +85,6 @@ def make_error(message_id: str, catalog: dict[str, tuple[str, str]] = MESSAGES, 
 def _shown(text: str) -> str:
     text = "".join(c if c.isprintable() else "?" for c in text)
     return text if len(text) <= _MAX_SHOWN else text[: _MAX_SHOWN - 3] + "..."
-
-
-@dataclass(frozen=True)
-class TresItem:
-    """One item of a TRES string such as ``gres:gpu:h100:2``.
-
-    Attributes:
-        prefix: ``gres:``, ``gres/``, or ``""`` when the item had none.
-        name: GRES name (``gpu``, ``shard``, ``mps``, ``gpushare``, ...).
-        type: GRES type (``h100``, ``h100_1g.10gb``; for ``gpushare`` the knobs), ``""`` when none.
-        count: the count as written, or None when absent (Slurm's default is 1).
-        text: the item exactly as it came.
-    """
-
-    prefix: str
-    name: str
-    type: str = ""
-    count: int | None = None
-    text: str = ""
-
-    def render(self, prefix: str | None = None) -> str:
-        """The item in strict form, ``<prefix><name>[:<type>]:<count>`` (count 1 when absent).
-
-        Args:
-            prefix: prefix to use when the item has none (default ``gres:``).
-        """
-        head = self.prefix or prefix or DEFAULT_PREFIX
-        typed = f":{self.type}" if self.type else ""
-        return f"{head}{self.name}{typed}:{1 if self.count is None else self.count}"
 
 
 @dataclass(frozen=True)
@@ -162,19 +130,6 @@ class GpushareRequest:
         return "gpushare:" + "+".join(knobs) + (f":{n}" if n != 1 else "")
 
 
-def prefix_of(item_text: str) -> str:
-    """``gres:`` or ``gres/`` when ``item_text`` starts with one, else ``""``."""
-    for p in PREFIXES:
-        if item_text.startswith(p):
-            return p
-    return ""
-
-
-def item_name(item_text: str) -> str:
-    """The GRES name of one TRES item, cheaply (no validation): ``gres:gpushare:mem=10G`` -> ``gpushare``."""
-    return item_text[len(prefix_of(item_text)):].split(":", 1)[0]
-
-
 def mentions_share(tres: str | None) -> bool:
     """Does a TRES string hold a ``gpushare``, ``shard`` or ``mps`` item? (Never raises.)
 
@@ -183,48 +138,39 @@ def mentions_share(tres: str | None) -> bool:
     return bool(tres) and any(item_name(t) in SHARE_NAMES for t in tres.split(","))
 
 
-def parse_tres(text: str) -> tuple[TresItem, ...]:
-    """Split a TRES string into items.
+def parse_tres(text: str) -> tuple[GresItem, ...]:
+    """Split a TRES string into items (:func:`slurm_gpushare.slurm.gres.parse_item`, prefix kept).
 
-    ``gres:gpushare:mem=10G+sm=25:2,gres:nic:1`` -> ``(TresItem("gres:", "gpushare", "mem=10G+sm=25", 2),
-    TresItem("gres:", "nic", "", 1))``. Empty items (``a,,b``) are skipped. A two-part item is
-    ``name:count`` when the second part is digits, else ``name:type``.
+    ``gres:gpushare:mem=10G+sm=25:2,gres:nic:1`` -> ``(GresItem("gpushare", "mem=10G+sm=25", 2,
+    prefix="gres:"), GresItem("nic", "", 1, prefix="gres:"))``. Empty items (``a,,b``) are skipped. A
+    two-part item is ``name:count`` when the second part is digits, else ``name:type``. Only the
+    ``gpushare`` type (its knobs) may hold more than letters, digits and ``_.-``.
 
     Raises:
         InputError: an item that is not ``[prefix]name[:type][:count]``, or a count that is not a
             whole number (``gpushare:mem=10G:x``).
     """
+    try:
+        pieces = split_items(text)
+    except GresSyntaxError:
+        raise make_error("item", item=text) from None
     items = []
-    for raw in text.split(","):
+    for raw in pieces:
         if raw == "":
             continue
-        prefix = prefix_of(raw)
-        parts = raw[len(prefix):].split(":")
-        name = parts[0]
-        if len(parts) > 3 or not _NAME.fullmatch(name):
+        try:
+            it = parse_item(raw)
+        except GresSyntaxError as e:
+            if e.part == "count":
+                raise make_error("count", count=e.value, item=raw[len(prefix_of(raw)):]) from None
+            raise make_error("item", item=raw) from None
+        if it.detail or (it.type and it.name != "gpushare" and not _TYPE.fullmatch(it.type)):
             raise make_error("item", item=raw)
-        type_, count = "", None
-        if len(parts) == 2:
-            if _COUNT.fullmatch(parts[1]):
-                count = int(parts[1])
-            else:
-                type_ = parts[1]
-        elif len(parts) == 3:
-            type_ = parts[1]
-            if not _COUNT.fullmatch(parts[2]):
-                raise make_error("count", count=parts[2], item=raw[len(prefix):])
-            count = int(parts[2])
-        if len(parts) > 1 and type_ == "" and count is None:
-            raise make_error("item", item=raw)
-        if type_ and name != "gpushare" and not _TYPE.fullmatch(type_):
-            raise make_error("item", item=raw)
-        if len(parts) == 3 and type_ == "":
-            raise make_error("item", item=raw)
-        items.append(TresItem(prefix, name, type_, count, raw))
+        items.append(it)
     return tuple(items)
 
 
-def parse_gpushare(items: tuple[TresItem, ...] | list[TresItem]) -> GpushareRequest:
+def parse_gpushare(items: tuple[GresItem, ...] | list[GresItem]) -> GpushareRequest:
     """Merge and validate the ``gpushare`` items of one job.
 
     Args:
@@ -243,10 +189,10 @@ def parse_gpushare(items: tuple[TresItem, ...] | list[TresItem]) -> GpushareRequ
     for it in items:
         if it.name != "gpushare":
             continue
-        texts.append(it.text[len(it.prefix) + len("gpushare:"):])
+        texts.append(it.body[len("gpushare:"):])
         if it.count is not None:
             if it.count == 0:
-                raise make_error("count-zero", item=it.text[len(it.prefix):])
+                raise make_error("count-zero", item=it.body)
             if count is not None and count != it.count:
                 raise make_error("count-twice", first=str(count), second=str(it.count))
             count = it.count

@@ -39,8 +39,9 @@ from pathlib import Path
 
 from slurm_gpushare.errors import GpushareError, InputError
 from slurm_gpushare.hardware.machine import Machine
-from slurm_gpushare.slurm import commands as slurm
+from slurm_gpushare.slurm import commands
 from slurm_gpushare.slurm.admincomment import format_segment, merge
+from slurm_gpushare.slurm.gres import parse
 from slurm_gpushare.slurm.nodegres import GresOptions, node_gres
 from slurm_gpushare.submit.inventory import ClusterInventory, build_inventory
 from slurm_gpushare.submit.policy import decide
@@ -212,8 +213,7 @@ class FilterService:
         answer = {"v": PROTOCOL, "action": "rewrite", "tres_per_node": new_tpn, "message": d.message or ""}
         fields = dict(d.audit_fields())
         if op == "cli":
-            answer["gres"] = ",".join(item.split(":", 1)[1] if item.startswith(("gres:", "gres/")) else item
-                                      for item in new_tpn.split(","))
+            answer["gres"] = ",".join(it.body for it in parse(new_tpn))  # srun's --gres takes no prefix
             answer["comment"] = _with_cli_mark(comment, tpn)
             return answer
         if original is not None:
@@ -281,7 +281,7 @@ def serve(socket_path: Path, machines_dir: Path, *, policy_path: Path | None = N
     log = Log(log_stream)
     policy = load_policy(policy_path) if policy_path else SitePolicy()
     cache = InventoryCache(machines_dir, shard_unit_mib=policy.shard_unit_mib,
-                           slurm_source=slurm_source or (lambda: (slurm.sinfo_json(), slurm.partitions_text())),
+                           slurm_source=slurm_source or (lambda: (commands.sinfo_json(), commands.partitions_text())),
                            log=log)
     cache.refresh("start")
     service = FilterService(cache, policy, log)
