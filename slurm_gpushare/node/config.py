@@ -8,7 +8,7 @@ Every key is optional::
     run_dir = "/run/slurm-gpushare"            # per-job state, MPS pipe and log directories
     machine = "/etc/slurm/gpushare/machines/{node}.json"
     mps_control = "/usr/bin/nvidia-cuda-mps-control"
-    shard_unit = "1G"                          # must match the gres.conf generator's --shard-unit
+    shard_unit = "1G"                          # with a unit (1G, 512M); must match gres-conf --shard-unit
     mps_start_timeout = 10.0                   # seconds
     mps_quit_timeout = 10.0                    # seconds before SIGTERM/SIGKILL of a daemon that ignores quit
     drain_on_stuck_daemon = true               # an MPS daemon that survives SIGKILL drains the node
@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_gpushare.errors import ConfigError, InputError
-from slurm_gpushare.memsize import parse_mib
+from slurm_gpushare.memsize import parse_shard_unit
 
 NODE_CONFIG_VERSION = 1
 DEFAULT_PATH = "/etc/slurm/gpushare/node.toml"
@@ -131,7 +131,7 @@ def parse_node_config(text: str, *, source: str = "<node config>") -> NodeConfig
             continue
         if key == "shard_unit":
             try:
-                kw["shard_unit_mib"] = parse_mib(value, default_unit="G", what="shard_unit")
+                kw["shard_unit_mib"] = parse_shard_unit(value)
             except InputError as e:
                 raise ConfigError(e.message, hint=e.hint, source=source) from None
         elif key == "low_priority_partitions":
