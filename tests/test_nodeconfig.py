@@ -1,5 +1,6 @@
 """The node config (node.toml): strict and versioned."""
 
+from importlib import resources
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from slurm_gpushare.node.config import (
 from slurm_gpushare.slurm.conf import GresConf, parse_gres_conf
 from slurm_gpushare.slurm.nodegres import GresOptions, node_gres
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "etc" / "node.toml.example"
+EXAMPLE = Path(str(resources.files("slurm_gpushare") / "data" / "site" / "node.toml.example"))
 
 
 def test_example_loads_with_the_defaults():

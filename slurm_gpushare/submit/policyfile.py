@@ -3,7 +3,7 @@
 The file is versioned (``version = 1`` is required) and strict: an unknown key anywhere, or a value
 of the wrong type or out of range, is an error that names the key and the file, so a typo is
 reported instead of silently ignored. Every key is optional; the defaults are those of
-:class:`SitePolicy` and of ``etc/gpushare.toml.example``, which documents each key::
+:class:`SitePolicy` and of ``slurm_gpushare/data/site/gpushare.toml.example``, which documents each key::
 
     version = 1
     mode_order = ["mig", "mps", "gpu"]
