@@ -22,7 +22,6 @@ docs/development.md.
 
 from __future__ import annotations
 
-import argparse
 import difflib
 import errno
 import filecmp
@@ -42,6 +41,9 @@ import urllib.request
 from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
+
+import click
+import psutil
 
 import slurm_gpushare
 from slurm_gpushare.errors import ClusterError, GpushareError
@@ -90,9 +92,10 @@ SLURMD_PORT_OFFSET = 10
 MONITOR_PORT_OFFSET = 40
 #: Most nodes a cluster can have before node slurmd ports would run into the monitors' ports.
 MAX_NODES = MONITOR_PORT_OFFSET - SLURMD_PORT_OFFSET - 1
-#: The source trees of the product and of this package, copied to ``<dir>/lib`` for the jobs' users
-#: (see :meth:`DevCluster.install_lib`).
-PACKAGE_DIRS = (Path(slurm_gpushare.__file__).resolve().parent, Path(__file__).resolve().parent)
+#: The source trees of the product, of this package and of click (the fake app's command line; pure
+#: Python), copied to ``<dir>/lib`` for the jobs' users (see :meth:`DevCluster.install_lib`).
+PACKAGE_DIRS = (Path(slurm_gpushare.__file__).resolve().parent, Path(__file__).resolve().parent,
+                Path(click.__file__).resolve().parent)
 
 
 @dataclass
@@ -571,13 +574,12 @@ class DevCluster:
         if daemon.startswith("monitor-"):
             return _same_path(_option(argv[1:], "--config"), self.node_config)
         try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except PermissionError:
+            conf = psutil.Process(pid).environ().get("SLURM_CONF")
+        except psutil.AccessDenied:
             return not strict
-        except OSError:
+        except psutil.Error:
             return False
-        conf = next((e[len(b"SLURM_CONF="):] for e in environ if e.startswith(b"SLURM_CONF=")), None)
-        return conf is not None and _same_path(os.fsdecode(conf), self.slurm_conf)
+        return conf is not None and _same_path(conf, self.slurm_conf)
 
     def all_idle(self) -> bool:
         out = self._slurm(["sinfo", "-h", "-N", "-o", "%N %T"], check=False)
@@ -756,8 +758,8 @@ class DevCluster:
                         _mknod(d / "nvidia-caps" / f"nvidia-cap{cap}", NVIDIA_CAPS_MAJOR, cap)
 
     def install_lib(self) -> None:
-        """Copy the packages (``slurm_gpushare`` and ``slurm_gpushare_dev``: modules and data files, no
-        ``__pycache__``) to ``lib/``, world-readable, for :attr:`fake_gpu_app`: a job's user may not
+        """Copy the packages (``slurm_gpushare``, ``slurm_gpushare_dev`` and ``click``: modules and data
+        files, no ``__pycache__``) to ``lib/``, world-readable, for :attr:`fake_gpu_app`: a job's user may not
         reach the project's tree or venv. Only changed files are rewritten; files a package no longer has
         are removed."""
         for package_dir in PACKAGE_DIRS:
@@ -1121,12 +1123,7 @@ class DevCluster:
         files say. Only processes :meth:`is_ours` can prove to be this cluster's are listed."""
         found: dict[str, list[int]] = {}
         me = os.getpid()
-        try:
-            entries = [e.name for e in os.scandir("/proc") if e.name.isdigit()]
-        except OSError:
-            return found
-        for name in entries:
-            pid = int(name)
+        for pid in psutil.pids():
             if pid == me:
                 continue
             argv = _proc_argv(pid)
@@ -1258,12 +1255,12 @@ def _stop_pid(pid: int, timeout: float = 10.0, *, what: str = "daemon") -> None:
 
 
 def _proc_argv(pid: int) -> list[str] | None:
-    """The command line of ``pid`` from /proc (None for a gone process, a zombie or a kernel thread)."""
+    """The command line of ``pid`` (None for a gone process, a zombie, a kernel thread or one this user
+    may not read)."""
     try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
+        return psutil.Process(pid).cmdline() or None
+    except psutil.Error:
         return None
-    return [os.fsdecode(a) for a in raw.rstrip(b"\0").split(b"\0")] if raw else None
 
 
 def _daemon_of(argv: list[str]) -> str | None:
@@ -1383,37 +1380,32 @@ def _run(argv: list[str], *, log: Path | None = None) -> None:
         raise ClusterError(f"{argv[0]} failed ({proc.returncode}): {(proc.stdout + proc.stderr).strip()[-500:]}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``dev-cluster up|down|status|env`` (see the module docstring).
-
-    Exit status: 0 done (``status``: every daemon of the cluster runs); 1 ``status``: no cluster in the
-    directory, not running, or a daemon stopped or with a stale pid file; 2 usage; 5 failure.
-    """
-    ap = argparse.ArgumentParser(prog="dev-cluster", description=__doc__.split("\n\n")[0],
-                                 epilog="exit status: 0 ok; 1 not running or a problem (status); 2 usage; 5 failure")
-    ap.add_argument("action", choices=["up", "down", "status", "env"])
-    ap.add_argument("--dir", help=f"state directory (env GPUSHARE_DEV_DIR, default {DEFAULT_DIR})")
-    ap.add_argument("--port-base", type=int,
-                    help=f"slurmctld port (env GPUSHARE_DEV_PORT, default {DEFAULT_PORT_BASE})")
-    ap.add_argument("--cgroup", action="store_true", help="confine devices with task/cgroup (cgroup v1)")
-    ap.add_argument("--dbd", action="store_true", help="run slurmdbd with a private MariaDB (sacct)")
-    ap.add_argument("--json", action="store_true", help="status as JSON")
-    args = ap.parse_args(argv)
+@click.command(name="dev-cluster", help=__doc__.split("\n\n")[0],
+               epilog="exit status: 0 ok; 1 not running or a problem (status); 2 usage; 5 failure",
+               context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("action", type=click.Choice(["up", "down", "status", "env"]), metavar="up|down|status|env")
+@click.option("--dir", "dir_", help=f"state directory (env GPUSHARE_DEV_DIR, default {DEFAULT_DIR})")
+@click.option("--port-base", type=int, help=f"slurmctld port (env GPUSHARE_DEV_PORT, default {DEFAULT_PORT_BASE})")
+@click.option("--cgroup", is_flag=True, help="confine devices with task/cgroup (cgroup v1)")
+@click.option("--dbd", is_flag=True, help="run slurmdbd with a private MariaDB (sacct)")
+@click.option("--json", "as_json", is_flag=True, help="status as JSON")
+def cli(action: str, dir_: str | None, port_base: int | None, cgroup: bool, dbd: bool, as_json: bool) -> int:
+    """The command line; returns the exit status (see :func:`main`)."""
     try:
-        cluster = DevCluster.default(args.dir, args.port_base, cgroup=args.cgroup, dbd=args.dbd)
-        if args.action != "up":
+        cluster = DevCluster.default(dir_, port_base, cgroup=cgroup, dbd=dbd)
+        if action != "up":
             # down/status/env act on the cluster as it was brought up
             saved = cluster.saved_options()
             cluster.cgroup = cluster.cgroup or saved.get("cgroup", False)
             cluster.dbd = cluster.dbd or saved.get("dbd", False)
-        if args.action == "up":
+        if action == "up":
             cluster.up()
-        elif args.action == "down":
+        elif action == "down":
             cluster.down()
-        elif args.action == "env":
+        elif action == "env":
             print(cluster.env_exports())
         else:
-            return _print_status(cluster, as_json=args.json)
+            return _print_status(cluster, as_json=as_json)
         sys.stdout.flush()
     except BrokenPipeError:  # e.g. 'dev-cluster up | head': the work is done, only its output is cut
         _quiet_stdout()
@@ -1421,6 +1413,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dev-cluster: error: {e}", file=sys.stderr)
         return ClusterError.exit_code
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``dev-cluster up|down|status|env`` (see the module docstring); ``argv`` defaults to ``sys.argv[1:]``.
+
+    Exit status: 0 done (``status``: every daemon of the cluster runs); 1 ``status``: no cluster in the
+    directory, not running, or a daemon stopped or with a stale pid file; 2 usage (one
+    ``dev-cluster: error:`` line); 5 failure. Returned, never raised as SystemExit.
+    """
+    try:
+        return cli.main(args=argv, prog_name="dev-cluster", standalone_mode=False)
+    except click.ClickException as e:
+        print(f"dev-cluster: error: {' '.join(e.format_message().split())} (see dev-cluster --help)", file=sys.stderr)
+        return 2
+    except click.Abort:  # Ctrl-C while click reads input (it reads none)
+        return 130
 
 
 def _print_status(cluster: DevCluster, *, as_json: bool) -> int:

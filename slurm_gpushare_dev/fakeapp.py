@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return cli.main(args=argv, prog_name="python -m slurm_gpushare_dev.fakeapp", standalone_mode=False)
     except click.ClickException as e:
-        print(f"fake-gpu-app: error: {e.format_message()}", file=sys.stderr)
+        print(f"fake-gpu-app: error: {' '.join(e.format_message().split())}", file=sys.stderr)
         return EXIT_USAGE
 
 
