@@ -3,6 +3,9 @@
 Units are base 1024 (K, M, G, T; an optional trailing ``B``/``iB`` is accepted: ``10GiB``). A bare
 number means the caller's default unit, or is refused where the caller has none (command-line GPU
 sizes: ``80`` could mean GiB or MiB). Results are whole MiB, the unit NVML reports memory in.
+
+The shard unit (GPU memory per ``shard`` GRES) has one parser, :func:`parse_shard_unit`, for the three
+places that must agree on it: the site policy, node.toml and ``gres-conf --shard-unit``.
 """
 
 from __future__ import annotations
@@ -10,6 +13,10 @@ from __future__ import annotations
 import re
 
 from slurm_gpushare.errors import InputError
+
+#: Most memory one GPU (or MIG device) may be described with: 16 TiB, in MiB. Far above any GPU made
+#: (the largest have a few hundred GiB); a larger value is a unit slip.
+MAX_MEMORY_MIB = 16 * 1024 * 1024
 
 _FACTOR_MIB = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
@@ -37,8 +44,7 @@ def parse_mib(text: str, *, default_unit: str | None = "M", what: str = "size",
     if default_unit is None and not m.group(2):
         raise InputError(f"{what}: {text!r} has no unit",
                          hint="write 80G or 81920M; K, M, G and T are base 1024")
-    number, unit = float(m.group(1)), (m.group(2) or default_unit or "M").upper()
-    mib = int(number * _FACTOR_MIB[unit])
+    mib = int(_exact_mib(m, default_unit))
     if mib <= 0:
         raise InputError(f"{what}: {text!r} is less than 1 MiB", hint="give a positive size such as 10G")
     if maximum is not None and mib > maximum:
@@ -53,3 +59,46 @@ def format_mib(mib: int) -> str:
         if mib % factor == 0:
             return f"{mib // factor}{unit}"
     return f"{mib}M"
+
+
+def parse_shard_unit(text: str, *, what: str = "shard_unit") -> int:
+    """Parse the shard unit (GPU memory per ``shard`` GRES) into MiB.
+
+    The one parser of ``shard_unit`` in the site policy (gpushare.toml), ``shard_unit`` in node.toml
+    and ``slurm-gpushare gres-conf --shard-unit``: the three must agree, since gres.conf gives each
+    GPU ``Count=<memory in units>``, the policy turns ``mem=`` into ``shard:N`` and the Prolog turns
+    N shards into an MPS memory limit. A unit is required (a bare ``1`` once meant 1 MiB in the policy
+    and 1 GiB in node.toml), and the size must be a whole number of MiB (NVML counts memory in MiB).
+
+    Args:
+        text: e.g. ``1G``, ``1024M``, ``512M``, ``0.5G``, ``1GiB`` (K, M, G, T base 1024).
+        what: name of the value in error messages (``shard_unit``, ``--shard-unit``).
+
+    Returns:
+        The unit in MiB, from 1 to :data:`MAX_MEMORY_MIB`.
+
+    Raises:
+        InputError: not a size, no unit, less than 1 MiB, not a whole number of MiB, or more than 16 TiB.
+    """
+    m = _SIZE.match(str(text))
+    if not m:
+        raise InputError(f"{what}: {text!r} is not a memory size",
+                         hint="write a number with a unit K, M, G or T (base 1024), e.g. 1G or 512M")
+    if not m.group(2):
+        raise InputError(f"{what}: {text!r} has no unit",
+                         hint="write 1G or 1024M; K, M, G and T are base 1024")
+    exact = _exact_mib(m, None)
+    if exact < 1:
+        raise InputError(f"{what}: {text!r} is less than 1 MiB", hint="give a size such as 1G or 512M")
+    if exact != int(exact):
+        raise InputError(f"{what}: {text!r} is not a whole number of MiB",
+                         hint=f"give {int(exact)}M or {int(exact) + 1}M")
+    if exact > MAX_MEMORY_MIB:
+        raise InputError(f"{what}: {text!r} is more than {format_mib(MAX_MEMORY_MIB)}",
+                         hint="give a size such as 1G; it must not exceed any GPU's memory")
+    return int(exact)
+
+
+def _exact_mib(m: re.Match, default_unit: str | None) -> float:
+    """The size matched by :data:`_SIZE` in MiB, not rounded."""
+    return float(m.group(1)) * _FACTOR_MIB[(m.group(2) or default_unit or "M").upper()]

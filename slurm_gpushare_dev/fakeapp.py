@@ -18,12 +18,14 @@ Exit status: 0 done; 2 out of memory under the MPS limit; 64 bad usage or input.
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import signal
 import sys
 import time
+from dataclasses import dataclass
+
+import click
 
 from slurm_gpushare.errors import GpushareError, InputError
 from slurm_gpushare.hardware.fake import PROCESS_TABLE_ENV, FakeNvml, ProcessTable, ScheduledProcess
@@ -128,16 +130,48 @@ def mps_limits(text: str) -> dict[int, int]:
     return out
 
 
+@dataclass(frozen=True)
+class Options:
+    """The command line's values (``--help`` says what each is)."""
+
+    mem: str = "1G"
+    sm: str = "50"
+    schedule: str | None = None
+    seconds: float = 5.0
+    devices: str | None = None
+    machine: str | None = None
+    table: str | None = None
+
+
+@click.command(name="fake-gpu-app", help=__doc__.split("\n\n")[0],
+               context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--mem", default="1G", help="GPU memory per device (default 1G); ignored with --schedule")
+@click.option("--sm", default="50", help="SM utilization percent, '-' for none (default 50)")
+@click.option("--schedule", help="SECONDS:SIZE:SM,... memory and SM over time")
+@click.option("--seconds", type=float, default=5.0, help="how long to run (default 5)")
+@click.option("--devices", help="devices to use (default: CUDA_VISIBLE_DEVICES)")
+@click.option("--machine", help="the node's machine description (default: from GPUSHARE_NVML=fake:PATH)")
+@click.option("--table", help=f"process table directory (default: {PROCESS_TABLE_ENV})")
+def cli(**options) -> int:
+    """The command line; returns the exit status (see the module docstring)."""
+    return run(Options(**options))
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m slurm_gpushare_dev.fakeapp", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--mem", default="1G", help="GPU memory per device (default 1G); ignored with --schedule")
-    ap.add_argument("--sm", default="50", help="SM utilization percent, '-' for none (default 50)")
-    ap.add_argument("--schedule", help="SECONDS:SIZE:SM,... memory and SM over time")
-    ap.add_argument("--seconds", type=float, default=5.0, help="how long to run (default 5)")
-    ap.add_argument("--devices", help="devices to use (default: CUDA_VISIBLE_DEVICES)")
-    ap.add_argument("--machine", help="the node's machine description (default: from GPUSHARE_NVML=fake:PATH)")
-    ap.add_argument("--table", help=f"process table directory (default: {PROCESS_TABLE_ENV})")
-    args = ap.parse_args(argv)
+    """Run the app with ``argv`` (default: ``sys.argv[1:]``); returns the exit status.
+
+    A usage error (unknown option, a value that is not a number) is one ``fake-gpu-app: error:`` line
+    and :data:`EXIT_USAGE`, like bad input, never 2 (:data:`EXIT_OOM`).
+    """
+    try:
+        return cli.main(args=argv, prog_name="python -m slurm_gpushare_dev.fakeapp", standalone_mode=False)
+    except click.ClickException as e:
+        print(f"fake-gpu-app: error: {' '.join(e.format_message().split())}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def run(args: Options) -> int:
+    """Register, run the schedule for ``args.seconds`` and unregister; returns the exit status."""
     try:
         if not (math.isfinite(args.seconds) and args.seconds >= 0):
             raise InputError(f"--seconds {args.seconds} is not a number of seconds >= 0")

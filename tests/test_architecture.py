@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import slurm_gpushare
@@ -126,9 +127,23 @@ def test_the_controller_path_loads_no_numpy_scipy_or_networkx(tmp_path):
 
 def test_the_task_prolog_runs_no_python():
     # the TaskProlog runs before every task: plain shell that prints what the Prolog prepared
-    text = (ROOT / "etc" / "taskprolog.sh").read_text()
+    text = (ROOT / "slurm_gpushare" / "data" / "site" / "taskprolog.sh").read_text()
     assert text.startswith("#!/bin/sh\n")
     code = [line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
     runs = re.compile(r"(^|[;&|(`]|\bthen|\bdo|\bexec)\s*(\S*/)?(python[0-9.]*|slurm-gpushare)(\s|$)")
     assert code and not [line for line in code if runs.search(line)]
     assert runs.search("exec /usr/bin/python3 -m x") and runs.search("if x; then slurm-gpushare hook")
+
+
+def test_package_data_globs_ship_every_data_file_and_each_matches_something():
+    # a built wheel holds the .py modules and what [tool.setuptools.package-data] names: the dev
+    # cluster installs its site files and the stand-in MPS control from there (no repository needed)
+    globs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    assert set(globs) == {"slurm_gpushare", "slurm_gpushare_dev"}
+    for package, patterns in globs.items():
+        base = ROOT / package
+        data = {p.relative_to(base) for p in base.rglob("*")
+                if p.is_file() and p.suffix not in (".py", ".pyc") and "__pycache__" not in p.parts}
+        matched = {pattern: {p.relative_to(base) for p in base.glob(pattern) if p.is_file()} for pattern in patterns}
+        assert not [pattern for pattern, files in matched.items() if not files], f"{package}: globs matching nothing"
+        assert data == set().union(*matched.values()), f"{package}: data files no glob ships"

@@ -453,6 +453,25 @@ def test_status_without_a_cluster_says_so_and_exits_1(tmp_path, capsys, as_json)
         assert out == f"no dev cluster in {d}\n"
 
 
+@pytest.mark.parametrize("argv, words", [
+    (["sideways"], "'sideways' is not one of 'up', 'down', 'status', 'env'"),
+    ([], "Missing argument 'up|down|status|env'. Choose from: up, down, status, env"),
+    (["status", "--port-base", "high"], "'high' is not a valid integer"),
+    (["status", "--bogus"], "No such option '--bogus'"),
+])
+def test_usage_errors_return_2_with_one_line(argv, words, capsys):
+    # main(argv) returns the exit status, usage errors included (scripts/dev-cluster exits with it)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dev-cluster: error: ") and words in err and len(err.splitlines()) == 1, err
+
+
+def test_help_returns_0(capsys):
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert "up|down|status|env" in out and "--port-base" in out and "exit status" in out
+
+
 @pytest.mark.parametrize("as_json", [False, True])
 def test_status_of_a_stopped_cluster_exits_1(tmp_path, capsys, as_json):
     c = DevCluster.default(tmp_path / "c", 21000)

@@ -109,3 +109,11 @@ def test_bad_arguments_are_refused(tmp_path, args, words):
                           env={"PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": "0"}, timeout=20)
     assert proc.returncode == EXIT_USAGE and words in proc.stderr, proc.stderr
     assert not Path("/nonexistent-dir").exists()
+
+
+@pytest.mark.parametrize("args", [["--bogus"], ["--seconds", "soon"], ["--mem"]])
+def test_a_usage_error_exits_64_not_2_which_means_out_of_memory(tmp_path, args):
+    proc = subprocess.run([sys.executable, "-m", "slurm_gpushare_dev.fakeapp", *args], capture_output=True,
+                          text=True, env={"PATH": "/usr/bin:/bin"}, timeout=20)
+    assert proc.returncode == EXIT_USAGE != EXIT_OOM, proc.stderr
+    assert proc.stderr.startswith("fake-gpu-app: error: ") and len(proc.stderr.splitlines()) == 1, proc.stderr

@@ -17,9 +17,8 @@ import pytest
 from slurm_gpushare.slurm.nodegres import node_gres
 from slurm_gpushare.submit.policyfile import SitePolicy
 from slurm_gpushare.submit.service import FilterService, InventoryCache, Log, serve
-from slurm_gpushare_dev.cluster import DEFAULT_NODES, packaged_machine
+from slurm_gpushare_dev.cluster import DEFAULT_NODES, SITE, packaged_machine
 
-ETC = Path(__file__).resolve().parent.parent / "etc"
 LUA = shutil.which("lua5.1")
 
 
@@ -150,7 +149,7 @@ def live(machines_dir):
 
 
 def run_lua(sock: Path, body: str) -> list[dict]:
-    script = (f'local c = dofile("{ETC}/gpushare_client.lua")\n'
+    script = (f'local c = dofile("{SITE / "gpushare_client.lua"}")\n'
               f'c.settings.socket = "{sock}"\nc.settings.timeout = 1.0\n{body}')
     proc = subprocess.run([LUA, "-"], input=script, capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0, proc.stderr

@@ -15,7 +15,7 @@ import pytest
 
 from slurm_gpushare.node.config import NodeConfig
 from slurm_gpushare.node.hooks import HookContext, NodeFault, doctor, epilog, prolog, read_state
-from slurm_gpushare_dev.cluster import MPS_STANDIN, packaged_machine, pid_alive
+from slurm_gpushare_dev.cluster import MPS_STANDIN, SITE, packaged_machine, pid_alive
 
 SHOW = """\
 JobId={job} JobName=wrap
@@ -211,8 +211,8 @@ def test_taskprolog_prints_the_env_file(node, tmp_path):
     _shard_job(node, "110")
     assert prolog(node.ctx, _env("110")) == 0
     script = tmp_path / "tp.sh"
-    etc = Path(__file__).resolve().parent.parent / "etc" / "taskprolog.sh"
-    script.write_text(etc.read_text().replace('RUN_DIR="/run/slurm-gpushare"', f'RUN_DIR="{node.root}/run/{{node}}"'))
+    shipped = (SITE / "taskprolog.sh").read_text()
+    script.write_text(shipped.replace('RUN_DIR="/run/slurm-gpushare"', f'RUN_DIR="{node.root}/run/{{node}}"'))
     out = subprocess.run(["sh", str(script)], env={"SLURM_JOB_ID": "110", "SLURMD_NODENAME": "a100"},
                          capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout == (node.ctx.job_dir("110") / "env").read_text()

@@ -1,4 +1,4 @@
-"""MpsDaemon against the stand-in ``tests/fake_mps/nvidia-cuda-mps-control`` (see its README.md).
+"""MpsDaemon against the stand-in ``slurm_gpushare_dev/fake_mps/nvidia-cuda-mps-control`` (see its README.md).
 
 Every test works in its own short directory under /tmp (a Unix socket path has at most 107 bytes) and
 the fixture stops what the test started; leftover stand-in processes are found by PID through /proc
@@ -30,8 +30,9 @@ from slurm_gpushare.node.mps import (
     StopResult,
     pinned_mem_value,
 )
+from slurm_gpushare_dev.cluster import MPS_STANDIN
 
-FAKE = Path(__file__).resolve().parent / "fake_mps" / "nvidia-cuda-mps-control"
+FAKE = MPS_STANDIN
 #: A PATH every user can search, so that ``#!/usr/bin/env python3`` also works as an unprivileged user.
 SYSTEM_PATH = "/usr/bin:/bin"
 SETTINGS = MpsSettings(control_binary=str(FAKE), start_timeout_s=5.0, quit_timeout_s=1.0, kill_timeout_s=1.0,

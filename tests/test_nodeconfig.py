@@ -1,13 +1,24 @@
 """The node config (node.toml): strict and versioned."""
 
+from importlib import resources
 from pathlib import Path
 
 import pytest
 
 from slurm_gpushare.errors import ConfigError
-from slurm_gpushare.node.config import NodeConfig, load_node_config, parse_node_config
+from slurm_gpushare.hardware.machine import Machine
+from slurm_gpushare.node.config import (
+    NodeConfig,
+    check_shard_unit,
+    installed_shard_counts,
+    load_node_config,
+    parse_node_config,
+    shard_unit_mismatch,
+)
+from slurm_gpushare.slurm.conf import GresConf, parse_gres_conf
+from slurm_gpushare.slurm.nodegres import GresOptions, node_gres
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "etc" / "node.toml.example"
+EXAMPLE = Path(str(resources.files("slurm_gpushare") / "data" / "site" / "node.toml.example"))
 
 
 def test_example_loads_with_the_defaults():
@@ -47,3 +58,59 @@ def test_a_missing_version_says_to_add_it():
     with pytest.raises(ConfigError, match="no version key") as err:
         parse_node_config('run_dir = "/run/x"\n')
     assert "version = 1" in str(err.value)
+
+
+# --- the shard unit against the installed gres.conf ---------------------------------------------
+
+MIXED = Machine.load(Path(__file__).resolve().parent.parent / "slurm_gpushare" / "data" / "machines"
+                     / "4x-h100-mig-mixed.json")   # GPUs 0, 1 whole (81559 MiB), 2, 3 MIG
+
+
+def _gres(*lines: str) -> GresConf:
+    return parse_gres_conf("\n".join(lines) + "\n", source="gres.conf")
+
+
+def test_the_generated_gres_conf_agrees_with_its_unit():
+    for unit in (1024, 512, 2048, 4096):
+        gres = node_gres(MIXED, "h100-mig", GresOptions(shard_unit_mib=unit))
+        text = "\n".join(r.render("h100-mig") for r in gres.records)
+        assert installed_shard_counts(parse_gres_conf(text, source="g"), "h100-mig") == {0: 81559 // unit,
+                                                                                         1: 81559 // unit}
+        assert shard_unit_mismatch(MIXED, unit, installed_shard_counts(parse_gres_conf(text, source="g"),
+                                                                       "h100-mig")) is None
+
+
+def test_a_unit_that_does_not_reproduce_the_counts_is_named_with_the_unit_gres_conf_implies():
+    # gres.conf written with --shard-unit 512M (159 shards per 81559 MiB GPU), node.toml says 1G.
+    problem = shard_unit_mismatch(MIXED, 1024, {0: 159, 1: 159})
+    assert problem == ("node.toml shard_unit 1G does not reproduce the installed gres.conf: GPU 0 (81559M) "
+                       "would have Count=79, gres.conf has Count=159; gres.conf implies shard_unit = \"512M\"")
+
+
+def test_one_gpu_without_shard_lines_is_a_mismatch_but_no_shard_lines_at_all_is_no_shards():
+    assert "GPU 1 (81559M) would have Count=79, gres.conf has none" in shard_unit_mismatch(MIXED, 1024, {0: 79})
+    assert shard_unit_mismatch(MIXED, 1024, {}) is None
+
+
+def test_counts_that_no_unit_reproduces_say_so():
+    problem = shard_unit_mismatch(MIXED, 1024, {0: 79, 1: 10})
+    assert problem.endswith("GPU 1 (81559M) would have Count=79, gres.conf has Count=10; "
+                            "no shard unit gives these counts: regenerate gres.conf")
+
+
+def test_installed_counts_by_device_minor_from_the_node_s_lines():
+    conf = _gres("NodeName=other Name=shard Count=10 File=/dev/nvidia0",
+                 "NodeName=h100-mig Name=shard Count=79 File=/dev/nvidia0",
+                 "Name=shard Count=158 File=/dev/nvidia[1-2]",
+                 "NodeName=h100-mig Name=gpu Type=h100 File=/dev/nvidia3",
+                 "NodeName=h100-mig Name=shard Count=5")  # no File=: not attributable to a GPU
+    assert installed_shard_counts(conf, "h100-mig") == {0: 79, 1: 79, 2: 79}
+
+
+def test_check_shard_unit_raises_a_config_error_naming_both_files():
+    conf = _gres("NodeName=h100-mig Name=shard Count=318 File=/dev/nvidia[0-1]")  # 159 each
+    check_shard_unit(MIXED, "h100-mig", 512, conf)
+    with pytest.raises(ConfigError, match="node.toml shard_unit 1G does not reproduce") as e:
+        check_shard_unit(MIXED, "h100-mig", 1024, conf)
+    assert e.value.source == "gres.conf"
+    assert "regenerate gres.conf" in e.value.hint and "node.toml" in e.value.hint

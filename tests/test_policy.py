@@ -207,8 +207,8 @@ def test_direct_shard_request_is_kept_and_audited():
     d = run("gres:shard:10")
     assert (d.action, d.tres_per_node, d.errno) == ("rewrite", "gres:shard:10", 0)
     assert d.audit["kind"] == "shard-direct"
-    assert d.audit_text() == ("gpushare:v1 req=shard:10 grant=gres:shard:10 kind=shard-direct "
-                              "model=a100,h100,rtx4090 mem=10240/10240MiB part=gpu")
+    assert format_segment(d.audit_fields()) == ("[gpushare:v1 req=shard:10 grant=gres:shard:10 kind=shard-direct "
+                                                "model=a100,h100,rtx4090 mem=10240/10240MiB part=gpu]")
 
 
 def test_direct_shard_request_larger_than_one_gpu_is_refused():
@@ -250,7 +250,7 @@ def test_jobs_without_share_requests_pass_untouched():
     for tpn in (None, "", "gres:gpu:h100:1", "gres:gpu:2,gres:nic:1", "garbage:::", "gres:gpushared:1"):
         d = run(tpn, "nope")
         assert (d.action, d.tres_per_node, d.errno, d.message) == ("pass", tpn, 0, "")
-        assert d.audit_text() == "" and d.audit_fields() == {}
+        assert d.audit_fields() == {}
 
 
 # --- nodes, partitions and heterogeneous choices ------------------------------------------------------
@@ -290,7 +290,7 @@ def test_heterogeneous_mig_choice_is_recorded():
     # same kind, same nominal size: no preference -> model name
     assert d.tres_per_node == "gres:gpu:a100_1g.10gb:1"
     assert d.audit["candidates"][:2] == ["mig:gpu:a100_1g.10gb:1", "mig:gpu:h100_1g.10gb:1"]
-    assert "alt=mig:gpu:h100_1g.10gb:1," in d.audit_text()
+    assert "alt=mig:gpu:h100_1g.10gb:1," in format_segment(d.audit_fields())
     assert d.audit["models_considered"] == ["a100", "h100"]
     preferred = run("gres:gpushare:mem=10G", "mixed", inv=inv, policy=SitePolicy(model_preference=("h100",)))
     assert preferred.tres_per_node == "gres:gpu:h100_1g.10gb:1"
@@ -394,7 +394,7 @@ def test_counts_are_slices_or_gpus_on_one_node():
 def test_mode_gpu_without_memory_takes_the_smallest_gpu():
     d = run("gres:gpushare:mode=gpu:3")
     assert d.tres_per_node == "gres:gpu:rtx4090:3"
-    assert "mem=-/24564MiB" in d.audit_text()
+    assert "mem=-/24564MiB" in format_segment(d.audit_fields())
 
 
 def test_mps_share_is_one_gpu():
@@ -408,7 +408,7 @@ def test_sm_asks_for_an_mps_share_and_is_audited():
     d = run("gres:gpushare:mem=10G+sm=25")
     assert d.tres_per_node == "gres:shard:10"
     assert d.audit["sm_percent"] == 25
-    assert " sm=25 " in d.audit_text()
+    assert " sm=25 " in format_segment(d.audit_fields())
     assert "25% of its compute" in d.message
     assert refused("gres:gpushare:mem=10G+sm=25+mode=mig").startswith(
         "gpushare: sm=25 sets an MPS compute share, which mode=mig does not have")
@@ -427,21 +427,19 @@ def test_mode_mig_where_there_is_none():
 # --- audit record -------------------------------------------------------------------------------------
 
 
-def test_audit_text_is_one_tagged_segment():
+def test_audit_is_one_tagged_segment():
     d = run("gres:gpushare:mem=10G")
-    assert d.audit_text().startswith(
-        "gpushare:v1 req=mem=10G grant=gres:gpu:h100_1g.10gb:1 kind=mig model=h100 mem=10240/9984MiB part=gpu "
+    assert format_segment(d.audit_fields()).startswith(
+        "[gpushare:v1 req=mem=10G grant=gres:gpu:h100_1g.10gb:1 kind=mig model=h100 mem=10240/9984MiB part=gpu "
         "alt=mps:shard:10,")
     assert d.audit["version"] == 1
     assert d.audit["original"] == "gres:gpushare:mem=10G"
-    segment = format_segment(d.audit_fields())
-    assert segment == "[" + d.audit_text() + "]"
-    assert extract(merge("ticket 42", segment))["grant"] == "gres:gpu:h100_1g.10gb:1"
+    assert extract(merge("ticket 42", format_segment(d.audit_fields())))["grant"] == "gres:gpu:h100_1g.10gb:1"
 
 
 def test_reject_audit():
     d = run("gres:gpushare:mem=200G")
-    assert d.audit_text() == "gpushare:v1 req=mem=200G action=reject"
+    assert format_segment(d.audit_fields()) == "[gpushare:v1 req=mem=200G action=reject]"
     assert d.audit["action"] == "reject"
     assert d.audit["reason"] == d.message[len("gpushare: "):]
 
@@ -530,9 +528,8 @@ def test_decide_never_raises_and_answers_are_well_formed(tpn, tpj, partitions, p
         assert STRICT_TRES.match(d.tres_per_node), d.tres_per_node
         assert "gpushare" not in d.tres_per_node
         assert d.errno == 0
-        text = d.audit_text()
-        assert text.startswith("gpushare:v1 req=") and "\n" not in text
-        format_segment(d.audit_fields())  # raises on spaces or brackets
+        text = format_segment(d.audit_fields())  # raises on spaces or brackets
+        assert text.startswith("[gpushare:v1 req=") and "\n" not in text
     else:
         assert d.message.startswith("gpushare: ")
         assert "\n" not in d.message

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from importlib import resources
 from pathlib import Path
 
 import pytest
@@ -9,7 +10,7 @@ import pytest
 from slurm_gpushare.errors import ConfigError
 from slurm_gpushare.submit.policyfile import SitePolicy, load_policy, parse_policy
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "etc" / "gpushare.toml.example"
+EXAMPLE = Path(str(resources.files("slurm_gpushare") / "data" / "site" / "gpushare.toml.example"))
 
 
 def test_example_file_loads_and_states_the_defaults():

@@ -1,4 +1,4 @@
-"""Tests of slurm_gpushare.topology.hops: hop matrix, gres.conf Links=, graph queries, GPU sets.
+"""Tests of slurm_gpushare.topology.hops: hop matrix, gres.conf Links=, graph queries.
 
 The four real machines are the public ``nvidia-smi topo -m`` outputs in tests/data/topo (copied from
 ../machines/topo with their source headers). Each is built here by hand, and also parsed with
@@ -18,17 +18,13 @@ import pytest
 from slurm_gpushare.errors import InputError, MachineDescriptionError
 from slurm_gpushare.hardware.machine import Gpu, Link, Machine, Nic
 from slurm_gpushare.topology.hops import (
-    EXACT_SEARCH_MAX_GPUS,
-    GpuSet,
     Topology,
-    best_sets,
     format_links,
     format_table,
     hop_matrix,
     nearest_nic,
     numa_groups,
     nvlink_islands,
-    set_cost,
     slurm_links,
 )
 
@@ -224,9 +220,9 @@ def test_description_without_links_invents_no_paths():
     assert {v for i, row in enumerate(t.links) for j, v in enumerate(row) if i != j} == {0}
 
 
-def test_nvlink_wins_over_pcie_level_and_legacy_soc_is_sys():
+def test_nvlink_wins_over_pcie_level():
     gpus = tuple(Gpu(i, i, "g", 1024) for i in range(3))
-    m = Machine("n", gpus, links=(Link(0, 1, nvlinks=2, pcie="SYS"), Link(0, 2, pcie="SOC"),
+    m = Machine("n", gpus, links=(Link(0, 1, nvlinks=2, pcie="SYS"), Link(0, 2, pcie="SYS"),
                                   Link(1, 2, pcie="PXB")))
     np.testing.assert_allclose(hop_matrix(m), np.array([
         [0.0, 1.3333333333333333, 3.8],
@@ -235,12 +231,18 @@ def test_nvlink_wins_over_pcie_level_and_legacy_soc_is_sys():
     ]), rtol=0, atol=1e-12)
 
 
+def test_legacy_soc_is_refused_by_the_models():
+    # nvidia_smi reads the pre-2017 SOC as SYS; a description never holds it (Machine.validate refuses it)
+    gpus = tuple(Gpu(i, i, "g", 1024) for i in range(2))
+    with pytest.raises(MachineDescriptionError, match="unknown PCIe level 'SOC'"):
+        hop_matrix(Machine("n", gpus, links=(Link(0, 1, pcie="SOC"),)))
+
+
 def test_non_contiguous_gpu_indices_keep_ascending_order():
     gpus = (Gpu(5, 5, "g", 1024, numa_node=1), Gpu(2, 2, "g", 1024, numa_node=1))
     m = Machine("n", gpus, links=(Link(2, 5, nvlinks=4),))
     np.testing.assert_allclose(hop_matrix(m), np.array([[0.0, 1.2], [1.2, 0.0]]), rtol=0, atol=1e-12)
     assert nvlink_islands(m) == [frozenset({2, 5})]
-    assert best_sets(m, 2) == [GpuSet((2, 5), 1.2, 0)]
     assert numa_groups(m) == {1: (2, 5)}
 
 
@@ -413,94 +415,6 @@ def test_numa_groups_and_islands_parsed():
     assert numa_groups(parsed("rtx4090")) == {0: (0, 1, 2, 3), 1: (4, 5, 6, 7)}
     assert nvlink_islands(parsed("a100")) == [frozenset({0, 2}), frozenset({1, 3}), frozenset({4, 5}),
                                               frozenset({6, 7})]
-
-
-# --- GPU sets -----------------------------------------------------------------------------------
-
-
-def test_set_cost():
-    hop = np.array(A100_HOP)
-    assert set_cost(hop, [0, 2]) == pytest.approx(1.0769230769230769)
-    assert set_cost(hop, [0, 1, 2]) == pytest.approx(1.0769230769230769 + 3.8 + 3.8)
-    assert set_cost(np.array(DGX1_HOP), [0, 1, 2, 3]) == pytest.approx(8.5)
-    assert set_cost(hop, [4]) == 0.0
-    assert set_cost(hop, []) == 0.0
-    with pytest.raises(InputError, match="twice"):
-        set_cost(hop, [1, 1])
-    with pytest.raises(InputError, match="outside"):
-        set_cost(hop, [0, 8])
-
-
-def test_best_sets_a100_bridge_picks_nv12_pairs_first():
-    sets = best_sets(a100_bridge(), 2)
-    assert len(sets) == 28
-    assert [s.gpus for s in sets[:4]] == [(0, 2), (1, 3), (4, 5), (6, 7)]
-    assert sets[0].cost == pytest.approx(1.0769230769230769)
-    assert all(s.cost == pytest.approx(3.8) for s in sets[4:])
-    # among the SYS pairs, same-NUMA pairs come first
-    assert [s.numa_split for s in sets[4:]] == sorted(s.numa_split for s in sets[4:])
-    assert best_sets(a100_bridge(), 2, free=[0, 1, 3, 4])[0].gpus == (1, 3)
-
-
-def test_best_sets_rtx4090_ties_stay_on_one_numa_node():
-    sets = best_sets(rtx4090(), 2)
-    assert len(sets) == 28
-    assert all(s.cost == pytest.approx(3.8) for s in sets)
-    first = sets[:12]  # C(4,2) pairs on each of the two NUMA nodes
-    assert all(s.numa_split == 0 for s in first)
-    assert all({0, 1, 2, 3} >= set(s.gpus) or {4, 5, 6, 7} >= set(s.gpus) for s in first)
-    assert all(s.numa_split == 1 for s in sets[12:])
-    assert sets[0].gpus == (0, 1)
-    assert best_sets(rtx4090(), 2, free=[0, 4, 5])[0].gpus == (4, 5)
-    assert best_sets(rtx4090(), 2, free=[3, 4])[0] == GpuSet((3, 4), pytest.approx(3.8), 1)
-
-
-def test_best_sets_dgx1_quads_and_p100_pix_quads():
-    assert [s.gpus for s in best_sets(dgx1(), 4, limit=2)] == [(0, 1, 2, 3), (4, 5, 6, 7)]
-    assert best_sets(dgx1(), 4, limit=1)[0].cost == pytest.approx(8.5)
-    assert [s.gpus for s in best_sets(p100(), 4, limit=2)] == [(0, 1, 2, 3), (4, 5, 6, 7)]
-    assert best_sets(p100(), 4, limit=1)[0].cost == pytest.approx(18.0)
-
-
-def test_best_sets_on_bare_hop_matrix_speaks_positions():
-    hop = np.array(RTX4090_HOP)
-    assert best_sets(hop, 2, limit=1)[0] == GpuSet((0, 1), pytest.approx(3.8), 0)
-    numa = [1, 0, 0, 1, 1, 1, 1, 1]
-    assert best_sets(hop, 2, limit=1, numa=numa)[0].gpus == (0, 3)
-
-
-def test_best_sets_edge_cases():
-    m = a100_bridge()
-    assert best_sets(m, 3, free=[0, 1]) == []
-    assert best_sets(m, 2, limit=0) == []
-    assert len(best_sets(m, 1)) == 8
-    assert best_sets(m, 8)[0].gpus == tuple(range(8))
-    with pytest.raises(InputError):
-        best_sets(m, 0)
-    with pytest.raises(InputError, match="do not exist"):
-        best_sets(m, 2, free=[0, 9])
-    with pytest.raises(InputError, match="twice"):
-        best_sets(m, 2, free=[0, 0, 1])
-    with pytest.raises(InputError):
-        best_sets(m, 2, limit=-1)
-    with pytest.raises(InputError):
-        best_sets(np.array(A100_HOP), 2, numa=[0, 1])
-
-
-def test_best_sets_greedy_above_exact_limit_finds_nvlink_quads():
-    n = 20
-    assert n > EXACT_SEARCH_MAX_GPUS
-    gpus = tuple(Gpu(i, i, "g", 1024, numa_node=i // 10) for i in range(n))
-    links = tuple(Link(a, b, nvlinks=2) if a // 4 == b // 4 else Link(a, b, pcie="SYS")
-                  for a, b in itertools.combinations(range(n), 2))
-    sets = best_sets(Machine("big", gpus, links), 4)
-    # one candidate per seed at most; here every seed grows into its own quad. Equal cost: the quad
-    # split across NUMA nodes 0 and 1 (GPUs 8-11) ranks last.
-    assert [s.gpus for s in sets] == [(0, 1, 2, 3), (4, 5, 6, 7), (12, 13, 14, 15), (16, 17, 18, 19),
-                                      (8, 9, 10, 11)]
-    assert [s.numa_split for s in sets] == [0, 0, 0, 0, 4]
-    assert sets[0].cost == pytest.approx(6 * 1.3333333333333333)
-    assert best_sets(Machine("big", gpus, links), 4, free=range(2, 20), limit=1)[0].gpus == (4, 5, 6, 7)
 
 
 # --- snapshot and table -------------------------------------------------------------------------

@@ -108,8 +108,7 @@ def gres_conf(machine_files, from_topo, gpu_name, memory, mig_table, cpus, hostn
         render_gres_conf,
         render_slurm_conf,
     )
-    from slurm_gpushare.hardware.machine import MAX_MEMORY_MIB
-    from slurm_gpushare.memsize import format_mib, parse_mib
+    from slurm_gpushare.memsize import format_mib, parse_shard_unit
     from slurm_gpushare.slurm.nodegres import GresOptions
 
     if machine_files and (from_topo or len(machine_files) > 1 and node_name):
@@ -117,7 +116,7 @@ def gres_conf(machine_files, from_topo, gpu_name, memory, mig_table, cpus, hostn
                          "their own hostnames")
     check_node_name(node_name, "--node-name")
     check_device_dir(device_dir)
-    shard_unit_mib = parse_mib(shard_unit, default_unit=None, what="--shard-unit", maximum=MAX_MEMORY_MIB)
+    shard_unit_mib = parse_shard_unit(shard_unit, what="--shard-unit")
     source = dict(from_topo=from_topo, gpu_name=gpu_name, memory=memory, mig_table=mig_table, cpus=cpus,
                   hostname=hostname)
     machines = [load_machine(f, **source) for f in machine_files] if machine_files else [

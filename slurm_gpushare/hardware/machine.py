@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_gpushare.errors import MachineDescriptionError
+from slurm_gpushare.memsize import MAX_MEMORY_MIB
 
 SCHEMA_VERSION = 1
 
@@ -41,10 +42,6 @@ SCHEMA_VERSION = 1
 #: levels through ``nvmlDeviceGetTopologyCommonAncestor`` (INTERNAL/SINGLE/MULTIPLE/HOSTBRIDGE/
 #: NODE/SYSTEM). ``SOC`` is the legacy name of ``SYS`` printed by old drivers.
 PCIE_LEVELS = ("PIX", "PXB", "PHB", "NODE", "SYS")
-
-#: Most memory one GPU (or MIG device) may be described with: 16 TiB, in MiB. Far above any GPU made
-#: (the largest have a few hundred GiB); a larger value is a unit slip.
-MAX_MEMORY_MIB = 16 * 1024 * 1024
 
 #: Allowed ranges ``(lowest, highest)`` of integer values, by key; ``None`` is "no upper bound". Each
 #: with what the range comes from, quoted in the error message.

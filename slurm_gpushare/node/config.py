@@ -8,7 +8,7 @@ Every key is optional::
     run_dir = "/run/slurm-gpushare"            # per-job state, MPS pipe and log directories
     machine = "/etc/slurm/gpushare/machines/{node}.json"
     mps_control = "/usr/bin/nvidia-cuda-mps-control"
-    shard_unit = "1G"                          # must match the gres.conf generator's --shard-unit
+    shard_unit = "1G"                          # with a unit (1G, 512M); must match gres-conf --shard-unit
     mps_start_timeout = 10.0                   # seconds
     mps_quit_timeout = 10.0                    # seconds before SIGTERM/SIGKILL of a daemon that ignores quit
     drain_on_stuck_daemon = true               # an MPS daemon that survives SIGKILL drains the node
@@ -31,13 +31,17 @@ slurmd on one host (the dev cluster) keep their state apart.
 
 from __future__ import annotations
 
+import re
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from slurm_gpushare.errors import ConfigError, InputError
-from slurm_gpushare.memsize import parse_mib
+from slurm_gpushare.hardware.machine import Machine
+from slurm_gpushare.memsize import format_mib, parse_shard_unit
+from slurm_gpushare.slurm.conf import GresConf
 
 NODE_CONFIG_VERSION = 1
 DEFAULT_PATH = "/etc/slurm/gpushare/node.toml"
@@ -131,7 +135,7 @@ def parse_node_config(text: str, *, source: str = "<node config>") -> NodeConfig
             continue
         if key == "shard_unit":
             try:
-                kw["shard_unit_mib"] = parse_mib(value, default_unit="G", what="shard_unit")
+                kw["shard_unit_mib"] = parse_shard_unit(value)
             except InputError as e:
                 raise ConfigError(e.message, hint=e.hint, source=source) from None
         elif key == "low_priority_partitions":
@@ -184,3 +188,107 @@ def load_node_config(path: str | Path | None) -> NodeConfig:
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"cannot read node config {p}: {e}") from None
     return parse_node_config(text, source=str(p))
+
+
+# --- the shard unit against the installed gres.conf ---------------------------------------------
+
+_DEVICE_MINOR = re.compile(r"/nvidia(\d+)$")
+
+
+def installed_shard_counts(gres_conf: GresConf, node: str) -> dict[int, int]:
+    """The ``Name=shard`` ``Count=`` of each GPU in an installed gres.conf, keyed by device minor.
+
+    Args:
+        gres_conf: the parsed gres.conf (:func:`slurm_gpushare.slurm.conf.parse_gres_conf`).
+        node: the Slurm node name; lines for other nodes are skipped.
+
+    Returns:
+        ``{minor: count}`` for each ``File=<dir>/nvidia<minor>`` of the node's shard lines. A line
+        naming several files splits its ``Count=`` evenly over them (gres.conf(5) "Count"); a shard
+        line without ``File=`` is not attributable to a GPU and is left out.
+    """
+    counts: dict[int, int] = {}
+    for entry in gres_conf.records_for(node):
+        if entry.name != "shard" or not entry.files:
+            continue
+        each = entry.effective_count // len(entry.files)
+        for path in entry.files:
+            m = _DEVICE_MINOR.search(path)
+            if m:
+                counts[int(m.group(1))] = counts.get(int(m.group(1)), 0) + each
+    return counts
+
+
+def shard_unit_mismatch(machine: Machine, shard_unit_mib: int, installed: Mapping[int, int]) -> str | None:
+    """Whether a shard unit reproduces the shard counts of an installed gres.conf (pure).
+
+    The gres.conf generator gives each whole GPU ``Count=<memory_mib // unit>`` shards (no line when
+    that is 0; MIG GPUs get none). The Prolog turns N shards into N x ``shard_unit`` MiB of MPS
+    memory limit, so a node.toml unit other than the one gres.conf was written with gives every job
+    a wrong limit.
+
+    Args:
+        machine: the node's description (memory per GPU from NVML, in MiB).
+        shard_unit_mib: node.toml ``shard_unit``, MiB.
+        installed: the installed shard ``Count=`` per device minor (:func:`installed_shard_counts`).
+
+    Returns:
+        None when the unit gives every whole GPU its installed count, or when gres.conf has no shard
+        lines at all (shards not configured); else the reason, naming the first GPU that differs
+        and the unit gres.conf implies (when one unit reproduces every count).
+    """
+    if not installed:
+        return None
+    whole = [g for g in sorted(machine.gpus, key=lambda g: g.index) if not g.mig_enabled]
+    for g in whole:
+        want, have = g.memory_mib // shard_unit_mib, installed.get(g.minor, 0)
+        if want != have:
+            break
+    else:
+        return None
+    problem = (f"node.toml shard_unit {format_mib(shard_unit_mib)} does not reproduce the installed gres.conf: "
+               f"GPU {g.index} ({format_mib(g.memory_mib)}) would have Count={want}, gres.conf has "
+               + (f"Count={have}" if have else "none"))
+    implied = _implied_unit(whole, installed)
+    return problem + (f'; gres.conf implies shard_unit = "{format_mib(implied)}"' if implied else
+                      "; no shard unit gives these counts: regenerate gres.conf")
+
+
+def _implied_unit(gpus, installed: Mapping[int, int]) -> int | None:
+    """The roundest unit u (most factors of 2) with ``memory // u == count`` on every GPU, or None.
+
+    ``memory // u == c`` holds for u in ``(memory / (c + 1), memory / c]`` (c > 0), and for
+    ``u > memory`` when c is 0.
+    """
+    lo, hi = 1, 1 << 44
+    for g in gpus:
+        c = installed.get(g.minor, 0)
+        lo = max(lo, g.memory_mib // (c + 1) + 1)
+        if c:
+            hi = min(hi, g.memory_mib // c)
+    if lo > hi:
+        return None
+    step = 1 << 44
+    while step > 1 and -(-lo // step) * step > hi:
+        step //= 2
+    return -(-lo // step) * step
+
+
+def check_shard_unit(machine: Machine, node: str, shard_unit_mib: int, gres_conf: GresConf) -> None:
+    """Refuse a node.toml shard unit that does not reproduce the node's installed gres.conf.
+
+    Args:
+        machine: the node's description.
+        node: the Slurm node name (``SLURMD_NODENAME``).
+        shard_unit_mib: node.toml ``shard_unit``, MiB.
+        gres_conf: the gres.conf slurmd reads, parsed.
+
+    Raises:
+        ConfigError: the reason from :func:`shard_unit_mismatch`, ``source`` the gres.conf.
+    """
+    problem = shard_unit_mismatch(machine, shard_unit_mib, installed_shard_counts(gres_conf, node))
+    if problem:
+        raise ConfigError(problem, source=gres_conf.source,
+                          hint=f"node.toml shard_unit and 'gres-conf --shard-unit' must be the same: set shard_unit "
+                               f"in node.toml to the unit gres.conf was written with, or regenerate gres.conf with "
+                               f"--shard-unit {format_mib(shard_unit_mib)} and restart slurmd")

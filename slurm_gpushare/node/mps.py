@@ -76,7 +76,7 @@ class MpsSettings:
 
     Attributes:
         control_binary: ``nvidia-cuda-mps-control``, by name (looked up in PATH) or by path; tests use
-            the stand-in ``tests/fake_mps/nvidia-cuda-mps-control``.
+            the stand-in ``slurm_gpushare_dev/fake_mps/nvidia-cuda-mps-control``.
         start_timeout_s: seconds :meth:`MpsDaemon.start` waits for the daemon to answer.
         quit_timeout_s: seconds :meth:`MpsDaemon.stop` waits after ``quit`` for the daemon to exit.
         kill_timeout_s: seconds to wait after SIGTERM, and again after SIGKILL.

@@ -158,7 +158,8 @@ class Decision:
 
     Attributes:
         action: ``pass`` (nothing for us to do: leave the job alone), ``rewrite`` (set
-            ``tres_per_node``, record :meth:`audit_text` in AdminComment) or ``reject``.
+            ``tres_per_node``, record :meth:`audit_fields` in AdminComment
+            with :func:`slurm_gpushare.slurm.admincomment.format_segment`) or ``reject``.
         tres_per_node: the new TRES string (``rewrite``; prefix kept, other items kept in order with
             explicit counts), else the input unchanged.
         audit: the record of the decision: ``version``, ``original`` (the TRES as it came),
@@ -211,18 +212,6 @@ class Decision:
         if alt:
             out["alt"] = _safe(",".join(alt))
         return out
-
-    def audit_text(self) -> str:
-        """One single-line tag segment for AdminComment, e.g.
-        ``gpushare:v1 req=mem=10G grant=gres:gpu:h100_1g.10gb:1 kind=mig model=h100 mem=10240/9984MiB``.
-
-        ``gpushare:v<version>`` then space-separated ``key=value`` (:meth:`audit_fields`); the value
-        is everything after the first ``=``. Empty for ``pass``.
-        """
-        f = self.audit_fields()
-        if not f:
-            return ""
-        return f"gpushare:v{AUDIT_VERSION} " + " ".join(f"{k}={v}" for k, v in f.items())
 
 
 def _safe(text: str) -> str:

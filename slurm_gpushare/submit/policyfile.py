@@ -3,7 +3,7 @@
 The file is versioned (``version = 1`` is required) and strict: an unknown key anywhere, or a value
 of the wrong type or out of range, is an error that names the key and the file, so a typo is
 reported instead of silently ignored. Every key is optional; the defaults are those of
-:class:`SitePolicy` and of ``etc/gpushare.toml.example``, which documents each key::
+:class:`SitePolicy` and of ``slurm_gpushare/data/site/gpushare.toml.example``, which documents each key::
 
     version = 1
     mode_order = ["mig", "mps", "gpu"]
@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_gpushare.errors import ConfigError, InputError
-from slurm_gpushare.memsize import parse_mib
+from slurm_gpushare.memsize import parse_shard_unit
 
 POLICY_VERSION = 1
 #: The kinds of GPU share, as ``mode=`` names them.
@@ -186,7 +186,7 @@ def policy_from_dict(data: dict[str, Any], *, source: str = "<policy>") -> SiteP
     if "shard_unit" in data:
         value = _str(data["shard_unit"], "shard_unit", source)
         try:
-            kw["shard_unit_mib"] = parse_mib(value, default_unit="M", what="shard_unit")
+            kw["shard_unit_mib"] = parse_shard_unit(value)
         except InputError as e:
             raise ConfigError(e.message, hint=e.hint, source=source) from None
     mig = _table(data.get("mig", {}), "mig", source)

@@ -72,7 +72,6 @@ UNKNOWN_LEVEL = len(PCIE_LEVELS)
 BINDING_JSON_VERSION = 1
 
 _TOL = 1e-9
-_LEGACY_LEVELS = {"SOC": "SYS"}
 # A NIC column titled NICn without a NIC Legend names no RDMA device.
 _PLACEHOLDER_NIC = re.compile(r"NIC\d+")
 
@@ -316,7 +315,7 @@ def _hungarian(cost: np.ndarray) -> np.ndarray:
 def _level(level: str | None) -> int:
     if level is None:
         return UNKNOWN_LEVEL
-    return PCIE_LEVELS.index(_LEGACY_LEVELS.get(level, level))
+    return PCIE_LEVELS.index(level)
 
 
 def _assign_nics(machine: Machine, task_positions: list[list[int]]) -> list[tuple[str | None, str | None]]:
@@ -350,7 +349,7 @@ def _assign_nics(machine: Machine, task_positions: list[list[int]]) -> list[tupl
             out.append((None, None))
             continue
         worst = max(known, key=_level)
-        out.append((nic.name, _LEGACY_LEVELS.get(worst, worst)))
+        out.append((nic.name, worst))
     return out
 
 

@@ -36,10 +36,8 @@ The hop matrix (DESIGN.md §5)
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,9 +66,6 @@ HOP_PCIE_LEVEL: dict[str, float] = {"PIX": 0.0, "PXB": 0.2, "PHB": 0.4, "NODE": 
 #: The farthest hop a described node has (PCIe ``SYS``).
 HOP_SYS = HOP_PCIE + HOP_PCIE_LEVEL["SYS"]
 
-#: Legacy name of ``SYS`` printed by old drivers; read as ``SYS``.
-_LEGACY_LEVELS = {"SOC": "SYS"}
-
 # --- gres.conf Links= constants ---------------------------------------------------------------
 #
 # gres.conf(5), "Links": "A comma-delimited list of numbers identifying the number of connections
@@ -92,10 +87,6 @@ LINKS_NVSWITCH = 10
 #: A direct NVLink pair gets ``LINKS_NVLINK + nvlinks`` (NV1 = 11, NV2 = 12, NV12 = 22): above the
 #: NVSwitch value (a direct link is nearer in the hop matrix) and more links above fewer.
 LINKS_NVLINK = 10
-
-#: ``best_sets`` enumerates every subset exactly up to this many candidate GPUs
-#: (``C(16, 8) = 12870`` sets at most); above it, a greedy heuristic is used.
-EXACT_SEARCH_MAX_GPUS = 16
 
 #: Schema version of :meth:`Topology.to_dict`.
 TOPOLOGY_JSON_VERSION = 1
@@ -125,15 +116,14 @@ def nvlink_hop(nvlinks: int) -> float:
 
 
 def pcie_hop(level: str) -> float:
-    """Hop of a PCIe-only pair at PCIe path ``level`` (one of :data:`PCIE_LEVELS`, or legacy ``SOC``).
+    """Hop of a PCIe-only pair at PCIe path ``level`` (one of :data:`PCIE_LEVELS`).
 
     Raises:
         InputError: an unknown level.
     """
-    lvl = _LEGACY_LEVELS.get(level, level)
-    if lvl not in HOP_PCIE_LEVEL:
+    if level not in HOP_PCIE_LEVEL:
         raise InputError(f"unknown PCIe level {level!r}", hint=f"use one of {', '.join(PCIE_LEVELS)}")
-    return HOP_PCIE + HOP_PCIE_LEVEL[lvl]
+    return HOP_PCIE + HOP_PCIE_LEVEL[level]
 
 
 def hop_matrix(machine: Machine) -> np.ndarray:
@@ -200,7 +190,7 @@ def _link_hop(ln: Link, machine: Machine) -> float:
         raise MachineDescriptionError(f"link {ln.a}-{ln.b}: goes through an NVSwitch but has no NVLinks",
                                       hint="give the NVLink count, or drop via_nvswitch",
                                       source=_where(machine))
-    if ln.pcie is not None and _LEGACY_LEVELS.get(ln.pcie, ln.pcie) not in HOP_PCIE_LEVEL:
+    if ln.pcie is not None and ln.pcie not in HOP_PCIE_LEVEL:
         raise MachineDescriptionError(f"link {ln.a}-{ln.b}: unknown PCIe level {ln.pcie!r}",
                                       hint=f"use one of {', '.join(PCIE_LEVELS)}", source=_where(machine))
     # NVLink wins over the PCIe level: GPU peer traffic takes NVLink when it exists.
@@ -380,156 +370,16 @@ def nearest_nic(machine: Machine, gpu: int) -> Nic | None:
         level = nic.paths[pos]
         if level is None:
             continue
-        lvl = _LEGACY_LEVELS.get(level, level)
-        if lvl not in PCIE_LEVELS:
+        if level not in PCIE_LEVELS:
             raise MachineDescriptionError(f"NIC {nic.name}: unknown PCIe level {level!r}",
                                           source=_where(machine))
-        rank = (PCIE_LEVELS.index(lvl), order)
+        rank = (PCIE_LEVELS.index(level), order)
         if best is None or rank < best:
             best, found = rank, nic
     return found
 
 
-# --- GPU sets ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class GpuSet:
-    """A candidate set of GPUs with its cost, as :func:`best_sets` ranks it.
-
-    Attributes:
-        gpus: ascending GPU indices (or matrix positions, when ranked from a bare hop matrix).
-        cost: :func:`set_cost`: the sum of the hops between every pair, dimensionless.
-        numa_split: pairs of the set whose GPUs sit on different known NUMA nodes (tie-breaker).
-    """
-
-    gpus: tuple[int, ...]
-    cost: float
-    numa_split: int = 0
-
-
-def set_cost(hop: np.ndarray, gpus: Sequence[int]) -> float:
-    """Cost of running one job on a set of GPUs: the sum of the hops between every pair of them.
-
-    The sum (not the worst pair) because collective operations (NCCL all-reduce rings and trees)
-    move data across every pair's path, so each slow pair slows the job; a set is as good as its
-    total distance. One GPU (or none) costs 0.
-
-    Args:
-        hop: the hop matrix, ``(n, n)``.
-        gpus: matrix positions (GPU indices on a node numbered ``0..n-1``), distinct.
-
-    Returns:
-        The cost, dimensionless (hops).
-
-    Raises:
-        InputError: a position outside the matrix, or a GPU given twice.
-    """
-    h = _square(hop)
-    sel = _positions(gpus, h.shape[0])
-    return float(sum(h[a, b] for a, b in itertools.combinations(sel, 2)))
-
-
-def best_sets(topology: Machine | Topology | np.ndarray, k: int, free: Iterable[int] | None = None,
-              limit: int | None = None, *, numa: Sequence[int | None] | None = None) -> list[GpuSet]:
-    """The ``k``-GPU subsets of the free GPUs, best (lowest :func:`set_cost`) first.
-
-    Sets with equal cost are ordered by fewest pairs split across NUMA nodes, then by GPU indices, so
-    on a node where every pair is ``SYS`` (all equal hops) a 2-GPU set stays on one NUMA node: its
-    GPUs share the CPUs and memory the job's tasks are bound to. The NUMA term is a pure tie-break,
-    never traded against hop distance.
-
-    With at most :data:`EXACT_SEARCH_MAX_GPUS` free GPUs every subset is enumerated
-    (``itertools.combinations``). With more, a greedy heuristic runs instead: from each free GPU as a
-    seed, repeatedly add the free GPU with the smallest summed hop to the set so far; the distinct
-    results (at most one per seed) are returned, ranked. That is a shortlist, not every subset; the
-    placement engine (a later module) owns allocation-time search.
-
-    Args:
-        topology: a machine description or :class:`Topology` (``free`` and the result are GPU
-            indices; NUMA nodes come from the GPUs), or a hop matrix ``(n, n)`` (``free`` and the
-            result are matrix positions).
-        k: GPUs per set, at least 1.
-        free: the GPUs that may be used (default: all).
-        limit: return at most this many sets (default: all).
-        numa: NUMA node per matrix position (None = unknown); overrides the machine's.
-
-    Returns:
-        Ranked sets; empty when fewer than ``k`` GPUs are free.
-
-    Raises:
-        InputError: ``k`` below 1, a negative ``limit``, a free GPU that does not exist or is given
-            twice, a ``numa`` of the wrong length.
-        MachineDescriptionError: a contradictory machine description.
-    """
-    if isinstance(topology, Machine):
-        topology = Topology.from_machine(topology)
-    if isinstance(topology, Topology):
-        hop = topology.hop_array
-        labels: tuple[int, ...] = topology.gpus
-        node_numa: Sequence[int | None] = topology.numa_nodes
-    else:
-        hop = _square(topology)
-        labels = tuple(range(hop.shape[0]))
-        node_numa = [None] * hop.shape[0]
-    n = hop.shape[0]
-    if numa is not None:
-        if len(numa) != n:
-            raise InputError(f"numa has {len(numa)} entries for {n} GPUs")
-        node_numa = numa
-    if k < 1:
-        raise InputError(f"a GPU set needs at least 1 GPU, got k={k}")
-    if limit is not None and limit < 0:
-        raise InputError(f"limit must not be negative, got {limit}")
-    index_of = {g: i for i, g in enumerate(labels)}
-    if free is None:
-        cand = list(range(n))
-    else:
-        wanted = list(free)
-        unknown = [g for g in wanted if g not in index_of]
-        if unknown:
-            raise InputError(f"free GPU(s) {unknown} do not exist", hint=f"GPUs are {list(labels)}")
-        cand = _positions([index_of[g] for g in wanted], n)
-    cand.sort()
-    if k > len(cand):
-        return []
-
-    def cost(sel: tuple[int, ...]) -> float:
-        return sum(float(hop[a, b]) for a, b in itertools.combinations(sel, 2))
-
-    def key(sel: tuple[int, ...]) -> tuple[float, int, tuple[int, ...]]:
-        # rounded so that float summation order cannot split a tie the NUMA term should break
-        return (round(cost(sel), 9), _numa_split(node_numa, sel), sel)
-
-    if len(cand) <= EXACT_SEARCH_MAX_GPUS:
-        subsets: Iterable[tuple[int, ...]] = itertools.combinations(cand, k)
-    else:
-        subsets = _greedy_sets(hop, node_numa, cand, k)
-    ranked = heapq.nsmallest(limit, subsets, key=key) if limit is not None else sorted(subsets, key=key)
-    out = []
-    for sel in ranked:
-        out.append(GpuSet(tuple(labels[p] for p in sel), cost(sel), _numa_split(node_numa, sel)))
-    return out
-
-
-def _greedy_sets(hop: np.ndarray, numa: Sequence[int | None], cand: list[int],
-                 k: int) -> set[tuple[int, ...]]:
-    found: set[tuple[int, ...]] = set()
-    for seed in cand:
-        chosen = [seed]
-        rest = [c for c in cand if c != seed]
-        while len(chosen) < k:
-            nxt = min(rest, key=lambda c: (round(sum(float(hop[c, s]) for s in chosen), 9),
-                                           _numa_split(numa, (*chosen, c)), c))
-            chosen.append(nxt)
-            rest.remove(nxt)
-        found.add(tuple(sorted(chosen)))
-    return found
-
-
-def _numa_split(numa: Sequence[int | None], sel: Sequence[int]) -> int:
-    return sum(1 for a, b in itertools.combinations(sel, 2)
-               if numa[a] is not None and numa[b] is not None and numa[a] != numa[b])
+# --- matrix checks ---------------------------------------------------------------------------
 
 
 def _square(hop: Any) -> np.ndarray:
@@ -537,16 +387,6 @@ def _square(hop: Any) -> np.ndarray:
     if h.ndim != 2 or h.shape[0] != h.shape[1]:
         raise InputError(f"a hop matrix must be square, got shape {h.shape}")
     return h
-
-
-def _positions(gpus: Iterable[int], n: int) -> list[int]:
-    sel = [int(g) for g in gpus]
-    bad = [g for g in sel if not 0 <= g < n]
-    if bad:
-        raise InputError(f"GPU position(s) {bad} outside the {n}x{n} hop matrix")
-    if len(set(sel)) != len(sel):
-        raise InputError(f"GPU set {sel} names a GPU twice")
-    return sel
 
 
 def _hop_of(topology: Machine | Topology | np.ndarray) -> np.ndarray:
@@ -611,7 +451,7 @@ class Topology:
             if nic is None or level is None:
                 nics.append(None)
             else:
-                nics.append((nic.name, _LEGACY_LEVELS.get(level, level)))
+                nics.append((nic.name, level))
         return cls(
             hostname=machine.hostname,
             source=machine.source,

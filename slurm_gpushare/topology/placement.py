@@ -11,7 +11,7 @@ The cost model (docs/placement.md)
         cost(S) = PAIR_WEIGHT * pair_cost(S) + RING_WEIGHT * k * ring_bottleneck(S)
 
     - ``pair_cost(S)`` is the sum of ``H[a, b]`` over the ``k(k-1)/2`` pairs of ``S``
-      (:func:`slurm_gpushare.topology.hops.set_cost`): all-to-all traffic, tree collectives and
+      (:attr:`Placement.pair_cost`): all-to-all traffic, tree collectives and
       pipeline neighbours cross every pair's path, so every slow pair counts.
     - ``ring_bottleneck(S)`` is the hop of the slowest link of the best ring through ``S``: the order
       of the GPUs, as a cycle, that minimizes the largest hop between neighbours (ties: the smallest
@@ -62,14 +62,13 @@ from typing import Any
 import numpy as np
 
 from slurm_gpushare.errors import InputError
-from slurm_gpushare.topology.hops import EXACT_SEARCH_MAX_GPUS
 
 #: Weight of the pair cost (sum of hops over every pair of the set).
 PAIR_WEIGHT = 1.0
 #: Weight of the ring term (``k`` times the ring's bottleneck hop).
 RING_WEIGHT = 1.0
 #: :func:`best_placement` enumerates every subset when at most this many GPUs are free.
-EXACT_MAX_FREE = EXACT_SEARCH_MAX_GPUS
+EXACT_MAX_FREE = 16
 #: Rings of up to this many GPUs are solved by enumerating every cycle (``(k-1)!/2`` of them).
 RING_ENUMERATE_MAX = 9
 #: Rings of up to this many GPUs have an exact bottleneck; larger ones a heuristic (module docstring).
