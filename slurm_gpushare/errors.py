@@ -76,6 +76,7 @@ class NvmlError(HardwareError):
         self.code = code
 
     def with_context(self, context: str) -> NvmlError:
+        """The same error with ``context`` (the caller's step, e.g. ``GPU 3``) before its source."""
         source = f"{context}: {self.source}" if self.source else context
         return NvmlError(self.message, hint=self.hint, source=source, code=self.code)
 

@@ -155,6 +155,7 @@ class DevCluster:
 
     @property
     def slurm_conf(self) -> Path:
+        """The cluster's slurm.conf (clients need it as ``SLURM_CONF``)."""
         return self.root / "etc" / "slurm.conf"
 
     @property
@@ -164,6 +165,7 @@ class DevCluster:
 
     @property
     def filterd_socket(self) -> Path:
+        """The filter service's unix socket."""
         return self.root / "run" / "filterd.sock"
 
     @property
@@ -222,9 +224,11 @@ class DevCluster:
         return f"export SLURM_CONF={self.slurm_conf}\nexport GPUSHARE_FAKE_GPU_APP={self.fake_gpu_app}"
 
     def pidfile(self, daemon: str) -> Path:
+        """The pid file of ``daemon`` (``slurmctld``, ``slurmd-<node>``, ``monitor-<node>``, ...)."""
         return self.root / "run" / f"{daemon}.pid"
 
     def device_dir(self, node: str) -> Path:
+        """Where ``node``'s fake ``nvidiaN`` devices are made (never ``/dev``)."""
         return self.root / "dev" / node
 
     def daemons(self) -> list[str]:
@@ -582,6 +586,7 @@ class DevCluster:
         return conf is not None and _same_path(conf, self.slurm_conf)
 
     def all_idle(self) -> bool:
+        """Every node of the cluster is idle (no job holds anything)."""
         out = self._slurm(["sinfo", "-h", "-N", "-o", "%N %T"], check=False)
         states = dict(line.split() for line in out.splitlines() if line.strip())
         return set(states) >= set(self.nodes) and all(states[n] == "idle" for n in self.nodes)

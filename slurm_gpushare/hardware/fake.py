@@ -660,11 +660,17 @@ class ScheduledProcess:
         return current
 
     def to_dict(self) -> dict:
+        """The process as JSON-ready data (one entry of a process table file)."""
         return {"pid": self.pid, "gpu": self.gpu, "start": self.start, "gi_id": self.gi_id,
                 "steps": [list(s) for s in self.steps]}
 
     @classmethod
     def from_dict(cls, data: dict, *, source: str = "") -> ScheduledProcess:
+        """Read one entry of a process table file (:meth:`to_dict`).
+
+        Raises:
+            InputError: a missing or ill-typed key, naming ``source``.
+        """
         try:
             return cls(pid=int(data["pid"]), gpu=int(data["gpu"]), start=float(data["start"]),
                        gi_id=None if data.get("gi_id") is None else int(data["gi_id"]),

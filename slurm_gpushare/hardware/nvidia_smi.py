@@ -1,4 +1,4 @@
-"""Parsers for ``nvidia-smi`` text: the topology matrix and the MIG GPU instance profiles.
+r"""Parsers for ``nvidia-smi`` text: the topology matrix and the MIG GPU instance profiles.
 
 Two recorded outputs become plain data here, so that a machine can be described without NVML (from
 a bug report, a CI fixture, a node we cannot log in to):
@@ -25,7 +25,7 @@ Format of ``nvidia-smi topo -m`` (what the recorded outputs in ``tests/data/topo
 nvidia-smi separates cells with tabs. Recorded copies often have the tabs expanded to spaces at
 8-column tab stops; such lines are split back into the original cells by their tab-stop positions,
 so that an empty cell (a blank ``CPU Affinity`` inside a Slurm job's cpuset) does not shift the
-cells after it. nvidia-smi pads the ``NUMA Affinity`` cell with one extra tab (``0\\t\\tN/A``), so the
+cells after it. nvidia-smi pads the ``NUMA Affinity`` cell with one extra tab (``0\t\tN/A``), so the
 cells after ``CPU Affinity`` are matched to their titles in order, skipping empty cells.
 """
 

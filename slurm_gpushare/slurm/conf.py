@@ -1,4 +1,4 @@
-"""Installed Slurm configuration, read: gres.conf and the GRES part of slurm.conf, as plain data (pure).
+r"""Installed Slurm configuration, read: gres.conf and the GRES part of slurm.conf, as plain data (pure).
 
 This is an inputs-layer module: it turns the text of a site's ``gres.conf`` and ``slurm.conf`` into
 frozen dataclasses for the checks in :mod:`slurm_gpushare.gresconf.check`. It reads no files (callers
@@ -9,7 +9,7 @@ match slurm.conf are read as written and left to the linter.
 The syntax is Slurm 22.05's, from gres.conf(5) and slurm.conf(5):
 
 * ``Key=Value`` pairs separated by white space; key names are case insensitive; ``#`` starts a
-  comment that runs to the end of the line; a line ending in ``\\`` continues on the next one.
+  comment that runs to the end of the line; a line ending in ``\`` continues on the next one.
 * gres.conf keys: ``NodeName``, ``Name``, ``Type``, ``File``, ``MultipleFiles``, ``Count``,
   ``Cores``, ``CPUs`` (the old name of ``Cores``, kept so that it can be linted), ``Links``,
   ``Flags``, ``AutoDetect``. Any other key is a :class:`~slurm_gpushare.errors.ParseError`.
@@ -67,7 +67,7 @@ def parse_count(text: str) -> int:
 
 
 def _logical_lines(text: str) -> Iterator[tuple[int, str]]:
-    """``(first line number, text without comment)`` per logical line; ``\\`` joins lines."""
+    r"""``(first line number, text without comment)`` per logical line; ``\`` joins lines."""
     pending: list[str] = []
     start = 0
     for number, raw in enumerate(text.splitlines(), start=1):

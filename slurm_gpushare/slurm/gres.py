@@ -62,6 +62,7 @@ class GresSyntaxError(ParseError):
         self.value = item if value is None else value
 
     def with_context(self, context: str) -> GresSyntaxError:
+        """The same error with ``context`` (where the text came from) before its source."""
         source = f"{context}: {self.source}" if self.source else context
         return GresSyntaxError(self.message, item=self.item, part=self.part, value=self.value, hint=self.hint,
                                source=source)

@@ -73,6 +73,7 @@ class NodeInventory:
 
     @property
     def usable(self) -> bool:
+        """The node has a machine description and no problem: the policy may place jobs on it."""
         return self.problem is None and self.machine is not None
 
     @property

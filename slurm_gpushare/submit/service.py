@@ -61,6 +61,7 @@ class Log:
         self.lock = threading.Lock()
 
     def __call__(self, event: str, **fields) -> None:
+        """Write one JSON line: ``ts`` (epoch seconds), ``event`` and ``fields``."""
         rec = {"ts": round(time.time(), 3), "event": event, **fields}
         with self.lock:
             self.stream.write(json.dumps(rec, default=str) + "\n")
@@ -69,6 +70,8 @@ class Log:
 
 @dataclass
 class Snapshot:
+    """One built inventory, when it was built (epoch seconds) and the machine directory's stamp then."""
+
     inventory: ClusterInventory
     built_at: float
     machines_stamp: tuple
@@ -128,10 +131,12 @@ class InventoryCache:
                  usable=sum(1 for n in inv.nodes.values() if n.usable), problems=list(inv.problems))
 
     def current(self) -> ClusterInventory | None:
+        """The inventory requests are decided on now, or None before the first successful refresh."""
         with self.lock:
             return self.snapshot.inventory if self.snapshot else None
 
     def changed(self) -> bool:
+        """Whether the machine descriptions changed on disk since the current snapshot (or there is none)."""
         snap = self.snapshot
         return snap is None or snap.machines_stamp != self._stamp()
 
@@ -188,6 +193,11 @@ class FilterService:
         return answer
 
     def handle(self, req: dict) -> dict:
+        """Answer one decoded request (``op`` submit, modify or cli).
+
+        Raises:
+            InputError: an unknown ``op``.
+        """
         op = req.get("op", "submit")
         if op not in ("submit", "modify", "cli"):
             raise InputError(f"unknown op {op!r}")
