@@ -43,6 +43,8 @@ from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 
+import psutil
+
 import slurm_gpushare
 from slurm_gpushare.errors import ClusterError, GpushareError
 from slurm_gpushare.gresconf.render import generate_node_gres, render_gres_conf, render_slurm_conf
@@ -88,9 +90,10 @@ SLURMD_PORT_OFFSET = 10
 MONITOR_PORT_OFFSET = 40
 #: Most nodes a cluster can have before node slurmd ports would run into the monitors' ports.
 MAX_NODES = MONITOR_PORT_OFFSET - SLURMD_PORT_OFFSET - 1
-#: The source trees of the product and of this package, copied to ``<dir>/lib`` for the jobs' users
-#: (see :meth:`DevCluster.install_lib`).
-PACKAGE_DIRS = (Path(slurm_gpushare.__file__).resolve().parent, Path(__file__).resolve().parent)
+#: The source trees of the product and of this package, and psutil (which the product's ``procinfo``
+#: imports), copied to ``<dir>/lib`` for the jobs' users (see :meth:`DevCluster.install_lib`).
+PACKAGE_DIRS = (Path(slurm_gpushare.__file__).resolve().parent, Path(__file__).resolve().parent,
+                Path(psutil.__file__).resolve().parent)
 
 
 @dataclass
