@@ -1,21 +1,58 @@
-"""Facts about local processes from ``/proc``, for every layer (the fake NVML's process table, the dev
-cluster's daemons)."""
+"""Facts about local processes, through psutil, for every layer (the MPS daemon's process tree, the fake
+NVML's process table, the dev cluster's daemons).
+
+A process is held as a :class:`psutil.Process`: it remembers the start time of the PID it was made for,
+so a PID the kernel gave to another process since is never taken for it (psutil compares the start
+time in ``is_running`` and before sending a signal).
+"""
 
 from __future__ import annotations
 
 import os
 
+import psutil
+
+#: States of a process that has exited (a zombie waits only for its parent to reap it).
+_GONE = (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+
+
+def process(pid: int) -> psutil.Process | None:
+    """The process with this PID now, or None when there is none (or ``pid`` is not positive)."""
+    if isinstance(pid, bool) or not isinstance(pid, int) or pid < 1:
+        return None
+    try:
+        return psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return None
+
+
+def running(proc: psutil.Process) -> bool:
+    """The same process (PID and start time) still exists and has not exited (not a zombie)."""
+    try:
+        return proc.is_running() and proc.status() not in _GONE
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.AccessDenied:
+        return True  # another user's process that we may not inspect: it exists
+
 
 def pid_alive(pid: int) -> bool:
-    """The process exists and is not a zombie (a zombie has exited; only its parent has not reaped it)."""
+    """A process with this PID exists and is not a zombie."""
+    proc = process(pid)
+    return proc is not None and running(proc)
+
+
+def session_id(proc: psutil.Process) -> int | None:
+    """The session id of a process (``getsid(2)``), or None when it is gone."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # another user's process: it exists
+        return os.getsid(proc.pid)
+    except OSError:
+        return None
+
+
+def real_uid(proc: psutil.Process) -> int | None:
+    """The real uid of a process, or None when it is gone or cannot be read."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
+        return proc.uids().real
+    except psutil.Error:
+        return None

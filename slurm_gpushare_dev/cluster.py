@@ -92,10 +92,11 @@ SLURMD_PORT_OFFSET = 10
 MONITOR_PORT_OFFSET = 40
 #: Most nodes a cluster can have before node slurmd ports would run into the monitors' ports.
 MAX_NODES = MONITOR_PORT_OFFSET - SLURMD_PORT_OFFSET - 1
-#: The source trees of the product, of this package and of click (the fake app's command line; pure
-#: Python), copied to ``<dir>/lib`` for the jobs' users (see :meth:`DevCluster.install_lib`).
+#: The source trees of the product, of this package, of click (the fake app's command line; pure Python)
+#: and of psutil (which the product's ``procinfo`` imports), copied to ``<dir>/lib`` for the jobs' users
+#: (see :meth:`DevCluster.install_lib`).
 PACKAGE_DIRS = (Path(slurm_gpushare.__file__).resolve().parent, Path(__file__).resolve().parent,
-                Path(click.__file__).resolve().parent)
+                Path(click.__file__).resolve().parent, Path(psutil.__file__).resolve().parent)
 
 
 @dataclass

@@ -14,7 +14,12 @@ from pathlib import Path
 import pytest
 
 from slurm_gpushare.node.config import NodeConfig
-from slurm_gpushare.node.hooks import HookContext, NodeFault, doctor, epilog, prolog, read_state
+from slurm_gpushare.node.context import HookContext, NodeFault
+from slurm_gpushare.node.doctor import doctor
+from slurm_gpushare.node.epilog import epilog
+from slurm_gpushare.node.jobdir import read_state
+from slurm_gpushare.node.prolog import prolog
+from slurm_gpushare.node.shared_mps import shared_dir
 from slurm_gpushare_dev.cluster import MPS_STANDIN, SITE, packaged_machine, pid_alive
 
 SHOW = """\
@@ -173,15 +178,13 @@ def test_stuck_daemon_drains_the_node_and_names_it(node):
     assert prolog(node.ctx, _env("107")) == 0
     pid = node.ctx.mps("107").pid()
     # a daemon stuck in the kernel survives SIGKILL; here: a stop that reports it as a survivor
-    from slurm_gpushare.node import hooks
-
     class Stuck:
         def stop(self):
             return type("R", (), {"survivors": (pid,)})()
 
     stuck = HookContext(node.ctx.config, "a100", show_job=node.ctx.show_job, drain=node.ctx.drain)
     object.__setattr__(stuck, "mps", lambda job_id, plan=None: Stuck())
-    assert hooks.epilog(stuck, _env("107")) == 1
+    assert epilog(stuck, _env("107")) == 1
     assert f"pid {pid}" in node.drained[-1][1] and "job 107" in node.drained[-1][1]
     assert node.ctx.job_dir("107").exists()  # kept for doctor; nothing hidden
     assert epilog(node.ctx, _env("107")) == 0  # the real stop kills it
@@ -236,7 +239,6 @@ def test_per_gpu_mode_shares_one_daemon_per_gpu_and_user(shared):
     n.jobs["202"] = SHOW.format(job="202", node="a100", gres="shard:30", detail="shard:30(IDX:0)",
                                 ac="[gpushare:v1 req=mem=30G grant=gres:shard:30 kind=mps]")
     assert prolog(n.ctx, _env("201")) == 0 and prolog(n.ctx, _env("202")) == 0
-    from slurm_gpushare.node.hooks import shared_dir
     d = shared_dir(n.ctx, 0, 0)
     daemon = n.ctx.mps("-", base=d)
     pid = daemon.pid()
@@ -248,6 +250,9 @@ def test_per_gpu_mode_shares_one_daemon_per_gpu_and_user(shared):
     # the server-side default is raised to the largest share when the second job joins
     assert [c["args"] for c in commands if c["command"] == "set_default_device_pinned_mem_limit"] == [
         ["0", "10G"], ["0", "30G"]]
+    # ... and so is the server already running (read back)
+    (server,) = daemon.server_pids()
+    assert daemon.command(f"get_device_pinned_mem_limit {server} 0") == "30G"
     assert epilog(n.ctx, _env("201")) == 0
     assert pid_alive(pid) and json.loads((d / "jobs.json").read_text()) == {
         "202": {"mem_limit_mib": 30720, "sm_percent": None}}
@@ -257,7 +262,6 @@ def test_per_gpu_mode_shares_one_daemon_per_gpu_and_user(shared):
 
 def test_doctor_cleans_a_shared_daemon_of_jobs_gone_and_resets_compute_modes(shared):
     from slurm_gpushare.hardware.fake import FakeNvml
-    from slurm_gpushare.node.hooks import shared_dir
     n = shared
     _shard_job(n, "203")
     assert prolog(n.ctx, _env("203")) == 0
@@ -423,7 +427,7 @@ def test_a_cancelled_job_is_recorded_signaled_although_slurmd_says_0_0(node):
 ])
 def test_epilog_reads_the_devices_from_slurm_job_gpus_typed_by_tres_per_node(tres, job_gpus, want):
     """The Epilog's fallback when slurmctld dropped the GRES detail: both TRES prefixes, typed or not."""
-    from slurm_gpushare.node.hooks import _gres_from_env
+    from slurm_gpushare.node.epilog import _gres_from_env
     from slurm_gpushare.slurm.job import JobInfo
 
     (alloc,) = _gres_from_env(JobInfo("7", tres_per_node=tres), {"SLURM_JOB_GPUS": job_gpus})

@@ -18,6 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from slurm_gpushare.errors import HardwareError, InputError
@@ -30,6 +31,7 @@ from slurm_gpushare.node.mps import (
     StopResult,
     pinned_mem_value,
 )
+from slurm_gpushare.procinfo import pid_alive
 from slurm_gpushare_dev.cluster import MPS_STANDIN
 
 FAKE = MPS_STANDIN
@@ -46,27 +48,17 @@ as_root = pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs ro
 
 def running(pid: int) -> bool:
     """``pid`` exists and is not a zombie."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] not in "ZXx"
+    return pid_alive(pid)
 
 
 def stand_in_pids(base: Path) -> list[int]:
     """Running stand-in processes (daemon, server stand-in) whose pipe directory lies under ``base``."""
     found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            argv = Path(f"/proc/{name}/cmdline").read_bytes().split(b"\0")
-            environ = Path(f"/proc/{name}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if os.fsencode(FAKE) in argv and any(e.startswith(b"CUDA_MPS_PIPE_DIRECTORY=" + os.fsencode(base))
-                                             for e in environ) and running(int(name)):
-            found.append(int(name))
+    for proc in psutil.process_iter(["cmdline", "environ"]):
+        argv, environ = proc.info["cmdline"] or [], proc.info["environ"] or {}
+        if str(FAKE) in argv and environ.get("CUDA_MPS_PIPE_DIRECTORY", "").startswith(str(base)) \
+                and running(proc.pid):
+            found.append(proc.pid)
     return sorted(found)
 
 
@@ -166,6 +158,25 @@ def test_limits_are_set_and_read_back(env):
     assert d.command("get_default_device_pinned_mem_limit 1") == "1536M"
     assert d.command("get_default_active_thread_percentage") == "12.5"
     assert d.command("get_default_client_priority") == "1"
+
+
+def test_a_running_servers_limit_is_set_and_read_back(env):
+    d = env.daemon()
+    d.start()
+    (server,) = d.server_pids()
+    d.set_server_pinned_mem_limit(server, 0, 30720)
+    sent = [(c["command"], c["args"]) for c in commands(d) if c["command"] == "set_device_pinned_mem_limit"]
+    assert sent == [("set_device_pinned_mem_limit", [str(server), "0", "30G"])]
+    assert d.command(f"get_device_pinned_mem_limit {server} 0") == "30G"
+
+
+def test_a_server_limit_the_daemon_does_not_apply_is_an_error(env):
+    d = env.daemon()
+    d.start()
+    (server,) = d.server_pids()
+    # the front end exits 0 on a rejected command: only the read-back tells
+    with pytest.raises(MpsError, match=f"set_device_pinned_mem_limit {server + 1} 0 2G was not applied"):
+        d.set_server_pinned_mem_limit(server + 1, 0, 2048)
 
 
 @pytest.mark.parametrize("mib, value", [(10240, "10G"), (1536, "1536M"), (1024, "1G"), (1, "1M"),

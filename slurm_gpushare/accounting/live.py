@@ -19,11 +19,11 @@ File format (version 1)::
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
 from slurm_gpushare.accounting.record import Usage, UsageTracker
+from slurm_gpushare.atomicfile import write_atomic
 from slurm_gpushare.errors import InputError
 
 USAGE_VERSION = 1
@@ -46,15 +46,13 @@ def usage_path(run_dir: str | Path, job_id: str) -> Path:
 
 
 def save_usage(run_dir: str | Path, job_id: str, node: str, tracker: UsageTracker) -> Path:
-    """Write the job's running totals (atomically: temporary file, then rename). Returns the path."""
+    """Write the job's running totals (replaced whole, :func:`~slurm_gpushare.atomicfile.write_atomic`; not
+    flushed to disk: the monitor rewrites it every sample). Returns the path."""
     path = usage_path(run_dir, job_id)
     path.parent.mkdir(parents=True, exist_ok=True)
     data = {"v": USAGE_VERSION, "job_id": job_id, "node": node, "updated": round(time.time(), 3),
             "devices": tracker.state(job_id)}
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, separators=(",", ":")))
-    os.replace(tmp, path)
-    return path
+    return write_atomic(path, json.dumps(data, separators=(",", ":")), fsync=False)
 
 
 def _read(path: Path) -> dict | None:

@@ -13,7 +13,6 @@ errors take four lines.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import os
@@ -24,6 +23,7 @@ from pathlib import Path
 
 import click
 
+from slurm_gpushare.atomicfile import write_all_atomic
 from slurm_gpushare.cli import main
 from slurm_gpushare.errors import InputError, MachineDescriptionError
 from slurm_gpushare.hardware.machine import MAX_MEMORY_MIB, NODE_NAME_RULE, CpuLayout, Machine, node_name_problem
@@ -197,7 +197,8 @@ def write_atomically(path: str | Path, text: str) -> None:
 
 
 def write_files_atomically(files: dict[str | Path, str]) -> None:
-    """Write several files, each through a temporary file next to it, renamed only when all are written.
+    """Write several files, each through a temporary file next to it, renamed only when all are written
+    (:func:`~slurm_gpushare.atomicfile.write_all_atomic`).
 
     A failure (missing directory, permissions, a directory in the way, a full disk) leaves no
     temporary file and no target changed, and becomes one line naming the file.
@@ -205,26 +206,10 @@ def write_files_atomically(files: dict[str | Path, str]) -> None:
     Raises:
         InputError: a file could not be written.
     """
-    written: list[tuple[Path, Path]] = []
-    current = Path()
     try:
-        for path, text in files.items():
-            current = Path(path)
-            tmp = current.with_name(f".{current.name}.tmp{os.getpid()}")
-            f = open(tmp, "w", encoding="utf-8")  # closed below; nothing to clean up if this fails
-            written.append((tmp, current))
-            with f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-        for tmp, target in written:
-            current = target
-            os.replace(tmp, target)
+        write_all_atomic(files)
     except OSError as e:
-        for tmp, _ in written:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-        raise InputError(f"cannot write {current}: {e.strerror or e}") from None
+        raise InputError(f"cannot write {e.filename}: {e.strerror or e}") from None
 
 
 def with_machine(func=None, *, placeholders: bool = False):

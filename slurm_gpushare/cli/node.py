@@ -14,7 +14,7 @@ from slurm_gpushare.errors import GpushareError
 
 def _context(config_path: str | None, node: str | None):
     from slurm_gpushare.node.config import load_node_config
-    from slurm_gpushare.node.hooks import HookContext
+    from slurm_gpushare.node.context import HookContext
 
     name = node or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
     return HookContext(load_node_config(config_path), name)
@@ -30,7 +30,9 @@ def hook(which, config_path):
     slurmctld. Exit status 1 (which drains the node) only for node faults; the drain reason says what
     to fix. Errors go to stderr, which slurmd logs.
     """
-    from slurm_gpushare.node.hooks import NodeFault, epilog, prolog
+    from slurm_gpushare.node.context import NodeFault
+    from slurm_gpushare.node.epilog import epilog
+    from slurm_gpushare.node.prolog import prolog
 
     ctx = _context(config_path, None)
     try:
@@ -55,7 +57,7 @@ def doctor(config_path, node, repair):
     job whose MPS daemon died gets a new one with its limits. Exit status 1 when something was found
     and not repaired.
     """
-    from slurm_gpushare.node.hooks import doctor as run_doctor
+    from slurm_gpushare.node.doctor import doctor as run_doctor
 
     ctx = _context(config_path, node)
     findings = run_doctor(ctx, repair=repair)

@@ -53,6 +53,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
 
+from slurm_gpushare.atomicfile import write_atomic
 from slurm_gpushare.errors import InputError, MachineDescriptionError, MigPlacementError, NvmlError
 from slurm_gpushare.hardware.machine import Gpu, GpuProcess, Link, Machine, MigInstance, MigProfile
 from slurm_gpushare.hardware.machine import mig_cap_minors as mig_caps
@@ -708,10 +709,7 @@ class ProcessTable:
         except PermissionError:
             pass
         target = self.path / f"{pids.pop()}.json"
-        tmp = target.with_name(f".{target.name}.tmp")
-        tmp.write_text(json.dumps([p.to_dict() for p in processes]))
-        os.replace(tmp, target)
-        return target
+        return write_atomic(target, json.dumps([p.to_dict() for p in processes]), fsync=False)
 
     def unregister(self, pid: int) -> None:
         """Remove the entry of ``pid``."""

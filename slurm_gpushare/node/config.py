@@ -70,9 +70,11 @@ class NodeConfig:
     admin_comment_interval: float = 300.0
 
     def run_dir_for(self, node: str) -> Path:
+        """The run dir of Slurm node ``node`` (``{node}`` in ``run_dir`` replaced by its name)."""
         return Path(self.run_dir.replace("{node}", node))
 
     def machine_for(self, node: str) -> Path:
+        """The machine description file of Slurm node ``node`` (``{node}`` replaced by its name)."""
         return Path(self.machine.replace("{node}", node))
 
 

@@ -66,12 +66,14 @@ from pathlib import Path
 
 from slurm_gpushare.accounting.live import load_state, remove_usage, restore_all, save_usage, usage_files
 from slurm_gpushare.accounting.record import UsageRecord, UsageTracker
+from slurm_gpushare.atomicfile import write_atomic
 from slurm_gpushare.errors import GpushareError, InputError, SlurmError
 from slurm_gpushare.hardware.machine import GpuProcess, Machine
 from slurm_gpushare.hardware.port import NvmlPort, read_uuids
 from slurm_gpushare.node.config import NodeConfig, parse_listen
 from slurm_gpushare.node.plan import JobPlan, plan_job
 from slurm_gpushare.node.records import records_for_job
+from slurm_gpushare.retry import retry
 from slurm_gpushare.slurm import commands
 from slurm_gpushare.slurm.job import JobInfo, parse_show_job
 from slurm_gpushare.slurm.nodegres import GresOptions, node_gres
@@ -267,6 +269,7 @@ class Monitor:
                                  f"NVML reports {total} MiB", hint=hint, source=str(source))
 
     def close(self) -> None:
+        """Shut the NVML port down (``nvmlShutdown``) if this monitor opened it."""
         if self._open:
             self.port.shutdown()
             self._open = False
@@ -654,17 +657,18 @@ def slurm_listpids(node: str) -> str:
     Raises:
         SlurmError: scontrol failed.
     """
-    for attempt in range(3):
+    def listpids() -> str:
         try:
             return commands.run(["scontrol", "listpids", "*", node], timeout=10.0)
         except SlurmError as e:
             if "No job steps exist on this node" in e.message:  # scontrol exits 1 for an empty list
                 return ""
-            # a step that ended while scontrol walked the node's steps ("StepId=16.batch does not exist
-            # on this node."): ask again
-            if "does not exist on this node" not in e.message or attempt == 2:
-                raise
-    raise AssertionError("unreachable")
+            raise
+
+    # a step that ended while scontrol walked the node's steps ("StepId=16.batch does not exist on this
+    # node."): ask again at once
+    return retry(listpids, waits=(0, 0),
+                 again=lambda e: isinstance(e, SlurmError) and "does not exist on this node" in e.message)
 
 
 def slurm_update_admin_comment(job_id: str, text: str) -> None:
@@ -688,7 +692,7 @@ def serve(monitor: Monitor, *, interval_s: float, listen: str | None, textfile: 
     Raises:
         InputError: a bad listen address, or the port is taken.
     """
-    from prometheus_client import start_http_server, write_to_textfile
+    from prometheus_client import generate_latest, start_http_server
 
     registry = monitor.registry()
     server = None
@@ -711,7 +715,8 @@ def serve(monitor: Monitor, *, interval_s: float, listen: str | None, textfile: 
             if textfile:
                 try:
                     Path(textfile).parent.mkdir(parents=True, exist_ok=True)
-                    write_to_textfile(textfile, registry)
+                    # cheap to lose (the next sample rewrites it): no fsync
+                    write_atomic(textfile, generate_latest(registry), fsync=False)
                 except OSError as e:
                     monitor.note_error("textfile", f"cannot write {textfile}: {e}")
             if once or stop():

@@ -41,6 +41,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
+import psutil
+
+from slurm_gpushare import procinfo
 from slurm_gpushare.errors import HardwareError, InputError
 from slurm_gpushare.memsize import parse_mib
 
@@ -143,85 +146,29 @@ def pinned_mem_value(mib: int) -> str:
     return f"{mib // 1024}G" if mib % 1024 == 0 else f"{mib}M"
 
 
-# --- /proc -----------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Proc:
-    """One line of ``/proc/PID/stat``: enough to find a process tree and to notice a reused PID."""
-
-    pid: int
-    state: str
-    ppid: int
-    sid: int
-    start: int  # clock ticks since boot; a reused PID has another start time
-
-
-def _read_proc(pid: int) -> _Proc | None:
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except (OSError, ValueError):
-        return None
-    # comm (field 2) may hold spaces and parentheses; the fields after the last ")" are plain
-    fields = text[text.rindex(")") + 2:].split()
-    try:
-        return _Proc(pid=pid, state=fields[0], ppid=int(fields[1]), sid=int(fields[3]), start=int(fields[19]))
-    except (IndexError, ValueError):
-        return None
-
-
-def _status_uid(status: str) -> int | None:
-    """The real uid from the text of ``/proc/PID/status``."""
-    for line in status.splitlines():
-        if line.startswith("Uid:"):
-            fields = line.split()
-            return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
-    return None
-
-
-def _proc_uid(pid: int) -> int | None:
-    try:
-        return _status_uid(Path(f"/proc/{pid}/status").read_text())
-    except OSError:
-        return None
-
-
-def _all_procs() -> dict[int, _Proc]:
-    procs = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            p = _read_proc(int(name))
-            if p is not None:
-                procs[p.pid] = p
-    return procs
-
-
-def _running(p: _Proc) -> bool:
-    """The same process (PID and start time) still exists and is not a zombie waiting to be reaped."""
-    now = _read_proc(p.pid)
-    return now is not None and now.start == p.start and now.state not in ("Z", "X", "x")
+# --- processes (psutil, see slurm_gpushare.procinfo) -------------------------------------------------
 
 
 def _our_ancestry() -> tuple[set[int], set[int]]:
     """PIDs and session ids of this process and its ancestors: never signalled, whatever a pid file says."""
     pids, sids = {0, 1}, {0}
-    pid = os.getpid()
-    while pid > 1 and pid not in pids:
-        pids.add(pid)
-        p = _read_proc(pid)
-        if p is None:
+    me = psutil.Process()
+    for p in (me, *me.parents()):
+        if p.pid <= 1:
             break
-        sids.add(p.sid)
-        pid = p.ppid
+        pids.add(p.pid)
+        sid = procinfo.session_id(p)
+        if sid is not None:
+            sids.add(sid)
     return pids, sids
 
 
-def _wait_gone(procs: Iterable[_Proc], deadline: float) -> list[_Proc]:
+def _wait_gone(procs: Iterable[psutil.Process], deadline: float) -> list[psutil.Process]:
     """Wait until every process is gone or ``deadline`` (monotonic) passes; return those still running."""
-    left = [p for p in procs if _running(p)]
+    left = [p for p in procs if procinfo.running(p)]
     while left and time.monotonic() < deadline:
         time.sleep(_POLL_S)
-        left = [p for p in left if _running(p)]
+        left = [p for p in left if procinfo.running(p)]
     return left
 
 
@@ -345,23 +292,20 @@ class MpsDaemon:
         must run the binary, have been started with this ``CUDA_MPS_PIPE_DIRECTORY``, and belong to the
         daemon's uid (any uid when root was not told it). Otherwise it is never signalled.
         """
-        p = _read_proc(pid)
-        if p is None or p.state in ("Z", "X", "x"):
+        p = procinfo.process(pid)
+        if p is None or not procinfo.running(p):
             return False
-        proc = Path(f"/proc/{pid}")
         try:
-            argv = (proc / "cmdline").read_bytes().split(b"\0")
-            status = (proc / "status").read_text()
-            environ = (proc / "environ").read_bytes().split(b"\0")
-        except OSError:
+            argv = p.cmdline()
+            uid = p.uids().real
+            environ = p.environ()
+        except psutil.Error:
             return False
-        if not any(Path(os.fsdecode(a)).name == self._binary_name for a in argv if a):
+        if not any(Path(a).name == self._binary_name for a in argv if a):
             return False
-        uid = _status_uid(status)
-        if uid is None or (uid != self.uid and not self._any_owner):
+        if uid != self.uid and not self._any_owner:
             return False
-        want = b"CUDA_MPS_PIPE_DIRECTORY=" + os.fsencode(self.pipe_dir)
-        return any(e == want or e == want + b"/" for e in environ)
+        return environ.get("CUDA_MPS_PIPE_DIRECTORY") in (str(self.pipe_dir), f"{self.pipe_dir}/")
 
     def pid(self) -> int | None:
         """PID of the running daemon, from ``nvidia-cuda-mps-control.pid`` in the pipe directory.
@@ -384,7 +328,7 @@ class MpsDaemon:
             return ()
         return tuple(text.splitlines()[-lines:])
 
-    def _tree(self, daemon: _Proc) -> dict[int, _Proc]:
+    def _tree(self, daemon: psutil.Process) -> dict[int, psutil.Process]:
         """The daemon, its descendants, and the other members of its session that run as its user.
 
         The session catches MPS servers and helpers the daemon started that were re-parented after a
@@ -392,21 +336,21 @@ class MpsDaemon:
         (the daemon is launched in a session of its own, so it never is unless something is wrong),
         and only for processes of the daemon's uid (a session a user built may hold setuid programs).
         """
-        procs = _all_procs()
-        procs[daemon.pid] = daemon
+        procs = list(psutil.process_iter(["ppid"]))
         never_pids, never_sids = _our_ancestry()
         members = {daemon.pid: daemon}
         frontier = [daemon.pid]
         while frontier:
             parent = frontier.pop()
-            for p in procs.values():
-                if p.ppid == parent and p.pid not in members:
+            for p in procs:
+                if p.info["ppid"] == parent and p.pid not in members:
                     members[p.pid] = p
                     frontier.append(p.pid)
-        if daemon.sid not in never_sids:
-            owner = _proc_uid(daemon.pid)
-            members.update({p.pid: p for p in procs.values()
-                            if p.sid == daemon.sid and p.pid not in members and _proc_uid(p.pid) == owner})
+        sid = procinfo.session_id(daemon)
+        if sid is not None and sid not in never_sids:
+            owner = procinfo.real_uid(daemon)
+            members.update({p.pid: p for p in procs if p.pid not in members and procinfo.session_id(p) == sid
+                            and procinfo.real_uid(p) == owner})
         return {pid: p for pid, p in members.items() if pid not in never_pids}
 
     # --- directories ----------------------------------------------------------------------------------
@@ -507,19 +451,53 @@ class MpsDaemon:
             InputError: a negative device or a limit that is not a positive number of MiB.
             MpsError: the command failed or the daemon reports another limit.
         """
+        self._set_pinned(f"default_device_pinned_mem_limit {self._device(device_index)}", mib)
+
+    def server_pids(self) -> tuple[int, ...]:
+        """PIDs of the daemon's running MPS servers (``get_server_list``: one PID per line; none before
+        the first client or ``start_server``).
+
+        Raises:
+            MpsError: the daemon cannot be reached.
+        """
+        return tuple(int(w) for w in self.command("get_server_list").split() if w.isdigit())
+
+    def set_server_pinned_mem_limit(self, server_pid: int, device_index: int, mib: int) -> None:
+        """Change the pinned-memory limit of a running MPS server, for the clients it creates afterwards.
+
+        Sends ``set_device_pinned_mem_limit PID DEV VALUE`` and reads it back with
+        ``get_device_pinned_mem_limit PID DEV`` (MPS documentation, "Legacy MPS v2 Interface"). The
+        default of :meth:`set_pinned_mem_limit` reaches only servers started after it; a shared daemon
+        whose server already runs is raised with this one. Read-back and VALUE as there.
+
+        Args:
+            server_pid: a PID from :meth:`server_pids`.
+            device_index: ``DEV``, as in :meth:`set_pinned_mem_limit`.
+            mib: the limit in MiB.
+
+        Raises:
+            InputError: a negative device or a limit that is not a positive number of MiB.
+            MpsError: the command failed, the daemon has no such server, or it reports another limit.
+        """
+        self._set_pinned(f"device_pinned_mem_limit {server_pid} {self._device(device_index)}", mib)
+
+    def _device(self, device_index: int) -> int:
         if isinstance(device_index, bool) or not isinstance(device_index, int) or device_index < 0:
             raise InputError(f"MPS device {device_index!r} is not a device ordinal (0, 1, ...)", source=self._source)
+        return device_index
+
+    def _set_pinned(self, what: str, mib: int) -> None:
+        """``set_<what> VALUE``, then ``get_<what>`` must show ``mib`` (or it rounded down to whole GiB)."""
         value = pinned_mem_value(mib)
-        self.command(f"set_default_device_pinned_mem_limit {device_index} {value}")
-        back = self.command(f"get_default_device_pinned_mem_limit {device_index}")
+        self.command(f"set_{what} {value}")
+        back = self.command(f"get_{what}")
         try:
             shown = parse_mib(back, default_unit="M", what="pinned memory limit")
         except InputError:
             shown = None
         floor_g = back.strip().upper().endswith("G") and mib >= 1024 and shown == mib // 1024 * 1024
         if shown != mib and not floor_g:
-            raise MpsError(f"set_default_device_pinned_mem_limit {device_index} {value} was not applied: the daemon "
-                           f"reports {back!r}", source=self._source)
+            raise MpsError(f"set_{what} {value} was not applied: the daemon reports {back!r}", source=self._source)
 
     def set_active_thread_percentage(self, pct: int | float) -> None:
         """Limit the share of SMs each new MPS client may use.
@@ -625,7 +603,7 @@ class MpsDaemon:
             pid = self.pid()
             if pid is None:
                 named = self._pid_file_value()
-                gone = named is not None and ((q := _read_proc(named)) is None or q.state in ("Z", "X", "x"))
+                gone = named is not None and not procinfo.pid_alive(named)
                 if gone:
                     self._fail_start(f"the daemon (pid {named}) exited while starting")
                 if named is not None:
@@ -674,7 +652,7 @@ class MpsDaemon:
             What happened; check :attr:`StopResult.clean`.
         """
         daemon_pid = self.pid()
-        daemon = _read_proc(daemon_pid) if daemon_pid is not None else None
+        daemon = procinfo.process(daemon_pid) if daemon_pid is not None else None
         if daemon is None:
             orphans = self._orphans()
             if not orphans:
@@ -688,36 +666,28 @@ class MpsDaemon:
         tracked.update(self._orphans())
         return self._kill(daemon_pid, quit_ok, tracked, keep_logs)
 
-    def _orphans(self) -> dict[int, _Proc]:
+    def _orphans(self) -> dict[int, psutil.Process]:
         """MPS processes started for this pipe directory whose daemon is gone (an MPS server whose
         control daemon was SIGKILLed is re-parented and outlives it): found by ``CUDA_MPS_PIPE_DIRECTORY``
         in their environment (``/proc/<pid>/environ``; readable for root or the same user) and an MPS
         program (``nvidia-cuda-mps-*``, or the configured binary) on their command line, so that the
         job's own processes, which carry the same variable, are never touched."""
-        want = f"CUDA_MPS_PIPE_DIRECTORY={self.pipe_dir}".encode()
+        want = str(self.pipe_dir)
         never_pids, _ = _our_ancestry()
-        out: dict[int, _Proc] = {}
-        for pid, proc in _all_procs().items():
-            if pid in never_pids:
+        out: dict[int, psutil.Process] = {}
+        for proc in psutil.process_iter(["environ", "cmdline"]):
+            env, argv = proc.info["environ"], proc.info["cmdline"]
+            if proc.pid in never_pids or not env or env.get("CUDA_MPS_PIPE_DIRECTORY") != want or argv is None:
                 continue
-            try:
-                with open(f"/proc/{pid}/environ", "rb") as f:
-                    env = f.read().split(b"\0")
-            except OSError:
-                continue
-            if want not in env or not _running(proc):
-                continue
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    cmdline = f.read()
-            except OSError:
+            if not procinfo.running(proc):
                 continue
             # only MPS processes: the job's own tasks carry the same variable (the TaskProlog exports it)
-            if b"nvidia-cuda-mps" in cmdline or self._binary_name.encode() in cmdline:
-                out[pid] = proc
+            cmdline = "\0".join(argv)
+            if "nvidia-cuda-mps" in cmdline or self._binary_name in cmdline:
+                out[proc.pid] = proc
         return out
 
-    def _quit(self, daemon: _Proc, tracked: dict[int, _Proc]) -> bool:
+    def _quit(self, daemon: psutil.Process, tracked: dict[int, psutil.Process]) -> bool:
         deadline = time.monotonic() + self.settings.quit_timeout_s
         try:
             self._run_client("quit", self.settings.quit_timeout_s)
@@ -725,18 +695,19 @@ class MpsDaemon:
         except MpsError:
             quit_sent = False  # no socket (still starting, or hung): go on with signals
         quit_ok = quit_sent and not _wait_gone([daemon], deadline)
-        if _running(daemon):
+        if procinfo.running(daemon):
             tracked.update(self._tree(daemon))
         return quit_ok
 
-    def _kill(self, daemon_pid: int | None, quit_ok: bool, tracked: dict[int, _Proc], keep_logs: bool) -> StopResult:
+    def _kill(self, daemon_pid: int | None, quit_ok: bool, tracked: dict[int, psutil.Process],
+              keep_logs: bool) -> StopResult:
         terminated, killed = [], []
-        left = [p for p in tracked.values() if _running(p)]
+        left = [p for p in tracked.values() if procinfo.running(p)]
         if left:
             sent = self._signal(left, signal.SIGTERM)
             left = _wait_gone(sent, time.monotonic() + self.settings.kill_timeout_s)
             terminated = sorted(p.pid for p in sent if p not in left)
-        survivors: list[_Proc] = []
+        survivors: list[psutil.Process] = []
         if left:
             sent = self._signal(left, signal.SIGKILL)
             survivors = _wait_gone(left, time.monotonic() + self.settings.kill_timeout_s)
@@ -747,17 +718,17 @@ class MpsDaemon:
                           not_removed=not_removed)
 
     @staticmethod
-    def _signal(procs: Iterable[_Proc], signum: int) -> list[_Proc]:
+    def _signal(procs: Iterable[psutil.Process], signum: int) -> list[psutil.Process]:
         """Signal each process that is still the same process; return those signalled or unsignallable."""
         sent = []
         for p in procs:
-            if not _running(p):
+            if not procinfo.running(p):
                 continue
             try:
-                os.kill(p.pid, signum)
-            except ProcessLookupError:
+                p.send_signal(signum)  # psutil refuses a PID that now names another process
+            except psutil.NoSuchProcess:
                 continue
-            except PermissionError:
+            except psutil.AccessDenied:
                 pass  # not ours to kill: it stays in the list and is reported if it survives
             sent.append(p)
         return sent

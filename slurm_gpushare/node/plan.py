@@ -17,6 +17,7 @@ Kinds:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from slurm_gpushare.errors import InputError
@@ -52,14 +53,24 @@ class JobPlan:
     note: str = ""
     client_priority: int | None = None
 
-    def env(self, *, pipe_dir: str = "", log_dir: str = "") -> dict[str, str]:
-        """The variables the TaskProlog exports for this job (ordered)."""
+    @classmethod
+    def from_dict(cls, fields: dict) -> JobPlan:
+        """The plan written with :func:`dataclasses.asdict` (a job's state.json; JSON makes the tuple a list)."""
+        return cls(**{**fields, "gpu_indices": tuple(fields.get("gpu_indices", ()))})
+
+    def env(self, mps_client: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The variables the TaskProlog exports for this job (ordered).
+
+        Args:
+            mps_client: for ``mps``, what a client of the job's daemon needs to find it
+                (:meth:`slurm_gpushare.node.mps.MpsDaemon.client_env`: ``CUDA_MPS_PIPE_DIRECTORY``,
+                ``CUDA_MPS_LOG_DIRECTORY``); the job's limits follow it.
+        """
         out: dict[str, str] = {}
         if self.visible_devices:
             out["CUDA_VISIBLE_DEVICES"] = self.visible_devices
         if self.kind == "mps":
-            out["CUDA_MPS_PIPE_DIRECTORY"] = pipe_dir
-            out["CUDA_MPS_LOG_DIRECTORY"] = log_dir
+            out.update(mps_client or {})
             if self.mem_limit_mib is not None:
                 limit = format_mib(self.mem_limit_mib)
                 out["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(

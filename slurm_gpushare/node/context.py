@@ -1,0 +1,149 @@
+"""What every node hook runs with: the node's settings and name, how to reach Slurm, and the facts it
+reads (the job's record, the node's machine, the job's plan). A :class:`NodeFault` is a problem of the
+node, not of the job: the hook exits non-zero and the node is drained with a reason that says what to fix.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from slurm_gpushare.errors import GpushareError, InputError
+from slurm_gpushare.hardware.machine import Machine
+from slurm_gpushare.hardware.port import read_uuids
+from slurm_gpushare.hardware.ports import open_nvml
+from slurm_gpushare.node.config import NodeConfig
+from slurm_gpushare.node.mps import MpsDaemon, MpsSettings, StopResult
+from slurm_gpushare.node.plan import JobPlan, plan_job
+from slurm_gpushare.retry import retry
+from slurm_gpushare.slurm import commands
+from slurm_gpushare.slurm.job import JobInfo, parse_show_job
+from slurm_gpushare.slurm.nodegres import GresOptions, NodeGres, node_gres
+
+#: Seconds to wait before asking slurmctld again for a job's record (three tries in all).
+JOB_RECORD_WAITS = (0.5, 1.0)
+
+
+class NodeFault(GpushareError):
+    """A problem of the node (not of the job): the hook exits non-zero and the node is drained."""
+
+
+@dataclass(frozen=True)
+class HookContext:
+    """What a hook runs with: the node's settings and name, and how to reach Slurm (injectable)."""
+
+    config: NodeConfig
+    node: str
+    show_job: object = commands.show_job  # callable(job_id) -> text of `scontrol -d show job`
+    show_node: object = commands.show_node  # callable(node) -> text of `scontrol -d show node`
+    drain: object = None  # callable(node, reason); default: scontrol update
+
+    @property
+    def run_dir(self) -> Path:
+        """This node's run dir (job dirs, shared MPS daemons, usage files)."""
+        return self.config.run_dir_for(self.node)
+
+    def job_dir(self, job_id: str) -> Path:
+        """The directory the Prolog prepares for ``job_id`` (state, env files, MPS dirs)."""
+        return self.run_dir / "jobs" / job_id
+
+    def mps(self, job_id: str, plan: JobPlan | None = None, *, base: Path | None = None) -> MpsDaemon:
+        """The MPS daemon of a job (``<job dir>/mps``), or the shared one under ``base``."""
+        d = base if base is not None else self.job_dir(job_id) / "mps"
+        settings = MpsSettings(control_binary=self.config.mps_control,
+                               start_timeout_s=self.config.mps_start_timeout,
+                               quit_timeout_s=self.config.mps_quit_timeout)
+        return MpsDaemon(d / "pipe", d / "log", settings=settings,
+                         visible_devices=plan.visible_devices if plan else "",
+                         uid=plan.uid if plan and plan.uid >= 0 else None,
+                         gid=plan.gid if plan and plan.gid >= 0 else None,
+                         extra_env=dict(self.config.mps_env))
+
+    def do_drain(self, reason: str) -> None:
+        """Drain this node with ``reason`` (at most 250 characters reach Slurm); if scontrol fails, slurmd drains
+        it anyway when the hook exits non-zero."""
+        if self.drain is not None:
+            self.drain(self.node, reason)
+            return
+        try:
+            commands.run(["scontrol", "update", f"nodename={self.node}", "state=drain", f"reason={reason[:250]}"])
+        except GpushareError:
+            pass  # slurmd drains the node anyway when the hook fails; the reason is then Slurm's
+
+
+def stuck_reason(ctx: HookContext, result: StopResult, what: str) -> str | None:
+    """The drain reason for a daemon that survived SIGKILL (``what`` names it), or None when none did or
+    the node is configured not to drain for it (``drain_on_stuck_daemon``)."""
+    stuck = list(getattr(result, "survivors", ()) or ())
+    if not stuck or not ctx.config.drain_on_stuck_daemon:
+        return None
+    return (f"gpushare: {what} (pid {', '.join(map(str, stuck))}) survives SIGKILL: "
+            "check the GPU and the driver, then run 'slurm-gpushare doctor --repair'")
+
+
+def job_info(ctx: HookContext, job_id: str) -> JobInfo:
+    """The job's record from slurmctld (``scontrol -d show job``), asked up to three times.
+
+    Raises:
+        NodeFault: slurmctld could not be reached or did not know the job.
+    """
+    try:
+        return retry(lambda: parse_show_job(ctx.show_job(job_id), job_id), waits=JOB_RECORD_WAITS,
+                     again=lambda e: isinstance(e, GpushareError))
+    except GpushareError as e:
+        raise NodeFault(f"cannot read job {job_id} from slurmctld: {e}",
+                        hint="check that this node reaches slurmctld (scontrol ping)") from None
+
+
+def load_machine(ctx: HookContext) -> Machine:
+    """The node's machine description (``machine`` of node.toml).
+
+    Raises:
+        NodeFault: missing or not valid.
+    """
+    try:
+        return Machine.load(ctx.config.machine_for(ctx.node))
+    except GpushareError as e:
+        raise NodeFault(f"no usable machine description for {ctx.node}: {e}",
+                        hint="write it with 'slurm-gpushare inventory -o' on the node") from None
+
+
+def plan_with_machine(ctx: HookContext, info: JobInfo) -> tuple[JobPlan, Machine, NodeGres]:
+    """The job's plan on this node, the machine with NVML's GPU UUIDs, and the node's gres.conf records.
+
+    Raises:
+        NodeFault: no usable machine description, NVML failed, or the job holds devices the
+            description does not have (a stale description: a node problem).
+    """
+    machine = load_machine(ctx)
+    gres = node_gres(machine, ctx.node, GresOptions(shard_unit_mib=ctx.config.shard_unit_mib))
+    try:
+        with open_nvml() as port:
+            gpu_uuids, mig_uuids = read_uuids(port, machine.gpus)
+    except GpushareError as e:
+        raise NodeFault(f"NVML failed on {ctx.node}: {e}", hint="check the driver (nvidia-smi)") from None
+    try:
+        plan = plan_job(info, ctx.node, gres, gpu_uuids=gpu_uuids, mig_uuids=mig_uuids,
+                        shard_unit_mib=ctx.config.shard_unit_mib,
+                        low_priority_partitions=ctx.config.low_priority_partitions)
+    except InputError as e:
+        raise NodeFault(e.message, hint=e.hint) from None
+    return plan, machine.with_gpu_uuids(gpu_uuids), gres
+
+
+def machine_with_uuids(ctx: HookContext) -> Machine:
+    """The node's machine description with NVML's GPU UUIDs (``nvmlDeviceGetUUID``; descriptions made
+    from ``nvidia-smi topo -m`` text have none). When NVML fails the description's stand (said on stderr).
+
+    Raises:
+        NodeFault: no usable machine description.
+    """
+    machine = load_machine(ctx)
+    try:
+        with open_nvml() as port:
+            uuids, _mig = read_uuids(port, machine.gpus)
+    except GpushareError as e:
+        print(f"slurm-gpushare epilog: GPU UUIDs from the machine description: NVML failed ({e})", file=sys.stderr)
+        return machine
+    return machine.with_gpu_uuids(uuids)

@@ -1,0 +1,109 @@
+"""``doctor``: find what the hooks left on a node (job directories and MPS daemons of jobs gone, shared
+daemons listing such jobs, dead daemons of running jobs, GPUs in a non-DEFAULT compute mode) and, with
+``repair``, clean up and restart what can be."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from slurm_gpushare.errors import GpushareError
+from slurm_gpushare.hardware.machine import Machine
+from slurm_gpushare.hardware.ports import open_nvml
+from slurm_gpushare.node.context import HookContext
+from slurm_gpushare.node.epilog import cleanup_job
+from slurm_gpushare.node.jobdir import job_lock, read_state
+from slurm_gpushare.node.plan import JobPlan
+from slurm_gpushare.node.prolog import prepare
+from slurm_gpushare.node.shared_mps import leave_shared, members
+from slurm_gpushare.slurm import commands
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One thing ``doctor`` found: what, and what it did or would do."""
+
+    job_id: str
+    problem: str
+    action: str
+
+
+def _compute_modes(ctx: HookContext, repair: bool, port=None) -> list[Finding]:
+    """GPUs left in a compute mode other than DEFAULT (nothing of ours sets one: several jobs' MPS
+    servers share a GPU, which EXCLUSIVE_PROCESS would forbid). ``nvmlDeviceGetComputeMode``."""
+    try:
+        machine = Machine.load(ctx.config.machine_for(ctx.node))
+    except GpushareError:
+        return []
+    out = []
+    try:
+        with (port or open_nvml()) as p:
+            for g in machine.gpus:
+                mode = p.compute_mode(g.index)
+                if mode != "DEFAULT":
+                    action = "would set it to DEFAULT"
+                    if repair:
+                        p.set_compute_mode(g.index, "DEFAULT")
+                        action = "set it to DEFAULT"
+                    out.append(Finding("-", f"GPU {g.index} is in compute mode {mode}", action))
+    except GpushareError as e:
+        out.append(Finding("-", f"compute modes not checked: NVML failed ({e})", "nothing done"))
+    return out
+
+
+def doctor(ctx: HookContext, *, repair: bool, running_jobs: set[str] | None = None, port=None) -> list[Finding]:
+    """Find leftovers on this node: job directories and MPS daemons of jobs no longer running here,
+    shared daemons listing such jobs, dead daemons of running jobs, GPUs left in a non-DEFAULT
+    compute mode. With ``repair``, clean up and restart what can be.
+
+    Args:
+        running_jobs: ids of jobs running on this node (default: asks slurmctld with ``squeue``).
+        port: the NVML port for the compute modes (default: :func:`open_nvml`).
+
+    Raises:
+        SlurmError: squeue failed (when ``running_jobs`` is not given).
+    """
+    jobs_dir = ctx.run_dir / "jobs"
+    shared_root = ctx.run_dir / "shared"
+    findings: list[Finding] = _compute_modes(ctx, repair, port)
+    if not jobs_dir.is_dir() and not shared_root.is_dir():
+        return findings
+    if running_jobs is None:
+        running_jobs = set(commands.running_jobs(ctx.node))
+    for d in sorted(p for p in shared_root.glob("*") if p.is_dir()):
+        gone = sorted(set(members(d)) - running_jobs)
+        if gone or not members(d):
+            action = "would remove them (and stop the daemon when none is left)"
+            if repair:
+                problem = None
+                for job_id in gone or ["-"]:
+                    problem = leave_shared(ctx, job_id, d) or problem
+                action = problem or "removed them; the daemon stops with its last job"
+            findings.append(Finding(",".join(gone) or "-",
+                                    f"shared MPS daemon {d.name} lists jobs not running here", action))
+    for d in sorted(p for p in jobs_dir.glob("*") if p.is_dir()):
+        job_id = d.name
+        state = read_state(d)
+        if job_id not in running_jobs:
+            action = "stopped its MPS daemon and removed its directory" if repair else "would clean up"
+            problem = None
+            if repair:
+                with job_lock(d, remove=True):
+                    problem = cleanup_job(ctx, job_id)
+            findings.append(Finding(job_id, f"job {job_id} is not running here but left {d}",
+                                    problem or action))
+            continue
+        plan = (state or {}).get("plan") or {}
+        if plan.get("kind") == "mps" and not ctx.mps(job_id).alive():
+            action = "would restart it"
+            if repair:
+                with job_lock(d):
+                    _restart(ctx, plan, d)
+                action = "restarted it with the job's limits"
+            findings.append(Finding(job_id, f"MPS daemon of running job {job_id} is not running", action))
+    return findings
+
+
+def _restart(ctx: HookContext, plan_fields: dict, job_dir: Path) -> None:
+    (job_dir / "state.json").unlink(missing_ok=True)
+    prepare(ctx, JobPlan.from_dict(plan_fields), job_dir)

@@ -1,0 +1,131 @@
+"""The Epilog: tear down what the Prolog prepared (or half-prepared) and write the job's accounting
+records (slurmd runs it as root, ``slurm-gpushare hook epilog`` from the ``Epilog=`` wrapper in ``etc/``).
+
+The exit status is non-zero (which drains the node) only when a process of the job's MPS daemon
+survives SIGKILL; accounting never fails the Epilog.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from slurm_gpushare.errors import GpushareError, InputError
+from slurm_gpushare.node.context import HookContext, machine_with_uuids, plan_with_machine, stuck_reason
+from slurm_gpushare.node.jobdir import job_lock, read_state
+from slurm_gpushare.node.plan import JobPlan
+from slurm_gpushare.node.shared_mps import leave_shared
+from slurm_gpushare.slurm.job import JobInfo, parse_show_job
+
+
+def epilog(ctx: HookContext, env: dict[str, str]) -> int:
+    """Tear down what the Prolog prepared (or half-prepared). Returns the exit status.
+
+    Raises:
+        InputError: ``SLURM_JOB_ID`` is not set (not run by slurmd).
+    """
+    job_id = env.get("SLURM_JOB_ID", "")
+    if not job_id:
+        raise InputError("SLURM_JOB_ID is not set: run this as slurmd's Epilog")
+    job_dir = ctx.job_dir(job_id)
+    if env.get("SLURM_JOB_GPUS") or env.get("CUDA_VISIBLE_DEVICES") or job_dir.exists():
+        record_usage(ctx, env, read_state(job_dir) or {})
+    if not job_dir.exists():
+        return 0
+    problem = None
+    with job_lock(job_dir, remove=True):
+        problem = cleanup_job(ctx, job_id)
+    if problem:
+        ctx.do_drain(problem)
+        return 1
+    return 0
+
+
+def cleanup_job(ctx: HookContext, job_id: str) -> str | None:
+    """Stop the job's MPS daemon and remove its directory (under its lock). Returns a drain reason when a
+    process is stuck."""
+    job_dir = ctx.job_dir(job_id)
+    shared = (read_state(job_dir) or {}).get("shared")
+    if shared:
+        problem = leave_shared(ctx, job_id, Path(shared))
+        if problem:
+            return problem
+    problem = stuck_reason(ctx, ctx.mps(job_id).stop(), f"MPS daemon of job {job_id}")
+    if problem:
+        return problem
+    shutil.rmtree(job_dir, ignore_errors=True)
+    return None
+
+
+def record_usage(ctx: HookContext, env: dict[str, str], state: dict) -> int:
+    """Append the finished job's per-GPU records to the node's accounting spool (docs/accounting.md).
+
+    Never fails the Epilog: a record that cannot be built or written is reported on stderr (slurmd's
+    log) with the job id, and the node stays up. Peak memory and SM utilization come from the node
+    monitor's usage file (``<run_dir>/usage/<job>.json``, :mod:`slurm_gpushare.accounting.live`),
+    removed once the records are spooled; without one (no monitor ran) they are "no data".
+
+    Returns:
+        the number of records written.
+    """
+    from slurm_gpushare.accounting import Spool, exit_from_env
+    from slurm_gpushare.accounting.live import load_usage, remove_usage
+    from slurm_gpushare.accounting.record import exit_from_code
+    from slurm_gpushare.node.records import records_for_job
+
+    job_id = env.get("SLURM_JOB_ID", "")
+    try:
+        usage = load_usage(ctx.run_dir, job_id)
+    except GpushareError as e:
+        print(f"slurm-gpushare epilog: job {job_id}: monitor usage not used: {e}", file=sys.stderr)
+        usage = None
+    try:
+        info = parse_show_job(ctx.show_job(job_id), job_id)
+        if not info.gres_on(ctx.node):
+            # slurmctld drops the per-node GRES detail once the job completes (``GRES=`` is empty in
+            # the Epilog): take the devices from slurmd's own environment, SLURM_JOB_GPUS
+            info = replace(info, gres={**info.gres, ctx.node: _gres_from_env(info, env)})
+        if (state.get("plan") or {}).get("kind") in ("mps", "mig", "gpu"):
+            plan = JobPlan.from_dict(state["plan"])
+            machine = machine_with_uuids(ctx)
+        else:
+            plan, machine, _gres = plan_with_machine(ctx, info)
+        placement = state.get("placement") or {}
+        exit_state, exit_code = exit_from_env(env)
+        if info.exit_code and info.exit_code != "0:0":
+            # scancel and time limits reach the Epilog as 0:0; slurmctld already holds the signal (0:15)
+            exit_state, exit_code = exit_from_code(info.exit_code)
+        end = int(time.time())
+        records = records_for_job(
+            info, plan, machine, node=ctx.node, start=info.start_time or end, end=end,
+            exit_state=exit_state, exit_code=exit_code, gpu_uuids={g.index: g.uuid for g in machine.gpus},
+            account=info.account, array_job_id=info.array_job_id, array_task_id=info.array_task_id,
+            placement_cost=placement.get("cost_given"), usage=usage)
+        if records:
+            Spool(ctx.config.spool_dir, node=ctx.node).append(records)
+        if usage is not None:
+            remove_usage(ctx.run_dir, job_id)
+        return len(records)
+    except GpushareError as e:
+        print(f"slurm-gpushare epilog: job {job_id}: accounting record not written: {e}", file=sys.stderr)
+        return 0
+
+
+def _gres_from_env(info: JobInfo, env: dict[str, str]):
+    """The job's GPU devices on this node from slurmd's Epilog environment (``SLURM_JOB_GPUS=0,2``),
+    typed as the job's TresPerNode says (``gres:gpu:a100:2`` -> ``gpu:a100``)."""
+    from slurm_gpushare.slurm.gres import GresItem, parse
+    from slurm_gpushare.slurm.hostlist import format_ranges, parse_id_list
+
+    job_gpus = env.get("SLURM_JOB_GPUS", "")
+    if not job_gpus:
+        return ()
+    indices = parse_id_list(job_gpus)
+    tres = info.tres_per_node if info.tres_per_node != "(null)" else ""
+    held = [it for it in parse(tres) if it.name in ("gpu", "shard")]
+    name, gtype = (held[-1].name, held[-1].type) if held else ("gpu", "")
+    count = len(indices) if name == "gpu" else held[-1].amount
+    return (GresItem(name, gtype, count, f"IDX:{format_ranges(indices)}"),)

@@ -1,0 +1,95 @@
+"""One job's directory on a node, ``<run_dir>/jobs/<job id>/``, and the lock that guards it.
+
+* ``state.json``: what the Prolog decided and started (kind, GPUs, limits, phase);
+* ``env`` (and ``env.<local id>`` for one task): ``export NAME=value`` lines that the TaskProlog
+  (``etc/taskprolog.sh``, a few lines of shell, no Python) prints before every task;
+* ``mps/pipe``, ``mps/log``: the job's own MPS control daemon's directories (owned by the job's
+  user, mode 0700).
+
+Files are replaced whole (:mod:`slurm_gpushare.atomicfile`): the TaskProlog and a concurrent Epilog
+see the old content or the new one.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from collections.abc import Mapping
+from contextlib import contextmanager
+from pathlib import Path
+
+from slurm_gpushare.atomicfile import write_atomic
+from slurm_gpushare.errors import InputError
+
+STATE_VERSION = 1
+#: Mode of the files of a job's directory: the TaskProlog runs as the job's user and reads them.
+FILE_MODE = 0o644
+
+
+@contextmanager
+def job_lock(job_dir: Path, *, remove: bool = False):
+    """Exclusive lock for one job's directory (a file next to it, so removing the directory is safe).
+
+    With ``remove``, the lock file is unlinked before the lock is released (the Epilog, once the job
+    is gone). A waiter that then gets the lock on the unlinked file notices (the path no longer names
+    the file it locked) and locks the new one: the classic lock-file race, closed.
+    """
+    job_dir.parent.mkdir(parents=True, exist_ok=True)
+    lock = job_dir.parent / f".{job_dir.name}.lock"
+    while True:
+        fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            same = os.fstat(fd).st_ino == os.stat(lock).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    try:
+        yield
+    finally:
+        if remove:
+            try:
+                lock.unlink()
+            except FileNotFoundError:
+                pass
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def make_job_dir(job_dir: Path) -> None:
+    """Create the job's directory (mode 0755: the job's user reads its files)."""
+    job_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(job_dir, 0o755)
+
+
+def read_state(job_dir: Path) -> dict | None:
+    """The job's state.json, or None when missing or unreadable (a Prolog that died half-way)."""
+    try:
+        return json.loads((job_dir / "state.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def write_state(job_dir: Path, state: dict) -> None:
+    """Replace the job's state.json."""
+    write_atomic(job_dir / "state.json", json.dumps(state), mode=FILE_MODE)
+
+
+def _export_line(name: str, value: str) -> str:
+    """``export NAME=value`` for the TaskProlog. slurmd takes the value literally (no shell quoting),
+    so a value must be one line."""
+    if "\n" in value or "\n" in name:
+        raise InputError(f"environment value for {name} spans lines: {value!r}")
+    return f"export {name}={value}\n"
+
+
+def write_env(path: Path, env: Mapping[str, str]) -> None:
+    """Replace an env file of the job (``env`` or ``env.<local id>``) with ``export`` lines, in order.
+
+    Raises:
+        InputError: a value spans lines (slurmd would take the rest as another variable).
+    """
+    write_atomic(path, "".join(_export_line(k, v) for k, v in env.items()), mode=FILE_MODE)

@@ -1,0 +1,164 @@
+"""The Prolog: prepare each job's GPU share on the node (slurmd runs it as root, ``slurm-gpushare hook
+prolog`` from the ``Prolog=`` wrapper in ``etc/``).
+
+What it prepares lives in the job's directory (:mod:`slurm_gpushare.node.jobdir`). Decisions come from
+trusted inputs only (:mod:`slurm_gpushare.node.plan`). Every step is idempotent and guarded by a per-job
+lock (``fcntl.flock``), so concurrent Prologs and Epilogs of different jobs never block each other and
+a retried or half-finished one is repaired by the next. The exit status is non-zero (which drains the
+node) only for node faults, after setting a drain reason that says what to fix; a user's bad request
+was refused at submit time and never gets here.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from slurm_gpushare.errors import GpushareError, InputError
+from slurm_gpushare.hardware.machine import Machine
+from slurm_gpushare.node.context import HookContext, NodeFault, job_info, plan_with_machine
+from slurm_gpushare.node.jobdir import STATE_VERSION, job_lock, make_job_dir, read_state, write_env, write_state
+from slurm_gpushare.node.mps import MpsDaemon, MpsError
+from slurm_gpushare.node.plan import JobPlan
+from slurm_gpushare.node.shared_mps import join_shared, shared_dir
+from slurm_gpushare.slurm.job import JobInfo
+from slurm_gpushare.slurm.nodegres import NodeGres
+
+
+def prolog(ctx: HookContext, env: dict[str, str]) -> int:
+    """Prepare the job's share on this node. Returns the exit status (non-zero drains the node).
+
+    Jobs without GPU GRES on this node (Slurm sets no ``SLURM_JOB_GPUS``/``CUDA_VISIBLE_DEVICES``
+    in the Prolog's environment for them) cost nothing: no Slurm call, no file.
+
+    Raises:
+        InputError: ``SLURM_JOB_ID`` is not set (not run by slurmd).
+        NodeFault: a problem of the node; the node's drain reason is set first.
+    """
+    job_id = env.get("SLURM_JOB_ID", "")
+    if not job_id:
+        raise InputError("SLURM_JOB_ID is not set: run this as slurmd's Prolog")
+    if not (env.get("SLURM_JOB_GPUS") or env.get("CUDA_VISIBLE_DEVICES")):
+        return 0
+    try:
+        info = job_info(ctx, job_id)
+        plan, machine, gres = plan_with_machine(ctx, info)
+        if plan.kind == "none" or (plan.kind == "gpu" and len(plan.gpu_indices) < 2):
+            return 0
+        job_dir = ctx.job_dir(job_id)
+        with job_lock(job_dir):
+            if plan.kind == "gpu":
+                _prepare_topology(ctx, info, plan, machine, gres, job_dir)
+            else:
+                prepare(ctx, plan, job_dir)
+    except NodeFault as e:
+        ctx.do_drain(f"gpushare prolog job {job_id}: {e}")
+        raise
+    return 0
+
+
+def prepare(ctx: HookContext, plan: JobPlan, job_dir: Path) -> None:
+    """Start what an ``mps`` or ``mig`` job needs and write its state and environment (under its lock).
+
+    A Prolog that finds the job ready does nothing; one that finds a half-started job replaces it.
+
+    Raises:
+        NodeFault: the job's MPS daemon (or the shared one) could not be started or configured.
+    """
+    make_job_dir(job_dir)
+    state = {"version": STATE_VERSION, "phase": "starting", "plan": asdict(plan)}
+    prev = read_state(job_dir)
+    if prev and prev.get("phase") == "ready" and (job_dir / "env").exists():
+        return  # a retried Prolog: everything is in place
+    write_state(job_dir, state)
+    env: dict[str, str] = plan.env()
+    if plan.kind == "mps" and ctx.config.mps_mode == "per-gpu" and len(plan.gpu_indices) == 1 and plan.uid >= 0:
+        shared = shared_dir(ctx, plan.gpu_indices[0], plan.uid)
+        state["shared"] = str(shared)
+        write_state(job_dir, state)
+        env = plan.env(join_shared(ctx, plan, shared).client_env())
+    elif plan.kind == "mps":
+        daemon = ctx.mps(plan.job_id, plan)
+        daemon.stop()  # leftovers of a Prolog that died half-way
+        try:
+            daemon.start()
+            if plan.mem_limit_mib is not None:
+                for i in range(len(plan.gpu_indices)):
+                    daemon.set_pinned_mem_limit(i, plan.mem_limit_mib)
+            if plan.sm_percent is not None:
+                daemon.set_active_thread_percentage(plan.sm_percent)
+            _client_priority(daemon, plan)
+        except MpsError as e:
+            daemon.stop()
+            raise NodeFault(f"MPS control daemon for job {plan.job_id} failed: {e}",
+                            hint=f"check {ctx.config.mps_control} and the driver") from None
+        env = plan.env(daemon.client_env())
+    write_env(job_dir / "env", env)
+    state["phase"] = "ready"
+    write_state(job_dir, state)
+
+
+def _client_priority(daemon: MpsDaemon, plan: JobPlan) -> None:
+    """Set the daemon's default client priority where the driver has the command (CUDA 11.8+ MPS);
+    an older driver that refuses it is not a node fault: the job's environment still asks for it."""
+    if plan.client_priority is None:
+        return
+    try:
+        daemon.set_client_priority(plan.client_priority)
+    except MpsError:
+        pass
+
+
+def _free_before(ctx: HookContext, gres: NodeGres, plan: JobPlan) -> tuple[int, ...]:
+    """NVML indices of the node's whole GPUs that were free when Slurm chose this job's: not in use
+    by another job's GPUs or shards (``scontrol -d show node``: ``GresUsed=...(IDX:..)``)."""
+    from slurm_gpushare.slurm.job import parse_gres_detail
+
+    devices = [r for r in gres.records if r.name == "gpu"]
+    text = ctx.show_node(ctx.node)
+    used_text = next((kv.split("=", 1)[1] for line in text.splitlines() for kv in line.split()
+                      if kv.startswith("GresUsed=")), "")
+    used = {i for a in parse_gres_detail(used_text) if a.name in ("gpu", "shard") for i in a.indices}
+    busy = {devices[i].gpu_index for i in used if i < len(devices)} - set(plan.gpu_indices)
+    return tuple(r.gpu_index for r in devices if r.mig_gi is None and r.gpu_index not in busy)
+
+
+def _prepare_topology(ctx: HookContext, info: JobInfo, plan: JobPlan, machine: Machine, gres: NodeGres,
+                      job_dir: Path) -> None:
+    """A multi-GPU whole-GPU job: audit Slurm's choice against the best free set, and bind tasks.
+
+    The audit (:func:`slurm_gpushare.topology.placement.audit`) goes to state.json (accounting reads it) and,
+    when the job got a worse set than was free, to slurmd's log. The tasks get the GPUs in ring order
+    along NVLink and, per local rank, the nearest NIC and cores (:mod:`slurm_gpushare.topology.binding`):
+    ``env`` for all tasks, ``env.<local id>`` for one (the TaskProlog prints both).
+    """
+    from slurm_gpushare.topology.binding import bind
+    from slurm_gpushare.topology.hops import hop_matrix
+    from slurm_gpushare.topology.placement import audit
+
+    make_job_dir(job_dir)
+    order = sorted(g.index for g in machine.gpus)
+    pos = {g: i for i, g in enumerate(order)}
+    numa = [machine.gpu(g).numa_node for g in order]
+    hop = hop_matrix(machine)
+    try:
+        free = _free_before(ctx, gres, plan)
+        result = audit(hop, [pos[g] for g in plan.gpu_indices], [pos[g] for g in free], numa)
+        placement = {"given": [order[i] for i in result.allocated], "best": [order[i] for i in result.best.gpus],
+                     "cost_given": round(result.cost_given, 4), "cost_best": round(result.cost_best, 4),
+                     "excess": round(result.excess, 4), "free_before": list(free)}
+    except GpushareError as e:
+        placement = {"error": str(e)}
+    if placement.get("excess", 0) > 1e-9:
+        print(f"slurm-gpushare prolog: job {plan.job_id} got GPUs {placement['given']} (cost "
+              f"{placement['cost_given']}) while {placement['best']} (cost {placement['cost_best']}) were free",
+              file=sys.stderr)
+    binding = bind(machine, plan.gpu_indices, ntasks=len(plan.gpu_indices))
+    write_env(job_dir / "env", binding.job_environment())
+    for local in range(len(binding.tasks)):
+        task_env = binding.task_environment(local)
+        extra = {k: v for k, v in task_env.items() if k not in binding.job_environment()}
+        write_env(job_dir / f"env.{local}", extra)
+    write_state(job_dir, {"version": STATE_VERSION, "phase": "ready", "plan": asdict(plan), "placement": placement,
+                          "binding": binding.to_dict()})
