@@ -432,3 +432,36 @@ def test_epilog_reads_the_devices_from_slurm_job_gpus_typed_by_tres_per_node(tre
 
     (alloc,) = _gres_from_env(JobInfo("7", tres_per_node=tres), {"SLURM_JOB_GPUS": job_gpus})
     assert (alloc.name, alloc.type, alloc.count, alloc.indices) == want
+
+
+def _gres_conf(n, shard_unit: str) -> dict[str, str]:
+    """A slurm.conf dir whose gres.conf was generated for the a100 node with ``--shard-unit``; the Prolog env."""
+    from slurm_gpushare.gresconf.render import generate_node_gres, render_gres_conf
+    from slurm_gpushare.memsize import parse_shard_unit
+    from slurm_gpushare.slurm.nodegres import GresOptions
+
+    etc = n.root / "etc"
+    etc.mkdir(exist_ok=True)
+    machine = packaged_machine("8x-a100-nv12-bridge.json")
+    opts = GresOptions(shard_unit_mib=parse_shard_unit(shard_unit))
+    (etc / "gres.conf").write_text(render_gres_conf([generate_node_gres(machine, "a100", opts)]))
+    (etc / "slurm.conf").write_text("ClusterName=test\n")
+    return {**_env("101"), "SLURM_CONF": str(etc / "slurm.conf")}
+
+
+def test_prolog_refuses_a_node_toml_shard_unit_that_gres_conf_was_not_written_with(node):
+    # gres.conf has 2 shards per GiB (--shard-unit 512M), node.toml says 1 GiB: shard:10 would get a 10G
+    # limit where Slurm reserved 5 GiB. The node is misconfigured: a node fault that names both units.
+    _shard_job(node)
+    env = _gres_conf(node, "512M")
+    with pytest.raises(NodeFault, match=r'shard_unit = "512M"'):
+        prolog(node.ctx, env)
+    assert node.drained and "512M" in node.drained[0][1]
+    assert not node.ctx.mps("101").alive()
+
+
+def test_prolog_accepts_the_shard_unit_gres_conf_was_written_with(node):
+    _shard_job(node)
+    env = _gres_conf(node, "1G")
+    assert prolog(node.ctx, env) == 0 and not node.drained
+    assert epilog(node.ctx, env) == 0

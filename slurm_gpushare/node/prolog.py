@@ -1,5 +1,5 @@
 """The Prolog: prepare each job's GPU share on the node (slurmd runs it as root, ``slurm-gpushare hook
-prolog`` from the ``Prolog=`` wrapper in ``etc/``).
+prolog`` from the ``Prolog=`` wrapper ``prolog.sh`` in ``slurm_gpushare/data/site/``).
 
 What it prepares lives in the job's directory (:mod:`slurm_gpushare.node.jobdir`). Decisions come from
 trusted inputs only (:mod:`slurm_gpushare.node.plan`). Every step is idempotent and guarded by a per-job
@@ -15,15 +15,45 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from slurm_gpushare.errors import GpushareError, InputError
+from slurm_gpushare.errors import ConfigError, GpushareError, InputError, ParseError
 from slurm_gpushare.hardware.machine import Machine
+from slurm_gpushare.node.config import check_shard_unit
 from slurm_gpushare.node.context import HookContext, NodeFault, job_info, plan_with_machine
 from slurm_gpushare.node.jobdir import STATE_VERSION, job_lock, make_job_dir, read_state, write_env, write_state
 from slurm_gpushare.node.mps import MpsDaemon, MpsError
 from slurm_gpushare.node.plan import JobPlan
 from slurm_gpushare.node.shared_mps import join_shared, shared_dir
+from slurm_gpushare.slurm.conf import parse_gres_conf
 from slurm_gpushare.slurm.job import JobInfo
 from slurm_gpushare.slurm.nodegres import NodeGres
+
+
+def check_installed_shard_unit(ctx: HookContext, machine: Machine, env: dict[str, str]) -> None:
+    """Refuse to turn shards into an MPS memory limit with a unit gres.conf was not written with.
+
+    A shard job's limit is its shard count times node.toml's ``shard_unit``; Slurm counted the shards
+    with the unit of ``gres-conf --shard-unit``. The gres.conf read is the one next to ``SLURM_CONF``
+    (slurmd's own, also its configless cache); without one (or without shard lines) there is nothing
+    to compare.
+
+    Raises:
+        NodeFault: the units differ (the reason names the unit gres.conf implies), or gres.conf cannot
+            be read or parsed.
+    """
+    conf = env.get("SLURM_CONF")
+    if not conf:
+        return
+    path = Path(conf).parent / "gres.conf"
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise NodeFault(f"cannot read {path}: {e.strerror}") from None
+    try:
+        check_shard_unit(machine, ctx.node, ctx.config.shard_unit_mib, parse_gres_conf(text, source=str(path)))
+    except (ConfigError, ParseError) as e:
+        raise NodeFault(str(e), hint=e.hint) from None
 
 
 def prolog(ctx: HookContext, env: dict[str, str]) -> int:
@@ -46,6 +76,8 @@ def prolog(ctx: HookContext, env: dict[str, str]) -> int:
         plan, machine, gres = plan_with_machine(ctx, info)
         if plan.kind == "none" or (plan.kind == "gpu" and len(plan.gpu_indices) < 2):
             return 0
+        if plan.kind == "mps":
+            check_installed_shard_unit(ctx, machine, env)
         job_dir = ctx.job_dir(job_id)
         with job_lock(job_dir):
             if plan.kind == "gpu":
