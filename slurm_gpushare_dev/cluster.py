@@ -713,9 +713,9 @@ class DevCluster:
 
     def _prepare(self, files: dict[str, str]) -> None:
         r = self.root
-        for d in ("etc", "munge", "spool/ctld", "log", "run", "machines", "db", "bin", "metrics",
-                  *(f"spool/d-{n}" for n in self.nodes)):
-            (r / d).mkdir(parents=True, exist_ok=True)
+        for sub in ("etc", "munge", "spool/ctld", "log", "run", "machines", "db", "bin", "metrics",
+                    *(f"spool/d-{n}" for n in self.nodes)):
+            (r / sub).mkdir(parents=True, exist_ok=True)
         # munged refuses a socket directory that is not executable by all ("Socket is inaccessible")
         for p in [r, *r.parents]:
             if p == Path("/"):
@@ -738,8 +738,8 @@ class DevCluster:
             os.chmod(r / "scripts" / script, 0o755)
         # what a job's user runs and reads: the fake app, the package copy, the machine descriptions,
         # and the process table every user registers in (sticky like /tmp: no one removes another's entry)
-        for d in ("bin", "machines"):
-            os.chmod(r / d, 0o755)
+        for sub in ("bin", "machines"):
+            os.chmod(r / sub, 0o755)
         os.chmod(self.fake_gpu_app, 0o755)
         os.chmod(self.mps_control, 0o755)
         for name in self.nodes:

@@ -44,7 +44,7 @@ def parse_schedule(text: str) -> tuple[tuple[float, int, float | None], ...]:
     Raises:
         InputError: a step that is not ``SECONDS:SIZE:SM``, times not ascending, SM outside 0-100.
     """
-    steps = []
+    steps: list[tuple[float, int, float | None]] = []
     for item in text.split(","):
         parts = item.strip().split(":")
         if len(parts) != 3:
@@ -94,7 +94,7 @@ def resolve_devices(port: FakeNvml, visible: str) -> list[tuple[int, int | None]
         by_uuid[port.uuid(i)] = (i, None)
         for inst in _instances(port, i):
             by_uuid[inst.uuid] = (i, inst.gi_id)
-    out = []
+    out: list[tuple[int, int | None]] = []
     for e in entries:
         if e.isdigit() and int(e) < port.device_count():
             out.append((int(e), None))

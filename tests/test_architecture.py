@@ -147,3 +147,18 @@ def test_package_data_globs_ship_every_data_file_and_each_matches_something():
         matched = {pattern: {p.relative_to(base) for p in base.glob(pattern) if p.is_file()} for pattern in patterns}
         assert not [pattern for pattern, files in matched.items() if not files], f"{package}: globs matching nothing"
         assert data == set().union(*matched.values()), f"{package}: data files no glob ships"
+
+
+def test_ruff_finds_nothing_in_the_package_and_the_tests():
+    # the whole configured rule set (pyproject.toml), docstrings of the public API included
+    proc = subprocess.run([str(BIN / "ruff"), "check", "--no-cache", "slurm_gpushare", "slurm_gpushare_dev", "tests"],
+                          cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_mypy_is_clean():
+    # configured in pyproject.toml ([tool.mypy]: the product and the dev package)
+    proc = subprocess.run([str(BIN / "mypy"), "--no-incremental", "--cache-dir", "/dev/null"], cwd=ROOT,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Success: no issues found" in proc.stdout

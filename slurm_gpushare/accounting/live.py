@@ -100,7 +100,8 @@ def remove_usage(run_dir: str | Path, job_id: str) -> None:
 def restore_all(run_dir: str | Path, tracker: UsageTracker) -> tuple[list[str], list[str]]:
     """Load every usage file into ``tracker`` (a restarted monitor). Returns ``(job ids restored,
     problems)``; an unreadable file is a problem (named), not an error."""
-    restored, problems = [], []
+    restored: list[str] = []
+    problems: list[str] = []
     d = usage_dir(run_dir)
     if not d.is_dir():
         return restored, problems

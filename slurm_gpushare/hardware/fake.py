@@ -200,9 +200,9 @@ class FakeNvml:
         for a in on_switch:
             for b in on_switch:
                 if a < b:
-                    ln = self._links.get((a, b))
+                    pair = self._links.get((a, b))
                     want = min(switched[a], switched[b])
-                    if ln is None or not ln.via_nvswitch or ln.nvlinks != want:
+                    if pair is None or not pair.via_nvswitch or pair.nvlinks != want:
                         raise MachineDescriptionError(
                             f"GPUs {a} and {b} are both on NVSwitches; link {a}-{b} must be via_nvswitch "
                             f"with nvlinks {want} (the smaller of their switch link counts)",

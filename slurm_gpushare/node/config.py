@@ -109,6 +109,11 @@ def parse_listen(text: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
+def _has_type(value: Any, want: type | tuple[type, ...]) -> bool:
+    """TOML type check that does not take ``true`` for an integer (``bool`` is a subclass of ``int``)."""
+    return isinstance(value, want) and not (isinstance(value, bool) and want is not bool)
+
+
 def parse_node_config(text: str, *, source: str = "<node config>") -> NodeConfig:
     """Parse node.toml text.
 
@@ -129,9 +134,10 @@ def parse_node_config(text: str, *, source: str = "<node config>") -> NodeConfig
         raise ConfigError(f"version = {data.get('version')!r} is not supported",
                           hint=f"write version = {NODE_CONFIG_VERSION}", source=source)
     kw: dict[str, Any] = {}
+    value: Any
     for key, value in data.items():
         want = _KEYS[key]
-        if isinstance(value, bool) and want is not bool or not isinstance(value, want):
+        if not _has_type(value, want):
             raise ConfigError(f"{key} has the wrong type ({type(value).__name__})", source=source)
         if key == "version":
             continue

@@ -6,6 +6,7 @@ node, not of the job: the hook exits non-zero and the node is drained with a rea
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,9 +36,9 @@ class HookContext:
 
     config: NodeConfig
     node: str
-    show_job: object = commands.show_job  # callable(job_id) -> text of `scontrol -d show job`
-    show_node: object = commands.show_node  # callable(node) -> text of `scontrol -d show node`
-    drain: object = None  # callable(node, reason); default: scontrol update
+    show_job: Callable[[str], str] = commands.show_job  # job id -> text of `scontrol -d show job`
+    show_node: Callable[[str], str] = commands.show_node  # node -> text of `scontrol -d show node`
+    drain: Callable[[str, str], None] | None = None  # (node, reason); default: scontrol update
 
     @property
     def run_dir(self) -> Path:

@@ -424,12 +424,12 @@ class Monitor:
         unattributed: dict[int, list[int]] = {g.index: [0, 0] for g in self.machine.gpus}
         for index, procs in per_gpu.items():
             for p in procs:
-                job_id = owner.get(p.pid)
-                if job_id is None or job_id not in self._jobs:
+                owner_job = owner.get(p.pid)
+                if owner_job is None or owner_job not in self._jobs:
                     unattributed[index][0] += p.used_memory_mib
                     unattributed[index][1] += 1
                     continue
-                a = acc.setdefault((job_id, self._key(index, p)), [0, 0.0, True, 0, index])
+                a = acc.setdefault((owner_job, self._key(index, p)), [0, 0.0, True, 0, index])
                 a[0] += p.used_memory_mib
                 if p.sm_util is None:
                     a[2] = False
@@ -462,7 +462,7 @@ class Monitor:
                     job.over.add(key)
                     self.over_limit_total += 1
                     self._log(f"over limit: job {job_id} ({job.info.user}) holds {used} MiB on "
-                              f"{'MIG device ' + key if mig else 'GPU ' + str(key)}, its share is {reserved} MiB "
+                              f"{f'MIG device {key}' if mig else f'GPU {key}'}, its share is {reserved} MiB "
                               f"({nproc} process(es))")
             else:
                 job.over.discard(key)

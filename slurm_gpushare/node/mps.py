@@ -240,14 +240,14 @@ class MpsDaemon:
         if uid is not None and not self._switch and uid != os.geteuid():
             raise InputError(f"cannot run the MPS control daemon as uid {uid}: only root can switch users "
                              f"(this process runs as uid {os.geteuid()})", source=self._source)
-        if self._switch and gid is None:
+        if self._switch and gid is None and uid is not None:
             try:
                 gid = pwd.getpwuid(uid).pw_gid
             except KeyError:
                 raise InputError(f"uid {uid} has no passwd entry, so no primary group", source=self._source,
                                  hint="pass gid (SLURM_JOB_GID)") from None
-        self.uid = uid if self._switch else os.geteuid()
-        self.gid = gid if self._switch else os.getegid()
+        self.uid: int = uid if self._switch and uid is not None else os.geteuid()
+        self.gid: int = gid if self._switch and gid is not None else os.getegid()
         # root that was not told the user (an Epilog that knows only the pipe directory) accepts a
         # daemon of any user; see _is_our_daemon
         self._any_owner = uid is None and os.geteuid() == 0
@@ -660,8 +660,7 @@ class MpsDaemon:
                 return StopResult(daemon_pid=None, quit_ok=False, removed=removed, not_removed=not_removed)
             tracked, quit_ok = orphans, False
         else:
-            tracked, quit_ok = self._tree(daemon), None
-        if quit_ok is None:
+            tracked = self._tree(daemon)
             quit_ok = self._quit(daemon, tracked)
         tracked.update(self._orphans())
         return self._kill(daemon_pid, quit_ok, tracked, keep_logs)

@@ -119,7 +119,7 @@ def plan_job(info: JobInfo, node: str, gres: NodeGres, *, gpu_uuids: dict[int, s
             raise InputError(f"job {info.job_id} holds shards on {node} without device indices",
                              source="scontrol -d show job")
         gpus = tuple(dict.fromkeys(record(i).gpu_index for i in idx))
-        count = sum(a.count for a in shards)
+        count = sum(a.amount for a in shards)
         audit = info.audit or {}
         sm = audit.get("sm")
         note = ""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import sys
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from slurm_gpushare.errors import ConfigError, GpushareError, InputError, ParseError
 from slurm_gpushare.hardware.machine import Machine
@@ -153,7 +154,8 @@ def _free_before(ctx: HookContext, gres: NodeGres, plan: JobPlan) -> tuple[int, 
                       if kv.startswith("GresUsed=")), "")
     used = {i for a in parse_gres_detail(used_text) if a.name in ("gpu", "shard") for i in a.indices}
     busy = {devices[i].gpu_index for i in used if i < len(devices)} - set(plan.gpu_indices)
-    return tuple(r.gpu_index for r in devices if r.mig_gi is None and r.gpu_index not in busy)
+    return tuple(r.gpu_index for r in devices
+                 if r.gpu_index is not None and r.mig_gi is None and r.gpu_index not in busy)
 
 
 def _prepare_topology(ctx: HookContext, info: JobInfo, plan: JobPlan, machine: Machine, gres: NodeGres,
@@ -174,6 +176,7 @@ def _prepare_topology(ctx: HookContext, info: JobInfo, plan: JobPlan, machine: M
     pos = {g: i for i, g in enumerate(order)}
     numa = [machine.gpu(g).numa_node for g in order]
     hop = hop_matrix(machine)
+    placement: dict[str, Any]
     try:
         free = _free_before(ctx, gres, plan)
         result = audit(hop, [pos[g] for g in plan.gpu_indices], [pos[g] for g in free], numa)

@@ -112,7 +112,7 @@ def records_for_job(info: JobInfo, plan: JobPlan, machine: Machine, *, node: str
         return tuple(out)
     share = ""
     if plan.kind == "mps":
-        shards = sum(a.count for a in allocs if a.name == "shard")
+        shards = sum(a.amount for a in allocs if a.name == "shard")
         share = f"shard:{shards}" if shards else ""
     for index in plan.gpu_indices:
         gpu = _gpu(machine, index, common["job_id"])

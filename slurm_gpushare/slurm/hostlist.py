@@ -104,7 +104,9 @@ def _check_ranges(body: str, expr: str) -> None:
 
 def _split_items(expr: str) -> list[str]:
     """Split at the commas outside brackets: ``lx[15,18],gpu1`` -> ``["lx[15,18]", "gpu1"]``."""
-    out, depth, cur = [], 0, []
+    out: list[str] = []
+    cur: list[str] = []
+    depth = 0
     for ch in expr:
         depth += (ch == "[") - (ch == "]")
         if ch == "," and depth == 0:

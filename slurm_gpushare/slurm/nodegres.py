@@ -172,7 +172,7 @@ def node_gres(machine: Machine, node_name: str | None = None, options: GresOptio
     gpu_records: list[GresRecord] = []
     notes: list[str] = []
     for g in gpus:
-        cores = ()
+        cores: tuple[int, ...] = ()
         if opts.cores and machine.cpus is not None and g.cpu_affinity:
             cores = machine.cpus.core_ids(g.cpu_affinity)
         elif opts.cores and not g.cpu_affinity:
@@ -200,7 +200,7 @@ def node_gres(machine: Machine, node_name: str | None = None, options: GresOptio
     type_order = list(dict.fromkeys(r.type for r in gpu_records))
     gpu_records.sort(key=lambda r: type_order.index(r.type))
     if links is not None:
-        order = [position[r.gpu_index] for r in gpu_records]
+        order = [position[r.gpu_index] for r in gpu_records if r.gpu_index is not None]
         gpu_records = [replace(r, links=tuple(int(links[i][j]) for j in order))
                        for r, i in zip(gpu_records, order, strict=True)]
     records: list[GresRecord] = list(gpu_records)

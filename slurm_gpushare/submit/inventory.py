@@ -174,12 +174,11 @@ def build_inventory(machines: dict[str, Machine], sinfo_json: str, partitions_te
     problems: list[str] = []
     for raw in raw_nodes:
         name = raw.get("name", "")
+        problem: str | None = None
         try:
             gres = parse_gres_counts(raw.get("gres", ""))
         except InputError as e:
             gres, problem = {}, str(e)
-        else:
-            problem = None
         machine = machines.get(name)
         if machine is None:
             if any(n in ("gpu", "shard", "mps") for n, _t in gres):

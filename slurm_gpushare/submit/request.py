@@ -135,7 +135,7 @@ def mentions_share(tres: str | None) -> bool:
 
     Jobs for which this is false are none of the policy's business and pass untouched.
     """
-    return bool(tres) and any(item_name(t) in SHARE_NAMES for t in tres.split(","))
+    return bool(tres) and any(item_name(t) in SHARE_NAMES for t in (tres or "").split(","))
 
 
 def parse_tres(text: str) -> tuple[GresItem, ...]:

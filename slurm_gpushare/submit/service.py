@@ -253,7 +253,7 @@ def _with_cli_mark(comment: str, tpn: str) -> str:
 
 
 class _Handler(socketserver.StreamRequestHandler):
-    def handle(self):
+    def handle(self) -> None:
         service: FilterService = self.server.service  # type: ignore[attr-defined]
         while True:
             try:
