@@ -87,11 +87,6 @@ class Report:
     rows: tuple[tuple, ...]
     total: tuple | None = None
 
-    def dicts(self) -> list[dict]:
-        """The rows as ``{column name: value}``."""
-        names = [c.name for c in self.columns]
-        return [dict(zip(names, row, strict=True)) for row in self.rows]
-
 
 # --- periods -------------------------------------------------------------------------------------
 

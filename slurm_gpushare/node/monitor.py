@@ -524,10 +524,6 @@ class Monitor:
         r = job.devices.get(key)
         return r.mem_granted_mib if r is not None else 0
 
-    def over_limit(self) -> dict[str, tuple[JobKey, ...]]:
-        """Jobs over their share now: job id -> device keys."""
-        return {j: tuple(sorted(job.over, key=str)) for j, job in self._jobs.items() if job.over}
-
     # --- metrics -------------------------------------------------------------------------------------------
 
     def registry(self):
