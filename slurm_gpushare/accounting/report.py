@@ -32,6 +32,7 @@ from datetime import datetime
 
 from slurm_gpushare.accounting.store import Store
 from slurm_gpushare.errors import InputError
+from slurm_gpushare.slurm.gres import GresItem
 
 #: ``--by`` choices -> SQL expression of the group.
 GROUPS: dict[str, str] = {
@@ -85,11 +86,6 @@ class Report:
     columns: tuple[Column, ...]
     rows: tuple[tuple, ...]
     total: tuple | None = None
-
-    def dicts(self) -> list[dict]:
-        """The rows as ``{column name: value}``."""
-        names = [c.name for c in self.columns]
-        return [dict(zip(names, row, strict=True)) for row in self.rows]
 
 
 # --- periods -------------------------------------------------------------------------------------
@@ -286,7 +282,7 @@ def fit_request(peak_mib: int, *, gpus_per_node: int = 1, headroom: float = FIT_
     'gpushare:mem=12G'
     """
     gib = max(1, math.ceil(peak_mib * (1.0 + headroom) / 1024.0))
-    return f"gpushare:mem={gib}G" + (f":{gpus_per_node}" if gpus_per_node > 1 else "")
+    return GresItem("gpushare", f"mem={gib}G", gpus_per_node if gpus_per_node > 1 else None).body
 
 
 def waste_report(store: Store, *, since: int | None = None, until: int | None = None,

@@ -46,7 +46,7 @@ from slurm_gpushare.slurm.conf import (
     parse_gres_conf,
     parse_slurm_conf_gres,
 )
-from slurm_gpushare.slurm.gres import render_counts
+from slurm_gpushare.slurm.gres import GresItem, render_counts
 from slurm_gpushare.slurm.hostlist import compress_hostlist, format_ranges
 from slurm_gpushare.topology.hops import slurm_links
 
@@ -494,7 +494,8 @@ def _slurm_only_split(node: _Node, skip: frozenset[str] | set[str] = frozenset()
         return out
     for (name, _type), count in s.gres_counts.items():
         if name.lower() in SHARING_GRES and name.lower() not in skip:
-            out += _uneven_split(node, name, count, s.where, f"Gres={name}:{count} (no gres.conf {name} lines)")
+            spec = GresItem(name, count=count).text
+            out += _uneven_split(node, name, count, s.where, f"Gres={spec} (no gres.conf {name} lines)")
     return out
 
 

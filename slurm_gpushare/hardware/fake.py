@@ -156,7 +156,6 @@ class FakeNvml:
         self._clock = clock
         self._scheduled: list[ScheduledProcess] = []
         self._table = ProcessTable(process_table) if process_table else None
-        self._hostname = machine.hostname
         self._driver = machine.driver_version
         gpus = self._fill(machine)
         self._links = {(ln.a, ln.b): ln for ln in machine.links}

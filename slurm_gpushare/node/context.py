@@ -68,7 +68,7 @@ class HookContext:
             self.drain(self.node, reason)
             return
         try:
-            commands.run(["scontrol", "update", f"nodename={self.node}", "state=drain", f"reason={reason[:250]}"])
+            commands.drain_node(self.node, reason[:250])
         except GpushareError:
             pass  # slurmd drains the node anyway when the hook fails; the reason is then Slurm's
 

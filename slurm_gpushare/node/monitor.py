@@ -67,13 +67,12 @@ from pathlib import Path
 from slurm_gpushare.accounting.live import load_state, remove_usage, restore_all, save_usage, usage_files
 from slurm_gpushare.accounting.record import UsageRecord, UsageTracker
 from slurm_gpushare.atomicfile import write_atomic
-from slurm_gpushare.errors import GpushareError, InputError, SlurmError
+from slurm_gpushare.errors import GpushareError, InputError
 from slurm_gpushare.hardware.machine import GpuProcess, Machine
 from slurm_gpushare.hardware.port import NvmlPort, read_uuids
 from slurm_gpushare.node.config import NodeConfig, parse_listen
 from slurm_gpushare.node.plan import JobPlan, plan_job
 from slurm_gpushare.node.records import records_for_job
-from slurm_gpushare.retry import retry
 from slurm_gpushare.slurm import commands
 from slurm_gpushare.slurm.job import JobInfo, parse_show_job
 from slurm_gpushare.slurm.nodegres import GresOptions, node_gres
@@ -209,11 +208,11 @@ class Monitor:
         self.over_limit_total = 0
         self._running_jobs = running_jobs or commands.running_jobs
         self._show_job = show_job
-        self._listpids = listpids or slurm_listpids
+        self._listpids = listpids or commands.listpids
         self._cgroup_of = cgroup_of
         self._log = log or (lambda line: print(f"slurm-gpushare monitor: {line}", file=sys.stderr, flush=True))
         self._clock = clock
-        self._update_admin_comment = update_admin_comment or slurm_update_admin_comment
+        self._update_admin_comment = update_admin_comment or commands.update_admin_comment
         self._jobs: dict[str, _Job] = {}
         self._gres = node_gres(machine, node, GresOptions(shard_unit_mib=config.shard_unit_mib))
         self._gpu_uuids: dict[int, str] = {}
@@ -525,10 +524,6 @@ class Monitor:
         r = job.devices.get(key)
         return r.mem_granted_mib if r is not None else 0
 
-    def over_limit(self) -> dict[str, tuple[JobKey, ...]]:
-        """Jobs over their share now: job id -> device keys."""
-        return {j: tuple(sorted(job.over, key=str)) for j, job in self._jobs.items() if job.over}
-
     # --- metrics -------------------------------------------------------------------------------------------
 
     def registry(self):
@@ -642,42 +637,6 @@ class Monitor:
                                  labels=["node"])
         took.add_metric([self.node], round(self.snapshot.duration_s, 6))
         yield from (samples, errors, episodes, last, took)
-
-
-# --- Slurm on the node ---------------------------------------------------------------------------------
-
-
-def slurm_listpids(node: str) -> str:
-    """``scontrol listpids '*' NODE``: the pids each slurmstepd of this node tracks. The node name is
-    needed where several slurmd share a host: without it scontrol takes the first node of this host
-    in slurm.conf (``man scontrol``). A node without job steps is an empty list (scontrol exits 1 with
-    "No job steps exist on this node."); a step that ends during the call makes scontrol fail ("StepId=...
-    does not exist on this node."): it is asked again, up to three times.
-
-    Raises:
-        SlurmError: scontrol failed.
-    """
-    def listpids() -> str:
-        try:
-            return commands.run(["scontrol", "listpids", "*", node], timeout=10.0)
-        except SlurmError as e:
-            if "No job steps exist on this node" in e.message:  # scontrol exits 1 for an empty list
-                return ""
-            raise
-
-    # a step that ended while scontrol walked the node's steps ("StepId=16.batch does not exist on this
-    # node."): ask again at once
-    return retry(listpids, waits=(0, 0),
-                 again=lambda e: isinstance(e, SlurmError) and "does not exist on this node" in e.message)
-
-
-def slurm_update_admin_comment(job_id: str, text: str) -> None:
-    """``scontrol update jobid=ID AdminComment=TEXT`` (root; refused once the job has ended).
-
-    Raises:
-        SlurmError: scontrol failed (``Job has already finished``, not root, ...).
-    """
-    commands.run(["scontrol", "update", f"jobid={job_id}", f"AdminComment={text}"], timeout=10.0)
 
 
 # --- serving ----------------------------------------------------------------------------------------------

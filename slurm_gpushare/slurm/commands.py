@@ -1,6 +1,7 @@
 """Slurm commands the product runs (``sinfo``, ``scontrol``, ``squeue``), in one place, with timeouts.
 
-Every function returns the command's text (or, for a plain list of job ids, the ids); parsing is
+Every function returns the command's text (or, for a plain list of job ids, the ids; the ``update``
+commands return nothing); each docstring names the command and its man page. Parsing is
 done by the pure modules (:mod:`slurm_gpushare.submit.inventory`, :mod:`slurm_gpushare.slurm.job`).
 pyslurm is not used: it must match the site's Slurm release exactly, and the command-line clients
 always do.
@@ -12,8 +13,11 @@ import os
 import subprocess
 
 from slurm_gpushare.errors import SlurmError
+from slurm_gpushare.retry import retry
 
 TIMEOUT_S = 30.0
+#: Timeout of the node monitor's calls (listpids, AdminComment): it samples every few seconds.
+MONITOR_TIMEOUT_S = 10.0
 
 
 def run(argv: list[str], *, timeout: float = TIMEOUT_S, env: dict[str, str] | None = None) -> str:
@@ -36,24 +40,24 @@ def run(argv: list[str], *, timeout: float = TIMEOUT_S, env: dict[str, str] | No
 
 
 def sinfo_json(**kw) -> str:
-    """``sinfo --json``: every node with its configured ``gres``, partitions and state (Slurm 22.05+)."""
+    """``sinfo --json`` (sinfo(1)): every node with its configured ``gres``, partitions and state (Slurm 22.05+)."""
     return run(["sinfo", "--json"], **kw)
 
 
 def partitions_text(**kw) -> str:
-    """``scontrol -o show partition``: one line per partition (``Nodes=``, ``Default=``)."""
+    """``scontrol -o show partition`` (scontrol(1)): one line per partition (``Nodes=``, ``Default=``)."""
     return run(["scontrol", "-o", "show", "partition"], **kw)
 
 
 def show_job(job_id: str | int, **kw) -> str:
-    """``scontrol -d show job ID``: the multi-line record, free-text fields (AdminComment) on lines of
+    """``scontrol -d show job ID`` (scontrol(1)): the multi-line record, free-text fields (AdminComment) on lines of
     their own, and the per-node GRES detail (``Nodes=... GRES=shard:10(IDX:0)``)."""
     return run(["scontrol", "-d", "show", "job", str(job_id)], **kw)
 
 
 def running_jobs(node: str, **kw) -> list[str]:
     """Jobs with an allocation on ``node``, sorted, each once:
-    ``squeue -h -w NODE -t RUNNING,COMPLETING,CONFIGURING -o %A`` (COMPLETING so that a job stays
+    ``squeue -h -w NODE -t RUNNING,COMPLETING,CONFIGURING -o %A`` (squeue(1); COMPLETING so that a job stays
     known while its Epilog runs).
 
     Raises:
@@ -64,5 +68,50 @@ def running_jobs(node: str, **kw) -> list[str]:
 
 
 def show_node(node: str, **kw) -> str:
-    """``scontrol -d show node NODE``: its GRES, and which device indices are in use (``GresUsed=...(IDX:..)``)."""
+    """``scontrol -d show node NODE`` (scontrol(1)): its GRES, and which device indices are in use
+    (``GresUsed=...(IDX:..)``)."""
     return run(["scontrol", "-d", "show", "node", node], **kw)
+
+
+def listpids(node: str, *, timeout: float = MONITOR_TIMEOUT_S) -> str:
+    """``scontrol listpids '*' NODE`` (scontrol(1) "listpids"): the pids each slurmstepd of this node
+    tracks. The node name is needed where several slurmd share a host: without it scontrol takes the
+    first node of this host in slurm.conf. A node without job steps is an empty list (scontrol exits 1
+    with "No job steps exist on this node."); a step that ends during the call makes scontrol fail
+    ("StepId=... does not exist on this node."): it is asked again, up to three times.
+
+    Raises:
+        SlurmError: scontrol failed.
+    """
+    def once() -> str:
+        try:
+            return run(["scontrol", "listpids", "*", node], timeout=timeout)
+        except SlurmError as e:
+            if "No job steps exist on this node" in e.message:  # scontrol exits 1 for an empty list
+                return ""
+            raise
+
+    # a step that ended while scontrol walked the node's steps ("StepId=16.batch does not exist on this
+    # node."): ask again at once
+    return retry(once, waits=(0, 0),
+                 again=lambda e: isinstance(e, SlurmError) and "does not exist on this node" in e.message)
+
+
+def update_admin_comment(job_id: str, text: str, *, timeout: float = MONITOR_TIMEOUT_S) -> None:
+    """``scontrol update jobid=ID AdminComment=TEXT`` (scontrol(1) "update"; root; refused once the
+    job has ended).
+
+    Raises:
+        SlurmError: scontrol failed (``Job has already finished``, not root, ...).
+    """
+    run(["scontrol", "update", f"jobid={job_id}", f"AdminComment={text}"], timeout=timeout)
+
+
+def drain_node(node: str, reason: str, **kw) -> None:
+    """``scontrol update nodename=NODE state=drain reason=REASON`` (scontrol(1) "update"; root):
+    slurmctld starts no new job on the node and shows ``reason`` (``sinfo -R``).
+
+    Raises:
+        SlurmError: scontrol failed.
+    """
+    run(["scontrol", "update", f"nodename={node}", "state=drain", f"reason={reason}"], **kw)

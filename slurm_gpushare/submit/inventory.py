@@ -81,10 +81,6 @@ class NodeInventory:
         """GPUs not in MIG mode (the ones that get shards and whole-GPU GRES)."""
         return tuple(g for g in self.machine.gpus if not g.mig_enabled) if self.machine else ()
 
-    def gpu_count(self, gres_type: str) -> int:
-        """Configured count of ``gpu:<gres_type>`` on this node."""
-        return self.gres.get(("gpu", gres_type), 0)
-
     @property
     def shards(self) -> int:
         """Configured shards on the node (Slurm types them after the GPU; summed here)."""

@@ -144,7 +144,7 @@ class Candidate:
     @property
     def gres(self) -> str:
         """``gpu:h100_1g.10gb:1``, ``shard:10``."""
-        return f"{self.name}:{self.type}:{self.count}" if self.type else f"{self.name}:{self.count}"
+        return GresItem(self.name, self.type, self.count).text
 
     @property
     def label(self) -> str:
@@ -607,10 +607,6 @@ def _request_text(*tres: str | None) -> str:
     return ",".join(out)
 
 
-def _strip_prefix(text: str) -> str:
-    return text[len(prefix_of(text)):]
-
-
 def _decide(tpn: str, tpj: str, partitions: tuple[str, ...] | None, inventory: ClusterInventory,
             policy: SitePolicy, audit: dict[str, Any]) -> Decision:
     items = parse_tres(tpn)
@@ -623,12 +619,12 @@ def _decide(tpn: str, tpj: str, partitions: tuple[str, ...] | None, inventory: C
     if has_gpushare:
         for it in items:
             if it.name in ("shard", "mps"):
-                raise _error("mixed-share", item=_strip_prefix(it.text))
+                raise _error("mixed-share", item=it.body)
             if it.name == "gpu":
-                raise _error("mixed-gpu", item=_strip_prefix(it.text))
+                raise _error("mixed-gpu", item=it.body)
         for it in job_items:
             if it.name == "gpu":
-                raise _error("gpus-per-job", item=_strip_prefix(it.text))
+                raise _error("gpus-per-job", item=it.body)
         req = parse_gpushare(items)
         audit["request"] = req.text
         parts = _resolve_partitions(inventory, partitions)
@@ -677,12 +673,11 @@ def _direct(items: tuple[GresItem, ...], prefix: str, partitions: tuple[str, ...
     if not direct:  # unreachable: share items only in tres_per_job were refused by _decide
         return Decision("pass", audit["original"] or None)
     if len(direct) > 1:
-        raise _error("twice", name=direct[0].name, first=_strip_prefix(direct[0].text),
-                     second=_strip_prefix(direct[1].text))
+        raise _error("twice", name=direct[0].name, first=direct[0].body, second=direct[1].body)
     it = direct[0]
     n = 1 if it.count is None else it.count
     if n == 0:
-        raise _error("direct-zero", item=_strip_prefix(it.text), name=it.name)
+        raise _error("direct-zero", item=it.body, name=it.name)
     parts = _resolve_partitions(inventory, partitions)
     unit = inventory.shard_unit_mib if inventory.shard_unit_mib > 0 else policy.shard_unit_mib
     pool = _build_pool([x for x in inventory.nodes_in(parts) if x.usable], parts, unit, policy)

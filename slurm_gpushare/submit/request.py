@@ -127,7 +127,7 @@ class GpushareRequest:
         if m != "auto":
             knobs.append(f"mode={m}")
         n = self.count if count is None else count
-        return "gpushare:" + "+".join(knobs) + (f":{n}" if n != 1 else "")
+        return GresItem("gpushare", "+".join(knobs), None if n == 1 else n).body
 
 
 def mentions_share(tres: str | None) -> bool:

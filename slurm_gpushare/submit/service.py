@@ -70,10 +70,9 @@ class Log:
 
 @dataclass
 class Snapshot:
-    """One built inventory, when it was built (epoch seconds) and the machine directory's stamp then."""
+    """One built inventory and the machine directory's stamp then."""
 
     inventory: ClusterInventory
-    built_at: float
     machines_stamp: tuple
 
 
@@ -125,7 +124,7 @@ class InventoryCache:
             inv = ClusterInventory(inv.nodes, inv.partitions, inv.default_partition,
                                    inv.problems + tuple(problems), inv.shard_unit_mib)
         with self.lock:
-            self.snapshot = Snapshot(inv, time.time(), stamp)
+            self.snapshot = Snapshot(inv, stamp)
             self.error = None
         self.log("inventory", reason=reason, nodes=len(inv.nodes),
                  usable=sum(1 for n in inv.nodes.values() if n.usable), problems=list(inv.problems))
@@ -332,7 +331,6 @@ def serve(socket_path: Path, machines_dir: Path, *, policy_path: Path | None = N
     threading.Thread(target=refresher, daemon=True, name="inventory-refresh").start()
     log("listening", socket=str(socket_path), machines=str(machines_dir), policy=str(policy_path or "defaults"))
     if ready is not None:
-        server.service_ready = ready  # type: ignore[attr-defined]
         ready.set()
     try:
         server.serve_forever(poll_interval=0.2)

@@ -411,7 +411,7 @@ class Topology:
 
     Built by :meth:`from_machine`; printed by ``slurm-gpushare topology`` (:func:`format_table`, or
     :meth:`to_dict` as JSON). Matrices are nested tuples so the snapshot is immutable and hashable;
-    :attr:`hop_array` and :attr:`links_array` give numpy copies.
+    :attr:`hop_array` gives a numpy copy of the hop matrix.
 
     Attributes:
         hostname: node name of the description.
@@ -467,11 +467,6 @@ class Topology:
     def hop_array(self) -> np.ndarray:
         """The hop matrix as a new float64 array, ``(n, n)``."""
         return np.array(self.hop, dtype=np.float64).reshape(len(self.gpus), len(self.gpus))
-
-    @property
-    def links_array(self) -> np.ndarray:
-        """The ``Links=`` matrix as a new int64 array, ``(n, n)``."""
-        return np.array(self.links, dtype=np.int64).reshape(len(self.gpus), len(self.gpus))
 
     @property
     def numa_groups(self) -> dict[int | None, tuple[int, ...]]:

@@ -60,8 +60,13 @@ def store():
         yield st
 
 
+def dicts(report):
+    """The rows as ``{column name: value}``."""
+    return [dict(zip([c.name for c in report.columns], row, strict=True)) for row in report.rows]
+
+
 def by(report, key):
-    return {row[0]: dict(zip([c.name for c in report.columns], row, strict=True)) for row in report.rows}[key]
+    return {row[report.columns[0].name]: row for row in dicts(report)}[key]
 
 
 def test_per_user_totals_match_the_hand_computation(store):
@@ -126,7 +131,7 @@ def test_the_period_clips_durations(store):
 
 def test_waste_lists_jobs_with_the_request_that_would_have_fit(store):
     rep = waste_report(store)
-    rows = rep.dicts()
+    rows = dicts(rep)
     assert [r["job"] for r in rows] == ["2", "1"]  # most wasted GiB-hours first
     assert rows[0]["would_fit"] == "gpushare:mem=24G:2"  # 20 GiB peak + 20%, two GPUs
     assert rows[0]["wasted_gib_hours"] == pytest.approx((80 - 20) + (80 - 10))
@@ -194,7 +199,7 @@ def test_waste_does_not_judge_jobs_that_failed():
         st.add([record(job_id="7", **a, exit_state="FAILED", exit_code="2:0"),
                 record(job_id="8", **a, exit_state="SIGNALED", exit_code="0:9"),
                 record(job_id="9", **a, exit_state="COMPLETED", exit_code="0:0")])
-        assert [r["job"] for r in waste_report(st).dicts()] == ["9"]
+        assert [r["job"] for r in dicts(waste_report(st))] == ["9"]
 
 
 def test_short_jobs_do_not_all_read_zero_hours_in_the_table():
@@ -210,6 +215,6 @@ def test_array_tasks_are_named_as_sacct_names_them():
              share="", mem_asked_mib=None, mem_granted_mib=A100, start=T0, end=T0 + H, mem_peak_mib=2048)
     with Store() as st:
         st.add([record(job_id="12", array_job_id="10", array_task_id=2, **a), record(job_id="13", **a)])
-        rows = job_report(st).dicts()
+        rows = dicts(job_report(st))
         assert [(r["job"], r["array"]) for r in rows] == [("12", "10_2"), ("13", "")]
         assert "10_2" in render(job_report(st), "table")
