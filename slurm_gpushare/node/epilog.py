@@ -74,7 +74,7 @@ def record_usage(ctx: HookContext, env: dict[str, str], state: dict) -> int:
     from slurm_gpushare.accounting import Spool, exit_from_env
     from slurm_gpushare.accounting.live import load_usage, remove_usage
     from slurm_gpushare.accounting.record import exit_from_code
-    from slurm_gpushare.node.records import records_for_job
+    from slurm_gpushare.node.records import records_for_job, restart_from_env
 
     job_id = env.get("SLURM_JOB_ID", "")
     try:
@@ -103,7 +103,7 @@ def record_usage(ctx: HookContext, env: dict[str, str], state: dict) -> int:
             info, plan, machine, node=ctx.node, start=info.start_time or end, end=end,
             exit_state=exit_state, exit_code=exit_code, gpu_uuids={g.index: g.uuid for g in machine.gpus},
             account=info.account, array_job_id=info.array_job_id, array_task_id=info.array_task_id,
-            placement_cost=placement.get("cost_given"), usage=usage)
+            placement_cost=placement.get("cost_given"), usage=usage, restart=restart_from_env(env))
         if records:
             Spool(ctx.config.spool_dir, node=ctx.node).append(records)
         if usage is not None:
