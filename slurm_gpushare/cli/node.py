@@ -75,7 +75,8 @@ def doctor(config_path, node, repair):
 @click.option("--interval", type=click.FloatRange(0.1, 3600), callback=lambda ctx, p, v: _finite(v, "--interval"),
               help="seconds between samples (default: monitor_interval of node.toml, 10)")
 @click.option("--listen", callback=lambda ctx, p, v: _listen(v),
-              help="Prometheus endpoint, HOST:PORT or :PORT; '' for none (default: monitor_listen, :9817)")
+              help="Prometheus endpoint, HOST:PORT or :PORT (every address); '' for none (default: monitor_listen, "
+                   "127.0.0.1:9817)")
 @click.option("--textfile", help="write the metrics to this node_exporter textfile after each sample "
               "(default: monitor_textfile)")
 @click.option("--once", is_flag=True, help="take one sample, print the metrics (Prometheus text format) and exit; "

@@ -1,8 +1,10 @@
 """One job's directory on a node, ``<run_dir>/jobs/<job id>/``, and the lock that guards it.
 
-* ``state.json``: what the Prolog decided and started (kind, GPUs, limits, phase);
+* ``state.json``: what the Prolog decided and started (kind, GPUs, limits, phase); root's only (0600):
+  the Epilog and ``doctor`` trust it, and it names the job's user;
 * ``env`` (and ``env.<local id>`` for one task): ``export NAME=value`` lines that the TaskProlog
-  (``etc/taskprolog.sh``, a few lines of shell, no Python) prints before every task;
+  (``etc/taskprolog.sh``, a few lines of shell, no Python) prints before every task; it runs as the
+  job's user, so these are owned by that user, mode 0600: no other user reads them;
 * ``mps/pipe``, ``mps/log``: the job's own MPS control daemon's directories (owned by the job's
   user, mode 0700).
 
@@ -23,8 +25,11 @@ from slurm_gpushare.atomicfile import write_atomic
 from slurm_gpushare.errors import InputError
 
 STATE_VERSION = 1
-#: Mode of the files of a job's directory: the TaskProlog runs as the job's user and reads them.
-FILE_MODE = 0o644
+#: Mode of the files of a job's directory (the env files are then given to the job's user).
+FILE_MODE = 0o600
+#: Mode of a job's directory: root's; others may only pass through it (to their own env file and MPS
+#: pipe directory), not list it.
+DIR_MODE = 0o711
 
 
 @contextmanager
@@ -60,9 +65,9 @@ def job_lock(job_dir: Path, *, remove: bool = False):
 
 
 def make_job_dir(job_dir: Path) -> None:
-    """Create the job's directory (mode 0755: the job's user reads its files)."""
+    """Create the job's directory (mode :data:`DIR_MODE`: the job's user passes through to its files)."""
     job_dir.mkdir(parents=True, exist_ok=True)
-    os.chmod(job_dir, 0o755)
+    os.chmod(job_dir, DIR_MODE)
 
 
 def read_state(job_dir: Path) -> dict | None:
@@ -86,10 +91,19 @@ def _export_line(name: str, value: str) -> str:
     return f"export {name}={value}\n"
 
 
-def write_env(path: Path, env: Mapping[str, str]) -> None:
+def write_env(path: Path, env: Mapping[str, str], *, uid: int | None = None) -> None:
     """Replace an env file of the job (``env`` or ``env.<local id>``) with ``export`` lines, in order.
+
+    Args:
+        path: the file.
+        env: names and values.
+        uid: the job's user (``SLURM_JOB_UID``), who reads it in the TaskProlog: the file is given to
+            that user, mode 0600. None or negative: it stays root's (then no task sees it).
 
     Raises:
         InputError: a value spans lines (slurmd would take the rest as another variable).
+        OSError: the file could not be written or given to ``uid``.
     """
     write_atomic(path, "".join(_export_line(k, v) for k, v in env.items()), mode=FILE_MODE)
+    if uid is not None and uid >= 0 and uid != os.geteuid():
+        os.chown(path, uid, -1)
