@@ -34,7 +34,14 @@ def hook(which, config_path):
     from slurm_gpushare.node.epilog import epilog
     from slurm_gpushare.node.prolog import prolog
 
-    ctx = _context(config_path, None)
+    try:
+        ctx = _context(config_path, None)
+    except GpushareError as e:
+        if which == "epilog":  # still stop the job's MPS daemon (found by process)
+            from slurm_gpushare.node.epilog import epilog_without_config
+            sys.exit(epilog_without_config(dict(os.environ), config_path, e))
+        click.echo(f"slurm-gpushare {which}: {e}", err=True)
+        sys.exit(1)
     try:
         rc = (prolog if which == "prolog" else epilog)(ctx, dict(os.environ))
     except NodeFault as e:

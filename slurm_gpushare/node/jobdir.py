@@ -17,9 +17,13 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 from collections.abc import Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+
+import psutil
 
 from slurm_gpushare.atomicfile import write_atomic
 from slurm_gpushare.errors import InputError
@@ -107,3 +111,55 @@ def write_env(path: Path, env: Mapping[str, str], *, uid: int | None = None) -> 
     write_atomic(path, "".join(_export_line(k, v) for k, v in env.items()), mode=FILE_MODE)
     if uid is not None and uid >= 0 and uid != os.geteuid():
         os.chown(path, uid, -1)
+
+
+#: ``CUDA_MPS_PIPE_DIRECTORY`` of a job's own daemon: ``<run_dir>/jobs/<job id>/mps/pipe``.
+_JOB_PIPE = re.compile(r"^(?P<run>/.*)/jobs/(?P<job>[0-9][0-9_.a-z]*)/mps/pipe/?$")
+
+
+@dataclass(frozen=True)
+class JobDaemon:
+    """An MPS process of a job's own daemon, found by process (not by job directory).
+
+    Attributes:
+        job_id: the job its pipe directory names.
+        pid: the process.
+        uid: its real uid.
+        pipe_dir: its ``CUDA_MPS_PIPE_DIRECTORY``.
+        binary: the control program on its command line (``nvidia-cuda-mps-control`` or a path to it; a
+            server's is the default name), to stop the daemon with the same binary.
+    """
+
+    job_id: str
+    pid: int
+    uid: int
+    pipe_dir: Path
+    binary: str
+
+    @property
+    def run_dir(self) -> Path:
+        """The run directory its pipe directory lies in."""
+        return self.pipe_dir.parent.parent.parent.parent
+
+
+def job_daemons(run_dir: Path | None = None) -> list[JobDaemon]:
+    """MPS control daemons and servers of per-job daemons, found in ``/proc`` (psutil): a process with an
+    MPS program on its command line (``nvidia-cuda-mps-*``) and ``CUDA_MPS_PIPE_DIRECTORY`` of the form
+    ``<run_dir>/jobs/<job id>/mps/pipe`` in its environment (``/proc/<pid>/environ``: needs root). Works
+    without the node config (``run_dir`` None: any run directory) and without the job's directory.
+
+    A user can start a process that looks like this (the name and the variable are theirs to choose):
+    what stops such a process only ever hurts that user's own process.
+    """
+    out = []
+    for proc in psutil.process_iter(["environ", "cmdline", "uids"]):
+        env, argv, uids = proc.info["environ"], proc.info["cmdline"], proc.info["uids"]
+        if not env or not argv or uids is None or "nvidia-cuda-mps" not in "\0".join(argv):
+            continue
+        m = _JOB_PIPE.match(env.get("CUDA_MPS_PIPE_DIRECTORY") or "")
+        if m is None or (run_dir is not None and Path(m.group("run")) != Path(run_dir)):
+            continue
+        control = next((a for a in argv if Path(a).name.startswith("nvidia-cuda-mps-control")),
+                       "nvidia-cuda-mps-control")
+        out.append(JobDaemon(m.group("job"), proc.pid, uids.real, Path(m.group(0).rstrip("/")), control))
+    return out
