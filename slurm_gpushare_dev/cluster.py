@@ -30,6 +30,7 @@ import itertools
 import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -322,7 +323,7 @@ class DevCluster:
                 f"DbdPort={self.port_base + 2}\nSlurmUser=root\nPidFile={r}/run/slurmdbd.pid\n"
                 f"LogFile={r}/log/slurmdbd.log\nStorageType=accounting_storage/mysql\n"
                 f"StorageHost=127.0.0.1\nStoragePort={self.port_base + 3}\nStorageUser=slurm\n"
-                "StoragePass=gpushare-dev\nStorageLoc=slurm_acct_db\n")
+                f"StoragePass={self._db_secret('slurm')}\nStorageLoc=slurm_acct_db\n")
         files.update(self._node_side_files())
         for lua in ("job_submit.lua", "cli_filter.lua", "gpushare_client.lua"):
             text = (SITE / lua).read_text()
@@ -909,9 +910,33 @@ class DevCluster:
                                f"--seed-file={r}/munge/munged.seed"])
         self._wait(lambda: (r / "munge" / "munge.sock").exists(), 10, "munged socket", log="log/munged.log")
 
+    def _db_secret(self, user: str) -> str:
+        """The MariaDB password of ``user`` (``root``, ``slurm``): random, made once, kept in
+        ``db/<user>.password`` (0600, in the 0700 ``db`` directory). Without it any local user could
+        connect as MariaDB's root (``mariadb-install-db`` leaves it without a password) and rewrite
+        Slurm's accounting database."""
+        d = self.root / "db"
+        d.mkdir(parents=True, exist_ok=True)
+        os.chmod(d, 0o700)
+        path = d / f"{user}.password"
+        try:
+            return path.read_text().strip()
+        except FileNotFoundError:
+            pass
+        password = secrets.token_urlsafe(24)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(password + "\n")
+        return password
+
     def _start_dbd(self) -> None:
         r = self.root
         sock = r / "db" / "mysqld.sock"
+        root_pw, slurm_pw = self._db_secret("root"), self._db_secret("slurm")
+        client_cnf = r / "db" / "root.cnf"
+        fd = os.open(client_cnf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(f"[client]\nuser=root\npassword={root_pw}\n")
         if not (r / "db" / "data" / "mysql").is_dir():
             _run(["mariadb-install-db", "--user=root", f"--datadir={r}/db/data",
                   "--auth-root-authentication-method=normal", "--skip-test-db"], log=r / "log" / "mariadb-install.log")
@@ -924,10 +949,21 @@ class DevCluster:
                                          "--innodb-buffer-pool-size=64M"],
                                         stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
             self._record("mysqld", proc)
-        sql = ["mariadb", "-S", str(sock), "-uroot"]
-        self._wait(lambda: subprocess.run([*sql, "-e", "select 1"], capture_output=True).returncode == 0,
-                   30, "MariaDB", log="log/mysqld.err")
-        _run([*sql, "-e", "CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY 'gpushare-dev'; "
+        sql = ["mariadb", f"--defaults-extra-file={client_cnf}", "-S", str(sock)]
+        no_password = ["mariadb", "--no-defaults", "-S", str(sock), "-uroot"]
+
+        def answers(argv: list[str]) -> bool:
+            return subprocess.run([*argv, "-e", "select 1"], capture_output=True).returncode == 0
+
+        self._wait(lambda: answers(sql) or answers(no_password), 30, "MariaDB", log="log/mysqld.err")
+        if not answers(sql):  # a new database (or one of an older dev cluster): root gets its password
+            host = socket.gethostname()
+            _run([*no_password, "-e",
+                  "".join(f"ALTER USER IF EXISTS 'root'@'{h}' IDENTIFIED BY '{root_pw}'; "
+                          for h in ("localhost", "127.0.0.1", "::1", host))
+                  + f"DROP USER IF EXISTS ''@'localhost', ''@'{host}'; FLUSH PRIVILEGES;"])
+        _run([*sql, "-e", f"CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY '{slurm_pw}'; "
+                          f"ALTER USER 'slurm'@'127.0.0.1' IDENTIFIED BY '{slurm_pw}'; "
                           "GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1'; FLUSH PRIVILEGES;"])
         started_now = not self.alive("slurmdbd")
         if started_now:

@@ -111,3 +111,27 @@ def test_sacct_shows_the_usage_summary_the_monitor_wrote_while_the_job_ran(dbd, 
     # exactly what slurmctld held when the job ended: the request audit written at submit, then the summary
     assert ac == done.fields["AdminComment"].strip(), (ac, done.fields["AdminComment"])
     assert ac.startswith("[gpushare:v1 req=mem=10G grant=gres:shard:10 kind=mps ") and want.search(ac), ac
+
+
+def test_mariadb_root_needs_the_random_password_kept_in_the_cluster_dir(dbd):
+    """mariadb-install-db leaves MariaDB's root without a password: any local user could rewrite Slurm's
+    accounting. The dev cluster gives root (and slurmdbd's user) a random password, kept 0600."""
+    import subprocess
+    r = dbd.cluster.root
+    sock = r / "db" / "mysqld.sock"
+    no_password = subprocess.run(["mariadb", "--no-defaults", "-S", str(sock), "-uroot", "-e", "select 1"],
+                                 capture_output=True, text=True)
+    assert no_password.returncode != 0 and "Access denied" in no_password.stderr
+    tcp = subprocess.run(["mariadb", "--no-defaults", "-h127.0.0.1", f"-P{DBD_PORT + 3}", "-uroot", "-e",
+                          "select 1"], capture_output=True, text=True)
+    assert tcp.returncode != 0
+    for name in ("root", "slurm"):
+        assert (r / "db" / f"{name}.password").stat().st_mode & 0o077 == 0
+    assert (r / "db").stat().st_mode & 0o077 == 0
+    password = (r / "db" / "root.password").read_text().strip()
+    ok = subprocess.run(["mariadb", "--no-defaults", "-S", str(sock), "-uroot", f"-p{password}", "-e", "select 1"],
+                        capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    conf = (r / "etc" / "slurmdbd.conf").read_text()
+    assert "StoragePass=gpushare-dev" not in conf
+    assert f"StoragePass={(r / 'db' / 'slurm.password').read_text().strip()}" in conf

@@ -465,3 +465,39 @@ def test_prolog_accepts_the_shard_unit_gres_conf_was_written_with(node):
     env = _gres_conf(node, "1G")
     assert prolog(node.ctx, env) == 0 and not node.drained
     assert epilog(node.ctx, env) == 0
+
+
+def test_an_epilog_whose_node_config_is_broken_still_stops_the_jobs_daemon(node, tmp_path):
+    """An admin's typo in node.toml: the Epilog cannot build its context, but the job's MPS daemon
+    (found by process) is stopped and its directory removed; the exit status says the config is broken."""
+    from click.testing import CliRunner
+
+    from slurm_gpushare.cli import main
+    _shard_job(node, "801")
+    assert prolog(node.ctx, _env("801")) == 0
+    pid = node.ctx.mps("801").pid()
+    assert pid and pid_alive(pid)
+    broken = tmp_path / "node.toml"
+    broken.write_text(f'version = 1\nrun_dir = "{node.root}/run/{{node}}"\nmps_controll = "typo"\n')
+    out = CliRunner().invoke(main, ["hook", "epilog", "--config", str(broken)], env=_env("801"))
+    assert out.exit_code == 1, out.output
+    assert "node config not usable" in out.output and "mps_controll" in out.output
+    deadline = time.monotonic() + 5
+    while pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not pid_alive(pid) and not node.ctx.job_dir("801").exists()
+
+
+def test_doctor_finds_a_daemon_whose_job_directory_was_removed(node):
+    _shard_job(node, "802")
+    assert prolog(node.ctx, _env("802")) == 0
+    pid = node.ctx.mps("802").pid()
+    shutil.rmtree(node.ctx.job_dir("802"))  # state, env, pipe dir: no trace but the process
+    assert pid and pid_alive(pid)
+    report = doctor(node.ctx, repair=False, running_jobs=set())
+    assert [(f.job_id, f.action) for f in report if "without its job directory" in f.problem] == [
+        ("802", "would stop it")]
+    assert pid_alive(pid)
+    fixed = doctor(node.ctx, repair=True, running_jobs=set())
+    assert [(f.job_id, f.action) for f in fixed] == [("802", "stopped it")]
+    assert not pid_alive(pid)

@@ -552,3 +552,13 @@ def test_a_bad_listen_address_is_refused_before_nvml_is_opened(cli_node, monkeyp
     monkeypatch.setenv("GPUSHARE_NVML", "bogus")
     r = CliRunner().invoke(main, ["monitor", "--config", str(config), "--listen", "127.0.0.1:99999"])
     assert r.exit_code == 2 and "--listen" in r.stderr and "no valid port" in r.stderr and "NVML" not in r.stderr
+
+
+def test_the_metrics_endpoint_is_local_unless_configured(tmp_path):
+    """/metrics carries user and account labels: by default only this host reaches it."""
+    from slurm_gpushare.node.config import load_node_config
+    assert parse_listen(NodeConfig().monitor_listen) == ("127.0.0.1", 9817)
+    (tmp_path / "node.toml").write_text("version = 1\nspool_dir = '/x'\n")
+    assert parse_listen(load_node_config(tmp_path / "node.toml").monitor_listen)[0] == "127.0.0.1"
+    (tmp_path / "node.toml").write_text("version = 1\nmonitor_listen = ':9900'\n")
+    assert parse_listen(load_node_config(tmp_path / "node.toml").monitor_listen) == ("0.0.0.0", 9900)

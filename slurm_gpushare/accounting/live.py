@@ -49,10 +49,12 @@ def save_usage(run_dir: str | Path, job_id: str, node: str, tracker: UsageTracke
     """Write the job's running totals (replaced whole, :func:`~slurm_gpushare.atomicfile.write_atomic`; not
     flushed to disk: the monitor rewrites it every sample). Returns the path."""
     path = usage_path(run_dir, job_id)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.parent.is_dir():  # root's: usage names the job's user
+        path.parent.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(mode=0o700, exist_ok=True)
     data = {"v": USAGE_VERSION, "job_id": job_id, "node": node, "updated": round(time.time(), 3),
             "devices": tracker.state(job_id)}
-    return write_atomic(path, json.dumps(data, separators=(",", ":")), fsync=False)
+    return write_atomic(path, json.dumps(data, separators=(",", ":")), mode=0o600, fsync=False)
 
 
 def _read(path: Path) -> dict | None:

@@ -1,9 +1,13 @@
-"""The accounting record: what one job reserved and used on one GPU, versioned (``"v": 1``).
+"""The accounting record: what one job reserved and used on one GPU, versioned (``"v": 2``).
 
 One :class:`UsageRecord` per job, step, node and GPU device (a whole GPU, the GPU an MPS share lives
 on, or one MIG device), written by the Epilog as one JSON line (:meth:`UsageRecord.to_json`) and read
-back strictly (:meth:`UsageRecord.from_json`): every key of version 1 must be present, no other key is
-allowed, types are checked, and a record of another version is refused naming the version.
+back strictly (:meth:`UsageRecord.from_json`): every key of its version must be present, no other key is
+allowed, types are checked, and a record of an unknown version is refused naming the version.
+
+Versions: 2 added ``restart`` (the job's restart count, ``SLURM_JOB_RESTART_COUNT``: every run of a
+requeued job is a record of its own). A version-1 line is still read, as the version-2 record of a job's
+first run (``restart`` 0, ``v`` 2): so the store keeps one row per run whichever release wrote it.
 
 Units: memory in MiB (as NVML reports it), times in epoch seconds (UTC), utilization in percent of
 the whole GPU (0-100). A measurement that does not exist is ``null``/None, never 0: NVML does not report
@@ -30,15 +34,17 @@ from typing import Any
 
 from slurm_gpushare.errors import InputError
 
-#: Version of the record format; the ``"v"`` key of every JSON line.
-RECORD_VERSION = 1
+#: Version of the record format; the ``"v"`` key of every JSON line written.
+RECORD_VERSION = 2
+#: Versions read (1: without ``restart``, read as restart 0).
+READ_VERSIONS = (1, 2)
 
 #: The modes a record can have: a MIG device, an MPS share of a GPU, a whole GPU.
 MODES = ("mig", "mps", "gpu")
 
 
 class RecordError(InputError):
-    """A record (or JSON line) that is not a valid version-1 record. ``source`` names file and line."""
+    """A record (or JSON line) that is not a valid record. ``source`` names file and line."""
 
 
 @dataclass(frozen=True)
@@ -132,10 +138,12 @@ class UsageTracker:
 
 @dataclass(frozen=True)
 class UsageRecord:
-    """One job's reservation and use of one GPU device on one node (format version 1).
+    """One run's reservation and use of one GPU device on one node (format version 2).
 
     Attributes:
         job_id: Slurm job id (``SLURM_JOB_ID``; for an array task its own id), decimal digits.
+        restart: how often Slurm had restarted the job before this run (``SLURM_JOB_RESTART_COUNT`` of
+            slurmd's Prolog/Epilog environment; 0 for the first run, 1 after one ``scontrol requeue``).
         array_job_id, array_task_id: the array's job id and the task index, None outside arrays.
         step: the job step (``batch``, ``0``, ...), ``""`` for the whole allocation (what the Epilog
             writes).
@@ -188,15 +196,16 @@ class UsageRecord:
     array_task_id: int | None = None
     step: str = ""
     placement_cost: float | None = None
+    restart: int = 0
     v: int = RECORD_VERSION
 
     def __post_init__(self) -> None:
         _check(self.to_dict())
 
     @property
-    def key(self) -> tuple[str, str, str, int, str, int]:
-        """What makes a record unique: job, step, node, GPU index and UUID, version."""
-        return (self.job_id, self.step, self.node, self.gpu_index, self.gpu_uuid, self.v)
+    def key(self) -> tuple[str, int, str, str, int, str, int]:
+        """What makes a record unique: job, run (restart count), step, node, GPU index and UUID, version."""
+        return (self.job_id, self.restart, self.step, self.node, self.gpu_index, self.gpu_uuid, self.v)
 
     @property
     def duration_s(self) -> int:
@@ -218,8 +227,7 @@ class UsageRecord:
         Raises:
             RecordError: not an object, another version, unknown or missing keys, a wrong type or range.
         """
-        _check(data, source)
-        return cls(**data)
+        return cls(**_check(data, source))
 
     @classmethod
     def from_json(cls, line: str | bytes, *, source: str | None = None) -> UsageRecord:
@@ -231,19 +239,23 @@ class UsageRecord:
         return cls.from_dict(_decode(line, source), source=source)
 
 
-#: The JSON keys of a version-1 record, in the order they are written (``v`` first).
-FIELDS: tuple[str, ...] = ("v", "job_id", "array_job_id", "array_task_id", "step", "user", "account",
+#: The JSON keys of a version-2 record, in the order they are written (``v`` first).
+FIELDS: tuple[str, ...] = ("v", "job_id", "restart", "array_job_id", "array_task_id", "step", "user", "account",
                            "partition", "node", "gpu_index", "gpu_uuid", "gpu_model", "gpu_memory_mib",
                            "mode", "share", "mem_asked_mib", "sm_asked_percent", "mem_granted_mib", "start",
                            "end", "mem_peak_mib", "sm_mean_percent", "sm_peak_percent", "samples",
                            "exit_state", "exit_code", "placement_cost")
 _FIELD_SET = frozenset(FIELDS)
+#: Keys of a version-1 record (no ``restart``).
+FIELDS_V1: tuple[str, ...] = tuple(name for name in FIELDS if name != "restart")
+_FIELD_SETS = {1: frozenset(FIELDS_V1), 2: _FIELD_SET}
 assert _FIELD_SET == {f.name for f in fields(UsageRecord)}
 
 _STR, _INT, _NUM = "str", "int", "num"
 # name -> (kind, may be None)
 _TYPES: dict[str, tuple[str, bool]] = {
-    "v": (_INT, False), "job_id": (_STR, False), "array_job_id": (_STR, True), "array_task_id": (_INT, True),
+    "v": (_INT, False), "job_id": (_STR, False), "restart": (_INT, False),
+    "array_job_id": (_STR, True), "array_task_id": (_INT, True),
     "step": (_STR, False), "user": (_STR, False), "account": (_STR, False), "partition": (_STR, False),
     "node": (_STR, False), "gpu_index": (_INT, False), "gpu_uuid": (_STR, False), "gpu_model": (_STR, False),
     "gpu_memory_mib": (_INT, False), "mode": (_STR, False), "share": (_STR, False),
@@ -253,6 +265,8 @@ _TYPES: dict[str, tuple[str, bool]] = {
     "exit_code": (_STR, False), "placement_cost": (_NUM, True),
 }
 _CHECKS = tuple((name, *_TYPES[name]) for name in FIELDS)
+_NON_NEGATIVE = ("restart", "gpu_index", "gpu_memory_mib", "mem_granted_mib", "samples", "mem_peak_mib",
+                 "mem_asked_mib")
 
 
 def _decode(line: str | bytes, source: str | None) -> Any:
@@ -262,23 +276,32 @@ def _decode(line: str | bytes, source: str | None) -> Any:
         raise RecordError(f"not a JSON record: {e}", source=source) from None
 
 
-def _check(data: Any, source: str | None = None) -> None:
-    """Raise :class:`RecordError` unless ``data`` is a valid version-1 record object."""
+def _check(data: Any, source: str | None = None) -> dict[str, Any]:
+    """The record object of the current version that ``data`` is (a version-1 object is upgraded:
+    ``restart`` 0, ``v`` 2; anything else is ``data`` itself).
+
+    Raises:
+        RecordError: ``data`` is not a valid record object of a version this release reads.
+    """
     if type(data) is not dict:
         raise RecordError(f"a record is a JSON object, not {type(data).__name__}", source=source)
     version = data.get("v")
-    if version != RECORD_VERSION or type(version) is not int:
+    if version not in READ_VERSIONS or type(version) is not int:
         if "v" not in data:
             raise RecordError('no "v" key: not a slurm-gpushare usage record', source=source)
-        raise RecordError(f"record version {version!r}; this slurm-gpushare reads version {RECORD_VERSION}",
+        raise RecordError(f"record version {version!r}; this slurm-gpushare reads versions "
+                          f"{', '.join(map(str, READ_VERSIONS))}",
                           hint="ingest it with the slurm-gpushare release that wrote it, or upgrade",
                           source=source)
-    if data.keys() != _FIELD_SET:
-        extra = sorted(set(data) - _FIELD_SET)
-        missing = sorted(_FIELD_SET - set(data))
+    keys = _FIELD_SETS[version]
+    if data.keys() != keys:
+        extra = sorted(set(data) - keys)
+        missing = sorted(keys - set(data))
         parts = ([f"unknown key(s) {', '.join(extra)}"] if extra else []) + \
                 ([f"missing key(s) {', '.join(missing)}"] if missing else [])
-        raise RecordError(f"version-1 record with {'; '.join(parts)}", source=source)
+        raise RecordError(f"version-{version} record with {'; '.join(parts)}", source=source)
+    if version == 1:
+        data = {**data, "v": RECORD_VERSION, "restart": 0}
     for name, kind, nullable in _CHECKS:
         value = data[name]
         t = type(value)
@@ -301,24 +324,25 @@ def _check(data: Any, source: str | None = None) -> None:
         raise RecordError(f"mode is {data['mode']!r}, not one of {', '.join(MODES)}", source=source)
     if data["end"] < data["start"]:
         raise RecordError(f"end {data['end']} is before start {data['start']}", source=source)
-    for name in ("gpu_index", "gpu_memory_mib", "mem_granted_mib", "samples", "mem_peak_mib", "mem_asked_mib"):
+    for name in _NON_NEGATIVE:
         if data[name] is not None and data[name] < 0:
             raise RecordError(f"{name} is negative ({data[name]})", source=source)
     for name in ("sm_asked_percent", "sm_mean_percent", "sm_peak_percent"):
         value = data[name]
         if value is not None and not 0 <= value <= 100:
             raise RecordError(f"{name} is {value}, not a percentage (0-100)", source=source)
+    return data
 
 
 def row_from_json(line: str | bytes, *, source: str | None = None) -> tuple:
     """Parse and check one JSON line into a tuple of values in :data:`FIELDS` order (the store's row),
-    without building a :class:`UsageRecord` (same checks as :meth:`UsageRecord.from_json`).
+    without building a :class:`UsageRecord` (same checks as :meth:`UsageRecord.from_json`; a version-1
+    line gives the row of its version-2 record).
 
     Raises:
-        RecordError: not JSON, or not a valid version-1 record.
+        RecordError: not JSON, or not a valid record.
     """
-    data = _decode(line, source)
-    _check(data, source)
+    data = _check(_decode(line, source), source)
     return tuple(data[name] for name in FIELDS)
 
 
@@ -329,7 +353,6 @@ _ALLOWED: dict[str, frozenset[type]] = {
     name: frozenset({str} if kind is _STR else {int} if kind is _INT else {int, float})
     | ({_NONE} if nullable else frozenset())
     for name, kind, nullable in _CHECKS}
-_NON_NEGATIVE = ("gpu_index", "gpu_memory_mib", "mem_granted_mib", "samples", "mem_peak_mib", "mem_asked_mib")
 _PERCENT = ("sm_asked_percent", "sm_mean_percent", "sm_peak_percent")
 _COL = {name: i for i, name in enumerate(FIELDS)}
 _IN_ORDER = operator.itemgetter(*FIELDS)
@@ -434,6 +457,8 @@ def exit_from_code(code: str) -> tuple[str, str]:
 
 #: Tag of the usage summary segment in AdminComment (the request audit is ``[gpushare:v1 ...]``).
 SUMMARY_TAG = "gpushare-usage"
+#: Version of the summary segment's format (not the record's).
+SUMMARY_VERSION = 1
 _SUMMARY = re.compile(r"\s*\[gpushare-usage:v\d+ node=(\S+?)(?: [^\]]*)?\]")
 
 
@@ -460,7 +485,7 @@ def summary_segment(records: Sequence[UsageRecord]) -> str:
     sm = f"{sum(means) / len(means):.1f}/{max(sm_peaks):.1f}" if means and sm_peaks else "-"
     modes = ",".join(sorted({r.mode for r in records}))
     node = "".join(c if c.isalnum() or c in "-_." else "?" for c in r0.node)
-    return f"[{SUMMARY_TAG}:v{RECORD_VERSION} node={node} mode={modes} gpus={len(records)} peak={peak} sm={sm}]"
+    return f"[{SUMMARY_TAG}:v{SUMMARY_VERSION} node={node} mode={modes} gpus={len(records)} peak={peak} sm={sm}]"
 
 
 def merge_summary(admin_comment: str | None, segment: str) -> str:

@@ -56,14 +56,15 @@ class Spool:
         directory: the spool directory (created with its parents on first append).
         node: this node's Slurm name (``SLURMD_NODENAME``); part of each file name.
         clock: returns epoch seconds; picks the day of the file (injectable for tests).
-        file_mode: permissions of new files (records name users and accounts: 0640 by default).
+        file_mode: permissions of new files (records name users and accounts: 0600 by default, and
+            the directory is created 0700: only its owner, root, reads them).
 
     Raises:
         InputError: a node name that cannot be part of a file name.
     """
 
     def __init__(self, directory: str | Path, *, node: str, clock: Callable[[], float] = time.time,
-                 file_mode: int = 0o640):
+                 file_mode: int = 0o600):
         if not _NODE.match(node or "") or node.startswith("."):
             raise InputError(f"node name {node!r} cannot name a spool file",
                              hint="Slurm node names are letters, digits, '-', '_' and '.'")
@@ -88,7 +89,9 @@ class Spool:
             return None
         path = self.path_for(self._clock())
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)
+            if not self.directory.is_dir():
+                self.directory.parent.mkdir(parents=True, exist_ok=True)
+                self.directory.mkdir(mode=0o700, exist_ok=True)
             append_lines(path, lines.encode(), mode=self._file_mode)
         except OSError as e:
             raise SpoolError(f"cannot append to the accounting spool: {e.strerror or e}", source=str(path),
@@ -100,7 +103,7 @@ class Spool:
         return [p for p in spool_files(self.directory) if p.name.startswith(f"{self.node}.")]
 
 
-def append_lines(path: str | Path, data: bytes, *, mode: int = 0o640) -> None:
+def append_lines(path: str | Path, data: bytes, *, mode: int = 0o600) -> None:
     """Append ``data`` (whole lines, ending in a newline) to ``path`` under an exclusive ``flock``, in
     one ``write()`` (continued if the kernel writes less), then ``fsync``. Creates the file (and
     fsyncs its directory) when missing. A previous writer's unterminated last line is closed first.

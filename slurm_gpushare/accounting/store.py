@@ -1,21 +1,28 @@
 """The embedded accounting store: spool files ingested into one SQLite database (stdlib ``sqlite3``).
 
 One table, ``usage``, one row per record (columns named as the record's JSON keys, plus the computed
-``gpu_share``), unique on ``(job_id, step, node, gpu_index, gpu_uuid, v)``: a record ingested twice is
-stored once (``INSERT OR IGNORE``; the first copy wins). Ingest is resumable and exact:
+``gpu_share``), unique on ``(job_id, restart, step, node, gpu_index, gpu_uuid, v)``: a record ingested
+twice is stored once (``INSERT OR IGNORE``; the first copy wins), and each run of a requeued job is a
+row of its own. Ingest is resumable and exact:
 
 * spool files are read in chunks of whole lines; the rows of a batch of chunks (about 16 MiB of text,
   several small files share one), their skipped lines and each file's new read position (table
-  ``spool_progress``: byte offset, lines before it, a fingerprint of the file's first 4 KiB) are
-  committed in one transaction. A killed ingest leaves the database as of its last commit; the next
-  run continues from the recorded offsets, and the unique key absorbs anything read twice, so nothing
-  is lost and nothing is doubled;
-* a file that no longer starts with the bytes seen before (replaced, rotated, truncated) is read again
-  from the start; the unique key keeps that exact too;
-* a line that is not a valid version-1 record (corrupt, a newer version, or the unterminated last line
-  of a writer that died) is skipped, named by file and line in the result and kept in table
-  ``skipped``; the rest of the file is ingested;
-* one ingest at a time per database (``<db>.ingest-lock``); reports may read meanwhile (WAL).
+  ``spool_progress``: byte offset, lines before it, fingerprints of the file's first 4 KiB and of the
+  4 KiB before the offset) are committed in one transaction. A killed ingest leaves the database as of
+  its last commit; the next run continues from the recorded offsets, and the unique key absorbs
+  anything read twice, so nothing is lost and nothing is doubled;
+* progress is by content, not by line number: a file whose first bytes or whose bytes before the
+  recorded offset are not those read before (replaced, rotated, truncated, or edited: a line deleted
+  or added before the offset shifts them) is read again from the start, and duplicates are dropped by
+  the record key; a later record is never skipped;
+* a line that is not a valid record (corrupt, an unknown version) is skipped, named by file and line
+  in the result and kept in table ``skipped``; the rest of the file is ingested;
+* an unterminated last line is not consumed (:attr:`IngestResult.incomplete`): a spool being copied or
+  read over NFS may not have all of it yet, and the next ingest reads it once it ends in a newline
+  (a local writer that died mid-line is closed by the next writer's newline, then skipped as corrupt);
+* one ingest at a time per database (``<db>.ingest-lock``); reports may read meanwhile (WAL);
+* the database, its directory and lock are the owner's only (0600/0700): records name users and
+  accounts. Parse workers die with the ingest (``PR_SET_PDEATHSIG``, and they watch their parent).
 
 Speed (docs/performance.md): worker processes parse and check batches (JSON, strict record checks
 column by column) while this process inserts them with ``executemany``; WAL, ``synchronous=NORMAL``
@@ -26,13 +33,17 @@ by-user report, so that it reads one index in order instead of sorting the table
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import gc
 import hashlib
 import marshal
 import multiprocessing
 import os
+import signal
 import sqlite3
+import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -46,8 +57,9 @@ from slurm_gpushare.errors import GpushareError, InputError
 
 #: Where ``accounting ingest`` and ``report`` keep the database unless told otherwise.
 DEFAULT_DB = "/var/lib/slurm-gpushare/accounting.db"
-#: Version of the database layout (table ``meta``, key ``schema``).
-SCHEMA_VERSION = 1
+#: Version of the database layout (table ``meta``, key ``schema``). 2: records have ``restart`` (part of
+#: the unique key); ``spool_progress`` has ``tail_sha1``. A version-1 database is upgraded in place.
+SCHEMA_VERSION = 2
 #: Bytes of spool text per transaction.
 BATCH_BYTES = 16 << 20
 #: Above this much unread spool text, chunks are parsed by worker processes while this one inserts.
@@ -55,7 +67,8 @@ PARALLEL_BYTES = 64 << 20
 _HEAD = 4096  # bytes fingerprinted to recognise a file seen before
 
 _SQL_TYPES = {
-    "v": "INTEGER NOT NULL", "job_id": "TEXT NOT NULL", "array_job_id": "TEXT", "array_task_id": "INTEGER",
+    "v": "INTEGER NOT NULL", "job_id": "TEXT NOT NULL", "restart": "INTEGER NOT NULL",
+    "array_job_id": "TEXT", "array_task_id": "INTEGER",
     "step": "TEXT NOT NULL", "user": "TEXT NOT NULL", "account": "TEXT NOT NULL", "partition": "TEXT NOT NULL",
     "node": "TEXT NOT NULL", "gpu_index": "INTEGER NOT NULL", "gpu_uuid": "TEXT NOT NULL",
     "gpu_model": "TEXT NOT NULL", "gpu_memory_mib": "INTEGER NOT NULL", "mode": "TEXT NOT NULL",
@@ -69,23 +82,35 @@ _COLUMNS = ", ".join(f'"{name}"' for name in FIELDS)
 #: The share of its GPU a record held: 1 for a whole GPU, else its memory over the GPU's (at most 1).
 GPU_SHARE_SQL = ('CASE WHEN "mode" = \'gpu\' OR "gpu_memory_mib" <= 0 THEN 1.0 '
                  'ELSE MIN(1.0, "mem_granted_mib" * 1.0 / "gpu_memory_mib") END')
-_SCHEMA = f"""
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS usage (
+_USAGE_TABLE = f"""(
     {", ".join(f'"{name}" {_SQL_TYPES[name]}' for name in FIELDS)},
     "gpu_share" REAL GENERATED ALWAYS AS ({GPU_SHARE_SQL}) VIRTUAL,
-    UNIQUE ("job_id", "step", "node", "gpu_index", "gpu_uuid", "v")
-);
+    UNIQUE ("job_id", "restart", "step", "node", "gpu_index", "gpu_uuid", "v")
+)"""
+_SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS usage {_USAGE_TABLE};
 -- covers the by-user report: it reads this index in user order, without sorting or touching the table
 CREATE INDEX IF NOT EXISTS usage_by_user ON usage ("user", "job_id", "start", "end", "gpu_share",
     "mem_granted_mib", "mem_peak_mib", "sm_mean_percent", "sm_peak_percent");
 CREATE TABLE IF NOT EXISTS spool_progress (
     file TEXT PRIMARY KEY, offset INTEGER NOT NULL, lines INTEGER NOT NULL,
-    head_len INTEGER NOT NULL, head_sha1 TEXT NOT NULL
+    head_len INTEGER NOT NULL, head_sha1 TEXT NOT NULL, tail_sha1 TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS skipped (
     file TEXT NOT NULL, line INTEGER NOT NULL, reason TEXT NOT NULL, PRIMARY KEY (file, line)
 );
+"""
+_COLUMNS_V1 = ", ".join(f'"{name}"' for name in FIELDS if name not in ("restart", "v"))
+# layout 1 -> 2: rows get restart 0 and v 2 (what reading their version-1 lines now gives), the unique
+# key gets restart, spool_progress gets tail_sha1 ('' = unknown: the file is read again, by key)
+_UPGRADE_1 = f"""
+CREATE TABLE usage_2 {_USAGE_TABLE};
+INSERT OR IGNORE INTO usage_2 ("v", "restart", {_COLUMNS_V1}) SELECT 2, 0, {_COLUMNS_V1} FROM usage;
+DROP TABLE usage;
+ALTER TABLE usage_2 RENAME TO usage;
+ALTER TABLE spool_progress ADD COLUMN tail_sha1 TEXT NOT NULL DEFAULT '';
+UPDATE meta SET value = '2' WHERE key = 'schema';
 """
 _INSERT = f"INSERT OR IGNORE INTO usage ({_COLUMNS}) VALUES ({', '.join('?' * len(FIELDS))})"
 
@@ -115,12 +140,14 @@ class IngestResult:
         duplicates: valid records already stored (read again after a kill, or ingested twice).
         skipped: lines that were not valid records, in file order (also kept in table ``skipped``).
         files: spool files looked at.
+        incomplete: unterminated last lines, not consumed: read by a later ingest once complete.
     """
 
     ingested: int = 0
     duplicates: int = 0
     skipped: tuple[Skipped, ...] = ()
     files: int = 0
+    incomplete: tuple[Skipped, ...] = ()
 
 
 @dataclass
@@ -134,6 +161,7 @@ class IngestProgress:
     duplicates: int = 0
     skipped: list[Skipped] = field(default_factory=list)
     new_skipped: list[Skipped] = field(default_factory=list)
+    incomplete: list[Skipped] = field(default_factory=list)
 
 
 class Store:
@@ -161,7 +189,9 @@ class Store:
                 if not p.parent.is_dir():
                     if not p.parent.parent.is_dir():
                         raise StoreError(f"cannot create {p}: {p.parent.parent} does not exist")
-                    p.parent.mkdir(mode=0o755)
+                    p.parent.mkdir(mode=0o700)
+                # sqlite creates the file (and -wal, -shm) with 0644 less the umask: others' records
+                os.close(os.open(p, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
         db: sqlite3.Connection | None = None
         try:
             db = sqlite3.connect(self.path, isolation_level=None)
@@ -172,6 +202,10 @@ class Store:
                 db.execute("PRAGMA journal_mode = WAL")
             db.executescript("PRAGMA synchronous = NORMAL; PRAGMA temp_store = MEMORY;"
                              "PRAGMA cache_size = -65536;")
+            old = db.execute("SELECT 1 FROM sqlite_master WHERE name = 'meta'").fetchone() and \
+                db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
+            if old and old[0] == "1":
+                db.executescript("BEGIN IMMEDIATE;" + _UPGRADE_1 + _SCHEMA + "COMMIT;")
             if create:
                 db.executescript("BEGIN IMMEDIATE;" + _SCHEMA + "COMMIT;")
             elif not db.execute("SELECT 1 FROM sqlite_master WHERE name = 'meta'").fetchone():
@@ -276,7 +310,8 @@ class Store:
             finally:
                 if pool is not None:
                     pool.shutdown(wait=True, cancel_futures=True)
-        return IngestResult(progress.ingested, progress.duplicates, tuple(progress.skipped), len(paths))
+        return IngestResult(progress.ingested, progress.duplicates, tuple(progress.skipped), len(paths),
+                            tuple(progress.incomplete))
 
     @contextmanager
     def _ingest_lock(self) -> Iterator[None]:
@@ -285,7 +320,7 @@ class Store:
         if self.path == ":memory:":
             yield
             return
-        fd = os.open(f"{self.path}.ingest-lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = os.open(f"{self.path}.ingest-lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
@@ -298,26 +333,32 @@ class Store:
 
     def _open(self, path: Path) -> _File:
         """A spool file's complete size, its first bytes, and where to continue: the recorded offset,
-        or 0 for a new file or one that changed (shorter, or other first bytes).
+        or 0 for a new file or one that changed (shorter, other first bytes, other bytes before the
+        recorded offset, or recorded without that fingerprint).
 
         Raises:
             StoreError: the file cannot be read.
         """
         name = str(path.absolute())
+        row = self._db.execute("SELECT offset, lines, head_len, head_sha1, tail_sha1 FROM spool_progress "
+                               "WHERE file = ?", (name,)).fetchone()
         try:
             size = complete_size(path)
             with open(path, "rb") as f:
                 head = f.read(min(_HEAD, size))
+                before = b""
+                if row is not None and 0 < row[0] <= size:
+                    f.seek(row[0] - min(_HEAD, row[0]))
+                    before = f.read(min(_HEAD, row[0]))
         except OSError as e:
             raise StoreError(f"cannot read spool file: {e.strerror or e}", source=str(path)) from None
-        row = self._db.execute("SELECT offset, lines, head_len, head_sha1 FROM spool_progress WHERE file = ?",
-                               (name,)).fetchone()
         if row is None:
             return _File(path, name, size, head, 0, 0, None)
-        offset, lines, head_len, head_sha1 = row
-        if offset > size or len(head) < head_len or hashlib.sha1(head[:head_len]).hexdigest() != head_sha1:
-            return _File(path, name, size, head, 0, 0, offset)
-        return _File(path, name, size, head, offset, lines, offset)
+        offset, lines, head_len, head_sha1, tail_sha1 = row
+        if (offset > size or len(head) < head_len or hashlib.sha1(head[:head_len]).hexdigest() != head_sha1
+                or hashlib.sha1(before).hexdigest() != tail_sha1):
+            return _File(path, name, size, head, 0, 0, offset, reread=True)
+        return _File(path, name, size, head, offset, lines, offset, before)
 
     def _run(self, files: list[_File], progress: IngestProgress, on_skip, on_commit, batch_bytes: int,
              pool: ProcessPoolExecutor | None, depth: int) -> None:
@@ -354,6 +395,7 @@ class Store:
                 progress: IngestProgress) -> None:
         """Chunks in one transaction: their rows, their skipped lines, each file's new position."""
         skipped: list[Skipped] = []
+        incomplete: list[Skipped] = []
         positions: dict[str, tuple] = {}
         expected: dict[str, int | None] = {}
         lines: dict[str, int] = {}
@@ -363,14 +405,15 @@ class Store:
             before = lines.get(f.name, f.lines)
             skipped += [Skipped(f.name, before + 1 + i, reason) for i, reason in errors]
             if chunk.tail:
-                # read under the writers' lock: an unterminated last line is a writer that died
-                skipped.append(Skipped(f.name, before + chunk.newlines + 1,
-                                       f"truncated line ({chunk.tail} bytes, no newline at the end of the file: "
-                                       "its writer died mid-write)"))
+                # not consumed: a copied or NFS spool may not have the rest yet; a local writer that
+                # died is closed by the next one's newline, and the fragment is then skipped as corrupt
+                incomplete.append(Skipped(f.name, before + chunk.newlines + 1,
+                                          f"incomplete last line ({chunk.tail} bytes, no newline yet): "
+                                          "not ingested until it ends"))
             lines[f.name] = before + chunk.newlines
             head_len = min(_HEAD, chunk.end)
             positions[f.name] = (f.name, chunk.end, lines[f.name], head_len,
-                                 hashlib.sha1(f.head[:head_len]).hexdigest())
+                                 hashlib.sha1(f.head[:head_len]).hexdigest(), chunk.before_sha1)
         rows = [row for _, chunk_rows, _ in group for row in chunk_rows]
         db = self._db
         db.execute("BEGIN IMMEDIATE")
@@ -381,6 +424,8 @@ class Store:
                     raise StoreError(f"{name} was ingested by another writer meanwhile (offset "
                                      f"{row and row[0]}, expected {recorded})", source=self.path,
                                      hint="run ingest again")
+            for name in {c.file.name for c, _, _ in group if c.file.reread}:
+                db.execute("DELETE FROM skipped WHERE file = ?", (name,))  # its line numbers are new
             before = db.total_changes
             with _gc_paused():
                 db.executemany(_INSERT, rows)
@@ -388,7 +433,7 @@ class Store:
             if skipped:
                 db.executemany("INSERT OR IGNORE INTO skipped VALUES (?, ?, ?)",
                                [(s.file, s.line, s.reason) for s in skipped])
-            db.executemany("INSERT OR REPLACE INTO spool_progress VALUES (?, ?, ?, ?, ?)", positions.values())
+            db.executemany("INSERT OR REPLACE INTO spool_progress VALUES (?, ?, ?, ?, ?, ?)", positions.values())
             db.execute("COMMIT")
         except BaseException:
             self._rollback()
@@ -396,12 +441,14 @@ class Store:
         for chunk, _, _ in group:
             chunk.file.recorded = chunk.file.offset = chunk.end
             chunk.file.lines = lines[chunk.file.name]
+            chunk.file.reread = False
         last = group[-1][0]
         progress.file, progress.offset = last.file.name, last.end
         progress.ingested += inserted
         progress.duplicates += len(rows) - inserted
         progress.skipped.extend(skipped)
         progress.new_skipped = skipped
+        progress.incomplete.extend(incomplete)
 
     # --- reading ---------------------------------------------------------------------------------
 
@@ -441,7 +488,9 @@ class Store:
 @dataclass
 class _File:
     """A spool file being ingested: where it is, its complete size and first bytes, and how far it has
-    been committed (``offset``, ``lines`` before it; ``recorded``: the offset in the database)."""
+    been committed (``offset``, ``lines`` before it; ``recorded``: the offset in the database;
+    ``before``: up to 4 KiB before ``offset``; ``reread``: read again from the start, its old skipped
+    lines to be forgotten)."""
 
     path: Path
     name: str
@@ -450,18 +499,22 @@ class _File:
     offset: int
     lines: int
     recorded: int | None
+    before: bytes = b""
+    reread: bool = False
 
 
 @dataclass(frozen=True)
 class _Chunk:
-    """Whole lines of one file: ``body`` ends at byte ``end`` (counting an unterminated last line of
-    ``tail`` bytes at the end of the file, skipped) and holds ``newlines`` lines."""
+    """Whole lines of one file: ``body`` ends at byte ``end`` and holds ``newlines`` lines; ``tail``: bytes
+    of an unterminated last line after it (not consumed); ``before_sha1``: SHA-1 of the 4 KiB before
+    ``end``."""
 
     file: _File
     body: bytes
     end: int
     newlines: int
     tail: int
+    before_sha1: str
 
 
 def _chunks(files: list[_File], batch_bytes: int) -> Iterator[_Chunk]:
@@ -472,6 +525,7 @@ def _chunks(files: list[_File], batch_bytes: int) -> Iterator[_Chunk]:
     """
     for spool in files:
         offset = spool.offset
+        before = spool.before
         try:
             with open(spool.path, "rb") as f:
                 while offset < spool.size:
@@ -483,8 +537,13 @@ def _chunks(files: list[_File], batch_bytes: int) -> Iterator[_Chunk]:
                         cut = data.rfind(b"\n")
                     body = data[: cut + 1]
                     tail = len(data) - len(body) if offset + len(data) == spool.size else 0
-                    offset += len(body) + tail
-                    yield _Chunk(spool, body, offset, body.count(b"\n"), tail)
+                    offset += len(body)
+                    before = (before + body[-_HEAD:])[-_HEAD:]
+                    if body or tail:
+                        yield _Chunk(spool, body, offset, body.count(b"\n"), tail,
+                                     hashlib.sha1(before).hexdigest())
+                    if tail:
+                        break
         except OSError as e:
             raise StoreError(f"cannot read spool file: {e.strerror or e}", source=str(spool.path)) from None
 
@@ -521,10 +580,39 @@ def _unmarshal(data: bytes) -> list[tuple[list[tuple], list[tuple[int, str]]]]:
 
 
 def _parse_pool(workers: int) -> ProcessPoolExecutor:
-    """Parse workers: forked where the platform can (cheap, nothing to import), else spawned."""
+    """Parse workers: forked where the platform can (cheap, nothing to import), else spawned. Each dies
+    with this process (:func:`_die_with_parent`)."""
     methods = multiprocessing.get_all_start_methods()
     context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-    return ProcessPoolExecutor(max_workers=workers, mp_context=context)
+    return ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_die_with_parent,
+                               initargs=(os.getpid(),))
+
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _die_with_parent(parent: int) -> None:
+    """In a parse worker: be killed (SIGKILL) when the ingest process dies, even by ``kill -9``.
+
+    Linux ``prctl(PR_SET_PDEATHSIG)`` where there is one; the signal comes when the thread that forked
+    the worker ends, which for the pool's workers is the ingest's own. Everywhere, a thread also checks
+    once a second that the parent is still the one that started the worker (a parent that died before
+    the prctl, or a platform without it).
+    """
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:
+        os._exit(1)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 @contextmanager

@@ -32,8 +32,9 @@ def ingest(spools, db_path):
     """Load spool files into the accounting database; safe to repeat and to interrupt.
 
     Records already stored are not added again; a killed run loses and doubles nothing when run again.
-    Lines that are not valid records (corrupt, truncated by a crash, a newer format) are skipped with
-    a warning naming file and line, and counted. Exit status 0 also when lines were skipped.
+    Lines that are not valid records (corrupt, a fragment left by a crash, a newer format) are skipped
+    with a warning naming file and line, and counted. A last line without its newline yet (a spool
+    being copied) is left for the next run. Exit status 0 also when lines were skipped.
     """
     from slurm_gpushare.accounting.spool import DEFAULT_SPOOL_DIR
     from slurm_gpushare.accounting.store import Store, default_db
@@ -50,6 +51,8 @@ def ingest(spools, db_path):
     with Store(db_path or default_db(), create=True) as store:
         result = store.ingest(sources, on_skip=warn)
         total = store.count()
+    for line in result.incomplete:
+        click.echo(f"slurm-gpushare: note: {line}", err=True)
     click.echo(f"ingested {result.ingested} record(s) from {result.files} file(s); "
                f"{result.duplicates} already stored; {len(result.skipped)} line(s) skipped; "
                f"{total} record(s) in {store.path}")

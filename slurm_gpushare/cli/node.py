@@ -34,7 +34,14 @@ def hook(which, config_path):
     from slurm_gpushare.node.epilog import epilog
     from slurm_gpushare.node.prolog import prolog
 
-    ctx = _context(config_path, None)
+    try:
+        ctx = _context(config_path, None)
+    except GpushareError as e:
+        if which == "epilog":  # still stop the job's MPS daemon (found by process)
+            from slurm_gpushare.node.epilog import epilog_without_config
+            sys.exit(epilog_without_config(dict(os.environ), config_path, e))
+        click.echo(f"slurm-gpushare {which}: {e}", err=True)
+        sys.exit(1)
     try:
         rc = (prolog if which == "prolog" else epilog)(ctx, dict(os.environ))
     except NodeFault as e:
@@ -75,7 +82,8 @@ def doctor(config_path, node, repair):
 @click.option("--interval", type=click.FloatRange(0.1, 3600), callback=lambda ctx, p, v: _finite(v, "--interval"),
               help="seconds between samples (default: monitor_interval of node.toml, 10)")
 @click.option("--listen", callback=lambda ctx, p, v: _listen(v),
-              help="Prometheus endpoint, HOST:PORT or :PORT; '' for none (default: monitor_listen, :9817)")
+              help="Prometheus endpoint, HOST:PORT or :PORT (every address); '' for none (default: monitor_listen, "
+                   "127.0.0.1:9817)")
 @click.option("--textfile", help="write the metrics to this node_exporter textfile after each sample "
               "(default: monitor_textfile)")
 @click.option("--once", is_flag=True, help="take one sample, print the metrics (Prometheus text format) and exit; "

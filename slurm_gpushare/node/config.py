@@ -17,7 +17,7 @@ Every key is optional::
     spool_dir = "/var/spool/slurm-gpushare/accounting"   # the Epilog's per-job GPU usage records
     monitor_interval = 10.0                    # seconds between the node monitor's NVML samples
     monitor_jobs_interval = 60.0               # seconds between its squeue calls (slurmctld load)
-    monitor_listen = ":9817"                   # its Prometheus endpoint ("" for none)
+    monitor_listen = "127.0.0.1:9817"          # its Prometheus endpoint (":9817": every address; "" none)
     monitor_textfile = ""                      # node_exporter textfile to write after each sample ("" none)
     admin_comment_summary = false              # the monitor puts a usage summary in running jobs' AdminComment
     admin_comment_interval = 300.0             # seconds between two such updates of one job
@@ -64,7 +64,7 @@ class NodeConfig:
     spool_dir: str = "/var/spool/slurm-gpushare/accounting"
     monitor_interval: float = 10.0
     monitor_jobs_interval: float = 60.0
-    monitor_listen: str = ":9817"
+    monitor_listen: str = "127.0.0.1:9817"
     monitor_textfile: str = ""
     admin_comment_summary: bool = False
     admin_comment_interval: float = 300.0

@@ -11,8 +11,8 @@ from slurm_gpushare.errors import GpushareError
 from slurm_gpushare.hardware.machine import Machine
 from slurm_gpushare.hardware.ports import open_nvml
 from slurm_gpushare.node.context import HookContext
-from slurm_gpushare.node.epilog import cleanup_job
-from slurm_gpushare.node.jobdir import job_lock, read_state
+from slurm_gpushare.node.epilog import by_pipe_dir, cleanup_job, stop_found_daemon
+from slurm_gpushare.node.jobdir import job_daemons, job_lock, read_state
 from slurm_gpushare.node.plan import JobPlan
 from slurm_gpushare.node.prolog import prepare
 from slurm_gpushare.node.shared_mps import leave_shared, members
@@ -66,10 +66,20 @@ def doctor(ctx: HookContext, *, repair: bool, running_jobs: set[str] | None = No
     jobs_dir = ctx.run_dir / "jobs"
     shared_root = ctx.run_dir / "shared"
     findings: list[Finding] = _compute_modes(ctx, repair, port)
-    if not jobs_dir.is_dir() and not shared_root.is_dir():
+    # found by process: a daemon whose job directory was removed has no other trace
+    homeless = [d for d in by_pipe_dir(job_daemons(ctx.run_dir)) if not ctx.job_dir(d.job_id).is_dir()]
+    if not jobs_dir.is_dir() and not shared_root.is_dir() and not homeless:
         return findings
     if running_jobs is None:
         running_jobs = set(commands.running_jobs(ctx.node))
+    for found in homeless:
+        if found.job_id in running_jobs:
+            continue  # its Prolog is creating the directory right now, or ran with another run_dir
+        action = "would stop it"
+        if repair:
+            action = stop_found_daemon(found, ctx.config.mps_quit_timeout) or "stopped it"
+        findings.append(Finding(found.job_id, f"MPS daemon {found.pipe_dir} (pid {found.pid}, uid {found.uid}) "
+                                f"runs without its job directory", action))
     for d in sorted(p for p in shared_root.glob("*") if p.is_dir()):
         gone = sorted(set(members(d)) - running_jobs)
         if gone or not members(d):

@@ -2,7 +2,8 @@
 records (slurmd runs it as root, ``slurm-gpushare hook epilog`` from the ``Epilog=`` wrapper in ``etc/``).
 
 The exit status is non-zero (which drains the node) only when a process of the job's MPS daemon
-survives SIGKILL; accounting never fails the Epilog.
+survives SIGKILL, or when the node config cannot be read (:func:`epilog_without_config`: the job's
+daemon is stopped all the same); accounting never fails the Epilog.
 """
 
 from __future__ import annotations
@@ -10,12 +11,14 @@ from __future__ import annotations
 import shutil
 import sys
 import time
+import tomllib
 from dataclasses import replace
 from pathlib import Path
 
 from slurm_gpushare.errors import GpushareError, InputError
 from slurm_gpushare.node.context import HookContext, machine_with_uuids, plan_with_machine, stuck_reason
-from slurm_gpushare.node.jobdir import job_lock, read_state
+from slurm_gpushare.node.jobdir import JobDaemon, job_daemons, job_lock, read_state
+from slurm_gpushare.node.mps import MpsDaemon, MpsSettings
 from slurm_gpushare.node.plan import JobPlan
 from slurm_gpushare.node.shared_mps import leave_shared
 from slurm_gpushare.slurm.job import JobInfo, parse_show_job
@@ -42,6 +45,59 @@ def epilog(ctx: HookContext, env: dict[str, str]) -> int:
         ctx.do_drain(problem)
         return 1
     return 0
+
+
+def epilog_without_config(env: dict[str, str], config_path: str | Path | None, error: GpushareError) -> int:
+    """The Epilog when the node config cannot be used (an admin's typo in node.toml): stop the job's
+    MPS daemon anyway, found by process (:func:`~slurm_gpushare.node.jobdir.job_daemons`) under the run
+    directory that the file still names (read leniently: ``run_dir`` alone) or the default one, and
+    remove its job directory. No accounting record can be built (the spool and the machine description
+    are in the config): that is said on stderr, with the config error. Returns 1: the node's config is
+    broken, which slurmd's drain makes the admin see.
+    """
+    from slurm_gpushare.node.config import DEFAULT_PATH, NodeConfig
+
+    job_id = env.get("SLURM_JOB_ID", "")
+    node = env.get("SLURMD_NODENAME", "")
+    run_dir = NodeConfig().run_dir
+    try:
+        raw = tomllib.loads(Path(config_path or DEFAULT_PATH).read_text())
+        if isinstance(raw.get("run_dir"), str) and raw["run_dir"].startswith("/"):
+            run_dir = raw["run_dir"]
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        pass
+    run = Path(run_dir.replace("{node}", node))
+    print(f"slurm-gpushare epilog: job {job_id}: node config not usable ({error}); stopping the job's "
+          "MPS daemon by process; accounting record not written", file=sys.stderr)
+    problems = [p for p in (stop_found_daemon(d) for d in by_pipe_dir(job_daemons(run)) if d.job_id == job_id)
+                if p]
+    job_dir = run / "jobs" / job_id
+    if job_id and job_dir.is_dir():
+        shutil.rmtree(job_dir, ignore_errors=True)
+    for p in problems:
+        print(f"slurm-gpushare epilog: job {job_id}: {p}", file=sys.stderr)
+    return 1
+
+
+def by_pipe_dir(found: list[JobDaemon]) -> list[JobDaemon]:
+    """One entry per pipe directory (a daemon and its servers share one)."""
+    out: dict[Path, JobDaemon] = {}
+    for d in found:
+        if d.pipe_dir not in out or d.binary != "nvidia-cuda-mps-control":  # the control's own path
+            out[d.pipe_dir] = d
+    return list(out.values())
+
+
+def stop_found_daemon(found: JobDaemon, quit_timeout_s: float = 10.0) -> str | None:
+    """Stop a daemon found by process (its pipe directory and binary; any owner), and what it started.
+    Returns a problem (a process that survived SIGKILL) or None."""
+    daemon = MpsDaemon(found.pipe_dir, found.pipe_dir.parent / "log", visible_devices="",
+                       settings=MpsSettings(control_binary=found.binary, quit_timeout_s=quit_timeout_s,
+                                            kill_timeout_s=2.0))
+    result = daemon.stop()
+    if result.survivors:
+        return f"MPS daemon {found.pipe_dir}: processes survived SIGKILL"
+    return None
 
 
 def cleanup_job(ctx: HookContext, job_id: str) -> str | None:
@@ -74,7 +130,7 @@ def record_usage(ctx: HookContext, env: dict[str, str], state: dict) -> int:
     from slurm_gpushare.accounting import Spool, exit_from_env
     from slurm_gpushare.accounting.live import load_usage, remove_usage
     from slurm_gpushare.accounting.record import exit_from_code
-    from slurm_gpushare.node.records import records_for_job
+    from slurm_gpushare.node.records import records_for_job, restart_from_env
 
     job_id = env.get("SLURM_JOB_ID", "")
     try:
@@ -103,7 +159,7 @@ def record_usage(ctx: HookContext, env: dict[str, str], state: dict) -> int:
             info, plan, machine, node=ctx.node, start=info.start_time or end, end=end,
             exit_state=exit_state, exit_code=exit_code, gpu_uuids={g.index: g.uuid for g in machine.gpus},
             account=info.account, array_job_id=info.array_job_id, array_task_id=info.array_task_id,
-            placement_cost=placement.get("cost_given"), usage=usage)
+            placement_cost=placement.get("cost_given"), usage=usage, restart=restart_from_env(env))
         if records:
             Spool(ctx.config.spool_dir, node=ctx.node).append(records)
         if usage is not None:

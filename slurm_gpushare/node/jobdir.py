@@ -1,8 +1,10 @@
 """One job's directory on a node, ``<run_dir>/jobs/<job id>/``, and the lock that guards it.
 
-* ``state.json``: what the Prolog decided and started (kind, GPUs, limits, phase);
+* ``state.json``: what the Prolog decided and started (kind, GPUs, limits, phase); root's only (0600):
+  the Epilog and ``doctor`` trust it, and it names the job's user;
 * ``env`` (and ``env.<local id>`` for one task): ``export NAME=value`` lines that the TaskProlog
-  (``etc/taskprolog.sh``, a few lines of shell, no Python) prints before every task;
+  (``etc/taskprolog.sh``, a few lines of shell, no Python) prints before every task; it runs as the
+  job's user, so these are owned by that user, mode 0600: no other user reads them;
 * ``mps/pipe``, ``mps/log``: the job's own MPS control daemon's directories (owned by the job's
   user, mode 0700).
 
@@ -15,16 +17,23 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 from collections.abc import Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+
+import psutil
 
 from slurm_gpushare.atomicfile import write_atomic
 from slurm_gpushare.errors import InputError
 
 STATE_VERSION = 1
-#: Mode of the files of a job's directory: the TaskProlog runs as the job's user and reads them.
-FILE_MODE = 0o644
+#: Mode of the files of a job's directory (the env files are then given to the job's user).
+FILE_MODE = 0o600
+#: Mode of a job's directory: root's; others may only pass through it (to their own env file and MPS
+#: pipe directory), not list it.
+DIR_MODE = 0o711
 
 
 @contextmanager
@@ -60,9 +69,9 @@ def job_lock(job_dir: Path, *, remove: bool = False):
 
 
 def make_job_dir(job_dir: Path) -> None:
-    """Create the job's directory (mode 0755: the job's user reads its files)."""
+    """Create the job's directory (mode :data:`DIR_MODE`: the job's user passes through to its files)."""
     job_dir.mkdir(parents=True, exist_ok=True)
-    os.chmod(job_dir, 0o755)
+    os.chmod(job_dir, DIR_MODE)
 
 
 def read_state(job_dir: Path) -> dict | None:
@@ -86,10 +95,71 @@ def _export_line(name: str, value: str) -> str:
     return f"export {name}={value}\n"
 
 
-def write_env(path: Path, env: Mapping[str, str]) -> None:
+def write_env(path: Path, env: Mapping[str, str], *, uid: int | None = None) -> None:
     """Replace an env file of the job (``env`` or ``env.<local id>``) with ``export`` lines, in order.
+
+    Args:
+        path: the file.
+        env: names and values.
+        uid: the job's user (``SLURM_JOB_UID``), who reads it in the TaskProlog: the file is given to
+            that user, mode 0600. None or negative: it stays root's (then no task sees it).
 
     Raises:
         InputError: a value spans lines (slurmd would take the rest as another variable).
+        OSError: the file could not be written or given to ``uid``.
     """
     write_atomic(path, "".join(_export_line(k, v) for k, v in env.items()), mode=FILE_MODE)
+    if uid is not None and uid >= 0 and uid != os.geteuid():
+        os.chown(path, uid, -1)
+
+
+#: ``CUDA_MPS_PIPE_DIRECTORY`` of a job's own daemon: ``<run_dir>/jobs/<job id>/mps/pipe``.
+_JOB_PIPE = re.compile(r"^(?P<run>/.*)/jobs/(?P<job>[0-9][0-9_.a-z]*)/mps/pipe/?$")
+
+
+@dataclass(frozen=True)
+class JobDaemon:
+    """An MPS process of a job's own daemon, found by process (not by job directory).
+
+    Attributes:
+        job_id: the job its pipe directory names.
+        pid: the process.
+        uid: its real uid.
+        pipe_dir: its ``CUDA_MPS_PIPE_DIRECTORY``.
+        binary: the control program on its command line (``nvidia-cuda-mps-control`` or a path to it; a
+            server's is the default name), to stop the daemon with the same binary.
+    """
+
+    job_id: str
+    pid: int
+    uid: int
+    pipe_dir: Path
+    binary: str
+
+    @property
+    def run_dir(self) -> Path:
+        """The run directory its pipe directory lies in."""
+        return self.pipe_dir.parent.parent.parent.parent
+
+
+def job_daemons(run_dir: Path | None = None) -> list[JobDaemon]:
+    """MPS control daemons and servers of per-job daemons, found in ``/proc`` (psutil): a process with an
+    MPS program on its command line (``nvidia-cuda-mps-*``) and ``CUDA_MPS_PIPE_DIRECTORY`` of the form
+    ``<run_dir>/jobs/<job id>/mps/pipe`` in its environment (``/proc/<pid>/environ``: needs root). Works
+    without the node config (``run_dir`` None: any run directory) and without the job's directory.
+
+    A user can start a process that looks like this (the name and the variable are theirs to choose):
+    what stops such a process only ever hurts that user's own process.
+    """
+    out = []
+    for proc in psutil.process_iter(["environ", "cmdline", "uids"]):
+        env, argv, uids = proc.info["environ"], proc.info["cmdline"], proc.info["uids"]
+        if not env or not argv or uids is None or "nvidia-cuda-mps" not in "\0".join(argv):
+            continue
+        m = _JOB_PIPE.match(env.get("CUDA_MPS_PIPE_DIRECTORY") or "")
+        if m is None or (run_dir is not None and Path(m.group("run")) != Path(run_dir)):
+            continue
+        control = next((a for a in argv if Path(a).name.startswith("nvidia-cuda-mps-control")),
+                       "nvidia-cuda-mps-control")
+        out.append(JobDaemon(m.group("job"), proc.pid, uids.real, Path(m.group(0).rstrip("/")), control))
+    return out

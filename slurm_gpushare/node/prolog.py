@@ -127,7 +127,7 @@ def prepare(ctx: HookContext, plan: JobPlan, job_dir: Path) -> None:
             raise NodeFault(f"MPS control daemon for job {plan.job_id} failed: {e}",
                             hint=f"check {ctx.config.mps_control} and the driver") from None
         env = plan.env(daemon.client_env())
-    write_env(job_dir / "env", env)
+    write_env(job_dir / "env", env, uid=plan.uid)
     state["phase"] = "ready"
     write_state(job_dir, state)
 
@@ -190,10 +190,10 @@ def _prepare_topology(ctx: HookContext, info: JobInfo, plan: JobPlan, machine: M
               f"{placement['cost_given']}) while {placement['best']} (cost {placement['cost_best']}) were free",
               file=sys.stderr)
     binding = bind(machine, plan.gpu_indices, ntasks=len(plan.gpu_indices))
-    write_env(job_dir / "env", binding.job_environment())
+    write_env(job_dir / "env", binding.job_environment(), uid=plan.uid)
     for local in range(len(binding.tasks)):
         task_env = binding.task_environment(local)
         extra = {k: v for k, v in task_env.items() if k not in binding.job_environment()}
-        write_env(job_dir / f"env.{local}", extra)
+        write_env(job_dir / f"env.{local}", extra, uid=plan.uid)
     write_state(job_dir, {"version": STATE_VERSION, "phase": "ready", "plan": asdict(plan), "placement": placement,
                           "binding": binding.to_dict()})

@@ -39,7 +39,7 @@ def records_for_job(info: JobInfo, plan: JobPlan, machine: Machine, *, node: str
                     usage: Mapping[int | str, Usage] | None = None,
                     gpu_uuids: Mapping[int, str] | None = None, account: str | None = None,
                     array_job_id: str | None = None, array_task_id: int | None = None, step: str = "",
-                    placement_cost: float | None = None) -> tuple[UsageRecord, ...]:
+                    placement_cost: float | None = None, restart: int = 0) -> tuple[UsageRecord, ...]:
     """The records of one finished job on this node, one per GPU device it held (pure).
 
     Args:
@@ -58,6 +58,7 @@ def records_for_job(info: JobInfo, plan: JobPlan, machine: Machine, *, node: str
             when JobInfo has it, else ``""``.
         array_job_id, array_task_id, step: for array tasks and per-step records.
         placement_cost: the topology placement's cost, when known.
+        restart: the run's restart count (``SLURM_JOB_RESTART_COUNT``, :func:`restart_from_env`).
 
     Returns:
         One record per GPU device, in the plan's order; empty for a job without GPUs here.
@@ -82,7 +83,7 @@ def records_for_job(info: JobInfo, plan: JobPlan, machine: Machine, *, node: str
         job_id=str(info.job_id or plan.job_id), user=info.user, account=account, partition=info.partition,
         node=node, mem_asked_mib=asked, sm_asked_percent=sm_asked, start=int(start), end=int(end),
         exit_state=exit_state, exit_code=exit_code, array_job_id=array_job_id, array_task_id=array_task_id,
-        step=step, placement_cost=placement_cost)
+        step=step, placement_cost=placement_cost, restart=restart)
 
     def measured(*keys: int | str) -> dict[str, Any]:
         u = next((usage[k] for k in keys if k != "" and k in usage), None)
@@ -122,3 +123,11 @@ def records_for_job(info: JobInfo, plan: JobPlan, machine: Machine, *, node: str
                                gpu_memory_mib=gpu.memory_mib, mode=plan.kind, share=share,
                                mem_granted_mib=min(granted, gpu.memory_mib), **measured(uuid, index)))
     return tuple(out)
+
+
+def restart_from_env(env: Mapping[str, str]) -> int:
+    """The run's restart count from slurmd's Prolog/Epilog environment: ``SLURM_JOB_RESTART_COUNT``
+    (set by slurmd from the job's ``restart_cnt`` once the job was requeued; absent for a first run,
+    so 0). Not user-controlled: a user's own requeue only increments it."""
+    value = env.get("SLURM_JOB_RESTART_COUNT", "")
+    return int(value) if value.isascii() and value.isdigit() else 0

@@ -38,7 +38,7 @@ def record(**kw) -> UsageRecord:
 def test_json_round_trip_keeps_every_field_and_writes_v_first():
     r = record(array_job_id="40", array_task_id=2, step="batch", placement_cost=1.5)
     line = r.to_json()
-    assert "\n" not in line and line.startswith('{"v":1,')
+    assert "\n" not in line and line.startswith('{"v":2,')
     assert list(json.loads(line)) == list(FIELDS)
     assert UsageRecord.from_json(line) == r
     assert UsageRecord.from_json(line.encode()) == r
@@ -51,7 +51,7 @@ def test_no_data_stays_none_never_zero():
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"v": 2}, "record version 2; this slurm-gpushare reads version 1"),
+    ({"v": 3}, "record version 3; this slurm-gpushare reads versions 1, 2"),
     ({"v": "1"}, "record version '1'"),
     ({"extra": 1}, "unknown key(s) extra"),
     ({"gpu_index": True}, "gpu_index is True, not an integer"),
@@ -93,7 +93,7 @@ def test_invalid_records_cannot_be_built_either():
 
 def test_batch_parser_agrees_with_the_strict_reader_line_by_line():
     good = [record(job_id=str(i)).to_json().encode() for i in range(5)]
-    bad_version = json.dumps({**record().to_dict(), "v": 2}).encode()
+    bad_version = json.dumps({**record().to_dict(), "v": 3}).encode()
     bool_index = json.dumps({**record().to_dict(), "gpu_index": True}).encode()
     reordered = json.dumps(dict(reversed(list(record(job_id="9").to_dict().items())))).encode()
     lines = [good[0], b"", good[1], b"{garbage", good[2], bad_version, good[3], bool_index, reordered, b"  ",
@@ -101,7 +101,7 @@ def test_batch_parser_agrees_with_the_strict_reader_line_by_line():
     rows, errors = rows_from_lines(lines)
     assert [r[FIELDS.index("job_id")] for r in rows] == ["0", "1", "2", "3", "9", "4"]
     assert [i for i, _ in errors] == [3, 5, 7, 11]
-    assert "version 2" in errors[1][1] and "gpu_index is True" in errors[2][1]
+    assert "version 3" in errors[1][1] and "gpu_index is True" in errors[2][1]
     # the all-good batch takes the column-wise path and gives the same rows
     fast, none = rows_from_lines(good)
     assert none == [] and fast == [tuple(UsageRecord.from_json(g).to_dict().values()) for g in good]
@@ -228,3 +228,23 @@ def test_summary_segment_for_admin_comment():
     assert seg in merge(ac, format_segment({"req": "x"}))  # re-deciding the audit keeps the summary
     with pytest.raises(InputError, match="one job on one node"):
         summary_segment([recs[0], record(job_id="3")])
+
+
+def test_the_restart_count_is_part_of_the_key_and_version_1_reads_as_the_first_run():
+    first, again = record(job_id="77"), record(job_id="77", restart=1)
+    assert first.key != again.key and first.restart == 0
+    assert UsageRecord.from_json(again.to_json()) == again
+    v1 = {k: v for k, v in first.to_dict().items() if k != "restart"}
+    v1["v"] = 1
+    assert UsageRecord.from_dict(v1) == first
+    assert rows_from_lines([json.dumps(v1).encode()]) == ([tuple(first.to_dict().values())], [])
+    with pytest.raises(RecordError, match="version-1 record with unknown key"):
+        UsageRecord.from_dict({**v1, "restart": 1})
+    with pytest.raises(RecordError, match="restart is negative"):
+        record(restart=-1)
+
+
+def test_the_epilog_takes_the_restart_count_from_slurmd():
+    from slurm_gpushare.node.records import restart_from_env
+    assert restart_from_env({"SLURM_JOB_RESTART_COUNT": "2"}) == 2
+    assert restart_from_env({}) == 0 and restart_from_env({"SLURM_JOB_RESTART_COUNT": "²"}) == 0

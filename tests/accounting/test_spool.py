@@ -28,7 +28,7 @@ def test_one_file_per_node_and_utc_day(tmp_path):
     assert p1.name == "a100-1.2025-12-01.jsonl" and p2.name == "a100-1.2025-12-02.jsonl"
     assert sp.files() == [p1, p2] == spool_files(tmp_path / "spool")
     assert [UsageRecord.from_json(ln).job_id for ln in p1.read_text().splitlines()] == ["1", "1"]
-    assert oct(p1.stat().st_mode & 0o777) == "0o640"
+    assert oct(p1.stat().st_mode & 0o777) == "0o600"
 
 
 def test_bad_node_names_and_missing_directories_are_refused(tmp_path):
@@ -101,3 +101,13 @@ def test_complete_size_waits_for_a_writer(tmp_path):
     assert q.get(timeout=10) == 16
     p.join(10)
     assert json.loads(path.read_text().splitlines()[1]) == {"b": 2}
+
+
+def test_the_spool_is_private(tmp_path):
+    """Spool lines name users and accounts: the directory is 0700 and its files 0600 (umask 022)."""
+    old = os.umask(0o022)
+    try:
+        path = Spool(tmp_path / "spool" / "acct", node="n1", clock=lambda: DAY).append([record()])
+    finally:
+        os.umask(old)
+    assert (path.parent.stat().st_mode & 0o777, path.stat().st_mode & 0o777) == (0o700, 0o600)

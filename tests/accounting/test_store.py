@@ -58,33 +58,155 @@ def test_a_copy_of_a_spool_file_is_read_but_adds_no_duplicate(tmp_path):
         assert (r.ingested, r.duplicates) == (0, 20) and st.count() == 20
 
 
-def test_corrupt_and_truncated_lines_are_skipped_and_named(tmp_path):
+def test_corrupt_lines_are_skipped_and_named_and_an_unended_last_line_waits(tmp_path):
     path = _spool(tmp_path / "spool", range(5))
     with open(path, "ab") as f:
         f.write(b'{"v":1,"job_id":"oops"\n')                                        # line 6: corrupt
-        f.write(json.dumps({**record(job_id="5").to_dict(), "v": 2}).encode() + b"\n")  # line 7: newer
+        f.write(json.dumps({**record(job_id="5").to_dict(), "v": 3}).encode() + b"\n")  # line 7: newer
         f.write(record(job_id="6").to_json().encode() + b"\n")                      # line 8: good
-        f.write(record(job_id="7").to_json().encode()[:80])                         # line 9: truncated
+        f.write(record(job_id="7").to_json().encode()[:80])                         # line 9: no newline yet
     warned = []
     with Store(tmp_path / "acct.db") as st:
         r = st.ingest(tmp_path / "spool", on_skip=warned.append)
-        assert r.ingested == 6 and len(r.skipped) == 3
-        assert [(s.file, s.line) for s in r.skipped] == [(str(path), 6), (str(path), 7), (str(path), 9)]
+        assert r.ingested == 6 and len(r.skipped) == 2
+        assert [(s.file, s.line) for s in r.skipped] == [(str(path), 6), (str(path), 7)]
         assert "not a JSON record" in r.skipped[0].reason
-        assert "version 2" in r.skipped[1].reason
-        assert "truncated line (80 bytes" in r.skipped[2].reason
+        assert "version 3" in r.skipped[1].reason
+        assert [(s.line, s.reason[:35]) for s in r.incomplete] == [(9, "incomplete last line (80 bytes, no ")]
         assert str(r.skipped[0]).startswith(f"{path}:6: ")
         assert warned == list(r.skipped) and st.skipped() == list(r.skipped)
-        # the next Epilog closes the fragment and appends whole records after it
+        # the next Epilog closes the fragment (a writer that died) and appends whole records after it
         Spool(tmp_path / "spool", node="n1", clock=lambda: DAY).append([record(job_id="8")])
         with open(path, "ab") as f:
             f.write(b"garbage\n")                                                   # line 11
         r = st.ingest(tmp_path / "spool")
-        assert r.ingested == 1 and [(s.line, s.reason) for s in r.skipped] == [(11, r.skipped[0].reason)]
+        assert r.ingested == 1 and [s.line for s in r.skipped] == [9, 11] and r.incomplete == ()
+        assert "not a JSON record" in r.skipped[0].reason
         assert path.read_text().split("\n")[10] == "garbage"  # the line numbers are the file's
         assert st.count() == 7
 
 
+def test_a_half_copied_last_line_is_ingested_once_the_copy_completes(tmp_path):
+    """A spool copied (or read over NFS) while its last line is only half there: that record is not
+    lost, it is read when the rest arrives."""
+    path = _spool(tmp_path / "spool", range(3))
+    line = record(job_id="3").to_json().encode() + b"\n"
+    with open(path, "ab") as f:
+        f.write(line[:100])
+    with Store(tmp_path / "acct.db") as st:
+        r = st.ingest(path)
+        assert (r.ingested, r.skipped, len(r.incomplete)) == (3, (), 1)
+        with open(path, "ab") as f:
+            f.write(line[100:])
+        r = st.ingest(path)
+        assert (r.ingested, r.skipped, r.incomplete) == (1, (), ())
+        assert [x.job_id for x in st.records()] == ["0", "1", "2", "3"]
+
+
+@pytest.mark.parametrize("line_no", [2, 60])  # within the first 4 KiB (the head), and after it
+def test_deleting_a_corrupt_line_does_not_lose_a_later_record(tmp_path, line_no):
+    """An admin deletes a corrupt line that ingest had skipped; then a new record is appended: the
+    recorded byte offset now points into the new record. Progress by content notices, the file is
+    read again, and duplicates are dropped by key."""
+    path = _spool(tmp_path / "spool", range(80))
+    lines = path.read_bytes().split(b"\n")[:-1]
+    lines[line_no - 1] = b'{"v":2,"job_id":"corrupt"'
+    path.write_bytes(b"".join(x + b"\n" for x in lines))
+    with Store(tmp_path / "acct.db") as st:
+        r = st.ingest(path)
+        assert (r.ingested, [s.line for s in r.skipped]) == (79, [line_no])
+        del lines[line_no - 1]
+        path.write_bytes(b"".join(x + b"\n" for x in lines))
+        Spool(tmp_path / "spool", node="n1", clock=lambda: DAY).append([record(job_id="1000", node="n1")])
+        r = st.ingest(path)
+        assert (r.ingested, r.duplicates, r.skipped) == (1, 79, ())
+        assert st.count() == 80 and st.records(job_id="1000")
+        assert st.skipped() == []  # the deleted line's entry went with it
+
+
+def test_each_run_of_a_requeued_job_is_its_own_record(tmp_path):
+    first = record(job_id="77", restart=0, start=1000, end=1100)
+    second = record(job_id="77", restart=1, start=2000, end=5600)
+    sp = Spool(tmp_path / "spool", node="a100", clock=lambda: DAY)
+    sp.append([first])
+    sp.append([second])
+    with Store(tmp_path / "acct.db") as st:
+        r = st.ingest(tmp_path / "spool")
+        assert (r.ingested, r.duplicates) == (2, 0)
+        assert [(x.restart, x.duration_s) for x in st.records(job_id="77")] == [(0, 100), (1, 3600)]
+
+
+def test_version_1_lines_and_a_version_1_database_are_still_read(tmp_path):
+    """Spool lines written by the previous release (no ``restart``) and a database of layout 1."""
+    v1 = {k: v for k, v in record(job_id="5").to_dict().items() if k != "restart"}
+    v1["v"] = 1
+    old_db = tmp_path / "old.db"
+    import sqlite3
+    db = sqlite3.connect(old_db)
+    cols = [k for k in v1]
+    db.executescript(
+        "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+        "INSERT INTO meta VALUES ('schema', '1');"
+        f"CREATE TABLE usage ({', '.join(repr(c).replace(chr(39), chr(34)) for c in cols)}, "
+        'UNIQUE ("job_id", "step", "node", "gpu_index", "gpu_uuid", "v"));'
+        "CREATE TABLE spool_progress (file TEXT PRIMARY KEY, offset INTEGER NOT NULL, lines INTEGER NOT NULL,"
+        " head_len INTEGER NOT NULL, head_sha1 TEXT NOT NULL);"
+        "CREATE TABLE skipped (file TEXT NOT NULL, line INTEGER NOT NULL, reason TEXT NOT NULL,"
+        " PRIMARY KEY (file, line));")
+    db.execute(f"INSERT INTO usage VALUES ({', '.join('?' * len(cols))})", list(v1.values()))
+    db.commit()
+    db.close()
+    spool = tmp_path / "old.jsonl"
+    spool.write_text(json.dumps(v1) + "\n" + json.dumps({**v1, "job_id": "6"}) + "\n")
+    with Store(old_db) as st:
+        assert st.records() == [record(job_id="5")]  # restart 0, v 2
+        r = st.ingest(spool)
+        assert (r.ingested, r.duplicates, r.skipped) == (1, 1, ())
+        assert [x.job_id for x in st.records()] == ["5", "6"]
+    with Store(old_db, create=False) as st:
+        assert st.count() == 2
+
+
+def test_the_database_and_its_directory_are_private(tmp_path):
+    """Records name users and accounts: no other local user reads them."""
+    db = tmp_path / "lib" / "acct.db"
+    old = os.umask(0o022)
+    try:
+        with Store(db) as st:
+            _spool(tmp_path / "spool", range(3))
+            st.ingest(tmp_path / "spool")
+    finally:
+        os.umask(old)
+    for p in [db.parent, *db.parent.iterdir()]:
+        assert p.stat().st_mode & 0o077 == 0, f"{p} is {oct(p.stat().st_mode)}"
+
+
+def test_parse_workers_die_with_a_killed_ingest(tmp_path):
+    """``kill -9`` of ingest: its parse workers go within seconds (they used to idle for minutes)."""
+    import psutil
+    _spool(tmp_path / "spool", range(4000), per_call=500)
+    script = textwrap.dedent(f"""
+        import sys, time
+        from slurm_gpushare.accounting.store import Store
+        def stall(progress):
+            print("committed", flush=True)
+            time.sleep(600)
+        Store({str(tmp_path / "acct.db")!r}).ingest({str(tmp_path / "spool")!r}, workers=2, parallel_bytes=0,
+                                                  batch_bytes=64 << 10, on_commit=stall)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout.readline() == b"committed\n"
+        workers = psutil.Process(proc.pid).children()
+        assert len(workers) >= 2
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        _gone, alive = psutil.wait_procs(workers, timeout=5)
+        assert alive == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 def test_a_failure_after_some_commits_loses_and_doubles_nothing(tmp_path):
     _spool(tmp_path / "spool", range(2000))
     commits = []
