@@ -5,7 +5,6 @@ Each: the job gets the limit and identity Slurm granted, no node drains, the acc
 from __future__ import annotations
 
 import json
-import os
 import pwd
 import subprocess
 import tempfile
