@@ -71,7 +71,8 @@ class SlurmSession:
 
     def run(self, argv: list[str], *, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
         """Run a Slurm client command against the cluster."""
-        proc = subprocess.run(argv, env=self.cluster.env, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(argv, env=self.cluster.env, capture_output=True, text=True,
+                              errors="replace", timeout=timeout)
         if check and proc.returncode != 0:
             raise AssertionError(f"{' '.join(argv)} exited {proc.returncode}: {proc.stderr.strip()}")
         return proc

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from slurm_gpushare.node.jobdir import read_state
 from slurm_gpushare.node.prolog import prolog
 from slurm_gpushare.node.shared_mps import shared_dir
 from slurm_gpushare_dev.cluster import MPS_STANDIN, SITE, packaged_machine, pid_alive
+from tests.jobjson import as_job_json
 
 SHOW = """\
 JobId={job} JobName=wrap
@@ -50,11 +52,13 @@ def node(monkeypatch):
     drained: list[tuple[str, str]] = []
     jobs: dict[str, str] = {}
     used: dict[str, str] = {"a100": "GresUsed=gpu:a100:0(IDX:N/A),shard:a100:0(IDX:N/A)"}
-    ctx = HookContext(cfg, "a100", show_job=lambda j: jobs[str(j)], drain=lambda n, r: drained.append((n, r)),
+    cancelled: list[str] = []
+    ctx = HookContext(cfg, "a100", job_record=lambda j: as_job_json(jobs[str(j)], str(j)),
+                      drain=lambda n, r: drained.append((n, r)), cancel=cancelled.append,
                       show_node=lambda n: f"NodeName={n}\n   {used[n]}\n")
     ctx_obj = type("Node", (), {})()
     ctx_obj.root, ctx_obj.ctx, ctx_obj.jobs, ctx_obj.drained, ctx_obj.mode = root, ctx, jobs, drained, mode
-    ctx_obj.used = used
+    ctx_obj.used, ctx_obj.cancelled = used, cancelled
     yield ctx_obj
     for d in (root / "run" / "a100" / "jobs").glob("*"):
         if d.is_dir():
@@ -110,7 +114,8 @@ def test_whole_gpu_and_mig_jobs_start_no_daemon(node, monkeypatch):
     assert not node.ctx.mps("7").alive() and not (node.ctx.job_dir("7") / "mps").exists()
     assert epilog(node.ctx, _env("7")) == 0 and not node.ctx.job_dir("7").exists()
     monkeypatch.setenv("GPUSHARE_NVML", f"fake:{node.root}/machines/mig.json")
-    mig = HookContext(node.ctx.config, "mig", show_job=lambda j: node.jobs[str(j)], drain=node.ctx.drain)
+    mig = HookContext(node.ctx.config, "mig", job_record=lambda j: as_job_json(node.jobs[str(j)], str(j)),
+                      drain=node.ctx.drain)
     # device index 4 is the first 1g.10gb slice (slurmd groups the gpu records by type)
     node.jobs["8"] = SHOW.format(job="8", node="mig", gres="gpu:h100_1g.10gb:1",
                                  detail="gpu:h100_1g.10gb:1(IDX:4)", ac="")
@@ -157,13 +162,20 @@ def test_daemon_ignoring_quit_is_killed_without_draining(node):
     assert not pid_alive(pid) and node.drained == []
 
 
-def test_daemon_that_cannot_start_is_a_node_fault_with_a_reason(node):
+def test_daemon_that_cannot_start_fails_the_job_not_the_node(node, capfd):
+    # the daemon runs as the job's user, who can kill it while it starts: the job fails, the node stays up
     node.mode.write_text("crash-on-start")
     _shard_job(node, "105")
-    with pytest.raises(NodeFault, match="MPS control daemon for job 105 failed"):
-        prolog(node.ctx, _env("105"))
-    assert node.drained and node.drained[0][0] == "a100"
-    assert "gpushare prolog job 105" in node.drained[0][1] and "MPS" in node.drained[0][1]
+    assert prolog(node.ctx, _env("105")) == 0
+    assert node.drained == [] and node.cancelled == ["105"]
+    assert "job 105 failed, node kept up: MPS control daemon for job 105 failed" in capfd.readouterr().err
+
+
+def test_unreadable_job_record_fails_the_job_not_the_node(node, capfd):
+    node.ctx = replace(node.ctx, job_record=lambda j: '{"jobs": [{"job_id": 107, "user_id": "root"}]}')
+    assert prolog(node.ctx, _env("107")) == 0
+    assert node.drained == [] and node.cancelled == ["107"]
+    assert "cannot read job 107 from slurmctld" in capfd.readouterr().err
 
 
 def test_stale_description_is_a_node_fault_naming_the_fix(node):
@@ -182,7 +194,7 @@ def test_stuck_daemon_drains_the_node_and_names_it(node):
         def stop(self):
             return type("R", (), {"survivors": (pid,)})()
 
-    stuck = HookContext(node.ctx.config, "a100", show_job=node.ctx.show_job, drain=node.ctx.drain)
+    stuck = HookContext(node.ctx.config, "a100", job_record=node.ctx.job_record, drain=node.ctx.drain)
     object.__setattr__(stuck, "mps", lambda job_id, plan=None: Stuck())
     assert epilog(stuck, _env("107")) == 1
     assert f"pid {pid}" in node.drained[-1][1] and "job 107" in node.drained[-1][1]
@@ -228,7 +240,7 @@ def test_taskprolog_prints_the_env_file(node, tmp_path):
 @pytest.fixture
 def shared(node):
     from dataclasses import replace
-    node.ctx = HookContext(replace(node.ctx.config, mps_mode="per-gpu"), "a100", show_job=node.ctx.show_job,
+    node.ctx = HookContext(replace(node.ctx.config, mps_mode="per-gpu"), "a100", job_record=node.ctx.job_record,
                            drain=node.ctx.drain)
     return node
 
@@ -282,7 +294,7 @@ def test_doctor_cleans_a_shared_daemon_of_jobs_gone_and_resets_compute_modes(sha
 def test_low_priority_partition_sets_the_mps_client_priority(node):
     from dataclasses import replace
     ctx = HookContext(replace(node.ctx.config, low_priority_partitions=("nomig",)), "a100",
-                      show_job=node.ctx.show_job, drain=node.ctx.drain)
+                      job_record=node.ctx.job_record, drain=node.ctx.drain)
     _shard_job(node, "301")  # the recorded job is in partition nomig
     assert prolog(ctx, _env("301")) == 0
     assert "export CUDA_MPS_CLIENT_PRIORITY=1\n" in (ctx.job_dir("301") / "env").read_text()
@@ -343,7 +355,7 @@ def test_epilog_appends_one_accounting_record_per_gpu_device(node):
 
     from slurm_gpushare.accounting import Spool
     ctx = HookContext(replace(node.ctx.config, spool_dir=str(node.root / "spool")), "a100",
-                      show_job=node.ctx.show_job, drain=node.ctx.drain, show_node=node.ctx.show_node)
+                      job_record=node.ctx.job_record, drain=node.ctx.drain, show_node=node.ctx.show_node)
     _shard_job(node, "601", ac="[gpushare:v1 req=mem=10G grant=gres:shard:10 kind=mps mem=10240/10240MiB]")
     node.jobs["602"] = SHOW.format(job="602", node="a100", gres="gpu:a100:1", detail="gpu:a100:1(IDX:5)", ac="")
     for job in ("601", "602"):
@@ -363,7 +375,7 @@ def test_epilog_records_what_the_monitor_measured_and_removes_its_file(node, cap
     from slurm_gpushare.accounting.live import save_usage, usage_path
     from slurm_gpushare.accounting.record import UsageTracker
     ctx = HookContext(replace(node.ctx.config, spool_dir=str(node.root / "spool")), "a100",
-                      show_job=node.ctx.show_job, drain=node.ctx.drain, show_node=node.ctx.show_node)
+                      job_record=node.ctx.job_record, drain=node.ctx.drain, show_node=node.ctx.show_node)
     node.jobs["603"] = SHOW.format(job="603", node="a100", gres="gpu:a100:1", detail="gpu:a100:1(IDX:5)", ac="")
     tracker = UsageTracker()
     for used, sm in ((1000, 10.0), (9000, 80.0), (4000, None)):
@@ -389,7 +401,7 @@ def test_records_carry_nvmls_gpu_uuid_also_when_the_prolog_saved_a_plan(node):
 
     from slurm_gpushare.hardware.ports import open_nvml
     ctx = HookContext(replace(node.ctx.config, spool_dir=str(node.root / "spool")), "a100",
-                      show_job=node.ctx.show_job, drain=node.ctx.drain, show_node=node.ctx.show_node)
+                      job_record=node.ctx.job_record, drain=node.ctx.drain, show_node=node.ctx.show_node)
     _shard_job(node, "701", idx="2", ac="[gpushare:v1 req=mem=10G grant=gres:shard:10 kind=mps mem=10240/10240MiB]")
     assert prolog(ctx, {**_env("701"), "SLURM_JOB_GPUS": "2"}) == 0
     assert epilog(ctx, {**_env("701"), "SLURM_JOB_GPUS": "2"}) == 0
@@ -403,7 +415,7 @@ def test_a_cancelled_job_is_recorded_signaled_although_slurmd_says_0_0(node):
     # slurmctld already holds ExitCode=0:15 (what sacct shows)
     from dataclasses import replace
     ctx = HookContext(replace(node.ctx.config, spool_dir=str(node.root / "spool")), "a100",
-                      show_job=node.ctx.show_job, drain=node.ctx.drain, show_node=node.ctx.show_node)
+                      job_record=node.ctx.job_record, drain=node.ctx.drain, show_node=node.ctx.show_node)
     node.jobs["801"] = SHOW.format(job="801", node="a100", gres="gpu:a100:1", detail="gpu:a100:1(IDX:5)",
                                    ac="").replace("JobState=RUNNING", "JobState=COMPLETING ExitCode=0:15")
     node.jobs["802"] = SHOW.format(job="802", node="a100", gres="gpu:a100:1", detail="gpu:a100:1(IDX:6)",

@@ -20,6 +20,7 @@ from slurm_gpushare.hardware.fake import FakeNvml, ScheduledProcess
 from slurm_gpushare.node.config import NodeConfig
 from slurm_gpushare.node.monitor import Monitor, job_of_cgroup, parse_listen, parse_listpids, serve
 from slurm_gpushare_dev.cluster import packaged_machine
+from tests.jobjson import as_job_json
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -103,7 +104,7 @@ class Node:
 
     def monitor(self) -> Monitor:
         return Monitor(self.config, "a100", self.machine, self.nvml, running_jobs=self.running_jobs,
-                       show_job=lambda j: self.jobs[j], listpids=self.listpids,
+                       job_record=lambda j: as_job_json(self.jobs[j], j), listpids=self.listpids,
                        cgroup_of=lambda pid: self.cgroups.get(pid, "0::/\n"), log=self.log.append, clock=self.clock)
 
 
@@ -251,7 +252,7 @@ def test_mig_devices_are_keyed_by_uuid_and_have_no_sm_data(tmp_path):
                        detail="gpu:h100_1g.10gb:1(IDX:4)", ac="").replace("a100", "mig")
     nvml.add_process(ScheduledProcess(4001, 2, clock.t, ((0, 3000, 50),), gi_id=inst.gi_id))
     mon = Monitor(NodeConfig(run_dir=str(tmp_path / "run")), "mig", machine, nvml, running_jobs=lambda n: ["301"],
-                  show_job=lambda j: show, listpids=lambda n: "PID JOBID\n4001 301 0 0 0\n",
+                  job_record=lambda j: as_job_json(show, j), listpids=lambda n: "PID JOBID\n4001 301 0 0 0\n",
                   cgroup_of=lambda pid: "", log=lambda line: None, clock=clock)
     with mon:
         mon.sample()

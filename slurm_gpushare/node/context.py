@@ -1,6 +1,8 @@
 """What every node hook runs with: the node's settings and name, how to reach Slurm, and the facts it
 reads (the job's record, the node's machine, the job's plan). A :class:`NodeFault` is a problem of the
 node, not of the job: the hook exits non-zero and the node is drained with a reason that says what to fix.
+A :class:`JobFault` is a problem of one job (its record cannot be read or trusted, its user-run MPS daemon
+failed): the job is cancelled with the reason in slurmd's log and the node stays up.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from slurm_gpushare.node.mps import MpsDaemon, MpsSettings, StopResult
 from slurm_gpushare.node.plan import JobPlan, plan_job
 from slurm_gpushare.retry import retry
 from slurm_gpushare.slurm import commands
-from slurm_gpushare.slurm.job import JobInfo, parse_show_job
+from slurm_gpushare.slurm.job import JobInfo, parse_job_json, with_env_identity
 from slurm_gpushare.slurm.nodegres import GresOptions, NodeGres, node_gres
 
 #: Seconds to wait before asking slurmctld again for a job's record (three tries in all).
@@ -30,15 +32,20 @@ class NodeFault(GpushareError):
     """A problem of the node (not of the job): the hook exits non-zero and the node is drained."""
 
 
+class JobFault(GpushareError):
+    """A problem of one job (not of the node): the job is cancelled, the hook exits 0, nothing drains."""
+
+
 @dataclass(frozen=True)
 class HookContext:
     """What a hook runs with: the node's settings and name, and how to reach Slurm (injectable)."""
 
     config: NodeConfig
     node: str
-    show_job: Callable[[str], str] = commands.show_job  # job id -> text of `scontrol -d show job`
+    job_record: Callable[[str], str] = commands.job_record  # job id -> structured record (squeue --json)
     show_node: Callable[[str], str] = commands.show_node  # node -> text of `scontrol -d show node`
     drain: Callable[[str, str], None] | None = None  # (node, reason); default: scontrol update
+    cancel: Callable[[str], None] = commands.cancel_job  # job id -> None; scancel
 
     @property
     def run_dir(self) -> Path:
@@ -83,18 +90,33 @@ def stuck_reason(ctx: HookContext, result: StopResult, what: str) -> str | None:
             "check the GPU and the driver, then run 'slurm-gpushare doctor --repair'")
 
 
-def job_info(ctx: HookContext, job_id: str) -> JobInfo:
-    """The job's record from slurmctld (``scontrol -d show job``), asked up to three times.
+def job_info(ctx: HookContext, job_id: str, env: dict[str, str] | None = None) -> JobInfo:
+    """The job's record from slurmctld (:func:`slurm_gpushare.slurm.commands.job_record`, read by
+    :func:`slurm_gpushare.slurm.job.parse_job_json`), asked up to three times, with the owner from slurmd's
+    environment ``env`` when given (:func:`slurm_gpushare.slurm.job.with_env_identity`).
 
     Raises:
-        NodeFault: slurmctld could not be reached or did not know the job.
+        JobFault: slurmctld could not be reached, did not know the job, or printed a record that cannot be
+            trusted: the job fails, the node does not drain (a hostile field must not drain a node).
     """
     try:
-        return retry(lambda: parse_show_job(ctx.show_job(job_id), job_id), waits=JOB_RECORD_WAITS,
+        info = retry(lambda: parse_job_json(ctx.job_record(job_id), job_id), waits=JOB_RECORD_WAITS,
                      again=lambda e: isinstance(e, GpushareError))
+        return with_env_identity(info, env) if env is not None else info
     except GpushareError as e:
-        raise NodeFault(f"cannot read job {job_id} from slurmctld: {e}",
-                        hint="check that this node reaches slurmctld (scontrol ping)") from None
+        raise JobFault(f"cannot read job {job_id} from slurmctld: {e}",
+                       hint="check that this node reaches slurmctld (scontrol ping)") from None
+
+
+def fail_job(ctx: HookContext, job_id: str, fault: JobFault, hook: str) -> None:
+    """End job ``job_id`` for ``fault`` without draining the node: the reason goes to slurmd's log (the hook's
+    stderr), then the job is cancelled (:func:`slurm_gpushare.slurm.commands.cancel_job`). A cancel that fails
+    is logged too; the job then runs without its share prepared (its tasks find no MPS environment)."""
+    print(f"slurm-gpushare {hook}: job {job_id} failed, node kept up: {fault}", file=sys.stderr)
+    try:
+        ctx.cancel(job_id)
+    except GpushareError as e:
+        print(f"slurm-gpushare {hook}: job {job_id}: scancel failed: {e}", file=sys.stderr)
 
 
 def load_machine(ctx: HookContext) -> Machine:

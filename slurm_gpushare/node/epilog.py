@@ -16,12 +16,12 @@ from dataclasses import replace
 from pathlib import Path
 
 from slurm_gpushare.errors import GpushareError, InputError
-from slurm_gpushare.node.context import HookContext, machine_with_uuids, plan_with_machine, stuck_reason
+from slurm_gpushare.node.context import HookContext, job_info, machine_with_uuids, plan_with_machine, stuck_reason
 from slurm_gpushare.node.jobdir import JobDaemon, job_daemons, job_lock, read_state
 from slurm_gpushare.node.mps import MpsDaemon, MpsSettings
 from slurm_gpushare.node.plan import JobPlan
 from slurm_gpushare.node.shared_mps import leave_shared
-from slurm_gpushare.slurm.job import JobInfo, parse_show_job
+from slurm_gpushare.slurm.job import JobInfo
 
 
 def epilog(ctx: HookContext, env: dict[str, str]) -> int:
@@ -139,7 +139,7 @@ def record_usage(ctx: HookContext, env: dict[str, str], state: dict) -> int:
         print(f"slurm-gpushare epilog: job {job_id}: monitor usage not used: {e}", file=sys.stderr)
         usage = None
     try:
-        info = parse_show_job(ctx.show_job(job_id), job_id)
+        info = job_info(ctx, job_id, env)  # owner from slurmd's environment, the rest from structured output
         if not info.gres_on(ctx.node):
             # slurmctld drops the per-node GRES detail once the job completes (``GRES=`` is empty in
             # the Epilog): take the devices from slurmd's own environment, SLURM_JOB_GPUS

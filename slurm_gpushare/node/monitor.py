@@ -74,7 +74,7 @@ from slurm_gpushare.node.config import NodeConfig, parse_listen
 from slurm_gpushare.node.plan import JobPlan, plan_job
 from slurm_gpushare.node.records import records_for_job
 from slurm_gpushare.slurm import commands
-from slurm_gpushare.slurm.job import JobInfo, parse_show_job
+from slurm_gpushare.slurm.job import JobInfo, parse_job_json
 from slurm_gpushare.slurm.nodegres import GresOptions, node_gres
 
 MIB = 1 << 20
@@ -179,7 +179,7 @@ class Monitor:
         port: an NVML port (opened by the monitor for its lifetime: :meth:`open` / :meth:`close`).
         running_jobs: callable(node) -> job ids on the node (default ``squeue``); it raises
             :class:`~slurm_gpushare.errors.SlurmError` when slurmctld does not answer.
-        show_job: callable(job id) -> ``scontrol -d show job`` text.
+        job_record: callable(job id) -> the structured job record (:func:`slurm_gpushare.slurm.commands.job_record`).
         listpids: callable(node) -> ``scontrol listpids`` text, for processes outside a job cgroup.
         cgroup_of: callable(pid) -> ``/proc/<pid>/cgroup`` text.
         log: callable(str) for one-line events (over-limit episodes, errors); default stderr.
@@ -190,7 +190,7 @@ class Monitor:
 
     def __init__(self, config: NodeConfig, node: str, machine: Machine, port: NvmlPort, *,
                  running_jobs: Callable[[str], Iterable[str]] | None = None,
-                 show_job: Callable[[str], str] = commands.show_job,
+                 job_record: Callable[[str], str] = commands.job_record,
                  listpids: Callable[[str], str] | None = None,
                  cgroup_of: Callable[[int], str] = read_cgroup,
                  log: Callable[[str], None] | None = None,
@@ -207,7 +207,7 @@ class Monitor:
         self.errors_total: dict[str, int] = {}
         self.over_limit_total = 0
         self._running_jobs = running_jobs or commands.running_jobs
-        self._show_job = show_job
+        self._job_record = job_record
         self._listpids = listpids or commands.listpids
         self._cgroup_of = cgroup_of
         self._log = log or (lambda line: print(f"slurm-gpushare monitor: {line}", file=sys.stderr, flush=True))
@@ -298,7 +298,7 @@ class Monitor:
 
     def _add_job(self, job_id: str) -> None:
         try:
-            info = parse_show_job(self._show_job(job_id), job_id)
+            info = parse_job_json(self._job_record(job_id), job_id)
             plan = plan_job(info, self.node, self._gres, gpu_uuids=self._gpu_uuids, mig_uuids=self._mig_uuids,
                             shard_unit_mib=self.config.shard_unit_mib)
         except GpushareError as e:
@@ -507,7 +507,7 @@ class Monitor:
             if segment == last_text:
                 continue
             try:
-                current = parse_show_job(self._show_job(job_id), job_id).admin_comment
+                current = parse_job_json(self._job_record(job_id), job_id).admin_comment
                 self._update_admin_comment(job_id, merge_summary(current, segment))
             except GpushareError as e:
                 self.note_error("admin-comment", f"job {job_id}: {e}")

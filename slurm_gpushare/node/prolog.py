@@ -19,7 +19,7 @@ from typing import Any
 from slurm_gpushare.errors import ConfigError, GpushareError, InputError, ParseError
 from slurm_gpushare.hardware.machine import Machine
 from slurm_gpushare.node.config import check_shard_unit
-from slurm_gpushare.node.context import HookContext, NodeFault, job_info, plan_with_machine
+from slurm_gpushare.node.context import HookContext, JobFault, NodeFault, fail_job, job_info, plan_with_machine
 from slurm_gpushare.node.jobdir import STATE_VERSION, job_lock, make_job_dir, read_state, write_env, write_state
 from slurm_gpushare.node.mps import MpsDaemon, MpsError
 from slurm_gpushare.node.plan import JobPlan
@@ -60,6 +60,10 @@ def check_installed_shard_unit(ctx: HookContext, machine: Machine, env: dict[str
 def prolog(ctx: HookContext, env: dict[str, str]) -> int:
     """Prepare the job's share on this node. Returns the exit status (non-zero drains the node).
 
+    Owner (uid, gid, user) from slurmd's environment, the rest from slurmctld's structured record
+    (:func:`slurm_gpushare.node.context.job_info`). A :class:`JobFault` (record unreadable, MPS daemon failed)
+    cancels the job and returns 0: the node stays up.
+
     Jobs without GPU GRES on this node (Slurm sets no ``SLURM_JOB_GPUS``/``CUDA_VISIBLE_DEVICES``
     in the Prolog's environment for them) cost nothing: no Slurm call, no file.
 
@@ -73,7 +77,7 @@ def prolog(ctx: HookContext, env: dict[str, str]) -> int:
     if not (env.get("SLURM_JOB_GPUS") or env.get("CUDA_VISIBLE_DEVICES")):
         return 0
     try:
-        info = job_info(ctx, job_id)
+        info = job_info(ctx, job_id, env)
         plan, machine, gres = plan_with_machine(ctx, info)
         if plan.kind == "none" or (plan.kind == "gpu" and len(plan.gpu_indices) < 2):
             return 0
@@ -85,6 +89,9 @@ def prolog(ctx: HookContext, env: dict[str, str]) -> int:
                 _prepare_topology(ctx, info, plan, machine, gres, job_dir)
             else:
                 prepare(ctx, plan, job_dir)
+    except JobFault as e:
+        fail_job(ctx, job_id, e, "prolog")
+        return 0
     except NodeFault as e:
         ctx.do_drain(f"gpushare prolog job {job_id}: {e}")
         raise
@@ -97,7 +104,8 @@ def prepare(ctx: HookContext, plan: JobPlan, job_dir: Path) -> None:
     A Prolog that finds the job ready does nothing; one that finds a half-started job replaces it.
 
     Raises:
-        NodeFault: the job's MPS daemon (or the shared one) could not be started or configured.
+        JobFault: the job's MPS daemon (or the shared one) could not be started or configured (it runs as the
+            job's user, who can kill it).
     """
     make_job_dir(job_dir)
     state = {"version": STATE_VERSION, "phase": "starting", "plan": asdict(plan)}
@@ -124,8 +132,9 @@ def prepare(ctx: HookContext, plan: JobPlan, job_dir: Path) -> None:
             _client_priority(daemon, plan)
         except MpsError as e:
             daemon.stop()
-            raise NodeFault(f"MPS control daemon for job {plan.job_id} failed: {e}",
-                            hint=f"check {ctx.config.mps_control} and the driver") from None
+            # the daemon runs as the job's user, who can kill it: its failure is the job's, not the node's
+            raise JobFault(f"MPS control daemon for job {plan.job_id} failed: {e}",
+                           hint=f"check {ctx.config.mps_control} and the driver") from None
         env = plan.env(daemon.client_env())
     write_env(job_dir / "env", env, uid=plan.uid)
     state["phase"] = "ready"

@@ -27,8 +27,9 @@ def run(argv: list[str], *, timeout: float = TIMEOUT_S, env: dict[str, str] | No
         SlurmError: the program is missing, timed out, or exited non-zero (its stderr is quoted).
     """
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                              env=env if env is not None else os.environ.copy())
+        # user-written fields (JobName, Comment, ...) may hold any bytes: decoding never raises
+        proc = subprocess.run(argv, capture_output=True, text=True, encoding="utf-8", errors="replace",
+                              timeout=timeout, env=env if env is not None else os.environ.copy())
     except FileNotFoundError:
         raise SlurmError(f"{argv[0]} not found", hint="install the Slurm client tools (slurm-client)") from None
     except subprocess.TimeoutExpired:
@@ -53,6 +54,34 @@ def show_job(job_id: str | int, **kw) -> str:
     """``scontrol -d show job ID`` (scontrol(1)): the multi-line record, free-text fields (AdminComment) on lines of
     their own, and the per-node GRES detail (``Nodes=... GRES=shard:10(IDX:0)``)."""
     return run(["scontrol", "-d", "show", "job", str(job_id)], **kw)
+
+
+def job_record(job_id: str | int, **kw) -> str:
+    """The job's record as structured text that no user-written field can steer: the seam where a release's
+    per-job JSON goes.
+
+    On Slurm 22.05 this is ``squeue --json`` (squeue(1); openapi/v0.0.38): ``scontrol`` has no ``--json`` and
+    ``squeue --json`` ignores ``-j`` (SLURM_FACTS.md §6), so the whole job table comes back and
+    :func:`slurm_gpushare.slurm.job.parse_job_json` picks the job. Text output cannot serve: ``scontrol -d show
+    job`` embeds JobName, Comment, WorkDir, StdOut verbatim (newlines included), and ``squeue -O`` has no
+    AdminComment field on 22.05 (``Invalid job format specification: AdminComment``, measured). On 24.11+
+    ``scontrol show job ID --json`` (issue #13) replaces the body of this function.
+
+    Raises:
+        SlurmError: squeue failed.
+    """
+    del job_id  # 22.05: the table holds every job; the caller filters
+    return run(["squeue", "--json"], **kw)
+
+
+def cancel_job(job_id: str | int, **kw) -> None:
+    """``scancel JOBID`` (scancel(1); root): end one job whose GPU share cannot be prepared, without draining the
+    node (a Prolog that exits non-zero drains it, SLURM_FACTS.md §5).
+
+    Raises:
+        SlurmError: scancel failed.
+    """
+    run(["scancel", str(job_id)], **kw)
 
 
 def running_jobs(node: str, **kw) -> list[str]:

@@ -1,7 +1,11 @@
-"""What slurmctld says about a job, from ``scontrol -d show job ID`` (Slurm 22.05), as plain data.
+"""What slurmctld says about a job, as plain data.
 
-The node hooks decide from this and from Slurm's own environment only: never from the job's
-Comment or environment, which its user controls. The parts used:
+The node hooks read it with :func:`parse_job_json` from structured output (``squeue --json`` on 22.05,
+:func:`slurm_gpushare.slurm.commands.job_record`), where a user-written field (JobName, Comment, WorkDir,
+StdOut, ...) is a JSON string and cannot add or change another field; identity (uid, gid, user) comes from
+slurmd's Prolog/Epilog environment (:func:`with_env_identity`). :func:`parse_show_job` reads the text of
+``scontrol -d show job`` for tests and display only: that text embeds user fields verbatim, newlines
+included, so a ``--comment`` can forge any line of it (issue #12). The parts used:
 
 * ``UserId=alice(1000) GroupId=alice(1000)``, ``JobState=``, ``Partition=``, ``NodeList=``;
 * ``TresPerNode=gres:shard:10`` (what the job holds after the job_submit rewrite);
@@ -12,8 +16,10 @@ Comment or environment, which its user controls. The parts used:
 
 from __future__ import annotations
 
+import json
 import re
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from slurm_gpushare.errors import InputError
@@ -138,6 +144,97 @@ def parse_show_job(text: str, job_id: str | int | None = None) -> JobInfo:
                    start_time=_epoch(fields.get("StartTime", "")),
                    array_job_id=fields.get("ArrayJobId") or None, array_task_id=int(task) if task.isdigit() else None,
                    exit_code=fields.get("ExitCode", ""))
+
+
+#: Account, partition and user names slurmctld accepts (admin-defined; lower case ASCII in practice).
+_NAME = re.compile(r"[A-Za-z0-9_.@+-]{0,128}")
+_STATE = re.compile(r"[A-Z_]{1,40}")
+
+
+def _field(job: Mapping, key: str, kind: type, job_id: str):
+    value = job.get(key)
+    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise InputError(f"job {job_id}: {key} is {value!r}, not an integer", source="squeue --json")
+    if kind is str and not isinstance(value, str):
+        raise InputError(f"job {job_id}: {key} is {value!r}, not a string", source="squeue --json")
+    return value
+
+
+def _name(job: Mapping, key: str, job_id: str) -> str:
+    value = _field(job, key, str, job_id)
+    if not _NAME.fullmatch(value):
+        raise InputError(f"job {job_id}: {key} {value!r} is not a Slurm name", source="squeue --json")
+    return value
+
+
+def parse_job_json(text: str, job_id: str | int) -> JobInfo:
+    """The record of ``job_id`` in ``squeue --json`` output (Slurm 22.05, openapi/v0.0.38: ``{"jobs": [...]}``).
+
+    Fields read (all written by slurmctld, none by the job's user): ``job_id``, ``user_id``, ``group_id``,
+    ``user_name``, ``account``, ``partition``, ``job_state``, ``nodes`` (host list), ``tres_per_node`` (the GRES
+    after the job_submit rewrite), ``gres_detail`` (one ``shard:10(IDX:0)`` string per node of ``nodes``, in
+    host-list order), ``admin_comment`` (SlurmUser and admins only), ``start_time`` (epoch s, 0 = not started),
+    ``exit_code`` (wait status), ``array_job_id`` (0 = none), ``array_task_id``. Free-text fields are never read.
+
+    Raises:
+        InputError: not JSON, no record of ``job_id``, a field of the wrong type, a name with characters Slurm
+            names do not have, or unreadable GRES detail: the record cannot be trusted (the job's fault, not
+            the node's).
+    """
+    want = str(job_id)
+    try:
+        doc = json.loads(text)
+    except ValueError as e:
+        raise InputError(f"squeue --json is not JSON: {e}", source="squeue --json") from None
+    jobs = doc.get("jobs") if isinstance(doc, dict) else None
+    if not isinstance(jobs, list):
+        raise InputError("squeue --json has no job list", source="squeue --json")
+    mine = [j for j in jobs if isinstance(j, dict) and str(j.get("job_id")) == want]
+    if len(mine) != 1:
+        raise InputError(f"squeue --json has {len(mine)} records of job {want}", source="squeue --json")
+    job = mine[0]
+    node_list = _field(job, "nodes", str, want)
+    nodes = tuple(expand_hostlist(node_list)) if node_list else ()
+    detail = job.get("gres_detail") or []
+    if not isinstance(detail, list) or not all(isinstance(d, str) for d in detail) or len(detail) > len(nodes):
+        raise InputError(f"job {want}: gres_detail {detail!r} does not match nodes {node_list!r}",
+                         source="squeue --json")
+    gres = {node: parse_gres_detail(d) for node, d in zip(nodes, detail, strict=False) if d}
+    state = _field(job, "job_state", str, want)
+    if not _STATE.fullmatch(state):
+        raise InputError(f"job {want}: job_state {state!r}", source="squeue --json")
+    tres = _field(job, "tres_per_node", str, want)
+    if tres:
+        parse(tres)  # Slurm's GRES grammar or InputError
+    admin = _field(job, "admin_comment", str, want)
+    start = _field(job, "start_time", int, want)
+    array_id = _field(job, "array_job_id", int, want)
+    task = job.get("array_task_id")
+    if task is not None and (isinstance(task, bool) or not isinstance(task, int)):
+        raise InputError(f"job {want}: array_task_id {task!r}", source="squeue --json")
+    status = _field(job, "exit_code", int, want)
+    return JobInfo(job_id=want, user=_name(job, "user_name", want), uid=_field(job, "user_id", int, want),
+                   gid=_field(job, "group_id", int, want), state=state, partition=_name(job, "partition", want),
+                   nodes=nodes, tres_per_node=tres, admin_comment=admin, gres=gres,
+                   account=_name(job, "account", want), start_time=start or None,
+                   array_job_id=str(array_id) if array_id else None, array_task_id=task,
+                   exit_code=f"{(status >> 8) & 0xFF}:{status & 0x7F}")
+
+
+def with_env_identity(info: JobInfo, env: Mapping[str, str]) -> JobInfo:
+    """``info`` with the job's owner from slurmd's Prolog/Epilog environment (``SLURM_JOB_UID``,
+    ``SLURM_JOB_GID``, ``SLURM_JOB_USER``; SLURM_FACTS.md §5): the identity a hook acts as never comes from
+    slurmctld's text. Variables that are absent leave the record's values.
+
+    Raises:
+        InputError: ``SLURM_JOB_UID``/``SLURM_JOB_GID`` not a number.
+    """
+    uid, gid = env.get("SLURM_JOB_UID", ""), env.get("SLURM_JOB_GID", "")
+    for key, value in (("SLURM_JOB_UID", uid), ("SLURM_JOB_GID", gid)):
+        if value and not value.isdigit():
+            raise InputError(f"{key}={value!r} is not a number", source="slurmd environment")
+    return replace(info, uid=int(uid) if uid else info.uid, gid=int(gid) if gid else info.gid,
+                   user=env.get("SLURM_JOB_USER") or info.user)
 
 
 def _epoch(text: str) -> int | None:
