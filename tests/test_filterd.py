@@ -6,7 +6,9 @@ import io
 import json
 import os
 import shutil
+import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -16,7 +18,7 @@ import pytest
 
 from slurm_gpushare.slurm.nodegres import node_gres
 from slurm_gpushare.submit.policyfile import SitePolicy
-from slurm_gpushare.submit.service import FilterService, InventoryCache, Log, serve
+from slurm_gpushare.submit.service import MAGIC, FilterService, InventoryCache, Limits, Log, frame, serve
 from slurm_gpushare_dev.cluster import DEFAULT_NODES, SITE, packaged_machine
 
 LUA = shutil.which("lua5.1")
@@ -85,18 +87,35 @@ def test_non_share_jobs_pass_and_garbage_never_raises(service):
         assert a["action"] == "reject" and a["message"].startswith("gpushare: ")
 
 
-def test_cli_op_returns_prefixless_gres_and_marks_the_comment_and_submit_re_decides(service):
-    c = service.handle_line(json.dumps({"op": "cli", "tres_per_node": "gres:gpushare:mem=10G", "partition": "pcie",
-                                        "comment": "my run"}))
-    assert c["gres"] == "shard:10" and c["comment"] == "my run gpushare-request=gres:gpushare:mem=10G"
-    # what job_submit then sees: the decided TRES and the marked comment -> decided again, audited
-    s = ask(service, tres_per_node="gres:shard:10", comment=c["comment"], partition="pcie")
-    assert s["tres_per_node"] == "gres:shard:10" and s["comment"] == "my run"
+def test_cli_op_returns_prefixless_gres_and_a_mark_and_submit_names_it_in_the_audit(service):
+    c = service.handle_line(json.dumps({"op": "cli", "tres_per_node": "gres:gpushare:mem=10G", "partition": "pcie"}))
+    assert c["gres"] == "shard:10" and c["mark"] == "gpushare-request=gres:gpushare:mem=10G"
+    # what job_submit then sees: the decided TRES (policed as a direct request) and the mark's request
+    s = ask(service, tres_per_node="gres:shard:10", cli_request="gres:gpushare:mem=10G", partition="pcie")
+    assert s["action"] == "rewrite" and s["tres_per_node"] == "gres:shard:10"
     assert "via=cli_filter" in s["admin_comment"] and "req=mem=10G" in s["admin_comment"]
-    # a forged marker only gets the forged request decided properly: never trusted as the result
-    f = ask(service, tres_per_node="gres:gpu:h100:8", comment="gpushare-request=gres:gpushare:mem=10G",
-            partition="pcie")
-    assert f["tres_per_node"] == "gres:shard:10"
+
+
+def test_a_forged_cli_mark_never_skips_the_policy_nor_changes_the_grant(service):
+    """Issue #12 item 6: ``--gres=shard:500 --comment=gpushare-request=gpu:1`` was accepted unpoliced."""
+    a = ask(service, tres_per_node="gres:shard:500", cli_request="gpu:1", partition="pcie")
+    assert a["action"] == "reject" and a["errno"] == 2072 and "shard:500" in a["message"]
+    # a mark whose decision is another GRES only leaves the audit of what was really decided
+    b = ask(service, tres_per_node="gres:shard:20", cli_request="gres:gpushare:mem=10G", partition="pcie")
+    assert b["tres_per_node"] == "gres:shard:20" and "via=" not in b["admin_comment"]
+    assert "kind=shard-direct" in b["admin_comment"] and "req=shard:20" in b["admin_comment"]
+    # the user's comment is not even read by the service
+    c = ask(service, tres_per_node="gres:shard:2", comment="gpushare-request=gpu:1\nGRES=shard:80(IDX:0)")
+    assert c["action"] == "rewrite" and "req=shard:2" in c["admin_comment"]
+
+
+def test_node_count_is_part_of_the_service_decision(service):
+    one = ask(service, tres_per_node="gres:gpushare:mem=10G", partition="gpu")
+    two = ask(service, tres_per_node="gres:gpushare:mem=10G", partition="gpu", min_nodes=2)
+    tasks = ask(service, tres_per_node="gres:gpushare:mem=10G", partition="gpu", num_tasks=8, ntasks_per_node=4)
+    unset = ask(service, tres_per_node="gres:gpushare:mem=10G", partition="gpu", min_nodes=4294967294)
+    assert one["tres_per_node"] == unset["tres_per_node"] == "gres:gpu:h100_1g.10gb:1"
+    assert two["tres_per_node"] == tasks["tres_per_node"] == "gres:shard:10" and "nodes=2" in two["admin_comment"]
 
 
 def test_stale_description_is_reported_and_not_used(machines_dir):
@@ -131,20 +150,22 @@ def test_directory_change_is_noticed(machines_dir, service):
 
 
 @pytest.fixture
-def live(machines_dir):
+def live(machines_dir, request):
     """serve() on a real unix socket in a thread (short /tmp path: unix sockets are limited to ~107 bytes)."""
     d = Path(tempfile.mkdtemp(prefix="gps-fd-", dir="/tmp"))
     sock = d / "f.sock"
     nodes = {n: packaged_machine(f) for n, f in DEFAULT_NODES.items()}
-    ready = threading.Event()
+    ready, stop = threading.Event(), threading.Event()
     log = io.StringIO()
+    limits = getattr(request, "param", Limits())
     t = threading.Thread(target=serve, args=(sock, machines_dir),
-                         kwargs={"slurm_source": fake_slurm(nodes, PARTS), "ready": ready, "log_stream": log},
-                         daemon=True)
+                         kwargs={"slurm_source": fake_slurm(nodes, PARTS), "ready": ready, "log_stream": log,
+                                 "limits": limits, "stop": stop}, daemon=True)
     t.start()
     assert ready.wait(10)
     yield sock
-    # the serving thread is a daemon thread; closing the socket file is enough for the test process
+    stop.set()
+    t.join(10)
     shutil.rmtree(d, ignore_errors=True)
 
 
@@ -193,3 +214,148 @@ print(c.encode({bad = tostring(c.decode([[{"a": }]]))}))
     out = run_lua(Path("/nonexistent"), body)
     assert out[0] == {"a": 'x"y\\z\né', "n": 2072, "t": "true", "z": "nil"}
     assert out[1] == {"bad": "nil"}
+
+
+# --- protocol 2: framing, ids, bounds ------------------------------------------------------------------
+
+
+def _framed(request_id: str, req: dict) -> bytes:
+    body = json.dumps(req).encode()
+    return f"{MAGIC} {request_id} {len(body)}\n".encode() + body
+
+
+def _read_answer(f) -> dict:
+    head = f.readline().decode().split()
+    assert head[0] == MAGIC, head
+    body = json.loads(f.read(int(head[2])))
+    assert body["id"] == head[1]
+    return body
+
+
+def _connect(sock: Path) -> socket.socket:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(5)
+    s.connect(str(sock))
+    return s
+
+
+def test_an_over_long_request_is_refused_once_and_the_next_answers_match_their_requests(live):
+    """Issue #12 item 4: a 70,000-character field was answered twice, and every later job got the answer
+    of the job before it."""
+    s = _connect(live)
+    f = s.makefile("rb")
+    long_req = {"op": "submit", "tres_per_node": "gres:gpushare:mem=10G", "admin_comment": "x" * 70000}
+    s.sendall(_framed("1", long_req) + _framed("2", {"op": "submit", "tres_per_node": "gres:gpushare:mem=10G",
+                                                     "partition": "pcie"}))
+    first, second = _read_answer(f), _read_answer(f)
+    assert first["id"] == "1" and first["action"] == "reject" and "longer than" in first["message"]
+    assert second["id"] == "2" and second["tres_per_node"] == "gres:shard:10"
+    s.sendall(_framed("3", {"op": "submit", "tres_per_node": "gres:gpushare:mem=10G", "partition": "gpu"}))
+    assert _read_answer(f)["tres_per_node"] == "gres:gpu:h100_1g.10gb:1"
+    s.close()
+
+
+def test_an_unframed_line_is_answered_once_and_the_connection_closed(live):
+    s = _connect(live)
+    s.sendall(b'{"op": "submit", "tres_per_node": "gres:gpushare:mem=10G"}\n')
+    f = s.makefile("rb")
+    a = _read_answer(f)
+    assert a["id"] == "0" and a["action"] == "reject" and "header" in a["message"]
+    assert f.read() == b""  # closed
+    s.close()
+
+
+def test_frame_round_trip():
+    head, body = frame("7", {"action": "pass"}).split(b"\n", 1)
+    assert head == f"{MAGIC} 7 {len(body)}".encode() and json.loads(body) == {"action": "pass", "id": "7"}
+
+
+def _served(sock: Path, n: int) -> tuple[list[socket.socket], int]:
+    conns, ok = [], 0
+    for _ in range(n):
+        s = _connect(sock)
+        conns.append(s)
+    time.sleep(0.3)
+    for i, s in enumerate(conns):
+        try:
+            s.sendall(_framed(str(i + 1), {"op": "submit", "tres_per_node": "gres:gpu:1"}))
+            if _read_answer(s.makefile("rb"))["action"] == "pass":
+                ok += 1
+        except (OSError, IndexError, ValueError, AssertionError):
+            pass
+    return conns, ok
+
+
+@pytest.mark.parametrize("live", [Limits(per_uid=3, users=5)], indirect=True)
+def test_connections_of_one_user_are_bounded_and_the_service_runs_no_thread_per_connection(live):
+    """Issue #12 item 5: 20,000 connections got a thread each. Here this test's uid is the service's own
+    (privileged): it may hold up to ``privileged`` (64) connections, all in the one loop thread."""
+    threads = threading.active_count()
+    conns, ok = _served(live, 40)
+    assert ok == 40 and threading.active_count() == threads
+    for s in conns:
+        s.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to connect as another uid")
+@pytest.mark.parametrize("live", [Limits(per_uid=3, users=5, idle_s=1.0)], indirect=True)
+def test_an_ordinary_user_gets_per_uid_connections_and_idle_ones_are_closed(live):
+    """As uid 65534 (nobody): 3 of 10 connections are served, the others are closed at once; the service's
+    own uid is still served; an idle connection is closed after idle_s."""
+    os.chmod(live.parent, 0o755)
+    os.chmod(live, 0o666)
+    code = f"""
+import json, socket, sys, time
+sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})
+from tests.test_filterd import _served
+conns, ok = _served(__import__("pathlib").Path({str(live)!r}), 10)
+for s in conns: s.close()
+s = socket.socket(socket.AF_UNIX); s.connect({str(live)!r}); time.sleep(2.5)
+s.settimeout(2)
+closed = s.recv(1) == b""
+print(json.dumps({{"ok": ok, "closed": closed}}))
+"""
+    proc = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", code],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out == {"ok": 3, "closed": True}
+    conns, ok = _served(live, 10)  # privileged: not limited by the users' bound
+    assert ok == 10
+
+
+@pytest.mark.skipif(LUA is None, reason="lua5.1 not installed")
+def test_lua_client_never_uses_the_answer_of_another_request(live):
+    """The 70,000-character request through the Lua client, then two ordinary ones: each gets its own answer."""
+    out = run_lua(live, """
+local a = c.ask({op = "submit", tres_per_node = "gres:gpushare:mem=10G", admin_comment = string.rep("x", 70000)})
+local b = c.ask({op = "submit", tres_per_node = "gres:gpushare:mem=10G", partition = "pcie"})
+local d = c.ask({op = "submit", tres_per_node = "gres:gpushare:mem=10G", partition = "gpu"})
+print(c.encode({a = a.action, b = b.tres_per_node, d = d.tres_per_node}))
+""")
+    assert out == [{"a": "reject", "b": "gres:shard:10", "d": "gres:gpu:h100_1g.10gb:1"}]
+
+
+@pytest.mark.skipif(LUA is None, reason="lua5.1 not installed")
+def test_lua_client_gives_up_on_a_hung_service_in_milliseconds_and_backs_off(tmp_path):
+    """Issue #12 item 5: with filterd stopped (SIGSTOP) each gpushare job held slurmctld 2 s. A socket
+    that listens but never answers stands for it here."""
+    path = Path(tempfile.mkdtemp(prefix="gps-hung-", dir="/tmp")) / "h.sock"
+    lsock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    lsock.bind(str(path))
+    lsock.listen(16)
+    try:
+        script = (f'local c = dofile("{SITE / "gpushare_client.lua"}")\nc.settings.socket = "{path}"\n'
+                  'local clock = require("socket")\nlocal out = {}\n'
+                  'for i = 1, 5 do local t = clock.gettime(); local a, why = c.ask({op = "submit"}); '
+                  'out[#out + 1] = string.format("%.4f|%s", clock.gettime() - t, tostring(why)) end\n'
+                  'print(table.concat(out, "\\n"))\n')
+        proc = subprocess.run([LUA, "-"], input=script, capture_output=True, text=True, timeout=30)
+        assert proc.returncode == 0, proc.stderr
+        rows = [line.split("|", 1) for line in proc.stdout.splitlines()]
+        times = [float(t) for t, _ in rows]
+        assert "no answer within 0.02 s" in rows[0][1] and times[0] < 0.2
+        assert all(t < 0.005 for t in times[1:]) and all("not asked again" in w for _, w in rows[1:])
+    finally:
+        lsock.close()
+        shutil.rmtree(path.parent, ignore_errors=True)

@@ -561,3 +561,36 @@ def test_gpu_fixture_matches_the_dev_cluster_table():
     assert INV.nodes["h100-mig"].gres == {("gpu", "h100"): 2, ("gpu", "h100_4g.40gb"): 2,
                                           ("gpu", "h100_1g.10gb"): 6, ("shard", ""): 158}
     assert all(n.usable for n in INV.nodes.values())
+
+
+# --- node count (-N / --nodes, --ntasks-per-node): the granted GRES must exist on that many nodes ----
+
+
+def test_two_nodes_never_get_a_mig_slice_only_one_node_has():
+    """Issue #12 item 6: ``-N 2 --gres=gpushare:mem=10G`` was decided as if for one node (h100-mig only)."""
+    assert granted("gres:gpushare:mem=10G") == "gres:gpu:h100_1g.10gb:1"
+    d = decide("gres:gpushare:mem=10G", None, partitions=("gpu",), inventory=INV, policy=DEFAULT, nodes=2)
+    assert d.action == "rewrite", d.message
+    assert d.tres_per_node == "gres:shard:10"  # shards exist on the three nodes with whole GPUs
+    assert d.audit_fields()["nodes"] == "2"
+    assert "nodes" not in run("gres:gpushare:mem=10G").audit_fields()
+
+
+def test_more_nodes_than_hold_the_grant_are_refused_with_the_count_that_works():
+    d = decide("gres:gpushare:mem=10G", None, partitions=("mig",), inventory=INV, policy=DEFAULT, nodes=2)
+    assert d.action == "reject" and d.errno == ESLURM_INVALID_GRES
+    assert "2 nodes asked for, but only 1 node(s) of partition mig" in d.message and "-N 1" in d.message
+    d = decide("gres:shard:10", None, partitions=("pcie",), inventory=INV, policy=DEFAULT, nodes=2)
+    assert d.action == "reject" and "only 1 node(s) of partition pcie" in d.message
+    assert decide("gres:shard:10", None, partitions=("gpu",), inventory=INV, policy=DEFAULT,
+                  nodes=4).action == "rewrite"  # h100-mig is mixed: its whole GPUs have shards too
+    assert decide("gres:shard:10", None, partitions=("gpu",), inventory=INV, policy=DEFAULT,
+                  nodes=5).action == "reject"
+
+
+def test_nodes_needed_reads_job_desc_numbers_and_sentinels():
+    from slurm_gpushare.submit.policy import nodes_needed
+    assert nodes_needed(2) == 2 and nodes_needed(2.0) == 2 and nodes_needed("3") == 3
+    assert nodes_needed(4294967294) == 1 and nodes_needed(None) == 1 and nodes_needed(0) == 1
+    assert nodes_needed(None, 8, 2) == 4 and nodes_needed(1, 9, 4) == 3 and nodes_needed(5, 8, 2) == 5
+    assert nodes_needed(1, 8, 65534) == 1 and nodes_needed("x", [], {}) == 1 and nodes_needed(float("inf")) == 1

@@ -59,6 +59,35 @@ SUCCESS = 0
 AUDIT_VERSION = 1
 #: ``mps:N`` is a percentage of one GPU (Slurm's default ``mps`` count per GPU).
 MPS_PER_GPU = 100
+#: The largest node count :func:`decide` accepts (more than any partition it serves).
+MAX_NODES = 100_000
+#: Slurm's "not set" sentinels for 32-bit and 16-bit job_desc numbers (NO_VAL, NO_VAL16, INFINITE...).
+_UNSET = (0xFFFFFFFE, 0xFFFFFFFF, 0xFFFE, 0xFFFF)
+
+
+def nodes_needed(min_nodes: object = None, num_tasks: object = None, ntasks_per_node: object = None) -> int:
+    """How many nodes a job spans, from job_desc numbers as job_submit.lua sees them (Slurm 22.05).
+
+    ``min_nodes`` (``-N``/``--nodes``) and ``ceil(num_tasks / ntasks_per_node)`` (``-n`` with
+    ``--ntasks-per-node``), the larger; at least 1. Unset fields arrive as Slurm's NO_VAL sentinels
+    (``4294967294``, ``65534``: SLURM_FACTS.md section 3) or are missing; they, non-numbers and
+    non-positive values count as unset. Never raises.
+
+    >>> nodes_needed(2), nodes_needed(4294967294), nodes_needed(None, 8, 2), nodes_needed("x")
+    (2, 1, 4, 1)
+    """
+    def num(v: object) -> int | None:
+        try:
+            n = int(float(v))  # type: ignore[arg-type]  # Lua numbers arrive as JSON floats or strings
+        except (TypeError, ValueError, OverflowError):
+            return None
+        return None if n <= 0 or n in _UNSET else n
+
+    n = num(min_nodes) or 1
+    tasks, per = num(num_tasks), num(ntasks_per_node)
+    if tasks and per:
+        n = max(n, -(-tasks // per))
+    return n
 
 #: Every refusal of this module: id -> (message template, hint template). ``str.format`` fields.
 MESSAGES: dict[str, tuple[str, str]] = {
@@ -103,6 +132,9 @@ MESSAGES: dict[str, tuple[str, str]] = {
                     "with gpushare:mode=gpu:N"),
     "mps-none": ("mps:{n}: {where} has no mps GRES configured",
                  "use gpushare:mem=10G (memory) or shard:N (N GiB of one GPU)"),
+    "nodes-too-many": ("{nodes} nodes asked for, but only {have} node(s) of {where} have {what}",
+                       "ask for -N {have} (--nodes), or for a smaller request"),
+    "nodes-bad": ("the node count {nodes} cannot be served", "ask for --nodes between 1 and {max}"),
     "mps-large": ("mps:{n} is more than one GPU (mps:100)",
                   "ask for mps:100 at most, or for whole GPUs with gpushare:mode=gpu:1"),
 }
@@ -186,7 +218,8 @@ class Decision:
 
         Keys, in order: ``req`` (the request as written), ``grant`` (the new GRES item), ``kind``,
         ``model`` (models joined by ``,``), ``mem`` (``<asked>/<granted>MiB``, ``-`` for nothing
-        asked), ``sm`` (when given), ``part`` (partitions joined by ``,``), ``alt`` (other candidates,
+        asked), ``sm`` (when given), ``part`` (partitions joined by ``,``), ``nodes`` (when more
+        than 1), ``alt`` (other candidates,
         at most 6, joined by ``,``); a refusal has ``req`` and ``action=reject``. Values hold only
         ``A-Za-z0-9_.:=+/,%@-`` (anything else becomes ``?``): no spaces, no brackets. Empty for ``pass``.
         """
@@ -208,6 +241,8 @@ class Decision:
             out["sm"] = str(a["sm_percent"])
         if a.get("partitions"):
             out["part"] = _safe(",".join(a["partitions"]))
+        if a.get("nodes", 1) > 1:
+            out["nodes"] = str(a["nodes"])
         alt = [c for c in a.get("candidates", ())[1:]][:6]
         if alt:
             out["alt"] = _safe(",".join(alt))
@@ -228,6 +263,7 @@ class _Mig:
     capacity_mib: int
     max_on_node: int = 0
     nodes: list[str] = field(default_factory=list)
+    per_node: dict[str, int] = field(default_factory=dict)  # node -> count of this GRES type there
 
 
 @dataclass
@@ -237,6 +273,7 @@ class _Whole:
     capacity_mib: int
     max_on_node: int = 0
     nodes: list[str] = field(default_factory=list)
+    per_node: dict[str, int] = field(default_factory=dict)  # node -> count of this GRES type there
 
 
 @dataclass
@@ -249,6 +286,7 @@ class _Pool:
     whole: dict[str, _Whole] = field(default_factory=dict)
     shards: dict[str, int] = field(default_factory=dict)  # model -> most shards on one GPU
     shard_nodes: dict[str, list[str]] = field(default_factory=dict)  # model -> nodes
+    shard_per_node: dict[str, dict[str, int]] = field(default_factory=dict)  # model -> node -> most on one GPU
     mps: bool = False
 
     @property
@@ -319,11 +357,13 @@ def _build_pool(nodes: list[NodeInventory], parts: tuple[str, ...], unit: int, p
                 w.capacity_mib = _capacity_gpu(w.memory_mib, policy)
                 w.max_on_node = max(w.max_on_node, count)
                 w.nodes.append(node.name)
+                w.per_node[node.name] = count
             elif gtype in profiles:
                 model, prof = profiles[gtype]
                 m = pool.mig.setdefault(gtype, _Mig(model, prof, _capacity_mig(prof, policy)))
                 m.max_on_node = max(m.max_on_node, count)
                 m.nodes.append(node.name)
+                m.per_node[node.name] = count
         if node.shards > 0:
             for g in node.whole_gpus:
                 n = g.memory_mib // unit
@@ -332,6 +372,8 @@ def _build_pool(nodes: list[NodeInventory], parts: tuple[str, ...], unit: int, p
                     pool.shard_nodes.setdefault(g.model, [])
                     if node.name not in pool.shard_nodes[g.model]:
                         pool.shard_nodes[g.model].append(node.name)
+                    on = pool.shard_per_node.setdefault(g.model, {})
+                    on[node.name] = max(on.get(node.name, 0), n)
         if any(name == "mps" and count > 0 for (name, _t), count in node.gres.items()):
             pool.mps = True
     return pool
@@ -380,13 +422,23 @@ def _pool_for(inventory: ClusterInventory, parts: tuple[str, ...], policy: SiteP
 # --- candidates --------------------------------------------------------------------------------------
 
 
+def _holding(per_node: dict[str, int], count: int) -> tuple[str, ...]:
+    """Nodes with at least ``count`` of a GRES, sorted."""
+    return tuple(sorted(n for n, c in per_node.items() if c >= count))
+
+
+def shard_nodes_holding(pool: _Pool, models: tuple[str, ...] | list[str], n: int) -> tuple[str, ...]:
+    """Nodes with a whole GPU of one of ``models`` that holds ``n`` shards, sorted."""
+    return tuple(sorted({x for md in models for x, most in pool.shard_per_node.get(md, {}).items() if most >= n}))
+
+
 def _candidates(kind: str, req: GpushareRequest, pool: _Pool, policy: SitePolicy, *, auto: bool,
-                skipped: list[str]) -> list[Candidate]:
+                skipped: list[str], nodes: int = 1) -> list[Candidate]:
     mem, count = req.mem_mib, req.count
     out: list[Candidate] = []
     if kind == "mig" and mem is not None:
         for gtype, m in sorted(pool.mig.items()):
-            if m.max_on_node < count or mem > m.capacity_mib:
+            if m.max_on_node < count or mem > m.capacity_mib or len(_holding(m.per_node, count)) < nodes:
                 continue
             waste = m.capacity_mib - mem
             if auto and waste > policy.mig_max_waste * m.capacity_mib:
@@ -397,13 +449,14 @@ def _candidates(kind: str, req: GpushareRequest, pool: _Pool, policy: SitePolicy
     elif kind == "mps" and mem is not None and count == 1:
         n = math.ceil(mem / pool.unit_mib)
         models = tuple(sorted(md for md, most in pool.shards.items() if most >= n))
-        if models:
-            nodes = tuple(sorted({x for md in models for x in pool.shard_nodes[md]}))
+        holding = shard_nodes_holding(pool, models, n)
+        if models and len(holding) >= nodes:
             out.append(Candidate("mps", "shard", "", n, models, n * pool.unit_mib, n * pool.unit_mib,
-                                 n * pool.unit_mib - mem, nodes))
+                                 n * pool.unit_mib - mem, holding))
     elif kind == "gpu":
         for model, w in sorted(pool.whole.items()):
-            if w.max_on_node < count or (mem is not None and mem > w.capacity_mib):
+            if (w.max_on_node < count or (mem is not None and mem > w.capacity_mib)
+                    or len(_holding(w.per_node, count)) < nodes):
                 continue
             waste = w.capacity_mib - (mem or 0)
             out.append(Candidate("gpu", "gpu", model, count, (model,), w.capacity_mib, w.memory_mib, waste,
@@ -466,9 +519,10 @@ def _kinds(req: GpushareRequest, policy: SitePolicy, parts: tuple[str, ...], whe
     return kinds
 
 
-def _choose(req: GpushareRequest, pool: _Pool, policy: SitePolicy, parts: tuple[str, ...]
+def _choose(req: GpushareRequest, pool: _Pool, policy: SitePolicy, parts: tuple[str, ...], nodes: int = 1
             ) -> tuple[Candidate, list[Candidate], str]:
-    """Pick one candidate. Returns (chosen, all candidates considered, reason).
+    """Pick one candidate that ``nodes`` nodes of the pool each hold. Returns (chosen, all candidates
+    considered, reason).
 
     Raises:
         InputError: nothing can serve the request; the message says why and what would.
@@ -478,7 +532,14 @@ def _choose(req: GpushareRequest, pool: _Pool, policy: SitePolicy, parts: tuple[
     kinds = _kinds(req, policy, parts, pool.where)
     auto = req.mode == "auto"
     skipped: list[str] = []
-    by_kind = {k: _candidates(k, req, pool, policy, auto=auto, skipped=skipped) for k in kinds}
+    by_kind = {k: _candidates(k, req, pool, policy, auto=auto, skipped=skipped, nodes=nodes) for k in kinds}
+    if nodes > 1 and not any(by_kind.values()):
+        one = [c for k in kinds for c in _candidates(k, req, pool, policy, auto=auto, skipped=[])]
+        if one:
+            best = max(one, key=lambda c: (len(c.nodes), -c.waste_mib))
+            have = max(len(c.nodes) for c in one)
+            raise _error("nodes-too-many", nodes=nodes, have=have, where=pool.where,
+                         what=f"{best.gres} ({best.kind})")
     considered = [c for k in kinds for c in _ranked(by_kind[k], policy)]
     chosen, reason = None, ""
     if auto and "gpu" in kinds and req.mem_mib is not None:
@@ -563,7 +624,7 @@ def _refusal(req: GpushareRequest, kinds: tuple[str, ...], pool: _Pool, policy: 
 
 
 def decide(tres_per_node: str | None, tres_per_job: str | None, *, partitions: tuple[str, ...] | None,
-           inventory: ClusterInventory, policy: SitePolicy) -> Decision:
+           inventory: ClusterInventory, policy: SitePolicy, nodes: int = 1) -> Decision:
     """Decide what to do with one job's GRES request (job_submit / job_modify). Pure; never raises
     for a bad request.
 
@@ -574,6 +635,10 @@ def decide(tres_per_node: str | None, tres_per_job: str | None, *, partitions: t
             the cluster's default partition.
         inventory: the controller's cluster snapshot; only usable nodes count.
         policy: the site policy.
+        nodes: how many nodes the job spans (``job_desc.min_nodes``, ``-N``; or ``num_tasks /
+            ntasks_per_node`` rounded up, whichever is more; see :func:`nodes_needed`): the granted
+            GRES is per node (``tres_per_node``), so that many usable nodes of the partitions must
+            each hold it. The audit records it as ``nodes`` when more than 1.
 
     Returns:
         ``pass`` for jobs without ``gpushare``/``shard``/``mps`` items (and direct ones when
@@ -588,6 +653,9 @@ def decide(tres_per_node: str | None, tres_per_job: str | None, *, partitions: t
     audit: dict[str, Any] = {"version": AUDIT_VERSION, "original": tres_per_node or "",
                              "request": _request_text(tres_per_node, tres_per_job)}
     try:
+        if not 1 <= nodes <= MAX_NODES:
+            raise _error("nodes-bad", nodes=nodes, max=MAX_NODES)
+        audit["nodes"] = nodes
         return _decide(tres_per_node or "", tres_per_job or "", partitions, inventory, policy, audit)
     except InputError as e:
         text = f"gpushare: {e.message}" + (f"; {e.hint}" if e.hint else "")
@@ -629,7 +697,7 @@ def _decide(tpn: str, tpj: str, partitions: tuple[str, ...] | None, inventory: C
         audit["request"] = req.text
         parts = _resolve_partitions(inventory, partitions)
         pool = _pool_for(inventory, parts, policy)
-        chosen, considered, reason = _choose(req, pool, policy, parts)
+        chosen, considered, reason = _choose(req, pool, policy, parts, audit.get("nodes", 1))
         first = next(it for it in items if it.name == "gpushare")
         new_item = GresItem(chosen.name, chosen.type, chosen.count, prefix=first.prefix or prefix)
         out = []
@@ -689,6 +757,11 @@ def _direct(items: tuple[GresItem, ...], prefix: str, partitions: tuple[str, ...
             on = ", ".join(sorted(m for m, s in pool.shards.items() if s == most))
             raise _error("shard-large", n=n, where=pool.where, most=most, on=on)
         models = sorted(m for m, s in pool.shards.items() if s >= n)
+        nodes = audit.get("nodes", 1)
+        holding = shard_nodes_holding(pool, models, n)
+        if len(holding) < nodes:
+            raise _error("nodes-too-many", nodes=nodes, have=len(holding), where=pool.where,
+                         what=f"a GPU with {n} shards")
         audit.update(kind="shard-direct", mem_asked_mib=n * unit, mem_granted_mib=n * unit,
                      model=",".join(models), candidates=[f"shard-direct:shard:{n}"])
     else:
@@ -713,6 +786,7 @@ __all__ = [
     "MPS_PER_GPU",
     "SUCCESS",
     "decide",
+    "nodes_needed",
     "nominal_gpu_mib",
     "nominal_profile_mib",
 ]

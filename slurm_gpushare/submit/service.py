@@ -1,36 +1,43 @@
 """``slurm-gpushare filterd``: the decision service behind job_submit.lua and cli_filter.lua.
 
-Runs on the controller as SlurmUser, listens on a unix socket and speaks JSON lines: one request
-object per line, one answer per line, on connections that stay open (slurmctld's Lua keeps one).
-It decides from a cluster snapshot held in memory (:mod:`slurm_gpushare.submit.inventory`: machine
-descriptions from a directory joined with ``sinfo --json``), refreshed in the background, on a
-change of the directory, and on SIGHUP, so that a request costs a dictionary lookup and the pure
-policy, never a Slurm command. It never imports NVML or node-side code (import-linter contract).
+Runs on the controller as SlurmUser and listens on a unix socket (:class:`FramedServer`). It decides
+from a cluster snapshot held in memory (:mod:`slurm_gpushare.submit.inventory`: machine descriptions
+from a directory joined with ``sinfo --json``), refreshed in the background, on a change of the
+directory, and on SIGHUP, so that a request costs a dictionary lookup and the pure policy, never a
+Slurm command. It never imports NVML or node-side code (import-linter contract).
 
-Request (all strings; missing = empty)::
+Protocol 2: every message, both ways, is a header line ``GPS2 <id> <length>`` (``id`` decimal, at
+most 20 digits, chosen by the client; ``length`` in bytes) and then exactly ``length`` bytes of one
+JSON object. An answer carries the ``id`` of its request in its header and in its JSON, and the client
+uses no answer whose id is not the one it sent. A request body over :data:`MAX_REQUEST` bytes is read
+past and refused as one request; a malformed header is answered once (id ``0``) and the connection
+closed. Request (strings and numbers; missing = empty)::
 
-    {"v": 1, "op": "submit" | "modify" | "cli", "tres_per_node": "gres:gpushare:mem=10G",
-     "tres_per_job": "", "partition": "gpu", "comment": "", "admin_comment": "", "user": "alice",
-     "job_id": ""}
+    {"v": 2, "op": "submit" | "modify" | "cli", "tres_per_node": "gres:gpushare:mem=10G",
+     "tres_per_job": "", "partition": "gpu", "admin_comment": "", "min_nodes": 2, "num_tasks": 8,
+     "ntasks_per_node": 4, "cli_request": "", "user": "alice", "uid": 1000, "job_id": ""}
 
 Answer::
 
-    {"v": 1, "action": "pass" | "rewrite" | "reject", "tres_per_node": "gres:gpu:h100_1g.10gb:1",
-     "admin_comment": "... [gpushare:v1 ...]", "comment": "...", "message": "gpushare: ...",
-     "errno": 2072}
+    {"v": 2, "id": "17", "action": "pass" | "rewrite" | "reject", "tres_per_node": "gres:gpu:h100_1g.10gb:1",
+     "admin_comment": "... [gpushare:v1 ...]", "message": "gpushare: ...", "errno": 2072}
 
-``cli`` answers for cli_filter.lua (``srun --gres=gpushare:...`` without an allocation): the decided
-GRES without prefixes, and a comment carrying ``gpushare-request=<original>`` so that job_submit
-re-decides authoritatively and writes the audit (the comment is never trusted for anything else).
+No user-writable field is ever sent or trusted: ``cli`` answers cli_filter.lua (``srun
+--gres=gpushare:...`` without an allocation) with the decided GRES without prefixes and a ``mark``
+(``gpushare-request=<original>``) that cli_filter appends to the job comment; job_submit.lua sends
+only that word back as ``cli_request``, and the service still decides the GRES it sees (a direct
+``shard:N`` is policed as such); the mark only names the original request in the audit when deciding
+it gives exactly that GRES, so a forged mark gains nothing.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import selectors
 import signal
 import socket
-import socketserver
+import struct
 import sys
 import threading
 import time
@@ -44,13 +51,18 @@ from slurm_gpushare.slurm.admincomment import format_segment, merge
 from slurm_gpushare.slurm.gres import parse
 from slurm_gpushare.slurm.nodegres import GresOptions, node_gres
 from slurm_gpushare.submit.inventory import ClusterInventory, build_inventory
-from slurm_gpushare.submit.policy import decide
+from slurm_gpushare.submit.policy import decide, nodes_needed
 from slurm_gpushare.submit.policyfile import SitePolicy, load_policy
 
-PROTOCOL = 1
+PROTOCOL = 2
+#: First word of every message header (``GPS2 <id> <length>``).
+MAGIC = "GPS2"
 ERRNO_INVALID_GRES = 2072  # ESLURM_INVALID_GRES: "Invalid generic resource (gres) specification"
 CLI_MARK = "gpushare-request="
-MAX_LINE = 65536
+#: Longest request body the service decides (bytes); job_submit.lua sends only short fields.
+MAX_REQUEST = 65536
+#: Longest message header line (bytes, without the newline).
+MAX_HEADER = 64
 
 
 class Log:
@@ -154,15 +166,16 @@ class FilterService:
         self._memo_inventory: ClusterInventory | None = None
         self._memo_lock = threading.Lock()
 
-    def _decide(self, inv: ClusterInventory, tpn: str | None, tpj: str | None, parts: tuple[str, ...] | None):
-        key = (tpn, tpj, parts)
+    def _decide(self, inv: ClusterInventory, tpn: str | None, tpj: str | None, parts: tuple[str, ...] | None,
+                nodes: int = 1):
+        key = (tpn, tpj, parts, nodes)
         with self._memo_lock:
             if self._memo_inventory is not inv:
                 self._memo.clear()
                 self._memo_inventory = inv
             d = self._memo.get(key)
         if d is None:
-            d = decide(tpn, tpj, partitions=parts, inventory=inv, policy=self.policy)
+            d = decide(tpn, tpj, partitions=parts, inventory=inv, policy=self.policy, nodes=nodes)
             with self._memo_lock:
                 if self._memo_inventory is inv:
                     if len(self._memo) >= self.MEMO_MAX:
@@ -194,40 +207,45 @@ class FilterService:
     def handle(self, req: dict) -> dict:
         """Answer one decoded request (``op`` submit, modify or cli).
 
+        What is decided is always the GRES Slurm will schedule (``tres_per_node``/``tres_per_job`` as
+        job_submit.lua sees them), for ``nodes`` nodes. ``cli_request`` (the ``gpushare-request=`` word
+        cli_filter.lua left in the user-writable comment) never changes a decision: it only names the
+        request in the audit, and only when deciding it gives exactly the GRES that was decided.
+
         Raises:
-            InputError: an unknown ``op``.
+            InputError: an unknown ``op`` or a field that is not a string.
         """
         op = req.get("op", "submit")
         if op not in ("submit", "modify", "cli"):
             raise InputError(f"unknown op {op!r}")
+        for key in ("tres_per_node", "tres_per_job", "partition", "admin_comment", "cli_request"):
+            if not isinstance(req.get(key) or "", str):
+                raise InputError(f"{key} is not a string")
         inv = self.cache.current()
         tpn = req.get("tres_per_node") or ""
         tpj = req.get("tres_per_job") or ""
-        comment = req.get("comment") or ""
-        original = _cli_request(comment)
-        if original is not None and op == "submit":
-            tpn_for_decision = original  # re-decide what the user asked srun for; never trust the rewrite
-        else:
-            tpn_for_decision = tpn
         if inv is None:
             return self._reject("gpushare: the filter service has no cluster inventory yet "
                                 f"({self.cache.error or 'starting'}); try again in a minute")
         parts = tuple(p for p in (req.get("partition") or "").split(",") if p) or None
-        d = self._decide(inv, tpn_for_decision or None, tpj or None, parts)
+        nodes = nodes_needed(req.get("min_nodes"), req.get("num_tasks"), req.get("ntasks_per_node"))
+        d = self._decide(inv, tpn or None, tpj or None, parts, nodes)
         if d.action == "pass":
             return {"v": PROTOCOL, "action": "pass"}
         if d.action == "reject":
             return self._reject(d.message, errno=d.errno or ERRNO_INVALID_GRES)
-        new_tpn = d.tres_per_node
+        new_tpn = d.tres_per_node or ""
         answer = {"v": PROTOCOL, "action": "rewrite", "tres_per_node": new_tpn, "message": d.message or ""}
-        fields = dict(d.audit_fields())
         if op == "cli":
             answer["gres"] = ",".join(it.body for it in parse(new_tpn))  # srun's --gres takes no prefix
-            answer["comment"] = _with_cli_mark(comment, tpn)
+            answer["mark"] = CLI_MARK + tpn.replace(" ", "")
             return answer
-        if original is not None:
-            fields["via"] = "cli_filter"
-            answer["comment"] = _without_cli_mark(comment)
+        fields = dict(d.audit_fields())
+        original = req.get("cli_request") or ""
+        if op == "submit" and original and len(original) <= 256:
+            via = self._decide(inv, original, tpj or None, parts, nodes)
+            if via.action == "rewrite" and via.tres_per_node == new_tpn:
+                fields = {**via.audit_fields(), "via": "cli_filter"}
         answer["admin_comment"] = merge(req.get("admin_comment"), format_segment(fields))
         return answer
 
@@ -236,45 +254,298 @@ class FilterService:
         return {"v": PROTOCOL, "action": "reject", "message": message, "errno": errno}
 
 
-def _cli_request(comment: str) -> str | None:
-    for word in comment.split():
-        if word.startswith(CLI_MARK):
-            return word[len(CLI_MARK):]
-    return None
+@dataclass(frozen=True)
+class Limits:
+    """How much of the service one peer may hold (see :class:`FramedServer`).
+
+    Attributes:
+        per_uid: connections one ordinary user (any uid but the service's own and root) may hold.
+        users: connections all ordinary users together may hold.
+        privileged: connections the service's own uid (SlurmUser: slurmctld's job_submit.lua) and
+            root may hold; counted apart, so that no flood of users can refuse slurmctld.
+        idle_s: an ordinary user's connection with no request for this long is closed (seconds).
+        privileged_idle_s: the same for privileged connections (slurmctld keeps one open).
+        frame_s: a request must arrive whole within this long of its first byte (seconds).
+        max_request: longest request body (bytes); a longer one is read past and refused as one request.
+        max_discard: longest body that is read past (bytes); beyond it the connection is closed
+            after the refusal.
+        max_pending: answer bytes a peer may leave unread before its connection is closed.
+    """
+
+    per_uid: int = 8
+    users: int = 256
+    privileged: int = 64
+    idle_s: float = 10.0
+    privileged_idle_s: float = 3600.0
+    frame_s: float = 2.0
+    max_request: int = MAX_REQUEST
+    max_discard: int = 16 * MAX_REQUEST
+    max_pending: int = 1 << 20
 
 
-def _without_cli_mark(comment: str) -> str:
-    return " ".join(w for w in comment.split() if not w.startswith(CLI_MARK))
+def peer_uid(sock: socket.socket) -> int:
+    """The uid of the process at the other end of a unix socket (``SO_PEERCRED``: pid, uid, gid as ``3i``).
+
+    Returns -1 where the kernel gives no credentials.
+    """
+    try:
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except OSError:
+        return -1
+    return struct.unpack("3i", creds)[1]
 
 
-def _with_cli_mark(comment: str, tpn: str) -> str:
-    return " ".join([*(_without_cli_mark(comment).split()), CLI_MARK + tpn.replace(" ", "")])
+def frame(request_id: str, payload: dict) -> bytes:
+    """One protocol message: ``GPS2 <id> <length>`` and a newline, then ``length`` bytes of JSON (with ``id`` in it)."""
+    body = json.dumps({**payload, "id": request_id}).encode()
+    return f"{MAGIC} {request_id} {len(body)}\n".encode() + body
 
 
-class _Handler(socketserver.StreamRequestHandler):
-    def handle(self) -> None:
-        service: FilterService = self.server.service  # type: ignore[attr-defined]
-        while True:
+class _Conn:
+    """One client connection's state in :class:`FramedServer`."""
+
+    def __init__(self, sock: socket.socket, uid: int, privileged: bool, now: float):
+        self.sock = sock
+        self.uid = uid
+        self.privileged = privileged
+        self.inbuf = bytearray()
+        self.outbuf = bytearray()
+        self.last = now  # last complete request (or the connect)
+        self.frame_start: float | None = None  # first byte of an incomplete request
+        self.request_id = ""  # of the body being read or discarded
+        self.need = -1  # body bytes still to read (-1: reading a header)
+        self.discard = False  # the body is over-long: read past it, then refuse
+        self.close_after = False
+
+
+class FramedServer:
+    """The filter service's socket loop: one thread, non-blocking sockets, framed requests, bounded peers.
+
+    Every message is framed (a line ``GPS2 <id> <length>`` and ``length`` bytes of JSON) and every answer
+    carries the id of its request, so an answer can never be taken for another request's. Decisions
+    take microseconds (memoised, no I/O), so the one loop thread is the whole worker pool: no thread or
+    buffer grows with the number of connections. A peer's connections are bounded by its uid (from
+    ``SO_PEERCRED``) with :class:`Limits`; the service's own uid and root are counted apart and served
+    first, so a flood by users can neither refuse nor delay slurmctld.
+
+    Args:
+        sock: a listening unix socket.
+        service: answers one request.
+        log: structured logger.
+        limits: connection bounds.
+        privileged_uids: uids served as slurmctld (default: the service's own and root).
+    """
+
+    def __init__(self, sock: socket.socket, service: FilterService, log: Log, limits: Limits = Limits(),
+                 privileged_uids: frozenset[int] | None = None):
+        self.sock = sock
+        self.service = service
+        self.log = log
+        self.limits = limits
+        self.privileged_uids = privileged_uids if privileged_uids is not None else frozenset({os.geteuid(), 0})
+        self.sel = selectors.DefaultSelector()
+        self.conns: dict[int, _Conn] = {}
+        self.per_uid: dict[int, int] = {}
+        self.refused: dict[int, int] = {}  # uid -> connections refused since the last log line
+        self.last_refusal_log = 0.0
+        self.stop = threading.Event()
+        sock.setblocking(False)
+        self.sel.register(sock, selectors.EVENT_READ, None)
+
+    # --- counts ---
+    def _users(self) -> int:
+        return sum(1 for c in self.conns.values() if not c.privileged)
+
+    def _privileged(self) -> int:
+        return sum(1 for c in self.conns.values() if c.privileged)
+
+    def _accept(self, now: float) -> None:
+        for _ in range(1024):  # a bounded batch: a flood of connects cannot starve the open connections
             try:
-                line = self.rfile.readline(MAX_LINE)
-            except OSError:
+                s, _addr = self.sock.accept()
+            except (BlockingIOError, InterruptedError):
                 return
-            if not line:
+            except OSError as e:  # EMFILE and the like: shed this one, keep serving
+                self.log("accept_error", error=str(e))
                 return
-            answer = service.handle_line(line)
+            uid = peer_uid(s)
+            privileged = uid in self.privileged_uids
+            lim = self.limits
+            if privileged:
+                ok = self._privileged() < lim.privileged
+            else:
+                ok = self.per_uid.get(uid, 0) < lim.per_uid and self._users() < lim.users
+            if not ok:
+                s.close()
+                self.refused[uid] = self.refused.get(uid, 0) + 1
+                continue
+            s.setblocking(False)
+            c = _Conn(s, uid, privileged, now)
+            self.conns[s.fileno()] = c
+            if not privileged:
+                self.per_uid[uid] = self.per_uid.get(uid, 0) + 1
+            self.sel.register(s, selectors.EVENT_READ, c)
+
+    def _close(self, c: _Conn) -> None:
+        fd = c.sock.fileno()
+        if self.conns.pop(fd, None) is None:
+            return
+        try:
+            self.sel.unregister(c.sock)
+        except (KeyError, ValueError):
+            pass
+        c.sock.close()
+        if not c.privileged:
+            n = self.per_uid.get(c.uid, 1) - 1
+            if n > 0:
+                self.per_uid[c.uid] = n
+            else:
+                self.per_uid.pop(c.uid, None)
+
+    def _answer(self, c: _Conn, payload: dict, now: float) -> None:
+        c.outbuf += frame(c.request_id, payload)
+        c.last = now
+        c.frame_start = None
+
+    def _protocol_error(self, c: _Conn, why: str, now: float) -> None:
+        self.log("protocol_error", uid=c.uid, error=why)
+        c.request_id = "0"
+        self._answer(c, FilterService._reject(f"gpushare: the filter service could not read the request ({why})"),
+                     now)
+        c.close_after = True
+
+    def _consume(self, c: _Conn, now: float) -> None:
+        """Answer every complete request in ``c.inbuf``."""
+        lim = self.limits
+        while not c.close_after:
+            if c.need < 0:
+                nl = c.inbuf.find(b"\n", 0, MAX_HEADER + 1)
+                if nl < 0:
+                    if len(c.inbuf) > MAX_HEADER:
+                        self._protocol_error(c, "no message header", now)
+                    return
+                head = bytes(c.inbuf[:nl]).split(b" ")
+                del c.inbuf[:nl + 1]
+                if (len(head) != 3 or head[0] != MAGIC.encode() or not head[1].isdigit() or not head[2].isdigit()
+                        or len(head[1]) > 20):
+                    self._protocol_error(c, f"not a {MAGIC} message header (protocol {PROTOCOL})", now)
+                    return
+                c.request_id = head[1].decode()
+                c.need = int(head[2])
+                c.discard = c.need > lim.max_request
+            if c.discard:
+                take = min(c.need, len(c.inbuf))
+                del c.inbuf[:take]
+                c.need -= take
+                if c.need > 0:
+                    return
+            elif len(c.inbuf) < c.need:
+                return
+            body = b"" if c.discard else bytes(c.inbuf[:c.need])
+            if not c.discard:
+                del c.inbuf[:c.need]
+            c.need = -1
+            if c.discard:
+                c.discard = False
+                self.log("request_too_long", uid=c.uid, id=c.request_id, limit=lim.max_request)
+                self._answer(c, FilterService._reject(
+                    f"gpushare: the request is longer than the filter service reads ({lim.max_request} bytes); "
+                    "shorten the job's fields (name, comment, GRES)"), now)
+                continue
+            answer = self.service.handle_line(body)
+            self._answer(c, answer, now)
+
+    def _read(self, c: _Conn, now: float) -> None:
+        try:
+            data = c.sock.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._close(c)
+            return
+        if c.frame_start is None:
+            c.frame_start = now
+        if c.discard:
+            if c.need > self.limits.max_discard:  # not worth reading past: refuse and hang up
+                c.discard = False
+                c.need = -1
+                self._answer(c, FilterService._reject("gpushare: the request is far too long"), now)
+                c.close_after = True
+            else:
+                c.inbuf += data
+        else:
+            c.inbuf += data
+        self._consume(c, now)
+        if not c.inbuf and c.need < 0:
+            c.frame_start = None
+        self._write(c)
+
+    def _write(self, c: _Conn) -> None:
+        if c.outbuf:
             try:
-                self.wfile.write((json.dumps(answer) + "\n").encode())
-                self.wfile.flush()
+                sent = c.sock.send(c.outbuf)
+                del c.outbuf[:sent]
+            except (BlockingIOError, InterruptedError):
+                pass
             except OSError:
+                self._close(c)
                 return
+        if c.close_after and not c.outbuf:
+            self._close(c)
+            return
+        if len(c.outbuf) > self.limits.max_pending:
+            self._close(c)
+            return
+        want = selectors.EVENT_READ | (selectors.EVENT_WRITE if c.outbuf else 0)
+        try:
+            self.sel.modify(c.sock, want, c)
+        except (KeyError, ValueError):
+            pass
 
+    def _sweep(self, now: float) -> None:
+        lim = self.limits
+        for c in list(self.conns.values()):
+            idle = lim.privileged_idle_s if c.privileged else lim.idle_s
+            if (c.frame_start is not None and now - c.frame_start > lim.frame_s) or (
+                    c.frame_start is None and now - c.last > idle):
+                self._close(c)
+        if self.refused and now - self.last_refusal_log >= 10.0:
+            self.log("connections_refused", by_uid={str(k): v for k, v in self.refused.items()},
+                     limits={"per_uid": lim.per_uid, "users": lim.users})
+            self.refused.clear()
+            self.last_refusal_log = now
 
-class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-    daemon_threads = True
+    def serve_forever(self, poll_interval: float = 0.2) -> None:
+        """Serve until :attr:`stop` is set."""
+        last_sweep = time.monotonic()
+        while not self.stop.is_set():
+            events = self.sel.select(poll_interval)
+            now = time.monotonic()
+            # slurmctld first, then users; new connections last
+            ready = sorted((key.data for key, _m in events if key.data is not None),
+                           key=lambda c: not c.privileged)
+            listening = any(key.data is None for key, _m in events)
+            for c in ready:
+                if c.sock.fileno() in self.conns:
+                    self._read(c, now)
+            if listening:
+                self._accept(now)
+            if now - last_sweep >= 0.5:
+                self._sweep(now)
+                last_sweep = now
+
+    def close(self) -> None:
+        """Close every connection and the selector (not the listening socket)."""
+        for c in list(self.conns.values()):
+            self._close(c)
+        self.sel.close()
 
 
 def serve(socket_path: Path, machines_dir: Path, *, policy_path: Path | None = None, refresh_s: float = 30.0,
-          socket_mode: int = 0o666, log_stream=None, slurm_source=None, ready=None) -> int:
+          socket_mode: int = 0o666, log_stream=None, slurm_source=None, ready=None,
+          limits: Limits = Limits(), stop: threading.Event | None = None) -> int:
     """Run the service until SIGTERM/SIGINT. Returns the exit status.
 
     Args:
@@ -286,6 +557,8 @@ def serve(socket_path: Path, machines_dir: Path, *, policy_path: Path | None = N
             default lets every local user ask for a decision (read-only: the service changes nothing).
         slurm_source: callable returning (sinfo --json, scontrol -o show partition); default runs them.
         ready: optional threading.Event set when the socket listens (tests).
+        limits: connection bounds per peer uid and in total (:class:`Limits`).
+        stop: optional event that stops the service when set (tests; SIGTERM does it otherwise).
     """
     log = Log(log_stream)
     policy = load_policy(policy_path) if policy_path else SitePolicy()
@@ -296,15 +569,18 @@ def serve(socket_path: Path, machines_dir: Path, *, policy_path: Path | None = N
     service = FilterService(cache, policy, log)
     socket_path = Path(socket_path)
     _remove_stale_socket(socket_path)
-    server = _Server(str(socket_path), _Handler)
-    server.service = service  # type: ignore[attr-defined]
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(socket_path))
     os.chmod(socket_path, socket_mode)
-    stop = threading.Event()
+    listener.listen(socket.SOMAXCONN)
+    server = FramedServer(listener, service, log, limits)
+    if stop is not None:
+        server.stop = stop
+    stop = server.stop
     reload_now = threading.Event()
 
     def on_term(signum, frame):
         stop.set()
-        threading.Thread(target=server.shutdown, daemon=True).start()
 
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, on_term)
@@ -336,7 +612,8 @@ def serve(socket_path: Path, machines_dir: Path, *, policy_path: Path | None = N
         server.serve_forever(poll_interval=0.2)
     finally:
         stop.set()
-        server.server_close()
+        server.close()
+        listener.close()
         try:
             socket_path.unlink()
         except OSError:

@@ -1,16 +1,23 @@
 -- slurm-gpushare: the client side of the filter service protocol, shared by job_submit.lua
 -- (inside slurmctld) and cli_filter.lua (inside srun). Lua 5.1, lua-socket.
 --
--- One request line of JSON, one answer line, on a unix-socket connection that is kept open
--- between calls (the Lua state survives between submissions). See slurm_gpushare/submit/service.py.
+-- Protocol 2 (slurm_gpushare/submit/service.py): each message is a header line "GPS2 <id> <length>"
+-- and then <length> bytes of JSON; the answer carries the id of its request, and an answer with any
+-- other id is never used (the connection is dropped and the fail policy applies). The connection is
+-- kept open between calls (the Lua state survives between submissions).
 
 local M = {}
 
 M.settings = {
   -- unix socket of `slurm-gpushare filterd` (its --socket)
   socket = "/run/slurm-gpushare/filterd.sock",
-  -- seconds to wait for one answer; a dead service (no socket, refused) fails at once
-  timeout = 2.0,
+  -- seconds to wait for one answer (a decision takes well under 1 ms); a dead service (no socket,
+  -- refused) fails at once. slurmctld runs job_submit.lua one job at a time: a hung service costs at
+  -- most this per GPU-share job, and jobs that mention no gpushare/shard/mps never wait at all.
+  timeout = 0.02,
+  -- after a timeout, seconds during which the service is not asked again (the fail policy applies at
+  -- once), so that a hung service costs one timeout per this many seconds, not one per job
+  backoff = 5.0,
   -- what happens to jobs that need the service while it cannot answer:
   --   "reject":       they are refused with a message saying what to do (the default)
   --   "allow-direct": direct shard:/mps: requests pass unpoliced; gpushare: requests are still refused
@@ -19,7 +26,20 @@ M.settings = {
 }
 
 local unix_ok, unix = pcall(require, "socket.unix")
+local clock_ok, clock = pcall(require, "socket")
 local conn = nil
+local last_id = 0
+local quiet_until = 0  -- no request before this time (socket.gettime()): the service did not answer
+
+M.PROTOCOL = 2
+M.MAGIC = "GPS2"
+-- longest answer body accepted (bytes)
+M.MAX_ANSWER = 1048576
+
+local function now()
+  if clock_ok then return clock.gettime() end
+  return os.time()
+end
 
 -- Does any of the strings mention a GPU-share GRES (the only requests that cost a round trip)?
 function M.mentions_share(...)
@@ -134,12 +154,45 @@ function M.decode(s)
   end
 end
 
+local function drop()
+  if conn then conn:close() end
+  conn = nil
+end
+
+-- One framed exchange on the open connection: the answer table, or nil and why.
+local function exchange(req)
+  last_id = last_id + 1
+  local id = tostring(last_id)
+  req.v = M.PROTOCOL
+  local body = M.encode(req)
+  local sent, err = conn:send(M.MAGIC .. " " .. id .. " " .. #body .. "\n" .. body)
+  if not sent then return nil, tostring(err) end
+  local head, rerr = conn:receive("*l")
+  if not head then return nil, tostring(rerr) end
+  local magic, aid, len = string.match(head, "^(%S+) (%d+) (%d+)$")
+  if magic ~= M.MAGIC then return nil, "unreadable answer header (protocol " .. M.PROTOCOL .. " expected)" end
+  len = tonumber(len)
+  if len > M.MAX_ANSWER then return nil, "answer too long (" .. len .. " bytes)" end
+  local answer, berr = conn:receive(len)
+  if not answer then return nil, tostring(berr) end
+  if aid ~= id then return nil, "mismatched answer (id " .. aid .. " for request " .. id .. ")", true end
+  local t, derr = M.decode(answer)
+  if not t then return nil, "unreadable answer (" .. tostring(derr) .. ")" end
+  if tostring(t.id) ~= id then return nil, "mismatched answer (id " .. tostring(t.id) .. " in its body)", true end
+  return t
+end
+
 -- Send one request table; return the answer table, or nil and why the service could not answer.
+-- Any failure drops the connection: the next request starts on a fresh one, never after a stray answer.
 function M.ask(req)
-  local line = M.encode(req)
+  if now() < quiet_until then
+    return nil, "the service did not answer within " .. M.settings.timeout .. " s a moment ago (not asked again for "
+      .. M.settings.backoff .. " s)"
+  end
   local why
-  for _ = 1, 2 do  -- a kept connection may have gone stale (service restarted): reconnect once
-    if conn == nil then
+  for attempt = 1, 2 do  -- a kept connection may have gone stale (service restarted): reconnect once
+    local fresh = conn == nil
+    if fresh then
       if not unix_ok then return nil, "lua-socket (socket.unix) is not installed here" end
       local c = unix.stream()
       c:settimeout(M.settings.timeout)
@@ -150,22 +203,15 @@ function M.ask(req)
       end
       conn = c
     end
-    local sent, err = conn:send(line .. "\n")
-    if sent then
-      local answer, rerr = conn:receive("*l")
-      if answer then
-        local t, derr = M.decode(answer)
-        if t then return t end
-        why = "unreadable answer (" .. tostring(derr) .. ")"
-      else
-        why = tostring(rerr)
-      end
-    else
-      why = tostring(err)
+    local t, err, mismatch = exchange(req)
+    if t then return t end
+    why = err
+    drop()
+    if why == "timeout" then
+      quiet_until = now() + M.settings.backoff
+      return nil, "no answer within " .. M.settings.timeout .. " s"
     end
-    conn:close()
-    conn = nil
-    if why == "timeout" then return nil, "no answer within " .. M.settings.timeout .. " s" end
+    if mismatch or fresh then break end  -- only a stale kept connection is worth one more try
   end
   return nil, why
 end

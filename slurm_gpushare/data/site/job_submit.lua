@@ -8,7 +8,15 @@
 local dir = string.match(debug.getinfo(1, "S").source, "^@(.*/)") or "./"
 local client = dofile(dir .. "gpushare_client.lua")
 
-local CLI_MARK = "gpushare-request="
+-- cli_filter.lua's word in the comment naming an srun request (see cli_filter.lua). It names the
+-- request in the audit only; it never makes a job skip the policy or changes what is decided.
+local CLI_MARK_PATTERN = "gpushare%-request=(%S*)"
+
+-- Slurm numbers of job_desc (Lua numbers; NO_VAL when unset): sent as they are, read by the service.
+local function num(v)
+  if type(v) == "number" then return v end
+  return -1
+end
 
 local function unavailable(why, gpushare)
   if gpushare or client.settings.fail_policy ~= "allow-direct" then
@@ -28,7 +36,6 @@ local function apply(job_desc, answer, in_modify)
       and not string.find(answer.tres_per_node, "gpushare", 1, true) then
     job_desc.tres_per_node = answer.tres_per_node
     if answer.admin_comment then job_desc.admin_comment = answer.admin_comment end
-    if answer.comment ~= nil then job_desc.comment = answer.comment end
     if not in_modify and answer.message and answer.message ~= "" then slurm.log_user("%s", answer.message) end
     return slurm.SUCCESS
   end
@@ -39,17 +46,25 @@ end
 
 function slurm_job_submit(job_desc, part_list, submit_uid)
   local tpn, tpj = job_desc.tres_per_node, job_desc.tres_per_job
-  local comment = job_desc.comment
-  local marked = type(comment) == "string" and string.find(comment, CLI_MARK, 1, true) ~= nil
-  if not marked and not client.mentions_share(tpn, tpj, job_desc.tres_per_socket, job_desc.tres_per_task) then
+  if not client.mentions_share(tpn, tpj, job_desc.tres_per_socket, job_desc.tres_per_task) then
     return slurm.SUCCESS
   end
+  -- the comment is the user's: only the cli_filter word is taken out of it (bounded), nothing else is sent
+  local cli_request = ""
+  local comment = job_desc.comment
+  if type(comment) == "string" and string.find(comment, "gpushare-request=", 1, true) then
+    cli_request = string.sub(string.match(comment, CLI_MARK_PATTERN) or "", 1, 256)
+    local rest = string.gsub(comment, "%s*" .. CLI_MARK_PATTERN, "")
+    job_desc.comment = rest
+  end
   local answer, why = client.ask({
-    v = 1, op = "submit", tres_per_node = tpn or "", tres_per_job = tpj or "",
-    partition = job_desc.partition or "", comment = comment or "", admin_comment = job_desc.admin_comment or "",
-    user = job_desc.user_name or "", uid = submit_uid or -1,
+    op = "submit", tres_per_node = tpn or "", tres_per_job = tpj or "",
+    partition = job_desc.partition or "", admin_comment = job_desc.admin_comment or "",
+    min_nodes = num(job_desc.min_nodes), num_tasks = num(job_desc.num_tasks),
+    ntasks_per_node = num(job_desc.ntasks_per_node), cli_request = cli_request,
+    uid = submit_uid or -1,
   })
-  if not answer then return unavailable(why, marked or client.mentions_gpushare(tpn, tpj)) end
+  if not answer then return unavailable(why, client.mentions_gpushare(tpn, tpj)) end
   return apply(job_desc, answer, false)
 end
 
@@ -67,9 +82,9 @@ function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
     return slurm.SUCCESS
   end
   local answer, why = client.ask({
-    v = 1, op = "modify", tres_per_node = tpn or "", tres_per_job = job_desc.tres_per_job or "",
-    partition = job_desc.partition or job_rec.partition or "", comment = "",
-    admin_comment = job_rec.admin_comment or "", user = "", uid = modify_uid or -1,
+    op = "modify", tres_per_node = tpn or "", tres_per_job = job_desc.tres_per_job or "",
+    partition = job_desc.partition or job_rec.partition or "", min_nodes = num(job_desc.min_nodes),
+    admin_comment = job_rec.admin_comment or "", uid = modify_uid or -1,
     job_id = tostring(job_rec.job_id or ""),
   })
   if not answer then

@@ -1,0 +1,125 @@
+"""Issue #12 items 4-6 on the real dev cluster, as two unprivileged users: the filter protocol cannot be
+confused (long fields), flooded (thousands of connections) or skipped (a forged cli_filter mark), and
+``-N`` is part of the decision. Jobs are submitted held (``-H``) where only the decision matters.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import subprocess
+import time
+
+import pytest
+
+pytestmark = pytest.mark.slurm
+
+USERS = ("gpushare-alice", "gpushare-bob")
+
+
+@pytest.fixture(scope="session")
+def users():
+    """Two ordinary Unix users (created when absent; needs root)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to create and become test users")
+    for u in USERS:
+        try:
+            pwd.getpwnam(u)
+        except KeyError:
+            subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", u], check=True)
+    return USERS
+
+
+def as_user(cluster, user: str, argv: list[str], timeout: float = 60, **kw) -> subprocess.CompletedProcess:
+    env = ["env", *(f"{k}={v}" for k, v in cluster.env.items() if k in ("PATH", "SLURM_CONF"))]
+    return subprocess.run(["runuser", "-u", user, "--", *env, *argv], capture_output=True, text=True,
+                          timeout=timeout, cwd="/tmp", **kw)
+
+
+def sbatch(cluster, user: str, *args: str) -> subprocess.CompletedProcess:
+    return as_user(cluster, user, ["sbatch", "-H", "--parsable", "-o", "/dev/null", *args, "--wrap", "true"])
+
+
+def tres(slurm, proc: subprocess.CompletedProcess) -> str:
+    assert proc.returncode == 0, proc.stderr
+    job_id = proc.stdout.strip().split(";")[0]
+    slurm.submitted.append(job_id)
+    return slurm.show_job(job_id)["TresPerNode"]
+
+
+def test_a_70000_character_comment_does_not_shift_anyones_decision(slurm, users):
+    """Item 4: after such a comment, every later job got the previous job's decision."""
+    alice, bob = users
+    a = sbatch(slurm.cluster, alice, "-p", "nomig", "--gres=gpushare:mem=10G", "--comment=" + "c" * 70000)
+    # slurmctld refuses so long a comment itself ("Pathname ... too long"), after job_submit.lua ran
+    assert "-> an MPS share of one" in a.stderr and "shard:10" in a.stderr, a.stderr
+    assert tres(slurm, sbatch(slurm.cluster, bob, "-p", "gpu", "--gres=gpushare:mem=10G")) == "gres:gpu:h100_1g.10gb:1"
+    assert tres(slurm, sbatch(slurm.cluster, bob, "-p", "nomig", "--gres=gpushare:mem=7G")) == "gres:shard:7"
+
+
+def test_a_forged_cli_filter_mark_is_policed(slurm, users):
+    """Item 6: ``--gres=shard:500 --comment=gpushare-request=gpu:1`` was accepted unpoliced, without audit."""
+    p = sbatch(slurm.cluster, users[0], "-p", "nomig", "--gres=shard:500", "--comment=gpushare-request=gpu:1")
+    assert p.returncode != 0 and "shard:500 is more than one GPU holds" in p.stderr
+    ok = sbatch(slurm.cluster, users[0], "-p", "nomig", "--gres=shard:4", "--comment=x gpushare-request=gpu:1")
+    assert tres(slurm, ok) == "gres:shard:4"
+    fields = slurm.show_job(ok.stdout.strip())
+    assert "kind=shard-direct" in fields["AdminComment"] and "via=" not in fields["AdminComment"]
+    assert "gpushare-request" not in fields.get("Comment", "")
+
+
+def test_two_nodes_are_decided_for_two_nodes_and_the_grant_is_not_an_error(slurm, users):
+    """Item 6: ``-N 2`` got a MIG slice only one node has; the success line was printed as ``error:``."""
+    one = sbatch(slurm.cluster, users[1], "-p", "gpu", "--gres=gpushare:mem=10G")
+    assert tres(slurm, one) == "gres:gpu:h100_1g.10gb:1"
+    assert "gpushare: gpushare:mem=10G -> a MIG slice" in one.stderr and "error" not in one.stderr
+    two = sbatch(slurm.cluster, users[1], "-p", "gpu", "-N", "2", "--gres=gpushare:mem=10G")
+    assert tres(slurm, two) == "gres:shard:10"
+    refused = sbatch(slurm.cluster, users[1], "-p", "mig", "-N", "2", "--gres=gpushare:mem=10G")
+    if "partition 'mig' does not exist" not in refused.stderr:  # the default cluster may have no 'mig'
+        assert refused.returncode != 0 and "2 nodes asked for" in refused.stderr
+
+
+FLOOD = """
+import resource, socket, sys, time
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+path, n = sys.argv[1], int(sys.argv[2])
+held, opened = [], 0
+for _ in range(n):
+    try:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(path)
+        held.append(s)
+        opened += 1
+    except OSError:
+        pass
+print("ready", opened, flush=True)
+time.sleep(float(sys.argv[3]))
+"""
+
+
+def test_a_connection_flood_by_one_user_changes_nothing_for_another(slurm, users):
+    """Item 5: 20,000 connections to filterd (a thread each) refused every gpushare sbatch. Here alice
+    opens 2,000 (the service keeps its per-uid share and closes the rest) while bob submits."""
+    alice, bob = users
+    flood = subprocess.Popen(["runuser", "-u", alice, "--", "python3", "-c", FLOOD,
+                              str(slurm.cluster.filterd_socket), "2000", "20"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        ready = flood.stdout.readline().split()
+        assert ready[:1] == ["ready"], flood.stderr.read()
+        assert int(ready[1]) >= 1000, ready  # connects succeed; the service closes all but its per-uid share
+        t = time.monotonic()
+        for _ in range(5):
+            assert tres(slurm, sbatch(slurm.cluster, bob, "-p", "nomig", "--gres=gpushare:mem=10G")) == "gres:shard:10"
+        gpushare_s = (time.monotonic() - t) / 5
+        t = time.monotonic()
+        assert tres(slurm, sbatch(slurm.cluster, bob, "-p", "gpu", "--gres=gpu:1")) == "gres:gpu:1"
+        plain_s = time.monotonic() - t
+        assert gpushare_s < 2.0 and plain_s < 2.0, (gpushare_s, plain_s)
+        print(f"during a flood of {ready[1]} connections: gpushare sbatch {gpushare_s * 1000:.0f} ms, "
+              f"plain sbatch {plain_s * 1000:.0f} ms")
+    finally:
+        flood.kill()
+        flood.wait()
