@@ -240,9 +240,17 @@ def test_taskprolog_prints_the_env_file(node, tmp_path):
 @pytest.fixture
 def shared(node):
     from dataclasses import replace
-    node.ctx = HookContext(replace(node.ctx.config, mps_mode="per-gpu"), "a100", job_record=node.ctx.job_record,
-                           drain=node.ctx.drain)
+    node.ctx = replace(node.ctx, config=replace(node.ctx.config, mps_mode="per-gpu"))
     return node
+
+
+def test_a_shared_daemon_that_cannot_start_fails_the_job_not_the_node(shared, capfd):
+    # the per-GPU daemon runs as the jobs' user too, who can kill it: that user's job fails, the node stays up
+    shared.mode.write_text("crash-on-start")
+    _shard_job(shared, "205")
+    assert prolog(shared.ctx, _env("205")) == 0
+    assert shared.drained == [] and shared.cancelled == ["205"]
+    assert "job 205 failed, node kept up: shared MPS control daemon" in capfd.readouterr().err
 
 
 def test_per_gpu_mode_shares_one_daemon_per_gpu_and_user(shared):

@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 
 from slurm_gpushare.atomicfile import write_atomic
-from slurm_gpushare.node.context import HookContext, NodeFault, stuck_reason
+from slurm_gpushare.node.context import HookContext, JobFault, stuck_reason
 from slurm_gpushare.node.jobdir import FILE_MODE, job_lock
 from slurm_gpushare.node.mps import MpsDaemon, MpsError
 from slurm_gpushare.node.plan import JobPlan
@@ -46,7 +46,8 @@ def join_shared(ctx: HookContext, plan: JobPlan, d: Path) -> MpsDaemon:
     explains what that does and does not enforce.
 
     Raises:
-        NodeFault: the daemon could not be started or did not take a limit.
+        JobFault: the daemon could not be started or did not take a limit (it runs as the jobs' user, who
+            may kill it: the job fails, not the node).
     """
     with job_lock(d):
         d.mkdir(parents=True, exist_ok=True)
@@ -69,7 +70,7 @@ def join_shared(ctx: HookContext, plan: JobPlan, d: Path) -> MpsDaemon:
         except MpsError as e:
             if not jobs or list(jobs) == [plan.job_id]:
                 daemon.stop()
-            raise NodeFault(f"shared MPS control daemon {d} for job {plan.job_id} failed: {e}",
+            raise JobFault(f"shared MPS control daemon {d} for job {plan.job_id} failed: {e}",
                             hint=f"check {ctx.config.mps_control} and the driver") from None
         _write_members(d, jobs)
         return daemon
