@@ -61,6 +61,21 @@ def format_mib(mib: int) -> str:
     return f"{mib}M"
 
 
+def parse_shard_unit_value(value: object, *, what: str = "shard_unit") -> int:
+    """The shard unit as a TOML file gives it (site policy, node.toml): :func:`parse_shard_unit` of a
+    string; an unquoted number (``shard_unit = 1``, a TOML integer) is refused saying what to write.
+
+    Raises:
+        InputError: not a string, or what :func:`parse_shard_unit` refuses.
+    """
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        raise InputError(f"{what} = {value} has no unit",
+                         hint=f'write {what} = "1G" or "1024M" (a quoted size; K, M, G and T are base 1024)')
+    if not isinstance(value, str):
+        raise InputError(f"{what} must be a quoted size such as \"1G\", not {type(value).__name__}")
+    return parse_shard_unit(value, what=what)
+
+
 def parse_shard_unit(text: str, *, what: str = "shard_unit") -> int:
     """Parse the shard unit (GPU memory per ``shard`` GRES) into MiB.
 

@@ -93,3 +93,13 @@ def test_parse_mib(text, default_unit, mib):
 @pytest.mark.parametrize("mib, text", [(10240, "10G"), (81559, "81559M"), (1024 * 1024, "1T")])
 def test_format_mib_is_exact(mib, text):
     assert format_mib(mib) == text
+
+
+@pytest.mark.parametrize("value", ["1", "1024", "0.5"])
+def test_an_unquoted_number_says_to_write_a_quoted_size(value):
+    # TOML `shard_unit = 1` is an integer: the message says what to write, in both files alike
+    for parse, source in ((parse_node_config, "node.toml"), (parse_policy, "gpushare.toml")):
+        with pytest.raises(ConfigError) as e:
+            parse(f"version = 1\nshard_unit = {value}\n", source=source)
+        assert e.value.message == f"shard_unit = {value} has no unit"
+        assert e.value.hint == 'write shard_unit = "1G" or "1024M" (a quoted size; K, M, G and T are base 1024)'

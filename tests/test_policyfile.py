@@ -99,7 +99,7 @@ def test_allowed_kinds():
     ("version = 1\nmode_order = []", "mode_order must list some of mig, mps, gpu, each once"),
     ("version = 1\nmodel_preference = [1]", "model_preference must be a list of strings"),
     ("version = 1\nshard_unit = 'lots'", "shard_unit: 'lots' is not a memory size"),
-    ("version = 1\nshard_unit = 1024", "shard_unit must be a string, not int 1024"),
+    ("version = 1\nshard_unit = 1024", "shard_unit = 1024 has no unit"),
     ("version = 1\nmig = 3", "mig must be a table, not int 3"),
     ("version = 1\n[mig]\nenabled = 'yes'", "mig.enabled must be true or false, not str 'yes'"),
     ("version = 1\n[mig]\nfit = 'loose'", "mig.fit must be one of nominal, exact, not 'loose'"),

@@ -40,7 +40,7 @@ from typing import Any
 
 from slurm_gpushare.errors import ConfigError, InputError
 from slurm_gpushare.hardware.machine import Machine
-from slurm_gpushare.memsize import format_mib, parse_shard_unit
+from slurm_gpushare.memsize import format_mib, parse_shard_unit_value
 from slurm_gpushare.slurm.conf import GresConf
 
 NODE_CONFIG_VERSION = 1
@@ -137,16 +137,17 @@ def parse_node_config(text: str, *, source: str = "<node config>") -> NodeConfig
     value: Any
     for key, value in data.items():
         want = _KEYS[key]
+        if key == "shard_unit":
+            try:
+                kw["shard_unit_mib"] = parse_shard_unit_value(value)
+            except InputError as e:
+                raise ConfigError(e.message, hint=e.hint, source=source) from None
+            continue
         if not _has_type(value, want):
             raise ConfigError(f"{key} has the wrong type ({type(value).__name__})", source=source)
         if key == "version":
             continue
-        if key == "shard_unit":
-            try:
-                kw["shard_unit_mib"] = parse_shard_unit(value)
-            except InputError as e:
-                raise ConfigError(e.message, hint=e.hint, source=source) from None
-        elif key == "low_priority_partitions":
+        if key == "low_priority_partitions":
             if not all(isinstance(v, str) and v for v in value):
                 raise ConfigError("low_priority_partitions must be a list of partition names", source=source)
             kw[key] = tuple(value)

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_gpushare.errors import ConfigError, InputError
-from slurm_gpushare.memsize import parse_shard_unit
+from slurm_gpushare.memsize import parse_shard_unit_value
 
 POLICY_VERSION = 1
 #: The kinds of GPU share, as ``mode=`` names them.
@@ -184,9 +184,8 @@ def policy_from_dict(data: dict[str, Any], *, source: str = "<policy>") -> SiteP
     if "police_direct" in data:
         kw["police_direct"] = _bool(data["police_direct"], "police_direct", source)
     if "shard_unit" in data:
-        value = _str(data["shard_unit"], "shard_unit", source)
         try:
-            kw["shard_unit_mib"] = parse_shard_unit(value)
+            kw["shard_unit_mib"] = parse_shard_unit_value(data["shard_unit"])
         except InputError as e:
             raise ConfigError(e.message, hint=e.hint, source=source) from None
     mig = _table(data.get("mig", {}), "mig", source)
