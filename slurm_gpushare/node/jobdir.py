@@ -3,8 +3,9 @@
 * ``state.json``: what the Prolog decided and started (kind, GPUs, limits, phase); root's only (0600):
   the Epilog and ``doctor`` trust it, and it names the job's user;
 * ``env`` (and ``env.<local id>`` for one task): ``export NAME=value`` lines that the TaskProlog
-  (``taskprolog.sh`` in ``slurm_gpushare/data/site/``, a few lines of shell, no Python) prints before every task; it runs as the
-  job's user, so these are owned by that user, mode 0600: no other user reads them;
+  (``taskprolog.sh`` in ``slurm_gpushare/data/site/``, a few lines of shell, no Python) prints before
+  every task; it runs as the job's user, so these are owned by that user, mode 0600: no other user
+  reads them;
 * ``mps/pipe``, ``mps/log``: the job's own MPS control daemon's directories (owned by the job's
   user, mode 0700).
 
