@@ -31,5 +31,6 @@ def test_the_docs_cite_no_file_outside_the_repository():
 def test_every_test_named_in_the_security_page_exists():
     text = (ROOT / "docs" / "security.md").read_text()
     named = set(re.findall(r"`(test_[a-z0-9_]+)`", text))
-    defined = {m for f in (ROOT / "tests").rglob("test_*.py") for m in re.findall(r"^def (test_\w+)", f.read_text(), re.M)}
+    defined = {m for f in (ROOT / "tests").rglob("test_*.py")
+               for m in re.findall(r"^def (test_\w+)", f.read_text(), re.M)}
     assert named and sorted(named - defined) == []
