@@ -521,3 +521,25 @@ def test_doctor_finds_a_daemon_whose_job_directory_was_removed(node):
     fixed = doctor(node.ctx, repair=True, running_jobs=set())
     assert [(f.job_id, f.action) for f in fixed] == [("802", "stopped it")]
     assert not pid_alive(pid)
+
+
+def test_an_epilog_whose_node_config_is_broken_still_writes_the_record_it_can(node, tmp_path):
+    """A typo in one key of node.toml: the keys that still read (run_dir, spool_dir, machine) give the
+    Epilog what it needs for the job's accounting record; the daemon is stopped; exit 1 (config broken)."""
+    from slurm_gpushare.accounting.spool import spool_files
+    from slurm_gpushare.errors import ConfigError
+    from slurm_gpushare.node.epilog import epilog_without_config
+    _shard_job(node, "803")
+    assert prolog(node.ctx, _env("803")) == 0
+    pid = node.ctx.mps("803").pid()
+    spool = tmp_path / "spool"
+    broken = tmp_path / "node.toml"
+    broken.write_text(f'version = 1\nrun_dir = "{node.root}/run/{{node}}"\n'
+                      f'machine = "{node.root}/machines/{{node}}.json"\n'
+                      f'spool_dir = "{spool}"\nmps_controll = "typo"\n')
+    rc = epilog_without_config(_env("803"), broken, ConfigError("unknown key(s) mps_controll"),
+                               context=lambda cfg, name: replace(node.ctx, config=cfg, node=name))
+    assert rc == 1 and not pid_alive(pid) and not node.ctx.job_dir("803").exists()
+    (path,) = spool_files(spool)
+    (line,) = path.read_text().splitlines()
+    assert json.loads(line)["job_id"] == "803" and json.loads(line)["mem_granted_mib"] == 10240

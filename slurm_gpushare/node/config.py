@@ -34,7 +34,7 @@ from __future__ import annotations
 import re
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -124,6 +124,34 @@ def parse_node_config(text: str, *, source: str = "<node config>") -> NodeConfig
         data: dict[str, Any] = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"not valid TOML: {e}", source=source) from None
+    return _node_config_from_data(data, source)
+
+
+def lenient_node_config(text: str) -> NodeConfig:
+    """What can still be read of a node.toml that :func:`parse_node_config` refuses: every key whose
+    value is valid on its own, the defaults for the rest (a typo in one key keeps ``run_dir`` and
+    ``spool_dir``). Only for cleaning up after a job (the Epilog), never for deciding a new one.
+    Text that is not TOML gives the defaults.
+    """
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError:
+        return NodeConfig()
+    base = NodeConfig()
+    kept: dict[str, Any] = {}
+    for key, value in data.items():
+        if key == "version":
+            continue
+        try:
+            alone = _node_config_from_data({"version": NODE_CONFIG_VERSION, key: value}, "<node config>")
+        except ConfigError:
+            continue
+        kept.update({f.name: getattr(alone, f.name) for f in fields(NodeConfig)
+                     if getattr(alone, f.name) != getattr(base, f.name)})
+    return replace(base, **kept)
+
+
+def _node_config_from_data(data: dict[str, Any], source: str) -> NodeConfig:
     unknown = sorted(set(data) - set(_KEYS))
     if unknown:
         raise ConfigError(f"unknown key(s) {', '.join(unknown)}", hint=f"known keys: {', '.join(_KEYS)}",

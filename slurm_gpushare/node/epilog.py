@@ -11,11 +11,12 @@ from __future__ import annotations
 import shutil
 import sys
 import time
-import tomllib
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
 from slurm_gpushare.errors import GpushareError, InputError
+from slurm_gpushare.node.config import NodeConfig
 from slurm_gpushare.node.context import HookContext, job_info, machine_with_uuids, plan_with_machine, stuck_reason
 from slurm_gpushare.node.jobdir import JobDaemon, job_daemons, job_lock, read_state
 from slurm_gpushare.node.mps import MpsDaemon, MpsSettings
@@ -47,31 +48,36 @@ def epilog(ctx: HookContext, env: dict[str, str]) -> int:
     return 0
 
 
-def epilog_without_config(env: dict[str, str], config_path: str | Path | None, error: GpushareError) -> int:
+def epilog_without_config(env: dict[str, str], config_path: str | Path | None, error: GpushareError, *,
+                          context: Callable[[NodeConfig, str], HookContext] = HookContext) -> int:
     """The Epilog when the node config cannot be used (an admin's typo in node.toml): stop the job's
-    MPS daemon anyway, found by process (:func:`~slurm_gpushare.node.jobdir.job_daemons`) under the run
-    directory that the file still names (read leniently: ``run_dir`` alone) or the default one, and
-    remove its job directory. No accounting record can be built (the spool and the machine description
-    are in the config): that is said on stderr, with the config error. Returns 1: the node's config is
-    broken, which slurmd's drain makes the admin see.
+    MPS daemon anyway, found by process (:func:`~slurm_gpushare.node.jobdir.job_daemons`), write the
+    job's accounting record with the settings that still read (:func:`~slurm_gpushare.node.config.
+    lenient_node_config`: every key valid on its own, the defaults for the rest), and remove the job
+    directory. Returns 1: the node's config is broken, which slurmd's drain makes the admin see.
+
+    Args:
+        env: slurmd's Epilog environment.
+        config_path: the node config given (None: the default path).
+        error: why it could not be used (said on stderr).
+        context: builds the hook context from a config and the node name (tests inject Slurm calls).
     """
-    from slurm_gpushare.node.config import DEFAULT_PATH, NodeConfig
+    from slurm_gpushare.node.config import DEFAULT_PATH, NodeConfig, lenient_node_config
 
     job_id = env.get("SLURM_JOB_ID", "")
     node = env.get("SLURMD_NODENAME", "")
-    run_dir = NodeConfig().run_dir
     try:
-        raw = tomllib.loads(Path(config_path or DEFAULT_PATH).read_text())
-        if isinstance(raw.get("run_dir"), str) and raw["run_dir"].startswith("/"):
-            run_dir = raw["run_dir"]
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
-        pass
-    run = Path(run_dir.replace("{node}", node))
+        config = lenient_node_config(Path(config_path or DEFAULT_PATH).read_text())
+    except (OSError, UnicodeDecodeError):
+        config = NodeConfig()
+    ctx = context(config, node)
     print(f"slurm-gpushare epilog: job {job_id}: node config not usable ({error}); stopping the job's "
-          "MPS daemon by process; accounting record not written", file=sys.stderr)
-    problems = [p for p in (stop_found_daemon(d) for d in by_pipe_dir(job_daemons(run)) if d.job_id == job_id)
-                if p]
-    job_dir = run / "jobs" / job_id
+          "MPS daemon by process and recording the job with the settings that still read", file=sys.stderr)
+    problems = [p for p in (stop_found_daemon(d) for d in by_pipe_dir(job_daemons(ctx.run_dir))
+                            if d.job_id == job_id) if p]
+    job_dir = ctx.job_dir(job_id)
+    if job_id:
+        record_usage(ctx, env, read_state(job_dir) or {})
     if job_id and job_dir.is_dir():
         shutil.rmtree(job_dir, ignore_errors=True)
     for p in problems:
