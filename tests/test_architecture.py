@@ -1,4 +1,4 @@
-"""The layering and import rules of STYLE.md, enforced: import-linter contracts, banned imports,
+"""The layering and import rules of docs/architecture.md, enforced: import-linter contracts, banned imports,
 and "importing does nothing"."""
 
 from __future__ import annotations

@@ -34,3 +34,12 @@ def test_every_test_named_in_the_security_page_exists():
     defined = {m for f in (ROOT / "tests").rglob("test_*.py")
                for m in re.findall(r"^def (test_\w+)", f.read_text(), re.M)}
     assert named and sorted(named - defined) == []
+
+
+def test_the_code_cites_no_file_outside_the_repository():
+    cited = [f"{f.relative_to(ROOT)}: {m}"
+             for top in ("slurm_gpushare", "slurm_gpushare_dev", "tests", "benchmarks", "scripts")
+             for f in sorted((ROOT / top).rglob("*")) if f.is_file() and f.suffix in ("", ".py", ".lua", ".sh")
+             and "__pycache__" not in f.parts and f.name != "test_docs.py"
+             for m in re.findall(r"\.\./shared|DESIGN\.md|SLURM_FACTS|STYLE\.md", f.read_text(errors="replace"))]
+    assert cited == []

@@ -438,7 +438,7 @@ def test_a_cancelled_job_is_recorded_signaled_although_slurmd_says_0_0(node):
 
 
 @pytest.mark.parametrize("tres, job_gpus, want", [
-    # Slurm 23.x and later write the gres/ prefix (SLURM_FACTS "Slurm 24.11/26.05")
+    # Slurm 23.x and later write the gres/ prefix (seen on 24.11 and 26.05)
     ("gres/shard:10", "0", ("shard", "", 10, (0,))),
     ("gres/gpu:a100:2", "0,2", ("gpu", "a100", 2, (0, 2))),
     ("gres:gpu:a100:2", "0,2", ("gpu", "a100", 2, (0, 2))),

@@ -428,7 +428,7 @@ def exit_from_env(env: Mapping[str, str]) -> tuple[str, str]:
     """``(exit_state, exit_code)`` of a job from slurmd's Epilog environment.
 
     ``SLURM_JOB_EXIT_CODE2`` is ``exit:signal`` (``0:0``); without it ``SLURM_JOB_EXIT_CODE`` is the
-    raw wait status (SLURM_FACTS.md §5). State: ``COMPLETED`` (0:0), ``FAILED`` (non-zero exit),
+    raw wait status (measured on 22.05.8). State: ``COMPLETED`` (0:0), ``FAILED`` (non-zero exit),
     ``SIGNALED`` (killed by a signal: a cancel, a time limit or the OOM killer; ``sacct`` tells which),
     or ``""`` when neither variable is set.
     """

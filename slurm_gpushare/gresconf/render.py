@@ -22,7 +22,7 @@ What is written, per node (gres.conf(5) of Slurm 22.05 is the reference for ever
   and whole GPUs);
 * one ``Name=shard Count=<memory in the shard unit> File=<dev>/nvidia<minor>`` line per whole GPU, so a
   shard is a unit of GPU memory (default 1 GiB) and Slurm never places more reserved memory on a GPU
-  than it has (DESIGN.md section 4); :func:`check_shard_unit` refuses a unit larger than a GPU's memory;
+  than it has; :func:`check_shard_unit` refuses a unit larger than a GPU's memory;
 * a comment ``# GPU N: CPU affinity unknown, no Cores=`` (or ``CPU layout unknown``) for each GPU whose
   lines get no ``Cores=`` because the facts are missing (an empty ``CPU Affinity`` cell inside a
   Slurm job's cpuset, a layout that cannot be inferred), so that the gap is visible, not silent.

@@ -485,7 +485,7 @@ class Monitor:
     def push_summaries(self, *, force: bool = False) -> list[str]:
         """Put each running job's usage summary into its AdminComment (``admin_comment_summary`` in
         node.toml), at most every ``admin_comment_interval`` seconds per job and only when it changed.
-        slurmctld refuses AdminComment updates once a job ends (the Epilog runs too late: SLURM_FACTS),
+        slurmctld refuses AdminComment updates once a job ends (the Epilog runs too late; measured on 22.05.8),
         so the summary is the usage as of the last update while the job ran. Returns the jobs updated.
         """
         if not self.config.admin_comment_summary:

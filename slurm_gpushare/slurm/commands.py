@@ -61,7 +61,7 @@ def job_record(job_id: str | int, **kw) -> str:
     per-job JSON goes.
 
     On Slurm 22.05 this is ``squeue --json`` (squeue(1); openapi/v0.0.38): ``scontrol`` has no ``--json`` and
-    ``squeue --json`` ignores ``-j`` (SLURM_FACTS.md §6), so the whole job table comes back and
+    ``squeue --json`` ignores ``-j`` (measured on 22.05.8), so the whole job table comes back and
     :func:`slurm_gpushare.slurm.job.parse_job_json` picks the job. Text output cannot serve: ``scontrol -d show
     job`` embeds JobName, Comment, WorkDir, StdOut verbatim (newlines included), and ``squeue -O`` has no
     AdminComment field on 22.05 (``Invalid job format specification: AdminComment``, measured). On 24.11+
@@ -76,7 +76,7 @@ def job_record(job_id: str | int, **kw) -> str:
 
 def cancel_job(job_id: str | int, **kw) -> None:
     """``scancel JOBID`` (scancel(1); root): end one job whose GPU share cannot be prepared, without draining the
-    node (a Prolog that exits non-zero drains it, SLURM_FACTS.md §5).
+    node (a Prolog that exits non-zero drains it: slurm.conf(5) Prolog).
 
     Raises:
         SlurmError: scancel failed.

@@ -6,7 +6,7 @@ sees (``job_desc.tres_per_node``), the ``TresPerNode=`` and per-node ``GRES=`` d
 ``Gres=`` value of slurm.conf. The forms, as Slurm writes them:
 
 * an optional prefix: ``gres:`` (Slurm 22.05, ``TresPerNode=gres:shard:10``) or ``gres/`` (Slurm
-  23.x and later, ``TresPerNode=gres/gpu:1``; see SLURM_FACTS "Slurm 24.11/26.05"); items without
+  23.x and later, ``TresPerNode=gres/gpu:1``; seen on 24.11 and 26.05); items without
   one are the GRES forms of sinfo, scontrol and slurm.conf. The prefix an item came with is kept.
 * ``name``, then up to two ``:`` fields: ``gpu``, ``gpu:2``, ``gpu:a100``, ``gpu:a100:2``. A lone
   second field is the count when it is a number, else the type (``gres:gpushare:mem=10G`` has type
@@ -148,7 +148,7 @@ class GresItem:
     def strict(self, prefix: str = DEFAULT_PREFIX) -> str:
         """This item as job_submit writes it back: a prefix (its own, else ``prefix``), a count (1 when
         none was written), no detail: ``nic`` -> ``gres:nic:1`` (slurmctld 22.05 refuses
-        tres_per_node items without the ``gres:`` prefix, SLURM_FACTS "job_submit"). ``prefix=""``
+        tres_per_node items without the ``gres:`` prefix, measured on 22.05.8). ``prefix=""``
         gives the strict form without a prefix (``gpu:1``), as slurm.conf writes it."""
         return replace(self, prefix=self.prefix or prefix, count=self.amount, detail="").text
 

@@ -223,8 +223,8 @@ def parse_job_json(text: str, job_id: str | int) -> JobInfo:
 
 def with_env_identity(info: JobInfo, env: Mapping[str, str]) -> JobInfo:
     """``info`` with the job's owner from slurmd's Prolog/Epilog environment (``SLURM_JOB_UID``,
-    ``SLURM_JOB_GID``, ``SLURM_JOB_USER``; SLURM_FACTS.md §5): the identity a hook acts as never comes from
-    slurmctld's text. Variables that are absent leave the record's values.
+    ``SLURM_JOB_GID``, ``SLURM_JOB_USER``; slurm.conf(5) Prolog and Epilog): the identity a hook acts as
+    never comes from slurmctld's text. Variables that are absent leave the record's values.
 
     Raises:
         InputError: ``SLURM_JOB_UID``/``SLURM_JOB_GID`` not a number.

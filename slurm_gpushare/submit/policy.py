@@ -7,7 +7,7 @@ job's partitions, the controller's :class:`~slurm_gpushare.submit.inventory.Clus
 the user and Slurm's ``ESLURM_INVALID_GRES`` (``reject``). It does no I/O and never raises for a bad
 request: every :class:`~slurm_gpushare.errors.InputError` becomes a refusal.
 
-How a ``gpushare`` request is served (DESIGN.md section 4; ``docs/request-syntax.md`` for users):
+How a ``gpushare`` request is served (``docs/request-syntax.md`` for users):
 
 * Candidates come only from usable nodes (no inventory problem) of the job's partitions (the default
   partition when none is given), and only of the kinds the site policy allows there.
@@ -70,7 +70,7 @@ def nodes_needed(min_nodes: object = None, num_tasks: object = None, ntasks_per_
 
     ``min_nodes`` (``-N``/``--nodes``) and ``ceil(num_tasks / ntasks_per_node)`` (``-n`` with
     ``--ntasks-per-node``), the larger; at least 1. Unset fields arrive as Slurm's NO_VAL sentinels
-    (``4294967294``, ``65534``: SLURM_FACTS.md section 3) or are missing; they, non-numbers and
+    (``4294967294``, ``65534``, as job_submit.lua sees them) or are missing; they, non-numbers and
     non-positive values count as unset. Never raises.
 
     >>> nodes_needed(2), nodes_needed(4294967294), nodes_needed(None, 8, 2), nodes_needed("x")

@@ -12,7 +12,7 @@ Positions and indices
     :class:`Machine` or :class:`Topology` speak GPU indices; functions that take a bare matrix speak
     positions.
 
-The hop matrix (DESIGN.md §5)
+The hop matrix
     A dimensionless distance, smaller is nearer, built from the facts ``nvidia-smi topo -m`` and NVML
     report (``nvmlDeviceGetTopologyCommonAncestor``, ``nvmlDeviceGetNvLinkState``,
     ``nvmlDeviceGetNvLinkRemoteDeviceType``):
@@ -127,7 +127,7 @@ def pcie_hop(level: str) -> float:
 
 
 def hop_matrix(machine: Machine) -> np.ndarray:
-    """The hop matrix of a node (DESIGN.md §5; the table in this module's docstring).
+    """The hop matrix of a node (the table in this module's docstring).
 
     Args:
         machine: the node's description.

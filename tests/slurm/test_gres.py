@@ -22,7 +22,7 @@ from slurm_gpushare.slurm.gres import (
 
 
 def test_sinfo_gres_used_with_indices_and_na():
-    """``sinfo --json`` ``gres_used`` of a dev-cluster node (SLURM_FACTS "sinfo --json")."""
+    """``sinfo --json`` ``gres_used`` of a dev-cluster node (measured on 22.05.8)."""
     text = "gpu:a100:2(IDX:0-1),mps:a100:0(IDX:N/A),gpushare:0"
     items = parse(text)
     assert items == (GresItem("gpu", "a100", 2, "IDX:0-1"), GresItem("mps", "a100", 0, "IDX:N/A"),
@@ -32,7 +32,7 @@ def test_sinfo_gres_used_with_indices_and_na():
 
 
 def test_node_gres_with_socket_binding():
-    """``scontrol show node`` ``Gres=`` of slurmd 22.05 (SLURM_FACTS "GRES with fake GPUs")."""
+    """``scontrol show node`` ``Gres=`` of slurmd 22.05 (measured on the dev cluster)."""
     text = "gpu:a100:4(S:0),mps:a100:400(S:0),shard:a100:16(S:0),gpushare:160"
     items = parse(text)
     assert [(it.key, it.count, it.detail) for it in items] == [
