@@ -5,9 +5,11 @@ confused (long fields), flooded (thousands of connections) or skipped (a forged 
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import subprocess
+import threading
 import time
 
 import pytest
@@ -123,3 +125,80 @@ def test_a_connection_flood_by_one_user_changes_nothing_for_another(slurm, users
     finally:
         flood.kill()
         flood.wait()
+
+
+FLOOD_ATTEMPTS = """
+import json, resource, socket, sys, time
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+path, n, limit = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+def still_open(socks):  # let go of the connections the server closed
+    keep = []
+    for s in socks:
+        s.setblocking(False)
+        try:
+            closed = s.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except BlockingIOError:
+            closed = False
+        except OSError:
+            closed = True
+        (s.close() if closed else keep.append(s))
+    return keep
+held, attempts, connected, t0 = [], 0, 0, time.monotonic()
+print("start", flush=True)
+while attempts < n and time.monotonic() - t0 < limit:
+    attempts += 1
+    if len(held) >= hard - 64:
+        held = still_open(held)
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(1.0)
+    try:
+        s.connect(path)
+        held.append(s)
+        connected += 1
+    except OSError:
+        s.close()
+time.sleep(0.5)
+print(json.dumps({"attempts": attempts, "connected": connected, "open": len(still_open(held))}), flush=True)
+"""
+
+
+def test_twenty_thousand_connection_attempts_by_one_user_leave_anothers_decisions_right(slurm, users):
+    """Item 5 as the issue counts it: alice makes 20,000 connection attempts to filterd as fast as one
+    process can (holding every connection the service leaves open) while bob submits gpushare jobs.
+    Each of bob's jobs is accepted with the grant filterd gives an unloaded request, and alice keeps no
+    more than her per-user share. Counted, not timed; the flooder stops by itself (60 s at most)."""
+    alice, bob = users
+    flood = subprocess.Popen(["runuser", "-u", alice, "--", "python3", "-c", FLOOD_ATTEMPTS,
+                              str(slurm.cluster.filterd_socket), "20000", "60"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/tmp")
+    report: dict = {}
+    try:
+        assert flood.stdout is not None and flood.stdout.readline().strip() == "start", flood.stderr
+        done = threading.Event()
+
+        def watch():
+            line = flood.stdout.readline()
+            if line:
+                report.update(json.loads(line))
+            done.set()
+
+        threading.Thread(target=watch, daemon=True).start()
+        during, after = [], []
+        requests = [("--gres=gpushare:mem=10G", "gres:shard:10"), ("--gres=gpushare:mem=7G", "gres:shard:7")]
+        for i in range(400):  # bounded: stops when the flood is over (and 3 more), or after 400
+            if done.is_set() and len(after) >= 3:
+                break
+            gres, want = requests[i % 2]
+            (after if done.is_set() else during).append((sbatch(slurm.cluster, bob, "-p", "nomig", gres), want))
+        flood.wait(90)
+    finally:
+        if flood.poll() is None:
+            flood.kill()
+            flood.wait()
+    assert report.get("attempts") == 20000, report
+    assert report["open"] <= 8, report  # the per-user share (Limits.per_uid)
+    assert during, "no submission while the flood was connecting"
+    for proc, want in during + after:
+        assert tres(slurm, proc) == want
+    print(f"alice: {report}; bob: {len(during)} gpushare jobs during the flood, {len(after)} after, all right")
