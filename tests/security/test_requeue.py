@@ -1,0 +1,83 @@
+"""A user's ``scontrol requeue`` of their own running gpushare job on the real dev cluster (issue #12, item 8):
+both runs are recorded (restart 0 and 1, each with its own start and end) and the job report bills both."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Job
+from tests.security.test_node_records import USERS, drained, users  # noqa: F401 (fixture)
+
+pytestmark = pytest.mark.slurm
+
+CLI = [sys.executable, "-m", "slurm_gpushare"]
+#: the first run waits to be requeued; the second ends after 2 s; each prints its restart count and start
+SCRIPT = ('echo "run=${SLURM_RESTART_COUNT:-0} t=$(date +%s)"; '
+          'if [ "${SLURM_RESTART_COUNT:-0}" = 0 ]; then sleep 60; else sleep 2; fi')
+
+
+def _records(cluster, job_id: str) -> list[dict]:
+    return [r for f in sorted(Path(cluster.accounting_spool).glob("*.jsonl"))
+            for line in f.read_text(errors="replace").splitlines() if line.strip()
+            for r in [json.loads(line)] if str(r.get("job_id")) == job_id]
+
+
+@pytest.mark.xfail(strict=True, reason="product bug: the Epilog of the requeued run reads SLURM_JOB_RESTART_COUNT "
+                   "already incremented (1) and start_time reset to 0 (start = end), so run 0 is spooled as restart 1 "
+                   "with 0 s, the real run 1 is then 'already stored' and the report shows 0.0 hours (node/epilog.py "
+                   "record_usage; next, report.py's job SQL takes MAX(end)-MIN(start), COUNT(*) GPUs over both runs)")
+def test_a_requeued_jobs_two_runs_are_both_recorded_and_reported(cluster, slurm, users, tmp_path):  # noqa: F811
+    out_dir = Path(tempfile.mkdtemp(prefix="gps-requeue-", dir="/tmp"))
+    out_dir.chmod(0o1777)
+    out = out_dir / "job.out"
+    proc = subprocess.run(["runuser", "-u", USERS[0], "--", "sbatch", "--parsable", "-p", "pcie",
+                           "--gres=gpushare:mem=4G", f"--output={out}", "--open-mode=append", "--wrap", SCRIPT],
+                          env=cluster.env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    job = Job(proc.stdout.strip().split(";")[0], output_path=out)
+    slurm.submitted.append(job.id)
+    slurm.wait(job, states={"RUNNING"})
+    deadline = time.monotonic() + 30
+    while "run=0" not in job.output() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(2)  # the first run lasts at least 2 s
+    requeue = subprocess.run(["runuser", "-u", USERS[0], "--", "scontrol", "requeue", job.id], env=cluster.env,
+                             capture_output=True, text=True)
+    assert requeue.returncode == 0, requeue.stderr
+    requeued_at = time.time()
+    # Slurm makes a requeued job eligible 120 s later (measured); the admin (root) makes it eligible now
+    slurm.wait(job, states={"PENDING"})
+    slurm.run(["scontrol", "update", f"jobid={job.id}", "StartTime=now"])
+    done = slurm.wait(job, timeout=90)
+    assert done.state == "COMPLETED", done.fields
+    runs = {int(k.split("=")[1]): int(v.split("=")[1]) for k, v in
+            (line.split() for line in job.output().splitlines() if line.startswith("run="))}
+    assert sorted(runs) == [0, 1], job.output()
+    assert drained(slurm) == []
+
+    deadline = time.monotonic() + 20
+    while len(recs := _records(cluster, job.id)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.3)
+    by_run = {r["restart"]: r for r in recs}
+    assert sorted(by_run) == [0, 1] and len(recs) == 2, recs
+    assert all(r["user"] == USERS[0] for r in recs)
+    first, second = by_run[0], by_run[1]
+    assert first["start"] <= runs[0] and first["end"] >= requeued_at - 1 and first["end"] - first["start"] >= 2, first
+    assert second["start"] >= requeued_at and second["end"] - second["start"] >= 2, second
+    db = tmp_path / "acct.db"
+    ingest = subprocess.run([*CLI, "accounting", "ingest", "--spool", str(cluster.accounting_spool), "--db", str(db)],
+                            capture_output=True, text=True)
+    assert ingest.returncode == 0, ingest.stdout + ingest.stderr
+    report = subprocess.run([*CLI, "report", "--db", str(db), "--format", "json", "--by", "job"], capture_output=True,
+                            text=True)
+    assert report.returncode == 0, report.stderr
+    (row,) = [r for r in json.loads(report.stdout)["rows"] if str(r["job"]) == job.id]
+    want = sum(r["end"] - r["start"] for r in recs) / 3600
+    assert row["hours"] == pytest.approx(want, abs=1e-4) and row["gpus"] == 1, row
