@@ -108,7 +108,9 @@ def test_jobs_without_gpus_cost_nothing(node):
 
 def test_whole_gpu_and_mig_jobs_start_no_daemon(node, monkeypatch):
     node.jobs["6"] = SHOW.format(job="6", node="a100", gres="gpu:a100:1", detail="gpu:a100:1(IDX:3)", ac="")
-    assert prolog(node.ctx, _env("6")) == 0 and not node.ctx.job_dir("6").exists()  # one GPU: nothing to do
+    assert prolog(node.ctx, _env("6")) == 0  # one GPU: nothing to prepare but the record of the run
+    assert sorted(p.name for p in node.ctx.job_dir("6").iterdir()) == ["run.json"]
+    assert epilog(node.ctx, _env("6")) == 0 and not node.ctx.job_dir("6").exists()
     node.jobs["7"] = SHOW.format(job="7", node="a100", gres="gpu:a100:2", detail="gpu:a100:2(IDX:0,2)", ac="")
     assert prolog(node.ctx, _env("7")) == 0
     assert not node.ctx.mps("7").alive() and not (node.ctx.job_dir("7") / "mps").exists()

@@ -208,10 +208,16 @@ def _usage_row(r: tuple) -> tuple:
             _ratio(mem_s_used, mem_s_data, 100.0), no_sm, no_mem)
 
 
+#: Each record with its run's length and device count: a requeued job's runs (``restart``) are each
+#: as long as their own devices say, and the pending time between them is no part of the job.
+_RUN_COLUMNS = ('*, MAX("end") OVER run - MIN("start") OVER run AS run_s, COUNT(*) OVER run AS run_n')
+_RUN_WINDOW = ' WINDOW run AS (PARTITION BY "job_id", "restart")'
+
 _JOB_SQL = """
     SELECT "job_id", MIN("user"), MIN("account"), MIN("partition"),
            GROUP_CONCAT(DISTINCT "gpu_model"), GROUP_CONCAT(DISTINCT "mode"), GROUP_CONCAT(DISTINCT "share"),
-           COUNT(*), COUNT(DISTINCT "node"), MAX("end") - MIN("start"),
+           CAST(ROUND(COUNT(*) * 1.0 / COUNT(DISTINCT "restart")) AS INTEGER), COUNT(DISTINCT "node"),
+           SUM(run_s * 1.0 / run_n),
            MAX(COALESCE("mem_asked_mib", "mem_granted_mib")), MAX("mem_granted_mib"), MAX("mem_peak_mib"),
            SUM(d * "sm_mean_percent"), SUM(CASE WHEN "sm_mean_percent" IS NOT NULL THEN d END),
            MAX("sm_peak_percent"), MIN("exit_state"),
@@ -261,7 +267,8 @@ def job_report(store: Store, *, since: int | None = None, until: int | None = No
     Raises:
         InputError: an empty period.
     """
-    inner, params = _period(since, until, "*")
+    inner, params = _period(since, until, _RUN_COLUMNS)
+    inner += _RUN_WINDOW
     raw = store.query(_JOB_SQL.format(inner=inner, having=""), params)
     return Report("jobs", "job", since, until, JOB_COLUMNS, tuple(_job_base(r) for r in raw))
 
@@ -296,7 +303,8 @@ def waste_report(store: Store, *, since: int | None = None, until: int | None = 
     Raises:
         InputError: an empty period.
     """
-    inner, params = _period(since, until, "*")
+    inner, params = _period(since, until, _RUN_COLUMNS)
+    inner += _RUN_WINDOW
     # a job that failed or was killed may have failed for want of memory: it is not judged
     having = ('HAVING MAX("mem_peak_mib") IS NOT NULL AND '
               'MAX("mem_peak_mib") <= :used_below * MAX(COALESCE("mem_asked_mib", "mem_granted_mib")) AND '

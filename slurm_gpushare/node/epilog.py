@@ -18,7 +18,7 @@ from pathlib import Path
 from slurm_gpushare.errors import GpushareError, InputError
 from slurm_gpushare.node.config import NodeConfig
 from slurm_gpushare.node.context import HookContext, job_info, machine_with_uuids, plan_with_machine, stuck_reason
-from slurm_gpushare.node.jobdir import JobDaemon, job_daemons, job_lock, read_state
+from slurm_gpushare.node.jobdir import JobDaemon, job_daemons, job_lock, read_run, read_state
 from slurm_gpushare.node.mps import MpsDaemon, MpsSettings
 from slurm_gpushare.node.plan import JobPlan
 from slurm_gpushare.node.shared_mps import leave_shared
@@ -161,11 +161,14 @@ def record_usage(ctx: HookContext, env: dict[str, str], state: dict) -> int:
             # scancel and time limits reach the Epilog as 0:0; slurmctld already holds the signal (0:15)
             exit_state, exit_code = exit_from_code(info.exit_code)
         end = int(time.time())
+        # the Prolog's record of this run: after a requeue slurmctld has already raised the restart count
+        # and reset the start when this Epilog runs
+        restart, start = read_run(ctx.job_dir(job_id)) or (restart_from_env(env), info.start_time or end)
         records = records_for_job(
-            info, plan, machine, node=ctx.node, start=info.start_time or end, end=end,
+            info, plan, machine, node=ctx.node, start=start, end=end,
             exit_state=exit_state, exit_code=exit_code, gpu_uuids={g.index: g.uuid for g in machine.gpus},
             account=info.account, array_job_id=info.array_job_id, array_task_id=info.array_task_id,
-            placement_cost=placement.get("cost_given"), usage=usage, restart=restart_from_env(env))
+            placement_cost=placement.get("cost_given"), usage=usage, restart=restart)
         if records:
             Spool(ctx.config.spool_dir, node=ctx.node).append(records)
         if usage is not None:

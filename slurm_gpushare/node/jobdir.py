@@ -83,6 +83,27 @@ def read_state(job_dir: Path) -> dict | None:
         return None
 
 
+def write_run(job_dir: Path, *, restart: int, start: int) -> None:
+    """Record which run of the job this is (``run.json``, root's only): the restart count slurmd gave
+    the Prolog (``SLURM_JOB_RESTART_COUNT``) and the run's start (epoch seconds, slurmctld's
+    ``start_time``). The Epilog of a requeued run cannot know either itself: slurmctld has raised the
+    count and reset the start before that Epilog runs (measured on 22.05.8)."""
+    make_job_dir(job_dir)
+    write_atomic(job_dir / "run.json", json.dumps({"restart": restart, "start": start}), mode=FILE_MODE)
+
+
+def read_run(job_dir: Path) -> tuple[int, int] | None:
+    """``(restart count, start)`` recorded by the Prolog (:func:`write_run`), or None."""
+    try:
+        data = json.loads((job_dir / "run.json").read_text())
+        restart, start = data["restart"], data["start"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (restart, start)):
+        return None
+    return restart, start
+
+
 def write_state(job_dir: Path, state: dict) -> None:
     """Replace the job's state.json."""
     write_atomic(job_dir / "state.json", json.dumps(state), mode=FILE_MODE)

@@ -12,6 +12,7 @@ was refused at submit time and never gets here.
 from __future__ import annotations
 
 import sys
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -20,9 +21,18 @@ from slurm_gpushare.errors import ConfigError, GpushareError, InputError, ParseE
 from slurm_gpushare.hardware.machine import Machine
 from slurm_gpushare.node.config import check_shard_unit
 from slurm_gpushare.node.context import HookContext, JobFault, NodeFault, fail_job, job_info, plan_with_machine
-from slurm_gpushare.node.jobdir import STATE_VERSION, job_lock, make_job_dir, read_state, write_env, write_state
+from slurm_gpushare.node.jobdir import (
+    STATE_VERSION,
+    job_lock,
+    make_job_dir,
+    read_state,
+    write_env,
+    write_run,
+    write_state,
+)
 from slurm_gpushare.node.mps import MpsDaemon, MpsError
 from slurm_gpushare.node.plan import JobPlan
+from slurm_gpushare.node.records import restart_from_env
 from slurm_gpushare.node.shared_mps import join_shared, shared_dir
 from slurm_gpushare.slurm.conf import parse_gres_conf
 from slurm_gpushare.slurm.job import JobInfo
@@ -79,11 +89,15 @@ def prolog(ctx: HookContext, env: dict[str, str]) -> int:
     try:
         info = job_info(ctx, job_id, env)
         plan, machine, gres = plan_with_machine(ctx, info)
-        if plan.kind == "none" or (plan.kind == "gpu" and len(plan.gpu_indices) < 2):
+        if plan.kind == "none":
+            return 0
+        job_dir = ctx.job_dir(job_id)
+        with job_lock(job_dir):
+            write_run(job_dir, restart=restart_from_env(env), start=info.start_time or int(time.time()))
+        if plan.kind == "gpu" and len(plan.gpu_indices) < 2:
             return 0
         if plan.kind == "mps":
             check_installed_shard_unit(ctx, machine, env)
-        job_dir = ctx.job_dir(job_id)
         with job_lock(job_dir):
             if plan.kind == "gpu":
                 _prepare_topology(ctx, info, plan, machine, gres, job_dir)

@@ -218,3 +218,12 @@ def test_array_tasks_are_named_as_sacct_names_them():
         rows = dicts(job_report(st))
         assert [(r["job"], r["array"]) for r in rows] == [("12", "10_2"), ("13", "")]
         assert "10_2" in render(job_report(st), "table")
+
+
+def test_a_requeued_jobs_runs_add_up_without_the_time_between_them():
+    # two runs on one GPU (restart 0 and 1), 1 h and 2 h, with 5 h pending between them: 3 h on 1 GPU
+    with Store() as st:
+        st.add([record(job_id="7", restart=0, start=T0, end=T0 + H),
+                record(job_id="7", restart=1, start=T0 + 6 * H, end=T0 + 8 * H)])
+        row = by(job_report(st), "7")
+    assert row["hours"] == pytest.approx(3.0) and row["gpus"] == 1

@@ -29,10 +29,6 @@ def _records(cluster, job_id: str) -> list[dict]:
             for r in [json.loads(line)] if str(r.get("job_id")) == job_id]
 
 
-@pytest.mark.xfail(strict=True, reason="product bug: the Epilog of the requeued run reads SLURM_JOB_RESTART_COUNT "
-                   "already incremented (1) and start_time reset to 0 (start = end), so run 0 is spooled as restart 1 "
-                   "with 0 s, the real run 1 is then 'already stored' and the report shows 0.0 hours (node/epilog.py "
-                   "record_usage; next, report.py's job SQL takes MAX(end)-MIN(start), COUNT(*) GPUs over both runs)")
 def test_a_requeued_jobs_two_runs_are_both_recorded_and_reported(cluster, slurm, users, tmp_path):  # noqa: F811
     out_dir = Path(tempfile.mkdtemp(prefix="gps-requeue-", dir="/tmp"))
     out_dir.chmod(0o1777)
@@ -54,6 +50,11 @@ def test_a_requeued_jobs_two_runs_are_both_recorded_and_reported(cluster, slurm,
     requeued_at = time.time()
     # Slurm makes a requeued job eligible 120 s later (measured); the admin (root) makes it eligible now
     slurm.wait(job, states={"PENDING"})
+    # release it only once the first run's Epilog is done (its record is spooled): slurmd refuses to
+    # launch a job whose previous run it is still killing ("already killed, do not launch batch job")
+    deadline = time.monotonic() + 30
+    while not _records(cluster, job.id) and time.monotonic() < deadline:
+        time.sleep(0.2)
     slurm.run(["scontrol", "update", f"jobid={job.id}", "StartTime=now"])
     done = slurm.wait(job, timeout=90)
     assert done.state == "COMPLETED", done.fields
