@@ -167,8 +167,13 @@ class DevCluster:
 
     @property
     def filterd_socket(self) -> Path:
-        """The filter service's unix socket."""
+        """The filter service's public unix socket (cli_filter.lua's)."""
         return self.root / "run" / "filterd.sock"
+
+    @property
+    def controller_socket(self) -> Path:
+        """The filter service's private unix socket (job_submit.lua's in slurmctld)."""
+        return self.root / "run" / "controller.sock"
 
     @property
     def fake_gpu_procs(self) -> Path:
@@ -329,6 +334,7 @@ class DevCluster:
             text = (SITE / lua).read_text()
             if lua == "gpushare_client.lua":
                 text = _set_lua_setting(text, "socket", f'"{self.filterd_socket}"')
+                text = _set_lua_setting(text, "controller_socket", f'"{self.controller_socket}"')
             files[f"etc/{lua}"] = text
         for name, m in self.nodes.items():
             files[f"machines/{name}.json"] = m.to_json()
@@ -846,6 +852,7 @@ class DevCluster:
         r = self.root
         policy = r / "etc" / "gpushare.toml"
         argv = [sys.executable, "-m", "slurm_gpushare", "filterd", f"--socket={self.filterd_socket}",
+                f"--controller-socket={self.controller_socket}",
                 f"--machines={r / 'machines'}", f"--log={r / 'log' / 'filterd.log'}",
                 f"--pid-file={self.pidfile('filterd')}"]
         if policy.exists():
@@ -855,7 +862,8 @@ class DevCluster:
             proc = subprocess.Popen(argv, env=self.env, stdin=subprocess.DEVNULL, stdout=err, stderr=err,
                                     start_new_session=True, cwd=r)
         self._record("filterd", proc)
-        self._wait(lambda: self.alive("filterd") and _listening(self.filterd_socket), timeout,
+        self._wait(lambda: self.alive("filterd") and _listening(self.filterd_socket)
+                   and _listening(self.controller_socket), timeout,
                    "the filter service socket", log="log/filterd.stderr", died=lambda: proc.poll() is not None,
                    daemon_name="filterd")
 
@@ -1108,7 +1116,7 @@ class DevCluster:
         if not p.is_dir():
             problems.append(f"--dir {r} is an existing file, not a directory" if p == self.root
                             else f"--dir {r} cannot be made: {p} is a file, not a directory")
-        socks = [self.root / "munge" / "munge.sock", self.filterd_socket]
+        socks = [self.root / "munge" / "munge.sock", self.filterd_socket, self.controller_socket]
         if self.dbd:
             socks.append(self.root / "db" / "mysqld.sock")
         longest = max(socks, key=lambda s: len(os.fsencode(s)))

@@ -318,8 +318,16 @@ class _Conn:
         self.close_after = False
 
 
-#: Connections accepted per turn of the loop (see :meth:`FramedServer._accept`).
+#: Connections accepted on the public socket per turn of the loop (see :meth:`FramedServer._accept`).
 ACCEPT_BATCH = 32
+
+
+class _Listener:
+    """One listening socket of :class:`FramedServer` and whether it is the controller's (private) one."""
+
+    def __init__(self, sock: socket.socket, controller: bool):
+        self.sock = sock
+        self.controller = controller
 
 
 class FramedServer:
@@ -330,19 +338,27 @@ class FramedServer:
     take microseconds (memoised, no I/O), so the one loop thread is the whole worker pool: no thread or
     buffer grows with the number of connections. A peer's connections are bounded by its uid (from
     ``SO_PEERCRED``) with :class:`Limits`; the service's own uid and root are counted apart and served
-    first, so a flood by users can neither refuse nor delay slurmctld.
+    first.
+
+    slurmctld has a socket of its own (``controller_sock``): users cannot fill its listen backlog, and a
+    peer on it whose uid is not privileged is closed at once, whatever the file's mode. Each turn of
+    the loop serves the controller's connections and accepts first, then the users' connections, then
+    at most :data:`ACCEPT_BATCH` connections of the public socket, so a flood of the public socket
+    delays slurmctld by at most one bounded turn (measured: benchmarks/submit_overhead --hostile).
 
     Args:
-        sock: a listening unix socket.
+        sock: the public listening unix socket (cli_filter.lua, as the user).
         service: answers one request.
         log: structured logger.
         limits: connection bounds.
         privileged_uids: uids served as slurmctld (default: the service's own and root).
+        controller_sock: the private listening unix socket of job_submit.lua (slurmctld), or None.
     """
 
     def __init__(self, sock: socket.socket, service: FilterService, log: Log, limits: Limits = Limits(),
-                 privileged_uids: frozenset[int] | None = None):
+                 privileged_uids: frozenset[int] | None = None, controller_sock: socket.socket | None = None):
         self.sock = sock
+        self.controller_sock = controller_sock
         self.service = service
         self.log = log
         self.limits = limits
@@ -353,8 +369,10 @@ class FramedServer:
         self.refused: dict[int, int] = {}  # uid -> connections refused since the last log line
         self.last_refusal_log = 0.0
         self.stop = threading.Event()
-        sock.setblocking(False)
-        self.sel.register(sock, selectors.EVENT_READ, None)
+        self.listeners = [_Listener(sock, False)] + ([_Listener(controller_sock, True)] if controller_sock else [])
+        for lst in self.listeners:
+            lst.sock.setblocking(False)
+            self.sel.register(lst.sock, selectors.EVENT_READ, lst)
 
     # --- counts ---
     def _users(self) -> int:
@@ -363,13 +381,14 @@ class FramedServer:
     def _privileged(self) -> int:
         return sum(1 for c in self.conns.values() if c.privileged)
 
-    def _accept(self, now: float) -> None:
-        # A small batch per loop turn: under a flood of connects the loop returns to the open connections
-        # (slurmctld's first) after ~0.5 ms, where 1,024 accepts and closes took 15-20 ms, as long as the
-        # shim's whole timeout (measured: benchmarks/submit_overhead --hostile).
-        for _ in range(ACCEPT_BATCH):
+    def _accept(self, lst: _Listener, now: float) -> None:
+        # A small batch per loop turn on the public socket: under a flood of connects the loop returns to
+        # the open connections (slurmctld's first) after ~0.5 ms, where 1,024 accepts and closes took
+        # 15-20 ms, as long as the shim's whole timeout (measured: benchmarks/submit_overhead --hostile).
+        # The controller's socket only takes privileged peers, themselves bounded by Limits.privileged.
+        for _ in range(self.limits.privileged + 1 if lst.controller else ACCEPT_BATCH):
             try:
-                s, _addr = self.sock.accept()
+                s, _addr = lst.sock.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as e:  # EMFILE and the like: shed this one, keep serving
@@ -378,6 +397,11 @@ class FramedServer:
             uid = peer_uid(s)
             privileged = uid in self.privileged_uids
             lim = self.limits
+            if lst.controller and not privileged:  # the file's mode is not the only guard
+                s.close()
+                self.refused[uid] = self.refused.get(uid, 0) + 1
+                self.log("controller_socket_refused", uid=uid)
+                continue
             if privileged:
                 ok = self._privileged() < lim.privileged
             else:
@@ -530,21 +554,28 @@ class FramedServer:
         while not self.stop.is_set():
             events = self.sel.select(poll_interval)
             now = time.monotonic()
-            # slurmctld first, then users; new connections last
-            ready = sorted((key.data for key, _m in events if key.data is not None),
+            # slurmctld's connections and accepts first, then users' connections, new users' connections last
+            ready = sorted((key.data for key, _m in events if isinstance(key.data, _Conn)),
                            key=lambda c: not c.privileged)
-            listening = any(key.data is None for key, _m in events)
+            listening = [key.data for key, _m in events if isinstance(key.data, _Listener)]
             for c in ready:
-                if c.sock.fileno() in self.conns:
+                if c.privileged and c.sock.fileno() in self.conns:
                     self._read(c, now)
-            if listening:
-                self._accept(now)
+            for lst in listening:
+                if lst.controller:
+                    self._accept(lst, now)
+            for c in ready:
+                if not c.privileged and c.sock.fileno() in self.conns:
+                    self._read(c, now)
+            for lst in listening:
+                if not lst.controller:
+                    self._accept(lst, now)
             if now - last_sweep >= 0.5:
                 self._sweep(now)
                 last_sweep = now
 
     def close(self) -> None:
-        """Close every connection and the selector (not the listening socket)."""
+        """Close every connection and the selector (not the listening sockets)."""
         for c in list(self.conns.values()):
             self._close(c)
         self.sel.close()
@@ -552,11 +583,12 @@ class FramedServer:
 
 def serve(socket_path: Path, machines_dir: Path, *, policy_path: Path | None = None, refresh_s: float = 30.0,
           socket_mode: int = 0o666, log_stream=None, slurm_source=None, ready=None,
-          limits: Limits = Limits(), stop: threading.Event | None = None) -> int:
+          limits: Limits = Limits(), stop: threading.Event | None = None,
+          controller_socket_path: Path | None = None) -> int:
     """Run the service until SIGTERM/SIGINT. Returns the exit status.
 
     Args:
-        socket_path: unix socket to listen on (replaced if a stale one is there).
+        socket_path: the public unix socket (cli_filter.lua, as the user; replaced if a stale one is there).
         machines_dir: machine descriptions, one ``<node>.json`` per node.
         policy_path: site policy TOML (defaults when None).
         refresh_s: how often Slurm's view is refreshed (seconds); the directory is checked every second.
@@ -566,6 +598,13 @@ def serve(socket_path: Path, machines_dir: Path, *, policy_path: Path | None = N
         ready: optional threading.Event set when the socket listens (tests).
         limits: connection bounds per peer uid and in total (:class:`Limits`).
         stop: optional event that stops the service when set (tests; SIGTERM does it otherwise).
+        controller_socket_path: the private unix socket of job_submit.lua (slurmctld), mode 0600 and
+            owned by the service's user; only the service's own uid and root are served on it
+            (``SO_PEERCRED``), so that users flooding the public socket cannot refuse or delay slurmctld.
+            None: no private socket (job_submit.lua then uses the public one).
+
+    Raises:
+        InputError: another filter service listens on one of the sockets.
     """
     log = Log(log_stream)
     policy = load_policy(policy_path) if policy_path else SitePolicy()
@@ -575,12 +614,17 @@ def serve(socket_path: Path, machines_dir: Path, *, policy_path: Path | None = N
     cache.refresh("start")
     service = FilterService(cache, policy, log)
     socket_path = Path(socket_path)
-    _remove_stale_socket(socket_path)
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(str(socket_path))
-    os.chmod(socket_path, socket_mode)
-    listener.listen(socket.SOMAXCONN)
-    server = FramedServer(listener, service, log, limits)
+    listener = _listen(socket_path, socket_mode)
+    controller = None
+    if controller_socket_path is not None:
+        controller_socket_path = Path(controller_socket_path)
+        try:
+            controller = _listen(controller_socket_path, 0o600)
+        except BaseException:
+            listener.close()
+            socket_path.unlink(missing_ok=True)
+            raise
+    server = FramedServer(listener, service, log, limits, controller_sock=controller)
     if stop is not None:
         server.stop = stop
     stop = server.stop
@@ -612,7 +656,8 @@ def serve(socket_path: Path, machines_dir: Path, *, policy_path: Path | None = N
                 last = time.monotonic()
 
     threading.Thread(target=refresher, daemon=True, name="inventory-refresh").start()
-    log("listening", socket=str(socket_path), machines=str(machines_dir), policy=str(policy_path or "defaults"))
+    log("listening", socket=str(socket_path), controller_socket=str(controller_socket_path or ""),
+        machines=str(machines_dir), policy=str(policy_path or "defaults"))
     if ready is not None:
         ready.set()
     try:
@@ -620,13 +665,34 @@ def serve(socket_path: Path, machines_dir: Path, *, policy_path: Path | None = N
     finally:
         stop.set()
         server.close()
-        listener.close()
-        try:
-            socket_path.unlink()
-        except OSError:
-            pass
+        for lsock, path in ((listener, socket_path), (controller, controller_socket_path)):
+            if lsock is None or path is None:
+                continue
+            lsock.close()
+            try:
+                path.unlink()
+            except OSError:
+                pass
         log("stopped")
     return 0
+
+
+def _listen(path: Path, mode: int) -> socket.socket:
+    """A unix socket listening at ``path`` with permissions ``mode`` (a stale socket file is replaced).
+
+    It listens only after the chmod (a connect before ``listen`` is refused), so no peer gets in under
+    the umask's permissions.
+    """
+    _remove_stale_socket(path)
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.bind(str(path))
+        os.chmod(path, mode)
+    except BaseException:
+        s.close()
+        raise
+    s.listen(socket.SOMAXCONN)
+    return s
 
 
 def _remove_stale_socket(path: Path) -> None:

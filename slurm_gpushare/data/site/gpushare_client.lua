@@ -9,8 +9,11 @@
 local M = {}
 
 M.settings = {
-  -- unix socket of `slurm-gpushare filterd` (its --socket)
+  -- public unix socket of `slurm-gpushare filterd` (its --socket): cli_filter.lua, as the user
   socket = "/run/slurm-gpushare/filterd.sock",
+  -- private unix socket of filterd (its --controller-socket, mode 0600, SlurmUser and root only):
+  -- job_submit.lua in slurmctld, where no user can fill the backlog; nil or "": job_submit.lua uses `socket`
+  controller_socket = "/run/slurm-gpushare/controller.sock",
   -- seconds to wait for one answer (a decision takes well under 1 ms); a dead service (no socket,
   -- refused) fails at once. slurmctld runs job_submit.lua one job at a time: a hung service costs at
   -- most this per GPU-share job, and jobs that mention no gpushare/shard/mps never wait at all.
@@ -182,9 +185,19 @@ local function exchange(req)
   return t
 end
 
--- Send one request table; return the answer table, or nil and why the service could not answer.
--- Any failure drops the connection: the next request starts on a fresh one, never after a stray answer.
-function M.ask(req)
+-- The socket job_submit.lua asks on: settings.controller_socket, or settings.socket where it is unset.
+function M.controller_socket()
+  local s = M.settings.controller_socket
+  if type(s) == "string" and s ~= "" then return s end
+  return M.settings.socket
+end
+
+-- Send one request table to the socket at `path` (default settings.socket); return the answer table,
+-- or nil and why the service could not answer. Any failure drops the connection: the next request
+-- starts on a fresh one, never after a stray answer. A Lua state asks on one socket only (the kept
+-- connection is reused for it).
+function M.ask(req, path)
+  path = path or M.settings.socket
   if now() < quiet_until then
     return nil, "the service did not answer within " .. M.settings.timeout .. " s a moment ago (not asked again for "
       .. M.settings.backoff .. " s)"
@@ -196,10 +209,10 @@ function M.ask(req)
       if not unix_ok then return nil, "lua-socket (socket.unix) is not installed here" end
       local c = unix.stream()
       c:settimeout(M.settings.timeout)
-      local ok, err = c:connect(M.settings.socket)
+      local ok, err = c:connect(path)
       if not ok then
         c:close()
-        return nil, "cannot connect to " .. M.settings.socket .. " (" .. tostring(err) .. ")"
+        return nil, "cannot connect to " .. path .. " (" .. tostring(err) .. ")"
       end
       conn = c
     end

@@ -1,7 +1,9 @@
 -- slurm-gpushare job_submit.lua: a thin shim in slurmctld (Lua 5.1) in front of the decision service.
 --
 -- Install next to slurm.conf together with gpushare_client.lua (which holds the settings: the
--- socket of `slurm-gpushare filterd`, the timeout and the fail policy) and set JobSubmitPlugins=lua.
+-- sockets of `slurm-gpushare filterd`, the timeout and the fail policy) and set JobSubmitPlugins=lua.
+-- It asks on filterd's private controller_socket (SlurmUser and root only), so that no user flooding
+-- the public socket (cli_filter.lua's) can refuse or delay slurmctld; on `socket` where it is unset.
 -- Jobs whose GRES do not mention gpushare, shard or mps never touch the socket: they cost one
 -- string search per field. See docs/request-syntax.md and docs/admin-guide.md.
 
@@ -63,7 +65,7 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
     min_nodes = num(job_desc.min_nodes), num_tasks = num(job_desc.num_tasks),
     ntasks_per_node = num(job_desc.ntasks_per_node), cli_request = cli_request,
     uid = submit_uid or -1,
-  })
+  }, client.controller_socket())
   if not answer then return unavailable(why, client.mentions_gpushare(tpn, tpj)) end
   return apply(job_desc, answer, false)
 end
@@ -86,7 +88,7 @@ function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
     partition = job_desc.partition or job_rec.partition or "", min_nodes = num(job_desc.min_nodes),
     admin_comment = job_rec.admin_comment or "", uid = modify_uid or -1,
     job_id = tostring(job_rec.job_id or ""),
-  })
+  }, client.controller_socket())
   if not answer then
     slurm.log_error("gpushare: filter service unavailable for job %s update: %s", tostring(job_rec.job_id), why)
     if client.mentions_gpushare(tpn) or client.settings.fail_policy ~= "allow-direct" then return slurm.ERROR end
