@@ -4,7 +4,6 @@ usage or accounting (the Prolog/Epilog and ingest run as root, as slurmd and an 
 from __future__ import annotations
 
 import os
-import pwd
 import shutil
 import subprocess
 import tempfile
@@ -22,21 +21,9 @@ from slurm_gpushare_dev.cluster import SITE
 from tests.accounting.test_record import record
 from tests.test_hooks import SHOW, node  # noqa: F401  (the fixture)
 
-USERS = ("gpushare-alice", "gpushare-bob")
-
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("useradd") or not shutil.which("runuser"),
                                 reason="needs root, useradd and runuser (two real users)")
 
-
-@pytest.fixture(scope="session")
-def users() -> dict[str, int]:
-    """Two ordinary Unix users (created once, if absent): name -> uid."""
-    for name in USERS:
-        try:
-            pwd.getpwnam(name)
-        except KeyError:
-            subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", name], check=True)
-    return {name: pwd.getpwnam(name).pw_uid for name in USERS}
 
 
 def as_user(user: str, *argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

@@ -5,7 +5,6 @@ Each: the job gets the limit and identity Slurm granted, no node drains, the acc
 from __future__ import annotations
 
 import json
-import pwd
 import subprocess
 import tempfile
 import time
@@ -14,23 +13,13 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Job
+from tests.security.conftest import USERS
 
 pytestmark = pytest.mark.slurm
 
-USERS = ("gpushare-alice", "gpushare-bob")
 PROBE = ('env | grep -E "^CUDA_MPS_(PINNED|ACTIVE)" | sort; P=$(cat $CUDA_MPS_PIPE_DIRECTORY/'
          'nvidia-cuda-mps-control.pid); echo "DAEMON_UID=$(stat -c %u /proc/$P)"')
 
-
-@pytest.fixture(scope="session")
-def users() -> dict[str, int]:
-    """Two ordinary Unix users (created when absent): name -> uid."""
-    for u in USERS:
-        try:
-            pwd.getpwnam(u)
-        except KeyError:
-            subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", u], check=True)
-    return {u: pwd.getpwnam(u).pw_uid for u in USERS}
 
 
 @pytest.fixture

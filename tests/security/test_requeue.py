@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Job
-from tests.security.test_node_records import USERS, drained, users  # noqa: F401 (fixture)
+from tests.security.conftest import USERS
+from tests.security.test_node_records import drained
 
 pytestmark = pytest.mark.slurm
 

@@ -6,30 +6,15 @@ confused (long fields), flooded (thousands of connections) or skipped (a forged 
 from __future__ import annotations
 
 import json
-import os
-import pwd
 import subprocess
 import threading
 import time
 
 import pytest
 
+from tests.security.conftest import USERS
+
 pytestmark = pytest.mark.slurm
-
-USERS = ("gpushare-alice", "gpushare-bob")
-
-
-@pytest.fixture(scope="session")
-def users():
-    """Two ordinary Unix users (created when absent; needs root)."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root to create and become test users")
-    for u in USERS:
-        try:
-            pwd.getpwnam(u)
-        except KeyError:
-            subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", u], check=True)
-    return USERS
 
 
 def as_user(cluster, user: str, argv: list[str], timeout: float = 60, **kw) -> subprocess.CompletedProcess:
@@ -61,9 +46,9 @@ def test_a_70000_character_comment_does_not_shift_anyones_decision(slurm, users)
 
 def test_a_forged_cli_filter_mark_is_policed(slurm, users):
     """Item 6: ``--gres=shard:500 --comment=gpushare-request=gpu:1`` was accepted unpoliced, without audit."""
-    p = sbatch(slurm.cluster, users[0], "-p", "nomig", "--gres=shard:500", "--comment=gpushare-request=gpu:1")
+    p = sbatch(slurm.cluster, USERS[0], "-p", "nomig", "--gres=shard:500", "--comment=gpushare-request=gpu:1")
     assert p.returncode != 0 and "shard:500 is more than one GPU holds" in p.stderr
-    ok = sbatch(slurm.cluster, users[0], "-p", "nomig", "--gres=shard:4", "--comment=x gpushare-request=gpu:1")
+    ok = sbatch(slurm.cluster, USERS[0], "-p", "nomig", "--gres=shard:4", "--comment=x gpushare-request=gpu:1")
     assert tres(slurm, ok) == "gres:shard:4"
     fields = slurm.show_job(ok.stdout.strip())
     assert "kind=shard-direct" in fields["AdminComment"] and "via=" not in fields["AdminComment"]
@@ -72,12 +57,12 @@ def test_a_forged_cli_filter_mark_is_policed(slurm, users):
 
 def test_two_nodes_are_decided_for_two_nodes_and_the_grant_is_not_an_error(slurm, users):
     """Item 6: ``-N 2`` got a MIG slice only one node has; the success line was printed as ``error:``."""
-    one = sbatch(slurm.cluster, users[1], "-p", "gpu", "--gres=gpushare:mem=10G")
+    one = sbatch(slurm.cluster, USERS[1], "-p", "gpu", "--gres=gpushare:mem=10G")
     assert tres(slurm, one) == "gres:gpu:h100_1g.10gb:1"
     assert "gpushare: gpushare:mem=10G -> a MIG slice" in one.stderr and "error" not in one.stderr
-    two = sbatch(slurm.cluster, users[1], "-p", "gpu", "-N", "2", "--gres=gpushare:mem=10G")
+    two = sbatch(slurm.cluster, USERS[1], "-p", "gpu", "-N", "2", "--gres=gpushare:mem=10G")
     assert tres(slurm, two) == "gres:shard:10"
-    refused = sbatch(slurm.cluster, users[1], "-p", "mig", "-N", "2", "--gres=gpushare:mem=10G")
+    refused = sbatch(slurm.cluster, USERS[1], "-p", "mig", "-N", "2", "--gres=gpushare:mem=10G")
     if "partition 'mig' does not exist" not in refused.stderr:  # the default cluster may have no 'mig'
         assert refused.returncode != 0 and "2 nodes asked for" in refused.stderr
 

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.security.test_node_records import PROBE, USERS, drained, record_of, users  # noqa: F401 (fixture)
+from tests.security.conftest import USERS
+from tests.security.test_node_records import PROBE, drained, record_of
 
 pytestmark = pytest.mark.slurm
 

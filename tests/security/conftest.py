@@ -1,0 +1,25 @@
+"""Two real unprivileged users for the hostile-user tests: created once per session when absent."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import subprocess
+
+import pytest
+
+#: The attacker and the bystander (or two users sharing a node).
+USERS = ("gpushare-alice", "gpushare-bob")
+
+
+@pytest.fixture(scope="session")
+def users() -> dict[str, int]:
+    """The two users (``useradd`` when absent; needs root): name -> uid."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to create and become test users")
+    for name in USERS:
+        try:
+            pwd.getpwnam(name)
+        except KeyError:
+            subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", name], check=True)
+    return {name: pwd.getpwnam(name).pw_uid for name in USERS}
