@@ -256,24 +256,34 @@ def _safe(text: str) -> str:
 # --- the cluster as the policy sees it ---------------------------------------------------------------
 
 
+class _OnNodes:
+    """Where one GRES type is: ``per_node`` maps each usable node to its count of that type."""
+
+    per_node: dict[str, int]
+
+    @property
+    def nodes(self) -> list[str]:
+        return list(self.per_node)
+
+    @property
+    def max_on_node(self) -> int:
+        return max(self.per_node.values(), default=0)
+
+
 @dataclass
-class _Mig:
+class _Mig(_OnNodes):
     model: str
     profile: MigProfile
     capacity_mib: int
-    max_on_node: int = 0
-    nodes: list[str] = field(default_factory=list)
-    per_node: dict[str, int] = field(default_factory=dict)  # node -> count of this GRES type there
+    per_node: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
-class _Whole:
+class _Whole(_OnNodes):
     model: str
     memory_mib: int
     capacity_mib: int
-    max_on_node: int = 0
-    nodes: list[str] = field(default_factory=list)
-    per_node: dict[str, int] = field(default_factory=dict)  # node -> count of this GRES type there
+    per_node: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -355,14 +365,10 @@ def _build_pool(nodes: list[NodeInventory], parts: tuple[str, ...], unit: int, p
                 w = pool.whole.setdefault(gtype, _Whole(gtype, whole_mem[gtype], 0))
                 w.memory_mib = min(w.memory_mib, whole_mem[gtype])
                 w.capacity_mib = _capacity_gpu(w.memory_mib, policy)
-                w.max_on_node = max(w.max_on_node, count)
-                w.nodes.append(node.name)
                 w.per_node[node.name] = count
             elif gtype in profiles:
                 model, prof = profiles[gtype]
                 m = pool.mig.setdefault(gtype, _Mig(model, prof, _capacity_mig(prof, policy)))
-                m.max_on_node = max(m.max_on_node, count)
-                m.nodes.append(node.name)
                 m.per_node[node.name] = count
         if node.shards > 0:
             for g in node.whole_gpus:
