@@ -54,6 +54,7 @@ from slurm_gpushare.hardware.machine import Machine
 from slurm_gpushare.hardware.ports import ENV as NVML_ENV
 from slurm_gpushare.procinfo import pid_alive
 from slurm_gpushare.slurm.nodegres import GresOptions
+from slurm_gpushare_dev.release import IN_ROOT_ENV, PROJECT, host_release, needs_root, run_in_release
 
 DEFAULT_DIR = "/tmp/slurm-gpushare-dev"
 DEFAULT_PORT_BASE = 16817
@@ -143,6 +144,11 @@ class DevCluster:
     gres_options: dict[str, GresOptions] = field(default_factory=dict)
     extra_partitions: dict[str, tuple[str, ...]] = field(default_factory=dict)
     _start: _Start | None = field(default=None, init=False, repr=False, compare=False)
+
+    @functools.cached_property
+    def slurm_release(self) -> str | None:
+        """The release of the Slurm this cluster runs (``slurmctld -V`` of this process's Slurm)."""
+        return host_release()
 
     @classmethod
     def default(cls, root: str | Path | None = None, port_base: int | None = None, *,
@@ -339,7 +345,7 @@ class DevCluster:
         for name, m in self.nodes.items():
             files[f"machines/{name}.json"] = m.to_json()
         files["cluster.json"] = json.dumps({"cgroup": self.cgroup, "dbd": self.dbd, "port_base": self.port_base,
-                                            "nodes": list(self.nodes)}, indent=2) + "\n"
+                                            "nodes": list(self.nodes), "slurm": self.slurm_release}, indent=2) + "\n"
         return files
 
     # --- lifecycle ----------------------------------------------------------------------------
@@ -401,6 +407,9 @@ class DevCluster:
         print(f"dev cluster up in {self.root} ({len(self.nodes)} nodes)", file=out)
         print(self.sinfo(), file=out)
         print(self.env_exports(), file=out)
+        if os.environ.get(IN_ROOT_ENV):
+            print(f"# Slurm {self.slurm_release} runs in its own root filesystem: run its clients there with "
+                  "scripts/dev-cluster exec -- COMMAND (e.g. exec -- sbatch --wrap hostname)", file=out)
 
     def down(self, *, out=sys.stdout) -> list[int]:
         """Cancel the cluster's jobs, then stop its daemons.
@@ -1431,29 +1440,61 @@ def _run(argv: list[str], *, log: Path | None = None) -> None:
 
 
 @click.command(name="dev-cluster", help=__doc__.split("\n\n")[0],
-               epilog="exit status: 0 ok; 1 not running or a problem (status); 2 usage; 5 failure",
+               epilog="exit status: 0 ok; 1 not running or a problem (status); 2 usage; 5 failure; "
+                      "exec: the command's",
                context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument("action", type=click.Choice(["up", "down", "status", "env"]), metavar="up|down|status|env")
+@click.argument("action", type=click.Choice(["up", "down", "status", "env", "exec"]),
+                metavar="up|down|status|env|exec")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.option("--dir", "dir_", help=f"state directory (env GPUSHARE_DEV_DIR, default {DEFAULT_DIR})")
 @click.option("--port-base", type=int, help=f"slurmctld port (env GPUSHARE_DEV_PORT, default {DEFAULT_PORT_BASE})")
 @click.option("--cgroup", is_flag=True, help="confine devices with task/cgroup (cgroup v1)")
 @click.option("--dbd", is_flag=True, help="run slurmdbd with a private MariaDB (sacct)")
+@click.option("--slurm", "release", metavar="22.05|24.11|26.05",
+              help="the Slurm release (up; default: this host's); one the host does not have runs in a root "
+                   "filesystem built once from Debian's archive. Other actions use the cluster's own.")
 @click.option("--json", "as_json", is_flag=True, help="status as JSON")
-def cli(action: str, dir_: str | None, port_base: int | None, cgroup: bool, dbd: bool, as_json: bool) -> int:
+def cli(action: str, command: tuple[str, ...], dir_: str | None, port_base: int | None, cgroup: bool, dbd: bool,
+        release: str | None, as_json: bool) -> int:
     """The command line; returns the exit status (see :func:`main`)."""
     try:
+        if command and action != "exec":
+            raise click.UsageError(f"unexpected argument {command[0]!r} ('exec -- COMMAND...' takes a command)")
+        if action == "exec" and not command:
+            raise click.UsageError("exec needs a command: dev-cluster exec -- sbatch --wrap hostname")
         cluster = DevCluster.default(dir_, port_base, cgroup=cgroup, dbd=dbd)
+        saved = cluster.saved_options() if action != "up" else {}
         if action != "up":
-            # down/status/env act on the cluster as it was brought up
-            saved = cluster.saved_options()
+            # down/status/env/exec act on the cluster as it was brought up, with its release
             cluster.cgroup = cluster.cgroup or saved.get("cgroup", False)
             cluster.dbd = cluster.dbd or saved.get("dbd", False)
+            release = release or saved.get("slurm")
+            if port_base is None and isinstance(saved.get("port_base"), int):
+                cluster.port_base = saved["port_base"]
+        if needs_root(release):
+            argv = [str(PROJECT / "scripts" / "dev-cluster"), action, "--dir", str(cluster.root), "--port-base",
+                    str(cluster.port_base), *(["--cgroup"] if cluster.cgroup else []),
+                    *(["--dbd"] if cluster.dbd else []), *(["--json"] if as_json else []),
+                    *(["--", *command] if command else [])]
+            if action == "env":
+                print(f"# Slurm {release} runs in its own root filesystem: these exports serve commands run there, "
+                      "with scripts/dev-cluster exec -- COMMAND", file=sys.stderr)
+            rc = run_in_release(release, argv)
+            assert rc is not None
+            return rc
         if action == "up":
             cluster.up()
         elif action == "down":
             cluster.down()
         elif action == "env":
             print(cluster.env_exports())
+        elif action == "exec":
+            env = {**cluster.env, "GPUSHARE_FAKE_GPU_APP": str(cluster.fake_gpu_app)}
+            sys.stdout.flush()
+            try:
+                return subprocess.run(list(command), env=env).returncode
+            except FileNotFoundError:
+                raise ClusterError(f"{command[0]}: command not found") from None
         else:
             return _print_status(cluster, as_json=as_json)
         sys.stdout.flush()

@@ -4,8 +4,11 @@ Markers (pyproject.toml): ``slurm`` tests use the :func:`cluster` fixture (real 
 Debian's slurm-wlm, started by the project's own dev cluster); ``gpu`` tests need real NVML.
 
 Environment:
-    GPUSHARE_TEST_DIR: state directory of the test cluster (default /tmp/slurm-gpushare-test).
-    GPUSHARE_TEST_PORT: its port base (default 17817, so a developer's dev cluster can run beside it).
+    GPUSHARE_TEST_DIR: state directory of the test cluster (default /tmp/slurm-gpushare-test, with
+        ``-<release>`` added in a release's root, so that sessions of several releases can run at once).
+    GPUSHARE_TEST_PORT: its port base (default 17817, so a developer's dev cluster can run beside it;
+        +1000 for 24.11 and +2000 for 26.05 in their roots). Tests use ports up to the base + 700.
+    GPUSHARE_SLURM_RELEASE: set by ``scripts/test --slurm R`` inside release R's root (read only).
     GPUSHARE_TEST_KEEP=1: leave the cluster running after the session (it is reused next time).
     GPUSHARE_REQUIRE_SLURM=1: fail instead of skipping when Slurm cannot be run (set by .ci/run).
 """
@@ -24,8 +27,11 @@ import pytest
 
 from slurm_gpushare_dev.cluster import DevCluster
 
-TEST_DIR = os.environ.get("GPUSHARE_TEST_DIR", "/tmp/slurm-gpushare-test")
-TEST_PORT = int(os.environ.get("GPUSHARE_TEST_PORT", "17817"))
+#: The release whose root this session runs in (scripts/test --slurm), or None on the host's Slurm.
+IN_RELEASE = os.environ.get("GPUSHARE_SLURM_RELEASE") or None
+_RELEASE_PORT_OFFSET = {"24.11": 1000, "26.05": 2000}
+TEST_DIR = os.environ.get("GPUSHARE_TEST_DIR", "/tmp/slurm-gpushare-test" + (f"-{IN_RELEASE}" if IN_RELEASE else ""))
+TEST_PORT = int(os.environ.get("GPUSHARE_TEST_PORT", str(17817 + _RELEASE_PORT_OFFSET.get(IN_RELEASE or "", 0))))
 FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
                 "DEADLINE", "PREEMPTED"}
 

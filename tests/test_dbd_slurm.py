@@ -21,6 +21,7 @@ import pytest
 from slurm_gpushare_dev.cluster import DEFAULT_NODES, DevCluster, packaged_machine
 from tests.conftest import (
     FINAL_STATES,
+    TEST_DIR,
     TEST_PORT,
     SlurmSession,
     _skip_or_fail,
@@ -32,7 +33,7 @@ pytestmark = pytest.mark.slurm
 
 CLI = [sys.executable, "-m", "slurm_gpushare"]
 NODE = "rtx4090-pcie"
-DBD_DIR = os.environ.get("GPUSHARE_TEST_DBD_DIR", "/tmp/slurm-gpushare-test-dbd")
+DBD_DIR = os.environ.get("GPUSHARE_TEST_DBD_DIR", f"{TEST_DIR}-dbd")
 #: beside the session's cluster (TEST_PORT) and the hardware cluster of test_gres_slurm (+300)
 DBD_PORT = TEST_PORT + 600
 DBD_PROGRAMS = ("slurmdbd", "mariadbd", "mariadb-install-db", "mariadb", "sacct")

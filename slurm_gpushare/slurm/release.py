@@ -1,0 +1,101 @@
+"""Which Slurm release the product talks to, read from Slurm itself, never guessed.
+
+Two sources, both written by Slurm: the version line of a client (``sinfo -V``: ``slurm 24.11.5``,
+``slurm-wlm 22.05.8`` on Debian) and the ``meta`` block of every ``--json`` output (sinfo(1), squeue(1),
+scontrol(1)): ``meta.Slurm.version`` with numbers on 22.05 (openapi/v0.0.38), ``meta.slurm.version`` with
+strings from 23.02 on (data_parser v0.0.39 and later; 24.11: v0.0.42, 26.05: v0.0.45, measured). The
+adapters of :mod:`slurm_gpushare.slurm` pick a shape from the release of the output they hold.
+
+A release newer than the newest known (:data:`NEWEST`) is read with the newest known shapes; where a
+field is not there, the adapter raises an error naming the release and the field (:func:`missing`),
+never a guess.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from slurm_gpushare.errors import SlurmError
+
+
+@dataclass(frozen=True, order=True)
+class Release:
+    """A Slurm release ``YY.MM`` (``22.05``): ordered, so ``release >= JSON_TOP_LEVEL_SINFO`` reads."""
+
+    major: int
+    minor: int
+
+    def __str__(self) -> str:
+        return f"{self.major:02d}.{self.minor:02d}"
+
+    @classmethod
+    def parse(cls, text: str) -> Release:
+        """``22.05``, ``24.11.5``, ``slurm 24.11.5``, ``slurm-wlm 22.05.8`` -> the release.
+
+        Raises:
+            SlurmError: no ``YY.MM`` version in ``text``.
+        """
+        m = re.search(r"\b(\d{2})\.(\d{1,2})(?:\.\d+)?\b", text)
+        if not m:
+            raise SlurmError(f"no Slurm version in {text.strip()[:80]!r}", hint="expected e.g. 'slurm 24.11.5'")
+        return cls(int(m.group(1)), int(m.group(2)))
+
+
+#: The releases this product is tested on (docs/compatibility.md).
+SUPPORTED = (Release(22, 5), Release(24, 11), Release(26, 5))
+OLDEST, NEWEST = SUPPORTED[0], SUPPORTED[-1]
+#: From this release on: ``sinfo --json`` lists ``sinfo`` entries (no ``nodes``), JSON ``meta.slurm``,
+#: numbers as ``{"set", "infinite", "number"}`` objects, and srun takes the job's GRES after the
+#: job_submit rewrite from the allocation (no cli_filter hop needed).
+DATA_PARSER = Release(23, 2)
+#: From this release on TRES strings are written ``gres/gpu:1`` (before: ``gres:gpu:1``).
+TRES_SLASH = Release(23, 11)
+#: From this release on ``scontrol show job ID --json`` gives one job (before: no ``--json``).
+SCONTROL_JSON = Release(23, 2)
+#: From this release on slurmd refuses (node state INVAL) GRES ``Cores=`` that split a socket
+#: (``_check_core_range_matches_sock``, measured on 24.11; 22.05 accepted the same file).
+CORES_WHOLE_SOCKETS = Release(23, 2)
+
+
+def of_meta(doc: object, source: str) -> Release:
+    """The release that wrote a ``--json`` document, from its ``meta`` block.
+
+    Raises:
+        SlurmError: no ``meta`` version (not Slurm's JSON, or a shape no known release writes).
+    """
+    meta = doc.get("meta") if isinstance(doc, Mapping) else None
+    if isinstance(meta, Mapping):
+        for key in ("slurm", "Slurm"):
+            block = meta.get(key)
+            version = block.get("version") if isinstance(block, Mapping) else None
+            if isinstance(version, Mapping):
+                try:
+                    return Release(int(version["major"]), int(version["minor"]))
+                except (KeyError, TypeError, ValueError):
+                    pass
+    raise SlurmError(f"{source} has no meta.slurm.version: not the JSON of a known Slurm release",
+                     source=source, hint=f"supported: {', '.join(map(str, SUPPORTED))}")
+
+
+def missing(release: Release, source: str, field: str) -> SlurmError:
+    """The error of an adapter that does not find ``field`` in ``source`` written by ``release``."""
+    newer = release > NEWEST
+    return SlurmError(f"{source} of Slurm {release} has no {field}" +
+                      (f" (Slurm {release} is newer than {NEWEST}, the newest release this version knows)"
+                       if newer else ""), source=source,
+                      hint="upgrade slurm-gpushare" if newer else "is this Slurm's own output?")
+
+
+@functools.lru_cache(maxsize=1)
+def local_release() -> Release:
+    """The release of the Slurm clients on PATH (``sinfo -V``), once per process.
+
+    Raises:
+        SlurmError: sinfo is missing, failed, or printed no version.
+    """
+    from slurm_gpushare.slurm.commands import run  # commands imports this module
+
+    return Release.parse(run(["sinfo", "-V"]))
