@@ -109,23 +109,29 @@ def needs_root(release: str | None) -> bool:
     return host_release() != release
 
 
-def debian_mirror() -> str:
-    """The Debian mirror: ``GPUSHARE_DEBIAN_MIRROR``, else the first ``URIs:``/``deb`` line of apt's
-    sources that serves ``debian`` (not ``debian-security``), else deb.debian.org."""
+def debian_mirror(sources: list[Path] | None = None) -> str:
+    """The Debian mirror: ``GPUSHARE_DEBIAN_MIRROR``, else the first ``URIs:`` (deb822) or ``deb`` line of
+    apt's ``sources`` (default: /etc/apt/sources.list and sources.list.d) that serves ``debian`` (not
+    ``debian-security``), else deb.debian.org."""
     env = os.environ.get("GPUSHARE_DEBIAN_MIRROR")
     if env:
         return env
-    sources = [Path("/etc/apt/sources.list"), *sorted(Path("/etc/apt/sources.list.d").glob("*.sources")),
-               *sorted(Path("/etc/apt/sources.list.d").glob("*.list"))]
+    if sources is None:
+        d = Path("/etc/apt/sources.list.d")
+        sources = [Path("/etc/apt/sources.list"), *sorted(d.glob("*.sources")), *sorted(d.glob("*.list"))]
     for path in sources:
         try:
             text = path.read_text()
         except OSError:
             continue
         for line in text.splitlines():
-            line = line.strip()
-            uris = line[len("URIs:"):].split() if line.startswith("URIs:") else \
-                [w for w in line.split()[1:] if "://" in w][:1] if line.startswith("deb ") else []
+            words = line.split("#", 1)[0].split()
+            if words[:1] == ["URIs:"]:
+                uris = words[1:]
+            elif words[:1] == ["deb"]:
+                uris = [w for w in words[1:] if "://" in w][:1]
+            else:
+                continue
             for uri in uris:
                 if uri.rstrip("/").endswith("/debian"):
                     return uri.rstrip("/")

@@ -455,7 +455,7 @@ def test_status_without_a_cluster_says_so_and_exits_1(tmp_path, capsys, as_json)
 
 @pytest.mark.parametrize("argv, words", [
     (["sideways"], "'sideways' is not one of 'up', 'down', 'status', 'env'"),
-    ([], "Missing argument 'up|down|status|env'. Choose from: up, down, status, env"),
+    ([], "Missing argument 'up|down|status|env|exec'. Choose from: up, down, status, env, exec"),
     (["status", "--port-base", "high"], "'high' is not a valid integer"),
     (["status", "--bogus"], "No such option '--bogus'"),
 ])

@@ -740,7 +740,7 @@ def _search_subsets(sub: np.ndarray, k: int, numa: np.ndarray, sets: np.ndarray,
     cost = np.where(exact, PAIR_WEIGHT * pair + wk * hi, np.inf)
     todo = np.flatnonzero(~exact)
     if prune:
-        best = float(min(cost.min(), (PAIR_WEIGHT * pair + wk * hi).min()))
+        best = float(min(np.min(cost), np.min(PAIR_WEIGHT * pair + wk * hi)))
         todo = todo[lower[todo] <= best + _TOL]
         todo = todo[np.argsort(lower[todo], kind="stable")]
         step = 64
