@@ -979,7 +979,12 @@ class DevCluster:
                   "".join(f"ALTER USER IF EXISTS 'root'@'{h}' IDENTIFIED BY '{root_pw}'; "
                           for h in ("localhost", "127.0.0.1", "::1", host))
                   + f"DROP USER IF EXISTS ''@'localhost', ''@'{host}'; FLUSH PRIVILEGES;"])
-        _run([*sql, "-e", f"CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY '{slurm_pw}'; "
+        # the database exists before slurmdbd first connects: slurmdbd 24.11 creates a missing one and then
+        # reuses the handle of the failed connect, which MariaDB's client library 3.4 (Debian 13) has reset:
+        # every query fails after ("Number of columns in result (=1) set exceeds maximum allowed number of
+        # columns (=0)", fatal in _check_mysql_concat_is_sane; measured on 24.11.5; 26.05 reconnects)
+        _run([*sql, "-e", "CREATE DATABASE IF NOT EXISTS slurm_acct_db; "
+                          f"CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY '{slurm_pw}'; "
                           f"ALTER USER 'slurm'@'127.0.0.1' IDENTIFIED BY '{slurm_pw}'; "
                           "GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1'; FLUSH PRIVILEGES;"])
         started_now = not self.alive("slurmdbd")
