@@ -54,7 +54,7 @@ from slurm_gpushare.hardware.machine import Machine
 from slurm_gpushare.hardware.ports import ENV as NVML_ENV
 from slurm_gpushare.procinfo import pid_alive
 from slurm_gpushare.slurm.nodegres import GresOptions
-from slurm_gpushare_dev.release import IN_ROOT_ENV, PROJECT, host_release, needs_root, run_in_release
+from slurm_gpushare_dev.release import IN_ROOT_ENV, PROJECT, SUITES, host_release, needs_root, run_in_release
 
 DEFAULT_DIR = "/tmp/slurm-gpushare-dev"
 DEFAULT_PORT_BASE = 16817
@@ -1455,7 +1455,7 @@ def _run(argv: list[str], *, log: Path | None = None) -> None:
 @click.option("--port-base", type=int, help=f"slurmctld port (env GPUSHARE_DEV_PORT, default {DEFAULT_PORT_BASE})")
 @click.option("--cgroup", is_flag=True, help="confine devices with task/cgroup (cgroup v1)")
 @click.option("--dbd", is_flag=True, help="run slurmdbd with a private MariaDB (sacct)")
-@click.option("--slurm", "release", metavar="22.05|24.11|26.05",
+@click.option("--slurm", "release", type=click.Choice(list(SUITES)), metavar="22.05|24.11|26.05",
               help="the Slurm release (up; default: this host's); one the host does not have runs in a root "
                    "filesystem built once from Debian's archive. Other actions use the cluster's own.")
 @click.option("--json", "as_json", is_flag=True, help="status as JSON")

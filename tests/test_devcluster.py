@@ -454,7 +454,10 @@ def test_status_without_a_cluster_says_so_and_exits_1(tmp_path, capsys, as_json)
 
 
 @pytest.mark.parametrize("argv, words", [
-    (["sideways"], "'sideways' is not one of 'up', 'down', 'status', 'env'"),
+    (["sideways"], "'sideways' is not one of 'up', 'down', 'status', 'env', 'exec'"),
+    (["exec"], "exec needs a command: dev-cluster exec -- sbatch --wrap hostname"),
+    (["status", "extra"], "unexpected argument 'extra'"),
+    (["up", "--slurm", "23.11"], "'23.11' is not one of '22.05', '24.11', '26.05'"),
     ([], "Missing argument 'up|down|status|env|exec'. Choose from: up, down, status, env, exec"),
     (["status", "--port-base", "high"], "'high' is not a valid integer"),
     (["status", "--bogus"], "No such option '--bogus'"),
@@ -464,6 +467,20 @@ def test_usage_errors_return_2_with_one_line(argv, words, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("dev-cluster: error: ") and words in err and len(err.splitlines()) == 1, err
+
+
+def test_exec_runs_a_client_of_the_clusters_release_with_its_config(cluster, capfd):
+    # the one runner of the tests and the demo: the command gets the cluster's SLURM_CONF and fake GPU app,
+    # and its exit status is dev-cluster's
+    saved = json.loads((cluster.root / "cluster.json").read_text())
+    assert saved["slurm"] == cluster.slurm_release
+    script = 'echo "$SLURM_CONF $GPUSHARE_FAKE_GPU_APP"; scontrol ping | grep -c UP; exit 3'
+    rc = main(["exec", "--dir", str(cluster.root), "--", "sh", "-c", script])
+    out = capfd.readouterr().out.split("\n")
+    assert rc == 3
+    assert out[:2] == [f"{cluster.slurm_conf} {cluster.fake_gpu_app}", "1"]
+    assert main(["exec", "--dir", str(cluster.root), "--", "no-such-program-here"]) == 5
+    assert "no-such-program-here: command not found" in capfd.readouterr().err
 
 
 def test_help_returns_0(capsys):
