@@ -54,6 +54,7 @@ from slurm_gpushare.hardware.machine import Machine
 from slurm_gpushare.hardware.ports import ENV as NVML_ENV
 from slurm_gpushare.procinfo import pid_alive
 from slurm_gpushare.slurm.nodegres import GresOptions
+from slurm_gpushare.slurm.release import Release
 from slurm_gpushare_dev.release import IN_ROOT_ENV, PROJECT, host_release, needs_root, run_in_release
 
 DEFAULT_DIR = "/tmp/slurm-gpushare-dev"
@@ -132,7 +133,8 @@ class DevCluster:
         cgroup: confine devices with task/cgroup (cgroup v1, ConstrainDevices=yes).
         dbd: run a private MariaDB and slurmdbd so that ``sacct`` works.
         gres_options: per-node gres.conf generation options (the device directory is always the
-            node's own fake one).
+            node's own fake one; the release is the cluster's, :attr:`slurm_release`, unless the
+            options name one).
         extra_partitions: partitions besides ``gpu`` (every node, the default), name -> node names.
     """
 
@@ -257,9 +259,13 @@ class DevCluster:
     def render(self) -> dict[str, str]:
         """All config files of the cluster, as ``{relative path: text}`` (pure)."""
         r = self.root
-        generated = [generate_node_gres(m, name, replace(self.gres_options.get(name, GresOptions()),
-                                                device_dir=str(self.device_dir(name))))
-                     for name, m in self.nodes.items()]
+        release = Release.parse(self.slurm_release) if self.slurm_release else None
+        generated = []
+        for name, m in self.nodes.items():
+            opts = self.gres_options.get(name, GresOptions())
+            # for the cluster's own release unless the node's options name one
+            generated.append(generate_node_gres(m, name, replace(opts, device_dir=str(self.device_dir(name)),
+                                                                 release=opts.release or release)))
         hostname = socket.gethostname().split(".")[0]
         params = {}
         for i, name in enumerate(self.nodes, start=1):
