@@ -136,6 +136,8 @@ class DevCluster:
             node's own fake one; the release is the cluster's, :attr:`slurm_release`, unless the
             options name one).
         extra_partitions: partitions besides ``gpu`` (every node, the default), name -> node names.
+        unwaited: nodes ``up`` neither waits for nor resumes: a test's node that the release may
+            refuse (set INVAL), to see whether it does.
     """
 
     root: Path
@@ -145,6 +147,7 @@ class DevCluster:
     dbd: bool = False
     gres_options: dict[str, GresOptions] = field(default_factory=dict)
     extra_partitions: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    unwaited: tuple[str, ...] = ()
     _start: _Start | None = field(default=None, init=False, repr=False, compare=False)
 
     @functools.cached_property
@@ -620,11 +623,12 @@ class DevCluster:
         keeps node states across restarts; a throwaway cluster starts with every node in service)."""
         out = self._slurm(["sinfo", "-h", "-N", "-o", "%N %T"], check=False)
         states = dict(line.split() for line in out.splitlines() if line.strip())
-        drained = sorted(n for n in self.nodes if states.get(n, "").startswith("drain"))
+        waited = [n for n in self.nodes if n not in self.unwaited]
+        drained = sorted(n for n in waited if states.get(n, "").startswith("drain"))
         if drained:
             self._slurm(["scontrol", "update", f"nodename={','.join(drained)}", "state=resume"], check=False)
             return False
-        return set(states) >= set(self.nodes) and all(states[n] in IN_SERVICE for n in self.nodes)
+        return set(states) >= set(waited) and all(states[n] in IN_SERVICE for n in waited)
 
     def sinfo(self) -> str:
         """Node, state and the full GRES of every node (one row per node), aligned."""

@@ -63,7 +63,7 @@ def hw(cluster):
     root = Path(tempfile.mkdtemp(prefix="gpushare-hw-test-", dir="/tmp"))
     os.chmod(root, 0o755)
     c = DevCluster(root, cluster.port_base + 300, _machines(),
-                   gres_options={"a100-nolinks": GresOptions(links=False), **PINNED})
+                   gres_options={"a100-nolinks": GresOptions(links=False), **PINNED}, unwaited=tuple(PINNED))
     c.up(out=open(os.devnull, "w"))
     session = SlurmSession(c, root / "out")
     yield session
