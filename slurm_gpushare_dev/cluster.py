@@ -54,6 +54,7 @@ from slurm_gpushare.hardware.machine import Machine
 from slurm_gpushare.hardware.ports import ENV as NVML_ENV
 from slurm_gpushare.procinfo import pid_alive
 from slurm_gpushare.slurm.nodegres import GresOptions
+from slurm_gpushare.slurm.release import Release
 from slurm_gpushare_dev.release import IN_ROOT_ENV, PROJECT, SUITES, host_release, needs_root, run_in_release
 
 DEFAULT_DIR = "/tmp/slurm-gpushare-dev"
@@ -132,8 +133,11 @@ class DevCluster:
         cgroup: confine devices with task/cgroup (cgroup v1, ConstrainDevices=yes).
         dbd: run a private MariaDB and slurmdbd so that ``sacct`` works.
         gres_options: per-node gres.conf generation options (the device directory is always the
-            node's own fake one).
+            node's own fake one; the release is the cluster's, :attr:`slurm_release`, unless the
+            options name one).
         extra_partitions: partitions besides ``gpu`` (every node, the default), name -> node names.
+        unwaited: nodes ``up`` neither waits for nor resumes: a test's node that the release may
+            refuse (set INVAL), to see whether it does.
     """
 
     root: Path
@@ -143,6 +147,7 @@ class DevCluster:
     dbd: bool = False
     gres_options: dict[str, GresOptions] = field(default_factory=dict)
     extra_partitions: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    unwaited: tuple[str, ...] = ()
     _start: _Start | None = field(default=None, init=False, repr=False, compare=False)
 
     @functools.cached_property
@@ -257,9 +262,13 @@ class DevCluster:
     def render(self) -> dict[str, str]:
         """All config files of the cluster, as ``{relative path: text}`` (pure)."""
         r = self.root
-        generated = [generate_node_gres(m, name, replace(self.gres_options.get(name, GresOptions()),
-                                                device_dir=str(self.device_dir(name))))
-                     for name, m in self.nodes.items()]
+        release = Release.parse(self.slurm_release) if self.slurm_release else None
+        generated = []
+        for name, m in self.nodes.items():
+            opts = self.gres_options.get(name, GresOptions())
+            # for the cluster's own release unless the node's options name one
+            generated.append(generate_node_gres(m, name, replace(opts, device_dir=str(self.device_dir(name)),
+                                                                 release=opts.release or release)))
         hostname = socket.gethostname().split(".")[0]
         params = {}
         for i, name in enumerate(self.nodes, start=1):
@@ -614,11 +623,12 @@ class DevCluster:
         keeps node states across restarts; a throwaway cluster starts with every node in service)."""
         out = self._slurm(["sinfo", "-h", "-N", "-o", "%N %T"], check=False)
         states = dict(line.split() for line in out.splitlines() if line.strip())
-        drained = sorted(n for n in self.nodes if states.get(n, "").startswith("drain"))
+        waited = [n for n in self.nodes if n not in self.unwaited]
+        drained = sorted(n for n in waited if states.get(n, "").startswith("drain"))
         if drained:
             self._slurm(["scontrol", "update", f"nodename={','.join(drained)}", "state=resume"], check=False)
             return False
-        return set(states) >= set(self.nodes) and all(states[n] in IN_SERVICE for n in self.nodes)
+        return set(states) >= set(waited) and all(states[n] in IN_SERVICE for n in waited)
 
     def sinfo(self) -> str:
         """Node, state and the full GRES of every node (one row per node), aligned."""

@@ -28,6 +28,9 @@ TOPO_ARGS = {
     "p100": ["--from-topo", str(DATA / "topo/8x-p100-pcie-pix-phb-single-numa-tabs.txt"),
              "--gpu-name", "Tesla P100-PCIE-16GB", "--memory", "16280M"],
 }
+#: DGX A100 in NPS4 (tests/data/topo): 2 sockets of 64 cores, 8 NUMA nodes; the layout as slurmd -C gives it
+DGX_A100_NPS4 = ["--from-topo", str(DATA / "topo/dgx-a100-8gpu-nv12-nps4-12nic-tabs.txt"),
+                 "--gpu-name", "NVIDIA A100-SXM4-40GB", "--memory", "40536M", "--cpus", "2x64x2"]
 
 
 def run(*args: str, input: str | None = None):
@@ -43,15 +46,30 @@ def _golden(name: str, text: str) -> None:
 
 @pytest.mark.parametrize("node", sorted(TOPO_ARGS))
 def test_gres_conf_golden_from_topo(node):
-    r = run("gres-conf", *TOPO_ARGS[node], "--hostname", node)
+    r = run("gres-conf", *TOPO_ARGS[node], "--hostname", node, "--slurm-version", "22.05")
     assert r.exit_code == 0, r.output
     _golden(f"gres-conf-{node}.txt", r.output)
 
 
-def test_gres_conf_golden_mig_node():
-    r = run("gres-conf", str(MACHINES / "4x-h100-mig-mixed.json"))
+# The point of these: what differs between releases (docs/admin-guide.md), one golden file per release.
+@pytest.mark.parametrize("release", ["22.05", "24.11", "26.05"])
+def test_gres_conf_golden_mig_node_per_release(release):
+    # MultipleFiles= from 23.11 (22.05 splits it next to shards); File=<gi cap> before
+    r = run("gres-conf", str(MACHINES / "4x-h100-mig-mixed.json"), "--slurm-version", release)
     assert r.exit_code == 0, r.output
-    _golden("gres-conf-h100-mig.txt", r.output)
+    _golden(f"gres-conf-h100-mig-{release}.txt", r.output)
+    assert ("MultipleFiles=" in r.output) == (release != "22.05")
+
+
+@pytest.mark.parametrize("release", ["22.05", "24.11", "26.05"])
+def test_gres_conf_golden_sub_socket_affinity_per_release(release):
+    # DGX A100, NPS4: each GPU pair is local to a quarter of a socket. 22.05 takes those cores;
+    # 24.11 and 26.05 set the node INVAL for Cores= that split a socket, so they get whole sockets.
+    r = run("gres-conf", *DGX_A100_NPS4, "--hostname", "dgxa100", "--slurm-version", release)
+    assert r.exit_code == 0, r.output
+    _golden(f"gres-conf-dgx-a100-nps4-{release}.txt", r.output)
+    cores = set(re.findall(r"Cores=(\S+)", r.output))
+    assert cores == ({"48-63", "16-31", "112-127", "80-95"} if release == "22.05" else {"0-63", "64-127"})
 
 
 def test_gres_conf_a100_bridge_links_prefer_the_bridged_pairs():
@@ -277,7 +295,7 @@ def test_check_one_node_against_the_cluster_wide_files(tmp_path):
     r = _check(A100_JSON, gres_conf, slurm_conf)
     assert r.exit_code == 0, r.output
     assert "extra in installed" not in r.output and "rtx4090" not in r.output
-    assert "match the hardware (1 node(s))" in r.output
+    assert "match the hardware (1 node(s), Slurm " in r.output
     # the broken line is found when its own node is checked
     r = _check(RTX_JSON, gres_conf, slurm_conf)
     assert r.exit_code == 1, r.output
@@ -490,3 +508,95 @@ def test_inventory_output_to_a_missing_directory_fails_cleanly(tmp_path):
     r = CliRunner().invoke(main, ["inventory", *topo, "-o", str(afile / "x.json")])
     one_line_error(r, f"cannot write {afile / 'x.json'}: Not a directory")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+
+
+# --- the release that reads the files ------------------------------------------------------------
+
+
+def test_slurm_version_is_checked():
+    r = run("gres-conf", A100_JSON, "--slurm-version", "latest")
+    assert r.exit_code != 0 and "--slurm-version 'latest' is not a Slurm release" in r.output
+    r = run("gres-conf", A100_JSON, "--slurm-version", "21.08")
+    assert r.exit_code != 0 and "Slurm 21.08 is older than 22.05" in r.output
+
+
+def test_slurm_version_default_is_the_installed_slurmd():
+    from slurm_gpushare.slurm.release import node_release
+
+    r = run("gres-conf", A100_JSON)
+    assert r.exit_code == 0, r.output
+    assert f"gres.conf for Slurm {node_release()} generated" in r.output
+
+
+def _nps4_files(tmp_path: Path, release: str) -> tuple[Path, Path]:
+    out = tmp_path / f"gen-{release}"
+    assert run("gres-conf", *DGX_A100_NPS4, "--hostname", "dgx", "--slurm-version", release,
+               "--output-dir", str(out)).exit_code == 0
+    slurm_conf = out / "slurm.conf"
+    slurm_conf.write_text((out / "slurm.conf.gres").read_text())
+    return out / "gres.conf", slurm_conf
+
+
+def test_check_flags_sub_socket_cores_for_the_releases_that_refuse_them(tmp_path):
+    gres_conf, slurm_conf = _nps4_files(tmp_path, "22.05")
+    check = ["gres-conf", *DGX_A100_NPS4, "--hostname", "dgx", "--check", "--gres-conf", str(gres_conf),
+             "--slurm-conf", str(slurm_conf)]
+    assert run(*check, "--slurm-version", "22.05").exit_code == 0
+    for release in ("24.11", "26.05"):
+        r = run(*check, "--slurm-version", release)
+        assert r.exit_code == 1, r.output
+        assert (f"node dgx: Cores=48-63 splits socket 0 (cores 0-63) of the node's 2 x 64 cores: Slurm {release} "
+                "takes Cores=") in r.output
+        assert ("'gres/gpu GRES core specification 48-63 for node dgx doesn't match socket boundaries. "
+                "(Socket 0 is cores 0-63)'") in r.output
+        assert "write Cores=0-63" in r.output
+        # what it generates for that release passes
+        ok_gres, ok_slurm = _nps4_files(tmp_path, release)
+        ok = run("gres-conf", *DGX_A100_NPS4, "--hostname", "dgx", "--check", "--gres-conf", str(ok_gres),
+                 "--slurm-conf", str(ok_slurm), "--slurm-version", release)
+        assert ok.exit_code == 0, ok.output
+
+
+def test_check_follows_include_lines_relative_to_slurm_conf(tmp_path):
+    gres_conf, slurm_conf = _nps4_files(tmp_path, "24.11")
+    etc = tmp_path / "etc"
+    (etc / "gres.d").mkdir(parents=True)
+    # gres.conf holds only an Include; the included file names another one relative to slurm.conf's
+    # directory (not its own): both as slurmd reads them
+    lines = gres_conf.read_text().splitlines()
+    (etc / "gres.d" / "gpus.conf").write_text("\n".join(ln for ln in lines if "Name=gpu" in ln) +
+                                              "\ninclude gres.d/shards.conf\n")
+    (etc / "gres.d" / "shards.conf").write_text("\n".join(ln for ln in lines if "Name=shard" in ln) + "\n")
+    (etc / "gres.conf").write_text("AutoDetect=off\nInclude gres.d/gpus.conf\n")
+    (etc / "nodes.conf").write_text(slurm_conf.read_text())
+    (etc / "slurm.conf").write_text("ClusterName=Site\nInclude %c-nodes.conf\n")
+    (etc / "site-nodes.conf").write_text(slurm_conf.read_text())
+    check = ["gres-conf", *DGX_A100_NPS4, "--hostname", "dgx", "--slurm-version", "24.11", "--check",
+             "--gres-conf", str(etc / "gres.conf"), "--slurm-conf", str(etc / "slurm.conf")]
+    r = run(*check)
+    assert r.exit_code == 0, r.output
+    # a rule broken in an included file is reported at that file's line
+    shards = (etc / "gres.d" / "shards.conf")
+    shards.write_text(shards.read_text().replace("Count=39 File=/dev/nvidia7", "Count=39 File=/dev/nvidia7 "
+                                                 "Flags=nvidia_gpu_env,no_gpu_env"))
+    r = run(*check)
+    assert r.exit_code == 1 and f"error: {shards}:8: Flags=nvidia_gpu_env,no_gpu_env has no_gpu_env" in r.output
+    # a missing include is one clear line naming the Include line and where slurmd looks
+    (etc / "gres.conf").write_text("AutoDetect=off\nInclude gpus.conf\n")
+    r = CliRunner().invoke(main, check)
+    assert r.exit_code != 0 and "Traceback" not in r.output
+    assert f"{etc / 'gres.conf'}:2" in r.output and f"cannot read {etc / 'gpus.conf'}" in r.output
+    assert f"the directory of slurm.conf ({etc})" in r.output
+
+
+def test_check_accepts_a_sites_flags_and_the_autodetect_its_release_knows(tmp_path):
+    gres_conf, slurm_conf = _nps4_files(tmp_path, "24.11")
+    text = gres_conf.read_text().replace("AutoDetect=off", "AutoDetect=nvidia")
+    gres_conf.write_text(text.replace("Name=gpu Type=a100", "Name=gpu Flags=nvidia_gpu_env Type=a100"))
+    check = ["gres-conf", *DGX_A100_NPS4, "--hostname", "dgx", "--check", "--gres-conf", str(gres_conf),
+             "--slurm-conf", str(slurm_conf)]
+    r = run(*check, "--slurm-version", "24.11")
+    assert r.exit_code == 0, r.output
+    r = run(*check, "--slurm-version", "22.05")
+    assert r.exit_code == 1
+    assert "AutoDetect=nvidia is not a mechanism Slurm 22.05 knows" in r.output

@@ -1,7 +1,10 @@
-"""Generated gres.conf / slurm.conf judged by a real slurmd and slurmctld (Slurm 22.05).
+"""Generated gres.conf / slurm.conf judged by a real slurmd and slurmctld (every supported release).
 
 A second dev cluster holds one node per recorded real machine (parsed from tests/data/topo), the
-MIG node, and an A100 node generated without Links= as the control for the topology tests.
+MIG node, and an A100 node generated without Links= as the control for the topology tests. The
+cluster renders its files for its own release. One more node, the DGX A100 in NPS4 (GPU affinity to
+a quarter of a socket), is rendered for 22.05 whatever the cluster runs: a release that refuses
+its ``Cores=`` sets it INVAL, and ``gres-conf --check`` must say so exactly then.
 """
 
 from __future__ import annotations
@@ -16,9 +19,13 @@ from pathlib import Path
 
 import pytest
 
+from slurm_gpushare.gresconf.check import lint_gres_conf
 from slurm_gpushare.gresconf.render import generate_node_gres
+from slurm_gpushare.hardware.machine import CpuLayout
 from slurm_gpushare.hardware.nvidia_smi import parse_topo_matrix
+from slurm_gpushare.slurm.conf import parse_gres_conf, parse_slurm_conf_gres
 from slurm_gpushare.slurm.nodegres import GresOptions
+from slurm_gpushare.slurm.release import Release
 from slurm_gpushare_dev.cluster import DevCluster, packaged_machine
 from tests.conftest import SlurmSession
 
@@ -32,14 +39,20 @@ TOPO_NODES = {
     "a100-bridge": ("8x-a100-nv12-bridge-nonadjacent-pairs-tabs.txt", "NVIDIA A100 80GB PCIe", 81920),
     "a100-nolinks": ("8x-a100-nv12-bridge-nonadjacent-pairs-tabs.txt", "NVIDIA A100 80GB PCIe", 81920),
     "rtx4090": ("8x-rtx4090-pcie-all-sys-2nic-tabs.txt", "NVIDIA GeForce RTX 4090", 24564),
+    "dgxa100-nps4": ("dgx-a100-8gpu-nv12-nps4-12nic-tabs.txt", "NVIDIA A100-SXM4-40GB", 40536),
+    "dgxa100-2205": ("dgx-a100-8gpu-nv12-nps4-12nic-tabs.txt", "NVIDIA A100-SXM4-40GB", 40536),
 }
+#: CPU layouts as slurmd -C gives them, where the matrix alone would mislead (NUMA nodes are not sockets)
+TOPO_CPUS = {"dgxa100-nps4": CpuLayout(2, 64, 2), "dgxa100-2205": CpuLayout(2, 64, 2)}
+#: nodes whose gres.conf is written for another release than the cluster's (see the module doc)
+PINNED = {"dgxa100-2205": GresOptions(release=Release(22, 5))}
 
 
 def _machines():
     out = {}
     for node, (fname, name, mib) in TOPO_NODES.items():
         out[node] = parse_topo_matrix((DATA / fname).read_text(), source=fname, hostname=node,
-                                      gpu_name=name, memory_mib=mib)
+                                      gpu_name=name, memory_mib=mib, cpus=TOPO_CPUS.get(node))
     out["h100-mig"] = packaged_machine("4x-h100-mig-mixed.json")
     return out
 
@@ -50,7 +63,7 @@ def hw(cluster):
     root = Path(tempfile.mkdtemp(prefix="gpushare-hw-test-", dir="/tmp"))
     os.chmod(root, 0o755)
     c = DevCluster(root, cluster.port_base + 300, _machines(),
-                   gres_options={"a100-nolinks": GresOptions(links=False)})
+                   gres_options={"a100-nolinks": GresOptions(links=False), **PINNED}, unwaited=tuple(PINNED))
     c.up(out=open(os.devnull, "w"))
     session = SlurmSession(c, root / "out")
     yield session
@@ -62,6 +75,8 @@ def hw(cluster):
 def test_every_generated_node_is_idle_with_the_expected_gres(hw):
     c = hw.cluster
     for name, m in c.nodes.items():
+        if name in PINNED:
+            continue
         fields = dict(kv.split("=", 1) for kv in hw.run(["scontrol", "-o", "show", "node", name]).stdout.split()
                       if "=" in kv)
         assert fields["State"] == "IDLE", (name, fields["State"], fields.get("Reason"))
@@ -78,10 +93,44 @@ def test_every_generated_node_is_idle_with_the_expected_gres(hw):
 
 def test_no_gres_error_in_any_slurmd_log(hw):
     for name in hw.cluster.nodes:
+        if name in PINNED:
+            continue
         log = (hw.cluster.root / "log" / f"slurmd-{name}.log").read_text()
         bad = [ln for ln in log.splitlines()
                if re.search(r"error|fatal", ln, re.I) and re.search(r"gres|cores|links|file", ln, re.I)]
         assert bad == [], (name, bad)
+
+
+def _node_fields(hw, name: str) -> dict[str, str]:
+    text = hw.run(["scontrol", "show", "node", name]).stdout
+    fields = dict(kv.split("=", 1) for kv in text.split() if "=" in kv)
+    reason = re.search(r"Reason=(.*?)(?: \[|$)", text, re.M)
+    fields["Reason"] = reason.group(1) if reason else ""
+    return fields
+
+
+def test_check_flags_the_cores_a_release_refuses_exactly_when_slurmd_does(hw):
+    # the 22.05 form of the NPS4 node: Cores= of one NUMA node, a quarter of a socket
+    c = hw.cluster
+    release = Release.parse(c.slurm_release)
+    node = "dgxa100-2205"
+    deadline = time.monotonic() + 30
+    fields = _node_fields(hw, node)
+    while "INVAL" not in fields["State"] and "IDLE" not in fields["State"] and time.monotonic() < deadline:
+        time.sleep(1)
+        fields = _node_fields(hw, node)
+    installed = (c.root / "etc" / "gres.conf").read_text()
+    findings = [f for f in lint_gres_conf(parse_gres_conf(installed, source="gres.conf"),
+                                          parse_slurm_conf_gres((c.root / "etc" / "slurm.conf").read_text(),
+                                                                source="slurm.conf"),
+                                          nodes=[node], release=release)
+                if "splits socket" in f.message]
+    assert ("INVAL" in fields["State"]) == bool(findings), (release, fields["State"], fields["Reason"], findings)
+    if findings:
+        # the check quotes slurmd's own reason, word for word
+        assert fields["Reason"] in findings[0].message, (fields["Reason"], findings[0].message)
+    # and the file generated for this release is accepted: the same machine, rendered for it
+    assert _node_fields(hw, "dgxa100-nps4")["State"] == "IDLE"
 
 
 def test_mig_slice_job_runs_on_the_mig_node(hw):

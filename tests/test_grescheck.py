@@ -16,6 +16,7 @@ from slurm_gpushare.gresconf.render import generate_node_gres, render_gres_conf,
 from slurm_gpushare.hardware.machine import CpuLayout, Machine
 from slurm_gpushare.hardware.nvidia_smi import parse_topo_matrix
 from slurm_gpushare.slurm.conf import parse_gres_conf, parse_slurm_conf_gres
+from slurm_gpushare.slurm.release import Release
 
 DATA = Path(__file__).parent / "data"
 ALLZERO = "deepops-dgx-a100-cores-links-allzero.conf"
@@ -315,13 +316,15 @@ NodeName=n6 Name=gpu Type=a100 File=/dev/nvidia[1-2] Count=3
 NodeName=n6 AutoDetect=nvidia
 NodeName=n7 Name=gpu File=/dev/nvidia0 Cores=0-3,40
 """
-    findings = lint_gres_conf(gres(text), slurm("GresTypes=gpu\nNodeName=n7 CoresPerSocket=16 Gres=gpu:1\n"))
+    findings = lint_gres_conf(gres(text), slurm("GresTypes=gpu\nNodeName=n7 CoresPerSocket=16 Gres=gpu:1\n"),
+                              release=Release(22, 5))
     assert messages(findings) == [
         ("error", "gres.conf:1", "File= and MultipleFiles= on one line"),
         ("warning", "gres.conf:1",
          "node n6: gres.conf configures this node but slurm.conf has no NodeName line for it"),
         ("error", "gres.conf:2", "Count=3 on a line with 2 File= device(s)"),
-        ("error", "gres.conf:3", "AutoDetect=nvidia is not a mechanism Slurm 22.05 knows"),
+        ("error", "gres.conf:3", "AutoDetect=nvidia is not a mechanism Slurm 22.05 knows: slurmd logs "
+                                 "'unknown autodetect flag' and detects nothing"),
         ("error", "gres.conf:4", "Cores= lists ids 40 beyond the node's 16 cores (16 CPUs): no such core"),
     ]
 
@@ -389,7 +392,6 @@ def test_compare_groups_nodes_and_compares_fields():
                  "NodeName=n4 Name=gpu File=/dev/nvidia0\n")
     assert compare(expected, installed, what="gres.conf") == [
         "node n[1-2]: gpu File=/dev/nvidia0: Type differs: installed A100 expected a100",
-        "node n[1-2]: gpu File=/dev/nvidia0: Flags differ: installed nvidia_gpu_env expected (none)",
         "missing in installed: NodeName=n3 Name=gpu Type=a100 File=/dev/nvidia0 Cores=0-3",
         "extra in installed: NodeName=n4 Name=gpu File=/dev/nvidia0",
     ]
@@ -513,3 +515,99 @@ def test_gres_tres_without_slurmdbd_is_an_error():
         "AccountingStorageTRES lists gres/gpu"]
     dbd = slurm_text.replace("accounting_storage/none", "accounting_storage/slurmdbd")
     assert lint_gres_conf(gres(gres_text), slurm(dbd)) == []
+
+
+# --- rules that differ between releases (values from the source: slurm_gpushare.slurm.gresrules) ----
+
+
+def test_autodetect_values_are_those_of_the_release():
+    text = "AutoDetect=nvidia\nNodeName=n1 Name=gpu File=/dev/nvidia0\n"
+    assert lint_gres_conf(gres(text), release=Release(24, 11)) == []
+    assert lint_gres_conf(gres(text), release=Release(26, 5)) == []
+    assert messages(lint_gres_conf(gres("AutoDetect=full\n"), release=Release(24, 11)))[0][2].startswith(
+        "AutoDetect=full is not a mechanism Slurm 24.11 knows")
+    assert lint_gres_conf(gres("AutoDetect=full\n"), release=Release(26, 5)) == []
+
+
+def test_flags_items_per_release():
+    text = "NodeName=n1 Name=gpu File=/dev/nvidia0 Flags=nvidia_gpu_env,explicit,env_uuid,nvidia_env\n"
+    assert messages(lint_gres_conf(gres(text), release=Release(22, 5))) == [
+        ("warning", "gres.conf:1", "Flags=explicit arrives in Slurm 23.02; Slurm 22.05 ignores it"),
+        ("warning", "gres.conf:1", "Flags=env_uuid arrives in Slurm 26.05; Slurm 22.05 ignores it"),
+        ("warning", "gres.conf:1", "Flags=nvidia_env is not a flag Slurm 22.05 knows; it is ignored"),
+    ]
+    assert messages(lint_gres_conf(gres(text), release=Release(26, 5))) == [
+        ("warning", "gres.conf:1", "Flags=nvidia_env is not a flag Slurm 26.05 knows; it is ignored"),
+    ]
+
+
+def test_no_gpu_env_beside_an_env_flag_stops_slurmd():
+    text = "NodeName=n1 Name=gpu File=/dev/nvidia0 Flags=amd_gpu_env,no_gpu_env\n"
+    for release in (Release(22, 5), Release(24, 11)):
+        (f,) = lint_gres_conf(gres(text), release=release)
+        assert (f.severity, f.where) == ("error", "gres.conf:1")
+        assert f.message.startswith("Flags=amd_gpu_env,no_gpu_env has no_gpu_env beside amd_gpu_env: slurmd stops")
+
+
+def test_flags_of_one_gres_name_must_agree():
+    # _parse_gres_config: 22.05 compares the env flags only, 23.02 and later every flag
+    text = ("NodeName=n1 Name=gpu File=/dev/nvidia0 Flags=nvidia_gpu_env\n"
+            "NodeName=n1 Name=gpu File=/dev/nvidia1 Flags=nvidia_gpu_env,CountOnly\n"
+            "NodeName=n1 Name=shard Count=8 File=/dev/nvidia0 Flags=one_sharing\n"
+            "NodeName=n1 Name=gpu File=/dev/nvidia2\n")
+    assert lint_gres_conf(gres(text), release=Release(22, 5)) == []
+    (f,) = lint_gres_conf(gres(text), release=Release(24, 11))
+    assert (f.severity, f.where) == ("error", "gres.conf:2")
+    assert f.message == ("node n1: Flags=nvidia_gpu_env,CountOnly differs from Flags=nvidia_gpu_env of the gpu line "
+                         "before it (gres.conf:1): slurmd 24.11 stops ('does not match env flags for previous GRES "
+                         "of same node and name')")
+    env = text.replace("Flags=nvidia_gpu_env,CountOnly", "Flags=amd_gpu_env")
+    assert len(lint_gres_conf(gres(env), release=Release(22, 5))) == 1
+
+
+def test_cores_that_split_a_socket_per_release():
+    text = "NodeName=node1 Name=gpu File=/dev/nvidia0 Cores=0\nNodeName=node1 Name=gpu File=/dev/nvidia1 Cores=2-3\n"
+    conf = slurm("GresTypes=gpu\nNodeName=node1 Sockets=2 CoresPerSocket=2 Gres=gpu:2\n")
+    assert lint_gres_conf(gres(text), conf, release=Release(22, 5)) == []
+    (f,) = lint_gres_conf(gres(text), conf, release=Release(24, 11))
+    assert (f.severity, f.where) == ("error", "gres.conf:1")
+    assert f.message == ("node node1: Cores=0 splits socket 0 (cores 0-1) of the node's 2 x 2 cores: Slurm 24.11 "
+                         "takes Cores= only as whole sockets, and slurmd sets the node INVAL ('gres/gpu GRES core "
+                         "specification 0 for node node1 doesn't match socket boundaries. (Socket 0 is cores 0-1)')")
+    assert f.hint.startswith("write Cores=0-1, or declare the NUMA domains as sockets in slurm.conf")
+    both = text.replace("Cores=2-3", "Cores=0-3").replace("Cores=0\n", "Cores=0-1\n")
+    three = slurm("GresTypes=gpu\nNodeName=node1 Sockets=3 CoresPerSocket=2 Gres=gpu:2\n")
+    assert lint_gres_conf(gres(both), three, release=Release(24, 11)) == []  # two whole sockets
+    (f,) = lint_gres_conf(gres(both), three, release=Release(26, 5))  # one socket or all cores only
+    assert "Slurm 26.05 takes Cores= of exactly one whole socket or of every core" in f.message
+    assert f.hint.startswith("write Cores=0-5,")
+
+
+def test_include_lines_are_followed_with_a_loader():
+    files = {"gpus.conf": "NodeName=n1 Name=gpu File=/dev/nvidia0\ninclude more.conf\n",
+             "more.conf": "NodeName=n1 Name=gpu File=/dev/nvidia1\n"}
+
+    def load(name, where):
+        return name, files[name]
+
+    conf = parse_gres_conf("AutoDetect=off\nInclude gpus.conf\n", source="gres.conf", include=load)
+    assert [e.where for e in conf.entries] == ["gres.conf:1", "gpus.conf:1", "more.conf:1"]
+    assert [e.where for e in parse_gres_conf("Include gpus.conf\n", source="gres.conf").entries] == []
+    files["more.conf"] = "include gpus.conf\n"
+    with pytest.raises(ParseError) as err:
+        parse_gres_conf("Include gpus.conf\n", source="gres.conf", include=load)
+    assert err.value.source == "more.conf:1"
+    assert "Include cycle: gres.conf -> gpus.conf -> more.conf -> gpus.conf" in err.value.message
+    with pytest.raises(ParseError, match="does not expand"):
+        parse_gres_conf("Include gres.d/*.conf\n", source="gres.conf", include=load)
+    with pytest.raises(ParseError, match="%c is the ClusterName, and none is set above this line"):
+        parse_gres_conf("Include %c.conf\n", source="gres.conf", include=load)
+
+
+def test_slurm_conf_include_keeps_where_each_setting_is():
+    files = {"site.conf": "GresTypes=gpu\nAccountingStorageTRES=gres/gpu\nNodeName=n1 Gres=gpu:1\n"}
+    # %c is the ClusterName in lower case (_parse_for_format)
+    conf = parse_slurm_conf_gres("ClusterName=Site\nInclude %c.conf\n", source="slurm.conf",
+                                 include=lambda name, where: (name, files[name]))
+    assert conf.gres_types == ("gpu",) and conf.node("n1").where == "site.conf:3"
+    assert conf.where("GresTypes") == "site.conf:1" and conf.where("AccountingStorageTRES") == "site.conf:2"

@@ -5,8 +5,9 @@ schedule them blind; :func:`compare` says how an installed file differs from the
 ``slurm-gpushare gres-conf`` generates. Both take parsed or plain text and return plain data; the
 CLI reads the files and turns findings into exit codes.
 
-The lints, each with the rule it enforces (gres.conf(5) and slurm.conf(5) of Slurm 22.05,
-https://slurm.schedmd.com/gres.html):
+The lints, each with the rule it enforces (gres.conf(5) and slurm.conf(5) of the release checked
+for, https://slurm.schedmd.com/gres.html; the rules that differ between releases come from
+:mod:`slurm_gpushare.slurm.gresrules`, with their sources):
 
 a. ``Cores=`` ids at or above the node's core count are SMT sibling (hyperthread) CPU ids or no
    core at all: gres.conf(5) "Cores" takes logical core indices; slurmd refuses the line
@@ -26,6 +27,13 @@ d. slurm.conf ``Gres=`` counts that differ from gres.conf per node, name and typ
 e. A ``Name=shard``/``Name=mps`` count without ``File=`` that the node's GPUs cannot split evenly
    (gres.html "Sharding": it is "evenly distributed across all GPUs"; warning); ``Links=`` on a line
    with several devices; ``File=`` with ``MultipleFiles=``; ``Count=`` that is not the number of files.
+f. ``AutoDetect=`` values the release does not know (slurmd logs "unknown autodetect flag" and
+   detects nothing); ``Flags=`` items it does not know (ignored: a warning, naming the release that
+   has the item); ``no_gpu_env`` beside an env flag, and lines of one GRES name with different
+   ``Flags=`` (the env flags on 22.05, all flags from 23.02 on): slurmd stops with a fatal error.
+g. ``Cores=`` that the release's slurmd refuses against the node's sockets (24.11: whole sockets
+   only; 25.11 on: one whole socket or every core): the node is set INVAL with
+   "doesn't match socket boundaries" (:func:`slurm_gpushare.slurm.gresrules.cores_problem`).
 
 Device numbers (the positions of ``Links=``) are the order of the node's ``Name=gpu`` device lines,
 which is how :mod:`slurm_gpushare.gresconf.render` writes them (ascending NVML index = PCI bus order).
@@ -41,19 +49,26 @@ from slurm_gpushare.hardware.machine import CpuLayout, Machine
 from slurm_gpushare.slurm.conf import (
     GresConf,
     GresEntry,
+    IncludeLoader,
     SlurmGresConf,
     SlurmNode,
     parse_gres_conf,
     parse_slurm_conf_gres,
 )
 from slurm_gpushare.slurm.gres import GresItem, render_counts
+from slurm_gpushare.slurm.gresrules import (
+    ENV_FLAGS,
+    FLAGS_SINCE,
+    autodetect_values,
+    cores_problem,
+    flag_values,
+)
 from slurm_gpushare.slurm.hostlist import compress_hostlist, format_ranges
+from slurm_gpushare.slurm.release import OLDEST, Release
 from slurm_gpushare.topology.hops import slurm_links
 
 #: Severities of a :class:`Finding`.
 SEVERITIES = ("error", "warning")
-#: ``AutoDetect`` values of Slurm 22.05 (gres.conf(5) "AutoDetect").
-AUTODETECT_VALUES = ("nvml", "rsmi", "off")
 #: GRES whose ``Count`` is a share of a GPU rather than a number of devices (gres.conf(5) "File").
 SHARING_GRES = ("mps", "shard")
 
@@ -122,7 +137,7 @@ _Raw = tuple[str, str, str, str, str]
 
 def lint_gres_conf(gres: GresConf, slurm: SlurmGresConf | None = None,
                    machines: dict[str, Machine] | None = None, *,
-                   nodes: Iterable[str] | None = None) -> list[Finding]:
+                   nodes: Iterable[str] | None = None, release: Release = OLDEST) -> list[Finding]:
     """Lint a gres.conf, alone or against slurm.conf and machine descriptions (rules in the module doc).
 
     Nodes are those named in gres.conf, the slurm.conf nodes that have ``Gres=`` and the machines;
@@ -138,6 +153,7 @@ def lint_gres_conf(gres: GresConf, slurm: SlurmGresConf | None = None,
             gres.conf lines that apply to one of them (their ``NodeName`` names one, or they have no
             ``NodeName``) and only their slurm.conf node lines are looked at. The cluster-wide
             settings (``GresTypes``, ``AccountingStorageTRES``) are still checked against those.
+        release: the Slurm release that will read the files (rules f and g).
 
     Returns:
         Findings sorted by file (gres.conf first) and line; empty when the configuration is clean.
@@ -151,10 +167,12 @@ def lint_gres_conf(gres: GresConf, slurm: SlurmGresConf | None = None,
         machines = {n: m for n, m in machines.items() if n in wanted}
     raw: list[_Raw] = []
     for entry in gres.entries:
-        raw += _lint_line(entry)
+        raw += _lint_line(entry, release)
     for node in _nodes(gres, slurm, machines, wanted if nodes is not None else None):
+        raw += _lint_flags_agree(node, release)
         for entry in node.records:
             raw += _lint_cores(node, entry)
+            raw += _lint_cores_sockets(node, entry, release)
             raw += _lint_fileless_gpu(node, entry)
             raw += _lint_sharing_count(node, entry)
         raw += _lint_links(node)
@@ -220,12 +238,15 @@ def _line(severity: str, where: str, message: str, hint: str) -> _Raw:
 # --- per line ---------------------------------------------------------------------------------
 
 
-def _lint_line(e: GresEntry) -> list[_Raw]:
-    """Rules that need nothing but the line itself."""
+def _lint_line(e: GresEntry, release: Release) -> list[_Raw]:
+    """Rules that need nothing but the line itself (and the release)."""
     out = []
-    if e.autodetect is not None and e.autodetect not in AUTODETECT_VALUES:
-        out.append(_line("error", e.where, f"AutoDetect={e.param('AutoDetect')} is not a mechanism Slurm 22.05 knows",
-                         f"use one of {', '.join(AUTODETECT_VALUES)}; gres.conf(5) AutoDetect"))
+    known = autodetect_values(release)
+    if e.autodetect is not None and e.autodetect not in known:
+        out.append(_line("error", e.where, f"AutoDetect={e.param('AutoDetect')} is not a mechanism Slurm {release} "
+                         "knows: slurmd logs 'unknown autodetect flag' and detects nothing",
+                         f"use one of {', '.join(known)}; gres.conf(5) AutoDetect"))
+    out += _lint_flag_items(e, release)
     if e.cores_key == "CPUs":
         out.append(_line("warning", e.where,
                          "CPUs= is the old name of Cores=: gres.conf(5) documents only Cores=, "
@@ -259,6 +280,64 @@ def _lint_line(e: GresEntry) -> list[_Raw]:
             out.append(_line("error", e.where, f"Links={e.links} is malformed: {'; '.join(problems)}",
                              f"{_MAN_LINKS}: one integer per GPU of the node, -1 for this GPU itself, 0 for no "
                              "connection, larger for better connected GPUs"))
+    return out
+
+
+def _lint_flag_items(e: GresEntry, release: Release) -> list[_Raw]:
+    """Rule (f) per line: ``Flags=`` items the release does not know, ``no_gpu_env`` beside an env flag."""
+    out: list[_Raw] = []
+    known = flag_values(release)
+    items = [f.lower() for f in e.flags]
+    for item, written in zip(items, e.flags, strict=True):
+        if item in known:
+            continue
+        since = FLAGS_SINCE.get(item)
+        why = (f"Flags={written} arrives in Slurm {since}; Slurm {release} ignores it" if since is not None
+               else f"Flags={written} is not a flag Slurm {release} knows; it is ignored")
+        out.append(_line("warning", e.where, why,
+                         f"known flags: {', '.join(known)}; gres.conf(5) Flags"))
+    env = [f for f in items if f in ENV_FLAGS]
+    if "no_gpu_env" in items and env:
+        out.append(_line("error", e.where, f"Flags={e.param('Flags')} has no_gpu_env beside {','.join(env)}: slurmd "
+                         "stops ('contains \"no_gpu_env\", which must be mutually exclusive to all other GRES "
+                         "env flags')", "keep either no_gpu_env or the env flags; gres.conf(5) Flags"))
+    return out
+
+
+def _flag_set(e: GresEntry, release: Release) -> tuple[frozenset[str], bool]:
+    """What slurmd compares between lines of one GRES name (``_parse_gres_config``): the env flags
+    and ``no_gpu_env`` on 22.05; every flag bit (``all_sharing`` is none) and ``no_gpu_env`` from 23.02."""
+    items = {f.lower() for f in e.flags}
+    no_env = "no_gpu_env" in items
+    if release < Release(23, 2):
+        return frozenset(items & set(ENV_FLAGS)), no_env
+    bits = items & set(flag_values(release)) - {"all_sharing", "no_gpu_env"}
+    if e.name.lower() == "mps" and not items & {"one_sharing", "all_sharing"}:
+        bits |= {"one_sharing"}  # the default of mps
+    return frozenset(bits), no_env
+
+
+def _lint_flags_agree(node: _Node, release: Release) -> list[_Raw]:
+    """Rule (f) per node: a ``Flags=`` line that differs from the last ``Flags=`` line before it when both
+    are of the same GRES name (slurmd: "Flags (...) does not match env flags for previous GRES of same
+    node and name", fatal)."""
+    out: list[_Raw] = []
+    previous: GresEntry | None = None
+    for e in node.records:
+        if not e.flags:
+            continue
+        flags, no_env = _flag_set(e, release)
+        if release < Release(23, 2) and not flags and not no_env:
+            continue  # 22.05 remembers only lines with env flags
+        if previous is not None and previous.name.lower() == e.name.lower() and \
+                _flag_set(previous, release) != (flags, no_env):
+            out.append(_per_node(node, "error", e.where,
+                                 f"Flags={e.param('Flags')} differs from Flags={previous.param('Flags')} of the "
+                                 f"{e.name} line before it ({previous.where}): slurmd {release} stops ('does not "
+                                 "match env flags for previous GRES of same node and name')",
+                                 f"give every {e.name} line of the node the same Flags=, or write Flags= on the "
+                                 "first line only (the lines after it inherit it); gres.conf(5) Flags"))
+        previous = e
     return out
 
 
@@ -299,6 +378,25 @@ def _lint_cores(node: _Node, e: GresEntry) -> list[_Raw]:
                   f"{key}= lists ids {format_ranges(beyond)} beyond the node's {layout.cores} cores "
                   f"({layout.cpus} CPUs): no such core",
                   f"core ids on this node are 0-{layout.cores - 1}; gres.conf(5) Cores")]
+
+
+def _lint_cores_sockets(node: _Node, e: GresEntry, release: Release) -> list[_Raw]:
+    """Lint (g): ``Cores=`` that ``release``'s slurmd refuses against the node's sockets."""
+    layout = node.layout
+    if e.cores is None or layout is None:
+        return []
+    problem = cores_problem(e.cores, layout.sockets, layout.cores_per_socket, release)
+    if problem is None:
+        return []
+    fix = format_ranges(problem.fix)
+    return [_per_node(node, "error", e.where,
+                      f"{e.cores_key}={e.param(e.cores_key)} splits socket {problem.socket} (cores "
+                      f"{problem.first}-{problem.last}) of the node's {layout.sockets} x {layout.cores_per_socket} "
+                      f"cores: {problem.rule}, and slurmd sets the node INVAL "
+                      f"('{problem.slurmd_message(e.cores, node.name or 'NODE', e.name.lower() or 'gpu')}')",
+                      f"write Cores={fix}, or declare the NUMA domains as sockets in slurm.conf (Sockets=, "
+                      "CoresPerSocket= and SlurmdParameters=numa_node_as_socket) and regenerate; "
+                      "_check_core_range_matches_sock in Slurm's src/interfaces/gres.c")]
 
 
 def _lint_fileless_gpu(node: _Node, e: GresEntry) -> list[_Raw]:
@@ -533,14 +631,14 @@ def _lint_types(gres: GresConf, slurm: SlurmGresConf) -> list[_Raw]:
         written = f"GresTypes={','.join(slurm.gres_types)}" if slurm.gres_types else "no GresTypes="
         fix = ",".join([*(slurm.gres_types or ()), *missing])
         for name in missing:
-            where = f"{slurm.source}:{slurm.gres_types_line}" if slurm.gres_types_line else used[name]
+            where = slurm.where("GresTypes") if slurm.gres_types_line else used[name]
             out.append(_line("error", where, f"GRES {name} is configured ({used[name]}) but slurm.conf has {written}",
                              f"GresTypes={fix}; gres.conf(5) Name: 'The name must match a value in GresTypes'"))
     no_slurmdbd = slurm.accounting_storage_type is not None and not slurm.slurmdbd
     if slurm.accounting_tres is not None and no_slurmdbd:
         gres_tres = [t for t in slurm.accounting_tres if t.lower().startswith("gres/")]
         if gres_tres:
-            out.append(_line("error", f"{slurm.source}:{slurm.accounting_tres_line}",
+            out.append(_line("error", slurm.where("AccountingStorageTRES"),
                              f"AccountingStorageTRES lists {','.join(gres_tres)} but there is no slurmdbd "
                              f"(AccountingStorageType={slurm.accounting_storage_type}): slurmctld 22.05 refuses "
                              "to start ('slurmdbd is required to run with TRES gres/gpu')",
@@ -548,7 +646,7 @@ def _lint_types(gres: GresConf, slurm: SlurmGresConf) -> list[_Raw]:
                              "slurm.conf(5) AccountingStorageTRES"))
     if slurm.accounting_tres is not None and not no_slurmdbd:
         tracked = {t.lower() for t in slurm.accounting_tres}
-        where = f"{slurm.source}:{slurm.accounting_tres_line}"
+        where = slurm.where("AccountingStorageTRES")
         for (name, type_), used_at in typed.items():
             tres = f"gres/{name}:{type_}"
             if tres.lower() not in tracked:
@@ -566,7 +664,8 @@ _CANONICAL_ORDER = ("Name", "Type", "Count", "File", "MultipleFiles", "Cores", "
 
 
 def compare(expected_text: str, installed_text: str, *, what: str, nodes: Iterable[str] | None = None,
-            installed_source: str | None = None, expected_source: str | None = None) -> list[str]:
+            installed_source: str | None = None, expected_source: str | None = None,
+            include: IncludeLoader | None = None, release: Release | None = None) -> list[str]:
     """A semantic diff of an installed gres.conf or slurm.conf against the expected (generated) text.
 
     Comments, white space, key case and key order within a line are ignored; hostlists and
@@ -580,7 +679,11 @@ def compare(expected_text: str, installed_text: str, *, what: str, nodes: Iterab
       without files, its name, type and order). Reported: ``missing in installed: <line>``,
       ``extra in installed: <line>``, and ``node N: gpu File=/dev/nvidia3: Links differ: installed
       0,0,0,-1 expected 0,22,0,-1`` for ``Type``, ``Count`` (with its default), ``Cores`` (as a
-      set, ``CPUs=`` counted as ``Cores=``), ``Links`` and ``Flags``; a different ``AutoDetect``; and
+      set, ``CPUs=`` counted as ``Cores=``), ``Links`` and ``Flags`` (only where the expected line
+      has ``Flags=``: the generator writes none, and a site's own flags are its choice, linted by
+      rule f); a different ``AutoDetect`` (with ``release``, an installed mechanism that release knows
+      where ``off`` is expected is not reported: beside ``File=`` lines for every GPU it only checks
+      them, gres.conf(5) AutoDetect); and
       a different order of the gpu device lines when ``Links=`` is used (its positions are device
       numbers in line order). Other lines may move freely.
     * ``what="slurm.conf"``: ``GresTypes`` and ``AccountingStorageTRES`` must contain the expected
@@ -600,6 +703,9 @@ def compare(expected_text: str, installed_text: str, *, what: str, nodes: Iterab
         installed_source: name of the installed text in parse errors, usually its path (default
             ``installed gres.conf``).
         expected_source: the same for the expected text (default ``expected gres.conf``).
+        include: follows the installed text's ``Include`` lines (see
+            :data:`slurm_gpushare.slurm.conf.IncludeLoader`); None skips them.
+        release: the release that reads the installed files (for ``AutoDetect``), or None.
 
     Returns:
         Human-readable lines; empty when the two are equivalent.
@@ -613,11 +719,11 @@ def compare(expected_text: str, installed_text: str, *, what: str, nodes: Iterab
     installed_source = installed_source or f"installed {what}"
     if what == "gres.conf":
         return _compare_gres(parse_gres_conf(expected_text, source=expected_source),
-                             parse_gres_conf(installed_text, source=installed_source),
-                             None if nodes is None else list(dict.fromkeys(nodes)))
+                             parse_gres_conf(installed_text, source=installed_source, include=include),
+                             None if nodes is None else list(dict.fromkeys(nodes)), release)
     if what == "slurm.conf":
         return _compare_slurm(parse_slurm_conf_gres(expected_text, source=expected_source),
-                              parse_slurm_conf_gres(installed_text, source=installed_source))
+                              parse_slurm_conf_gres(installed_text, source=installed_source, include=include))
     raise InputError(f"cannot compare {what!r}", hint="what is 'gres.conf' or 'slurm.conf'")
 
 
@@ -644,7 +750,8 @@ class _Report:
         return out
 
 
-def _compare_gres(expected: GresConf, installed: GresConf, only: list[str] | None = None) -> list[str]:
+def _compare_gres(expected: GresConf, installed: GresConf, only: list[str] | None = None,
+                  release: Release | None = None) -> list[str]:
     report = _Report()
     if only is not None:
         installed = for_nodes(installed, only)
@@ -653,7 +760,9 @@ def _compare_gres(expected: GresConf, installed: GresConf, only: list[str] | Non
         nodes = list(dict.fromkeys([*expected.node_names, *installed.node_names])) or [None]
     for node in nodes:
         want, have = expected.autodetect_for(node), installed.autodetect_for(node)
-        if want != have:
+        verifies = (release is not None and want == "off" and have is not None
+                    and have in autodetect_values(release))
+        if want != have and not verifies:
             report.add(node, "diff", f"AutoDetect differs: installed {have or '(none)'} expected {want or '(none)'}")
         ours = _keyed(_per_device(expected.records_for(node)))
         theirs = _keyed(_per_device(installed.records_for(node)))
@@ -669,6 +778,8 @@ def _compare_gres(expected: GresConf, installed: GresConf, only: list[str] | Non
                 report.add(node, "missing", _render(e))
                 continue
             for field in _COMPARED:
+                if field == "Flags" and not e.flags:
+                    continue  # the site's own flags (rule f lints them)
                 a, b = _field(e, field), _field(other, field)
                 if a != b:
                     verb = "differs" if field in ("Type", "Count") else "differ"

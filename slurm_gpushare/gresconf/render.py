@@ -1,21 +1,33 @@
 """gres.conf and the matching slurm.conf text, generated from machine descriptions (pure).
 
-What is written, per node (gres.conf(5) of Slurm 22.05 is the reference for every key):
+What is written, per node, for one Slurm release (``GresOptions.release``; gres.conf(5) of 22.05,
+24.11 and 26.05 and the rules of :mod:`slurm_gpushare.slurm.gresrules`):
 
 * one ``Name=gpu`` line per whole GPU (MIG mode off) with ``Type=<model>``, ``File=<dev>/nvidia<minor>``,
   ``Cores=`` (Slurm core ids from the GPU's CPU affinity; SMT siblings collapse onto their core, so
   hyperthread ids never appear) and ``Links=`` (from :func:`slurm_gpushare.topology.hops.slurm_links`:
   -1 for the device itself, 0 for no useful connection, larger for nearer GPUs);
+* ``Cores=`` as the release takes it: up to 24.05 the GPU's own cores, even a part of a socket (a
+  NUMA node of an AMD node in NPS2/NPS4); from 24.11 slurmd sets a node INVAL for ``Cores=`` that
+  split a socket, so a GPU whose affinity is part of a socket gets that whole socket (24.11), or its
+  socket when it touches one and every core when it touches several (25.11 on), with a comment
+  naming its real affinity. Slurm's scheduler places GRES by socket anyway (the comment above
+  ``_check_core_range_matches_sock``), so the wider ``Cores=`` loses no placement; the NUMA node
+  stays in the machine description, where the Prolog's task binding uses it;
 * one ``Name=gpu Type=<model>_<profile>`` line per live MIG device. Two forms:
 
-  - default (Slurm 22.05): ``File=<caps>/nvidia-cap<M>``, the GPU instance's access device alone (the
+  - before 23.11 (22.05): ``File=<caps>/nvidia-cap<M>``, the GPU instance's access device alone (the
     device real 22.05 autodetection reports as the MIG GRES's ``File=``).
-    Measured on slurmd 22.05.8: ``MultipleFiles=`` with AutoDetect off is expanded into one GRES per
+    Measured on slurmd 22.05.8: ``MultipleFiles=`` next to shard lines is expanded into one GRES per
     file (the node then reports more GPUs than slurm.conf, falls back to count-only tracking, and jobs
-    get no device at all). The parent ``/dev/nvidiaN`` then stays outside Slurm's device cgroup, which
+    get no device at all; fixed in 23.02.7, "Do not split GRES with MultipleFiles in
+    _build_sharing_list"). The parent ``/dev/nvidiaN`` then stays outside Slurm's device cgroup, which
     is what MIG needs: every MIG job opens the parent, and the capability device grants the instance.
-  - ``mig_multiple_files=True`` (newer Slurm): ``MultipleFiles=`` with the parent ``/dev/nvidiaN`` and
-    the GPU instance's and compute instance's ``nvidia-caps`` devices.
+  - from 23.11 (:data:`~slurm_gpushare.slurm.release.MULTIPLE_FILES`), or with
+    ``mig_multiple_files=True``: ``MultipleFiles=`` with the parent ``/dev/nvidiaN`` and the GPU
+    instance's and compute instance's ``nvidia-caps`` devices (gres.conf(5) MultipleFiles: "Graphics
+    cards using Multi-Instance GPU (MIG) technology will present multiple device files that should
+    be managed as a single generic resource").
 
   MIG lines carry no ``Links=`` (MIG devices do not do NVLink peer-to-peer), and on a node with MIG
   devices no line carries ``Links=`` (Slurm numbers devices by record order, which would mix slices

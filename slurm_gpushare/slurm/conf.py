@@ -20,13 +20,24 @@ The syntax is Slurm 22.05's, from gres.conf(5) and slurm.conf(5):
   slurm.conf(5) "Gres").
 * slurm.conf ``Gres=`` is ``<name>[:<type>][:no_consume]:<count>`` items, comma separated
   (slurm.conf(5) "Gres"); an optional socket binding ``(S:0-1)`` after an item is kept as text.
+* ``Include FILE`` (slurm.conf(5) "INCLUDE MODIFIERS"; the same parser reads gres.conf): a line that
+  starts with the word ``include`` (any case) and white space reads FILE in its place. How Slurm
+  finds FILE (``_parse_include_directive`` in src/common/parse_config.c and ``get_extra_conf_path``
+  in src/common/read_config.c, the same at slurm-22-05-8-1, slurm-24-11-5-1 and slurm-26-05-3-1):
+  an absolute name as written, a relative one in the directory of slurm.conf (never of the
+  including file); ``%c`` is the ``ClusterName`` set above it, in lower case; a name with ``*`` is
+  skipped with an error from 23.02 on ("Slurm does not support glob parsing") and is a file that
+  does not exist before; a missing file fails the include (after retrying for 60 s). Slurm has no
+  depth limit: an include cycle recurses until slurmd crashes. The parsers follow includes only
+  when given an ``include`` loader (:data:`IncludeLoader`), and raise
+  :class:`~slurm_gpushare.errors.ParseError` for a cycle, a glob or a ``%c`` without ``ClusterName``.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 
 from slurm_gpushare.errors import ParseError
 from slurm_gpushare.hardware.machine import CpuLayout
@@ -45,6 +56,14 @@ SLURM_NODE_KEYS = ("NodeName", "Gres", "Sockets", "SocketsPerBoard", "CoresPerSo
 
 _GRES_KEYS = {k.lower(): k for k in GRES_CONF_KEYS}
 _NODE_KEYS = {k.lower(): k for k in SLURM_NODE_KEYS}
+_INCLUDE = re.compile(r"include\s+(\S+)", re.IGNORECASE)
+_CLUSTER = re.compile(r"(?:^|\s)ClusterName=(\S+)", re.IGNORECASE)
+
+#: ``include(name, where) -> (source, text)``: the text of the file an ``Include`` line names
+#: (``name`` as written after ``%c``, ``where`` the ``file:line`` of the line), and the source name
+#: its entries get. Raises :class:`~slurm_gpushare.errors.ConfigError` when it cannot be read.
+IncludeLoader = Callable[[str, str], tuple[str, str]]
+
 _TOKEN = re.compile(r"""([^\s=]+)=("[^"]*"|'[^']*'|\S*)|(\S+)""")
 _COUNT = re.compile(r"(\d+)([KMGTP]?)", re.IGNORECASE)
 
@@ -84,6 +103,42 @@ def _logical_lines(text: str) -> Iterator[tuple[int, str]]:
             yield start, joined
     if pending and " ".join(pending).strip():
         yield start, " ".join(pending).strip()
+
+
+def _expanded_lines(text: str, source: str, include: IncludeLoader | None,
+                    stack: tuple[str, ...] = (), state: dict | None = None) -> Iterator[tuple[str, int, str]]:
+    """``(source, line number, text)`` per logical line, ``Include`` lines replaced by the included
+    file's lines (see the module doc), or skipped when ``include`` is None."""
+    state = {} if state is None else state
+    for number, line in _logical_lines(text):
+        m = _INCLUDE.match(line)
+        if m is None:
+            cluster = _CLUSTER.search(line)
+            if cluster:
+                state["cluster"] = cluster.group(1)
+            yield source, number, line
+            continue
+        if include is None:
+            continue
+        where = f"{source}:{number}"
+        name = m.group(1)
+        if "%c" in name:
+            if "cluster" not in state:
+                raise ParseError(f"Include {name}: %c is the ClusterName, and none is set above this line",
+                                 hint="set ClusterName= before the Include line, or write the name out",
+                                 source=where)
+            name = name.replace("%c", state["cluster"].lower())
+        if "*" in name:
+            raise ParseError(f"Include {name}: Slurm does not expand '*' (23.02 and later skip the line with "
+                             "'Slurm does not support glob parsing', 22.05 looks for a file of that name)",
+                             hint="write one Include line per file", source=where)
+        inc_source, inc_text = include(name, where)
+        chain = (*stack, source)
+        if inc_source in chain:
+            raise ParseError(f"Include cycle: {' -> '.join((*chain, inc_source))}: Slurm has no depth limit and "
+                             "recurses until the daemon crashes", hint="remove one of the Include lines",
+                             source=where)
+        yield from _expanded_lines(inc_text, inc_source, include, chain, state)
 
 
 def _tokens(line: str) -> Iterator[tuple[str | None, str]]:
@@ -217,12 +272,14 @@ class GresConf:
         return tuple(e for e in self.entries if e.name and e.applies_to(node))
 
 
-def parse_gres_conf(text: str, *, source: str) -> GresConf:
-    """Parse gres.conf text (gres.conf(5), Slurm 22.05).
+def parse_gres_conf(text: str, *, source: str, include: IncludeLoader | None = None) -> GresConf:
+    """Parse gres.conf text (gres.conf(5), Slurm 22.05 to 26.05).
 
     Args:
         text: the whole file.
         source: its name, used in errors and in each entry's ``where`` (``gres.conf:12``).
+        include: reads the files of ``Include`` lines (their entries get the included file's
+            source); None skips ``Include`` lines.
 
     Returns:
         The entries in file order.
@@ -230,14 +287,16 @@ def parse_gres_conf(text: str, *, source: str) -> GresConf:
     Raises:
         ParseError: an unknown key (the message names it and lists :data:`GRES_CONF_KEYS`), a word
             that is not ``Key=Value``, a key given twice on one line, a bad hostlist, ``Count``,
-            ``Cores``/``CPUs`` or ``Flags`` value. ``source`` is ``file:line``.
+            ``Cores``/``CPUs`` or ``Flags`` value; an ``Include`` cycle, glob or ``%c``.
+            ``source`` is ``file:line``.
+        ConfigError: from ``include``, an included file that cannot be read.
     """
     entries = []
-    for number, line in _logical_lines(text):
+    for src, number, line in _expanded_lines(text, source, include):
         try:
-            entries.append(_gres_entry(line, source, number))
+            entries.append(_gres_entry(line, src, number))
         except ParseError as e:
-            raise _at(source, number, e) from None
+            raise _at(src, number, e) from None
     return GresConf(source, tuple(entries))
 
 
@@ -367,6 +426,16 @@ class SlurmGresConf:
     nodes: tuple[SlurmNode, ...] = ()
     accounting_storage_type: str | None = None
     accounting_storage_type_line: int | None = None
+    origins: dict[str, str] = field(default_factory=dict, compare=False)
+
+    def where(self, key: str) -> str:
+        """``file:line`` of ``GresTypes``, ``AccountingStorageTRES`` or ``AccountingStorageType`` (the
+        included file's name when an ``Include`` set it); ``source`` alone when the key is not set."""
+        line = {"GresTypes": self.gres_types_line, "AccountingStorageTRES": self.accounting_tres_line,
+                "AccountingStorageType": self.accounting_storage_type_line}[key]
+        if line is None:
+            return self.source
+        return f"{self.origins.get(key, self.source)}:{line}"
 
     @property
     def slurmdbd(self) -> bool:
@@ -375,8 +444,8 @@ class SlurmGresConf:
         ``AccountingStorageType=accounting_storage/slurmdbd``; anything else, or the key missing (its
         default is ``accounting_storage/none``, slurm.conf(5)), means no slurmdbd. Without slurmdbd
         slurmctld 22.05 refuses GRES in ``AccountingStorageTRES`` ("slurmdbd is required to run with
-        TRES gres/gpu"). ``Include`` lines are not followed: a type set only in an included file is
-        not seen.
+        TRES gres/gpu"). A type set in an included file is seen only when the parser was given an
+        ``include`` loader.
         """
         return (self.accounting_storage_type or "").strip().lower() == "accounting_storage/slurmdbd"
 
@@ -406,26 +475,31 @@ def parse_gres_value(text: str) -> tuple[GresItem, ...]:
                          "e.g. Gres=gpu:a100:8,shard:640") from None
 
 
-def parse_slurm_conf_gres(text: str, *, source: str) -> SlurmGresConf:
+def parse_slurm_conf_gres(text: str, *, source: str, include: IncludeLoader | None = None) -> SlurmGresConf:
     """Read ``GresTypes``, ``AccountingStorageTRES``, ``AccountingStorageType`` and every node's ``Gres=``
     and CPU layout.
 
     Key names are case insensitive (slurm.conf(5): real files write ``gres=``). Lines with other
-    keys are skipped, as are ``Include`` lines (nothing is read from disk). ``NodeName=DEFAULT``
-    lines add to the defaults of the lines after them (slurm.conf(5) "NODE CONFIGURATION").
+    keys are skipped. ``Include`` lines are followed with ``include`` (see the module doc) and
+    skipped without it. ``NodeName=DEFAULT`` lines add to the defaults of the lines after them
+    (slurm.conf(5) "NODE CONFIGURATION").
 
     Args:
         text: the slurm.conf text (a whole file or a snippet).
         source: its name, used in errors and in each node's ``where``.
+        include: reads the files of ``Include`` lines; None skips them.
 
     Raises:
-        ParseError: a bad hostlist, ``Gres=`` value or layout number (``source`` is ``file:line``).
+        ParseError: a bad hostlist, ``Gres=`` value or layout number; an ``Include`` cycle, glob or
+            ``%c`` (``source`` is ``file:line``).
+        ConfigError: from ``include``, an included file that cannot be read.
     """
     gres_types = tres = storage_type = None
     gres_types_line = tres_line = storage_type_line = None
     defaults: dict[str, str] = {}
     nodes: dict[str, SlurmNode] = {}
-    for number, line in _logical_lines(text):
+    origins: dict[str, str] = {}
+    for src, number, line in _expanded_lines(text, source, include):
         pairs = [(k, v) for k, v in _tokens(line) if k is not None]
         if not pairs:
             continue
@@ -443,19 +517,23 @@ def parse_slurm_conf_gres(text: str, *, source: str) -> SlurmGresConf:
                 merged = {**defaults, **values}
                 for name in expand_hostlist(values["NodeName"]):
                     if name not in nodes:
-                        nodes[name] = _slurm_node(name, merged, source, number)
+                        nodes[name] = _slurm_node(name, merged, src, number)
                 continue
             for key, value in pairs:
                 if key.lower() == "grestypes":
                     gres_types, gres_types_line = tuple(v for v in value.split(",") if v), number
+                    origins["GresTypes"] = src
                 elif key.lower() == "accountingstoragetres":
                     tres, tres_line = tuple(v for v in value.split(",") if v), number
+                    origins["AccountingStorageTRES"] = src
                 elif key.lower() == "accountingstoragetype":
                     storage_type, storage_type_line = value, number
+                    origins["AccountingStorageType"] = src
         except ParseError as e:
-            raise _at(source, number, e) from None
+            raise _at(src, number, e) from None
     return SlurmGresConf(source, gres_types, gres_types_line, tres, tres_line, tuple(nodes.values()),
-                         accounting_storage_type=storage_type, accounting_storage_type_line=storage_type_line)
+                         accounting_storage_type=storage_type, accounting_storage_type_line=storage_type_line,
+                         origins=origins)
 
 
 def _slurm_node(name: str, values: dict[str, str], source: str, number: int) -> SlurmNode:

@@ -16,7 +16,9 @@ from dataclasses import dataclass, field, replace
 from slurm_gpushare.errors import InputError
 from slurm_gpushare.hardware.machine import Gpu, Machine
 from slurm_gpushare.slurm.gres import GresItem, render_counts
+from slurm_gpushare.slurm.gresrules import cores_problem
 from slurm_gpushare.slurm.hostlist import format_ranges
+from slurm_gpushare.slurm.release import MULTIPLE_FILES, OLDEST, Release
 
 MIB_PER_GIB = 1024
 
@@ -32,8 +34,13 @@ class GresOptions:
         links: write ``Links=`` on whole-GPU lines.
         cores: write ``Cores=`` where the CPU affinity is known.
         shards: write ``Name=shard`` lines.
-        mig_multiple_files: MIG devices as ``MultipleFiles=parent,gi-cap,ci-cap`` (Slurm releases
-            where MultipleFiles works) instead of ``File=ci-cap`` (Slurm 22.05; see module doc).
+        mig_multiple_files: MIG devices as ``MultipleFiles=parent,gi-cap,ci-cap`` (True) or as
+            ``File=gi-cap`` (False); None (the default): ``MultipleFiles=`` from
+            :data:`~slurm_gpushare.slurm.release.MULTIPLE_FILES` on, ``File=`` before (see
+            :mod:`slurm_gpushare.gresconf.render`).
+        release: the Slurm release the records are for (None: the oldest supported, 22.05). It
+            decides the MIG form and whether ``Cores=`` is widened to whole sockets
+            (:func:`slurm_gpushare.slurm.gresrules.cores_problem`).
     """
 
     device_dir: str = "/dev"
@@ -42,12 +49,25 @@ class GresOptions:
     links: bool = True
     cores: bool = True
     shards: bool = True
-    mig_multiple_files: bool = False
+    mig_multiple_files: bool | None = None
+    release: Release | None = None
 
     def __post_init__(self):
         if self.shard_unit_mib <= 0:
             raise InputError(f"shard unit must be a positive number of MiB, not {self.shard_unit_mib}",
                              hint="the default is 1024 (one shard per GiB)")
+
+    @property
+    def target(self) -> Release:
+        """:attr:`release`, or the oldest supported release when it is None."""
+        return self.release or OLDEST
+
+    @property
+    def multiple_files(self) -> bool:
+        """Whether MIG devices are written as ``MultipleFiles=``."""
+        if self.mig_multiple_files is not None:
+            return self.mig_multiple_files
+        return self.target >= MULTIPLE_FILES
 
     @property
     def caps(self) -> str:
@@ -175,6 +195,13 @@ def node_gres(machine: Machine, node_name: str | None = None, options: GresOptio
         cores: tuple[int, ...] = ()
         if opts.cores and machine.cpus is not None and g.cpu_affinity:
             cores = machine.cpus.core_ids(g.cpu_affinity)
+            layout = machine.cpus
+            problem = cores_problem(cores, layout.sockets, layout.cores_per_socket, opts.target)
+            if problem is not None:
+                notes.append(f"GPU {g.index}: CPU affinity is cores {format_ranges(cores)}, part of socket "
+                             f"{problem.socket} (cores {problem.first}-{problem.last}); {problem.rule}: "
+                             f"Cores={format_ranges(problem.fix)}")
+                cores = problem.fix
         elif opts.cores and not g.cpu_affinity:
             notes.append(f"GPU {g.index}: CPU affinity unknown, no Cores=")
         elif opts.cores:
@@ -189,8 +216,8 @@ def node_gres(machine: Machine, node_name: str | None = None, options: GresOptio
                         source=machine.source or machine.hostname)
                 caps = tuple(f"{opts.caps.rstrip('/')}/nvidia-cap{c}" for c in inst.caps)
                 t = mig_type(g, inst.profile)
-                files = (gpu_file, *caps) if opts.mig_multiple_files else (caps[0],)
-                gpu_records.append(GresRecord("gpu", t, files, multiple_files=opts.mig_multiple_files,
+                files = (gpu_file, *caps) if opts.multiple_files else (caps[0],)
+                gpu_records.append(GresRecord("gpu", t, files, multiple_files=opts.multiple_files,
                                               cores=cores, gpu_index=g.index, mig_gi=inst.gi_id))
             continue
         gpu_records.append(GresRecord("gpu", g.model, (gpu_file,), cores=cores, gpu_index=g.index))

@@ -56,8 +56,17 @@ TRES_SLASH = Release(23, 11)
 #: From this release on ``scontrol show job ID --json`` gives one job (before: no ``--json``).
 SCONTROL_JSON = Release(23, 2)
 #: From this release on slurmd refuses (node state INVAL) GRES ``Cores=`` that split a socket
-#: (``_check_core_range_matches_sock``, measured on 24.11; 22.05 accepted the same file).
-CORES_WHOLE_SOCKETS = Release(23, 2)
+#: (``_check_core_range_matches_sock`` in src/interfaces/gres.c, first in slurm-24-11-0-1; absent
+#: at slurm-24-05-8-1; measured on 24.11.5; 22.05 accepted the same file).
+CORES_WHOLE_SOCKETS = Release(24, 11)
+#: From this release on GRES ``Cores=`` must be one whole socket or every core of the node (the same
+#: function, first so in slurm-25-11-0-1: "Don't allow gres to have affinity to multiple sockets").
+CORES_ONE_SOCKET = Release(25, 11)
+#: From this release on a ``MultipleFiles=`` GPU record stays one GRES next to shards (before, the
+#: shard list split it into one GRES per file: fixed in 23.02.7, "gpu/nvml - Do not split GRES with
+#: MultipleFiles in _build_sharing_list"; measured on 22.05.8). gres.conf(5) has ``MultipleFiles``
+#: from 22.05.
+MULTIPLE_FILES = Release(23, 11)
 
 
 def of_meta(doc: object, source: str) -> Release:
@@ -99,3 +108,23 @@ def local_release() -> Release:
     from slurm_gpushare.slurm.commands import run  # commands imports this module
 
     return Release.parse(run(["sinfo", "-V"]))
+
+
+def node_release() -> Release:
+    """The release of this node's slurmd (``slurmd -V``), else of the clients (``sinfo -V``): the
+    release that will read the gres.conf written or checked here.
+
+    Raises:
+        SlurmError: neither slurmd nor sinfo is installed or prints a version (the message says to
+            name the release instead).
+    """
+    from slurm_gpushare.slurm.commands import run
+
+    errors = []
+    for argv in (["slurmd", "-V"], ["sinfo", "-V"]):
+        try:
+            return Release.parse(run(argv))
+        except SlurmError as e:
+            errors.append(e.message)
+    raise SlurmError(f"cannot tell the Slurm release: {'; '.join(errors)}",
+                     hint=f"give --slurm-version, one of {', '.join(map(str, SUPPORTED))}")
