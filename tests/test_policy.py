@@ -597,7 +597,7 @@ def test_nodes_needed_reads_job_desc_numbers_and_sentinels():
     assert nodes_needed(1, 8, 65534) == 1 and nodes_needed("x", [], {}) == 1 and nodes_needed(float("inf")) == 1
 
 
-# --- requests as cli_filter.lua writes them for clients that refuse "=" in a GRES type (23.02+) ----------
+# --- requests as cli_filter.lua writes them for clients that refuse "=" in a GRES type (23.11+) ----------
 
 
 @pytest.mark.parametrize("escaped, plain", [
