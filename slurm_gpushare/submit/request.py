@@ -134,8 +134,9 @@ class GpushareRequest:
 #: parser (``slurm_get_next_tres``, src/common/slurm_protocol_defs.c, run by sbatch, salloc and srun before
 #: they submit) refuses a GRES type holding ``=`` unless a number follows its last ``=``
 #: (``gpushare:mem=abc``, ``gpushare:mode=mig``, ``gpushare:mem=10G:2``: "Invalid Trackable RESource
-#: (TRES) specification", measured on 24.11.5 and 26.05.5; the 22.05 clients accept it; the "=" handling is in the parser from 23.11, not at slurm-23-02-1-1). ``%3D`` is the
-#: percent-encoding of ``=``; a user may write it so where no cli_filter.lua is installed.
+#: (TRES) specification", measured on 24.11.5 and 26.05.5; the 22.05 clients accept it; the parser has this
+#: "=" rule at slurm-23-11-1-1, not at slurm-23-02-1-1). ``%3D`` is the percent-encoding of ``=``; a user may
+#: write it so where no cli_filter.lua is installed.
 KNOB_EQUALS = "%3D"
 
 
