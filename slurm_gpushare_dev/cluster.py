@@ -313,6 +313,8 @@ class DevCluster:
             f"Epilog={r}/scripts/epilog.sh",
             f"TaskProlog={r}/scripts/taskprolog.sh",
             "JobSubmitPlugins=lua",
+            # every release needs it: 22.05 for srun --gres=gpushare without an allocation, 23.11+ because
+            # the clients refuse "=" in a GRES type (cli_filter.lua writes it %3D; docs/admin-guide.md)
             "CliFilterPlugins=cli_filter/lua",
         ]
         if self.dbd:

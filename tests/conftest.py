@@ -154,6 +154,14 @@ def parse_scontrol_line(text: str) -> dict[str, str]:
     return out
 
 
+def bare(tres: str) -> str:
+    """A TRES string without the release's prefixes: ``gres:shard:10`` (22.05) and ``gres/shard:10`` (23.11+)
+    both give ``shard:10`` (through the product's grammar, slurm_gpushare.slurm.gres)."""
+    from slurm_gpushare.slurm.gres import parse
+
+    return ",".join(it.body for it in parse(tres))
+
+
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory) -> DevCluster:
     """The default dev cluster, up for the whole session (reused when already running)."""

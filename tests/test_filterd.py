@@ -28,10 +28,16 @@ def _fmt(counts):
     return ",".join(f"{n}:{t}:{c}" if t else f"{n}:{c}" for (n, t), c in counts.items())
 
 
+#: ``meta`` of ``sinfo --json`` on 22.05.8 (openapi/v0.0.38), trimmed to what names the release
+META_22_05 = {"plugin": {"type": "openapi/v0.0.38"}, "Slurm": {"version": {"major": 22, "micro": 8, "minor": 5}}}
+
+
 def fake_slurm(nodes: dict, partitions: dict[str, tuple[str, ...]], default: str = "gpu"):
-    """What sinfo --json / scontrol -o show partition print for these nodes (Slurm 22.05 shapes)."""
+    """What sinfo --json / scontrol -o show partition print for these nodes (Slurm 22.05 shapes; the
+    newer shapes are read in tests/slurm/test_sinfo.py and tests/test_inventory.py)."""
     def source():
-        sinfo = {"nodes": [{"name": n, "gres": _fmt(node_gres(m, n).counts), "state": "idle",
+        sinfo = {"meta": META_22_05,
+                 "nodes": [{"name": n, "gres": _fmt(node_gres(m, n).counts), "state": "idle",
                             "partitions": [p for p, ns in partitions.items() if n in ns]} for n, m in nodes.items()]}
         parts = "\n".join(f"PartitionName={p} Default={'YES' if p == default else 'NO'} Nodes={','.join(ns)}"
                           for p, ns in partitions.items())
@@ -507,3 +513,57 @@ for _, v in ipairs({{"", false}}) do
 end
 """)
     assert out == [{"path": str(ctl), "tres": "gres:shard:10"}, {"path": str(public)}, {"path": str(public)}]
+
+
+def run_cli_filter(tmp_path: Path, calls: list[dict], client_socket: Path | None = None) -> list[str]:
+    """Load cli_filter.lua from a directory of its own (with gpushare_client.lua only when ``client_socket``
+    is given: without it, as configless mode ships it) and call slurm_cli_pre_submit once per options table;
+    prints ``rc<TAB>gres<TAB>comment`` per call and every slurm.log_error line."""
+    d = tmp_path / "etc"
+    d.mkdir(exist_ok=True)
+    shutil.copy(SITE / "cli_filter.lua", d / "cli_filter.lua")
+    if client_socket is not None:
+        text = (SITE / "gpushare_client.lua").read_text()
+        (d / "gpushare_client.lua").write_text(text.replace('socket = "/run/slurm-gpushare/filterd.sock"',
+                                                            f'socket = "{client_socket}"', 1))
+    lines = ["slurm = {SUCCESS = 0, ERROR = -1,"
+             " log_error = function(f, ...) print('log: ' .. string.format(f, ...)) end}",
+             f'dofile("{d / "cli_filter.lua"}")']
+    for opts in calls:
+        table = ", ".join(f'["{k}"] = "{v}"' for k, v in opts.items())
+        lines.append(f"do local o = {{{table}}}; local rc = slurm_cli_pre_submit(o, 0)\n"
+                     "print(tostring(rc) .. '\\t' .. tostring(o.gres) .. '\\t' .. tostring(o.comment)) end")
+    env = {k: v for k, v in os.environ.items() if k != "SLURM_JOB_ID"}
+    proc = subprocess.run([LUA, "-"], input="\n".join(lines), capture_output=True, text=True, timeout=30, env=env)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.splitlines()
+
+
+@pytest.mark.skipif(LUA is None, reason="lua5.1 not installed")
+def test_cli_filter_respells_knobs_for_slash_clients_without_the_client_file(tmp_path):
+    """23.11+ clients (options.gres as "gres/..."): only the "=" of gpushare items change, for every client;
+    no gpushare_client.lua is there (configless mode) and none is needed."""
+    out = run_cli_filter(tmp_path, [
+        {"type": "sbatch", "gres": "gres/gpushare:mem=10G+mode=mig:2,gres/nic:a=1"},
+        {"type": "srun", "gres": "gres/gpushare:mem=abc"},
+        {"type": "salloc", "gres": "gres/shard:10"},
+    ])
+    assert out == ["0\tgres/gpushare:mem%3D10G+mode%3Dmig:2,gres/nic:a=1\tnil",
+                   "0\tgres/gpushare:mem%3Dabc\tnil",
+                   "0\tgres/shard:10\tnil"]
+
+
+@pytest.mark.skipif(LUA is None, reason="lua5.1 not installed")
+def test_cli_filter_on_22_05_srun_without_the_client_file_says_what_is_missing(tmp_path):
+    out = run_cli_filter(tmp_path, [{"type": "sbatch", "gres": "gres:gpushare:mem=10G"},
+                                    {"type": "srun", "gres": "gres:gpushare:mem=10G"}])
+    assert out[0] == "0\tgres:gpushare:mem=10G\tnil"
+    assert out[1].startswith("log: gpushare: srun --gres=gpushare:... needs gpushare_client.lua next to cli_filter.lua")
+    assert "configless" in out[1] and out[2] == "-1\tgres:gpushare:mem=10G\tnil"
+
+
+@pytest.mark.skipif(LUA is None, reason="lua5.1 not installed")
+def test_cli_filter_on_22_05_srun_takes_the_decision(tmp_path, live):
+    out = run_cli_filter(tmp_path, [{"type": "srun", "gres": "gres:gpushare:mem=10G", "partition": "pcie",
+                                     "comment": "mine"}], client_socket=live)
+    assert out == ["0\tshard:10\tmine gpushare-request=gres:gpushare:mem=10G"]

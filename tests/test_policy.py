@@ -19,6 +19,7 @@ from slurm_gpushare.submit import request as request_module
 from slurm_gpushare.submit.inventory import ClusterInventory, NodeInventory
 from slurm_gpushare.submit.policy import ESLURM_INVALID_GRES, Decision, decide, nominal_gpu_mib, nominal_profile_mib
 from slurm_gpushare.submit.policyfile import SitePolicy
+from slurm_gpushare.submit.request import unescape_knobs
 
 ROOT = Path(__file__).resolve().parent.parent
 FILES = {
@@ -594,3 +595,25 @@ def test_nodes_needed_reads_job_desc_numbers_and_sentinels():
     assert nodes_needed(4294967294) == 1 and nodes_needed(None) == 1 and nodes_needed(0) == 1
     assert nodes_needed(None, 8, 2) == 4 and nodes_needed(1, 9, 4) == 3 and nodes_needed(5, 8, 2) == 5
     assert nodes_needed(1, 8, 65534) == 1 and nodes_needed("x", [], {}) == 1 and nodes_needed(float("inf")) == 1
+
+
+# --- requests as cli_filter.lua writes them for clients that refuse "=" in a GRES type (23.11+) ----------
+
+
+@pytest.mark.parametrize("escaped, plain", [
+    ("gres/gpushare:mem%3D10G", "gres/gpushare:mem=10G"),
+    ("gres/gpushare:mem%3D10G+mode%3Dmig", "gres/gpushare:mem=10G+mode=mig"),
+    ("gres/gpushare:mem%3d10.5G:2,gres/nic:1", "gres/gpushare:mem=10.5G:2,gres/nic:1"),
+    ("gres/gpushare:mem%3Dabc", "gres/gpushare:mem=abc"),
+])
+def test_escaped_knobs_decide_as_the_plain_request(escaped, plain):
+    got = decide(escaped, None, partitions=None, inventory=INV, policy=DEFAULT)
+    want = decide(plain, None, partitions=None, inventory=INV, policy=DEFAULT)
+    assert (got.action, got.tres_per_node, got.message, got.audit_fields()) == (
+        want.action, want.tres_per_node, want.message, want.audit_fields())
+    assert "%3" not in got.message and "%3" not in str(got.audit_fields())
+
+
+def test_only_gpushare_items_are_unescaped():
+    assert unescape_knobs("gres/nic:a%3Db:1,gres/gpushare:mem%3D10G") == "gres/nic:a%3Db:1,gres/gpushare:mem=10G"
+    assert unescape_knobs(None) is None and unescape_knobs("") == ""

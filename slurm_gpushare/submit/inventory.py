@@ -4,8 +4,10 @@ The filter service decides from this snapshot only. It is built from two sources
 
 * machine descriptions (``<dir>/*.json``, one per node, written by ``slurm-gpushare inventory`` on
   the node; the file name or ``hostname`` is the Slurm node name);
-* what slurmctld reports: ``sinfo --json`` (each node's configured ``gres``, partitions, state)
-  and ``scontrol -o show partition`` (partition membership and which partition is the default).
+* what slurmctld reports: ``sinfo --json`` (each node's configured ``gres``, partitions, state; read
+  for every release by :func:`slurm_gpushare.slurm.sinfo.sinfo_nodes`) and ``scontrol -o show
+  partition`` (partition membership and which partition is the default; the same ``Key=Value`` line
+  on 22.05, 24.11 and 26.05, measured).
 
 A node whose description is missing, or whose description calls for other GPU GRES than Slurm has
 configured, is kept with a ``problem`` and is never a candidate: stale data is reported, not guessed.
@@ -15,7 +17,6 @@ the caller's job (:mod:`slurm_gpushare.submit.service`).
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -23,6 +24,7 @@ from slurm_gpushare.errors import InputError
 from slurm_gpushare.hardware.machine import Gpu, Machine
 from slurm_gpushare.slurm.gres import parse, render_counts
 from slurm_gpushare.slurm.hostlist import expand_hostlist
+from slurm_gpushare.slurm.sinfo import sinfo_nodes
 
 
 def parse_gres_counts(text: str) -> dict[tuple[str, str], int]:
@@ -58,7 +60,7 @@ class NodeInventory:
     Attributes:
         name: Slurm node name.
         partitions: partitions the node is in.
-        state: Slurm state (``idle``, ``mixed``, ``drained``...).
+        state: Slurm state in lower case, flags joined by ``+`` (``idle``, ``mixed``, ``idle+drain``).
         gres: configured GRES counts from Slurm, keyed ``(name, type)``.
         machine: its machine description, or None when missing.
         problem: why the node cannot be used for decisions, or None.
@@ -149,8 +151,8 @@ def build_inventory(machines: dict[str, Machine], sinfo_json: str, partitions_te
 
     Args:
         machines: node name -> description.
-        sinfo_json: output of ``sinfo --json`` (Slurm 22.05: ``{"nodes": [{"name", "gres",
-            "partitions", "state", ...}]}``).
+        sinfo_json: output of ``sinfo --json`` of any supported release (its shape is chosen by its
+            ``meta`` version: :func:`slurm_gpushare.slurm.sinfo.sinfo_nodes`).
         partitions_text: output of ``scontrol -o show partition``.
         shard_unit_mib: GPU memory per shard, as configured for the gres.conf generator.
         expected_gres: ``f(machine, node_name) -> {(name, type): count}`` giving the GPU GRES the
@@ -158,21 +160,18 @@ def build_inventory(machines: dict[str, Machine], sinfo_json: str, partitions_te
             ``gpu`` GRES differ is marked stale.
 
     Raises:
-        InputError: sinfo output that is not JSON or lacks ``nodes``.
+        SlurmError: sinfo output that is not JSON, names no release, or lacks a field of its release's
+            shape (the message names the release and the field).
     """
-    try:
-        data = json.loads(sinfo_json)
-        raw_nodes = data["nodes"]
-    except (ValueError, KeyError, TypeError):
-        raise InputError("sinfo --json output has no 'nodes' list", source="sinfo --json") from None
+    raw_nodes = sinfo_nodes(sinfo_json)
     parts, default = parse_partitions(partitions_text)
     nodes: dict[str, NodeInventory] = {}
     problems: list[str] = []
     for raw in raw_nodes:
-        name = raw.get("name", "")
+        name = raw.name
         problem: str | None = None
         try:
-            gres = parse_gres_counts(raw.get("gres", ""))
+            gres = parse_gres_counts(raw.gres)
         except InputError as e:
             gres, problem = {}, str(e)
         machine = machines.get(name)
@@ -187,8 +186,7 @@ def build_inventory(machines: dict[str, Machine], sinfo_json: str, partitions_te
                            f"calls for {_fmt(want)} (stale description or gres.conf)")
         if problem:
             problems.append(problem)
-        state = raw.get("state", "")
-        nodes[name] = NodeInventory(name, tuple(raw.get("partitions") or ()), str(state), gres, machine, problem)
+        nodes[name] = NodeInventory(name, raw.partitions, raw.state, gres, machine, problem)
     for name in sorted(set(machines) - set(nodes)):
         problems.append(f"machine description for {name} names no node Slurm knows")
     return ClusterInventory(nodes, parts, default, tuple(problems), shard_unit_mib)

@@ -49,9 +49,12 @@ from slurm_gpushare.submit.request import (
     mentions_share,
     parse_gpushare,
     parse_tres,
+    unescape_knobs,
 )
 
-#: ``ESLURM_INVALID_GRES`` (slurm/slurm_errno.h): "Invalid generic resource (gres) specification".
+#: ``ESLURM_INVALID_GRES`` (slurm/slurm_errno.h): "Invalid generic resource (gres) specification"; 2072 at
+#: slurm-22-05-8-1, slurm-24-11-5-1 and slurm-26-05-3-1 (the enum counted; ``slurm.ESLURM_INVALID_GRES`` in
+#: job_submit.lua is 2072 on 24.11.5, measured; 22.05 does not export it to Lua).
 ESLURM_INVALID_GRES = 2072
 #: ``SLURM_SUCCESS``.
 SUCCESS = 0
@@ -653,6 +656,7 @@ def decide(tres_per_node: str | None, tres_per_job: str | None, *, partitions: t
     """
     if not (mentions_share(tres_per_node) or mentions_share(tres_per_job)):
         return Decision("pass", tres_per_node)
+    tres_per_node, tres_per_job = unescape_knobs(tres_per_node), unescape_knobs(tres_per_job)
     gpushare = any(item_name(t) == "gpushare" for s in (tres_per_node, tres_per_job) if s for t in s.split(","))
     if not gpushare and not policy.police_direct:
         return Decision("pass", tres_per_node)

@@ -130,6 +130,26 @@ class GpushareRequest:
         return GresItem("gpushare", "+".join(knobs), None if n == 1 else n).body
 
 
+#: How cli_filter.lua writes ``=`` inside a ``gpushare`` item on clients of Slurm 23.11 and later, whose TRES
+#: parser (``slurm_get_next_tres``, src/common/slurm_protocol_defs.c, run by sbatch, salloc and srun before
+#: they submit) refuses a GRES type holding ``=`` unless a number follows its last ``=``
+#: (``gpushare:mem=abc``, ``gpushare:mode=mig``, ``gpushare:mem=10G:2``: "Invalid Trackable RESource
+#: (TRES) specification", measured on 24.11.5 and 26.05.5; the 22.05 clients accept it; the parser has this
+#: "=" rule at slurm-23-11-1-1, not at slurm-23-02-1-1). ``%3D`` is the percent-encoding of ``=``; a user may
+#: write it so where no cli_filter.lua is installed.
+KNOB_EQUALS = "%3D"
+
+
+def unescape_knobs(tres: str | None) -> str | None:
+    """The TRES string with :data:`KNOB_EQUALS` (any case) read as ``=`` in its ``gpushare`` items only:
+    ``gres/gpushare:mem%3D10G+mode%3Dmig,gres/nic:1`` -> ``gres/gpushare:mem=10G+mode=mig,gres/nic:1``.
+    Never raises; None stays None."""
+    if not tres or "%" not in tres:
+        return tres
+    return ",".join(re.sub(re.escape(KNOB_EQUALS), "=", t, flags=re.IGNORECASE) if item_name(t) == "gpushare" else t
+                    for t in tres.split(","))
+
+
 def mentions_share(tres: str | None) -> bool:
     """Does a TRES string hold a ``gpushare``, ``shard`` or ``mps`` item? (Never raises.)
 

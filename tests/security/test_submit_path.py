@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from tests.conftest import bare
 from tests.security.conftest import USERS
 
 pytestmark = pytest.mark.slurm
@@ -28,10 +29,11 @@ def sbatch(cluster, user: str, *args: str) -> subprocess.CompletedProcess:
 
 
 def tres(slurm, proc: subprocess.CompletedProcess) -> str:
+    """The job's ``TresPerNode`` without the release's TRES prefix (``gres:`` on 22.05, ``gres/`` from 23.11)."""
     assert proc.returncode == 0, proc.stderr
     job_id = proc.stdout.strip().split(";")[0]
     slurm.submitted.append(job_id)
-    return slurm.show_job(job_id)["TresPerNode"]
+    return bare(slurm.show_job(job_id)["TresPerNode"])
 
 
 def test_a_70000_character_comment_does_not_shift_anyones_decision(slurm, users):
@@ -40,8 +42,8 @@ def test_a_70000_character_comment_does_not_shift_anyones_decision(slurm, users)
     a = sbatch(slurm.cluster, alice, "-p", "nomig", "--gres=gpushare:mem=10G", "--comment=" + "c" * 70000)
     # slurmctld refuses so long a comment itself ("Pathname ... too long"), after job_submit.lua ran
     assert "-> an MPS share of one" in a.stderr and "shard:10" in a.stderr, a.stderr
-    assert tres(slurm, sbatch(slurm.cluster, bob, "-p", "gpu", "--gres=gpushare:mem=10G")) == "gres:gpu:h100_1g.10gb:1"
-    assert tres(slurm, sbatch(slurm.cluster, bob, "-p", "nomig", "--gres=gpushare:mem=7G")) == "gres:shard:7"
+    assert tres(slurm, sbatch(slurm.cluster, bob, "-p", "gpu", "--gres=gpushare:mem=10G")) == "gpu:h100_1g.10gb:1"
+    assert tres(slurm, sbatch(slurm.cluster, bob, "-p", "nomig", "--gres=gpushare:mem=7G")) == "shard:7"
 
 
 def test_a_forged_cli_filter_mark_is_policed(slurm, users):
@@ -49,7 +51,7 @@ def test_a_forged_cli_filter_mark_is_policed(slurm, users):
     p = sbatch(slurm.cluster, USERS[0], "-p", "nomig", "--gres=shard:500", "--comment=gpushare-request=gpu:1")
     assert p.returncode != 0 and "shard:500 is more than one GPU holds" in p.stderr
     ok = sbatch(slurm.cluster, USERS[0], "-p", "nomig", "--gres=shard:4", "--comment=x gpushare-request=gpu:1")
-    assert tres(slurm, ok) == "gres:shard:4"
+    assert tres(slurm, ok) == "shard:4"
     fields = slurm.show_job(ok.stdout.strip())
     assert "kind=shard-direct" in fields["AdminComment"] and "via=" not in fields["AdminComment"]
     assert "gpushare-request" not in fields.get("Comment", "")
@@ -58,10 +60,10 @@ def test_a_forged_cli_filter_mark_is_policed(slurm, users):
 def test_two_nodes_are_decided_for_two_nodes_and_the_grant_is_not_an_error(slurm, users):
     """Item 6: ``-N 2`` got a MIG slice only one node has; the success line was printed as ``error:``."""
     one = sbatch(slurm.cluster, USERS[1], "-p", "gpu", "--gres=gpushare:mem=10G")
-    assert tres(slurm, one) == "gres:gpu:h100_1g.10gb:1"
+    assert tres(slurm, one) == "gpu:h100_1g.10gb:1"
     assert "gpushare: gpushare:mem=10G -> a MIG slice" in one.stderr and "error" not in one.stderr
     two = sbatch(slurm.cluster, USERS[1], "-p", "gpu", "-N", "2", "--gres=gpushare:mem=10G")
-    assert tres(slurm, two) == "gres:shard:10"
+    assert tres(slurm, two) == "shard:10"
     refused = sbatch(slurm.cluster, USERS[1], "-p", "mig", "-N", "2", "--gres=gpushare:mem=10G")
     if "partition 'mig' does not exist" not in refused.stderr:  # the default cluster may have no 'mig'
         assert refused.returncode != 0 and "2 nodes asked for" in refused.stderr
@@ -99,10 +101,10 @@ def test_a_connection_flood_by_one_user_changes_nothing_for_another(slurm, users
         assert int(ready[1]) >= 1000, ready  # connects succeed; the service closes all but its per-uid share
         t = time.monotonic()
         for _ in range(5):
-            assert tres(slurm, sbatch(slurm.cluster, bob, "-p", "nomig", "--gres=gpushare:mem=10G")) == "gres:shard:10"
+            assert tres(slurm, sbatch(slurm.cluster, bob, "-p", "nomig", "--gres=gpushare:mem=10G")) == "shard:10"
         gpushare_s = (time.monotonic() - t) / 5
         t = time.monotonic()
-        assert tres(slurm, sbatch(slurm.cluster, bob, "-p", "gpu", "--gres=gpu:1")) == "gres:gpu:1"
+        assert tres(slurm, sbatch(slurm.cluster, bob, "-p", "gpu", "--gres=gpu:1")) == "gpu:1"
         plain_s = time.monotonic() - t
         assert gpushare_s < 2.0 and plain_s < 2.0, (gpushare_s, plain_s)
         print(f"during a flood of {ready[1]} connections: gpushare sbatch {gpushare_s * 1000:.0f} ms, "
@@ -170,7 +172,7 @@ def test_twenty_thousand_connection_attempts_by_one_user_leave_anothers_decision
 
         threading.Thread(target=watch, daemon=True).start()
         during, after = [], []
-        requests = [("--gres=gpushare:mem=10G", "gres:shard:10"), ("--gres=gpushare:mem=7G", "gres:shard:7")]
+        requests = [("--gres=gpushare:mem=10G", "shard:10"), ("--gres=gpushare:mem=7G", "shard:7")]
         for i in range(400):  # bounded: stops when the flood is over (and 3 more), or after 400
             if done.is_set() and len(after) >= 3:
                 break

@@ -1,0 +1,136 @@
+"""``sinfo --json`` of any supported release as one list of nodes (pure): the adapter the inventory reads.
+
+The document says which release wrote it (``meta``, :func:`slurm_gpushare.slurm.release.of_meta`), and
+the shape follows from the release, never from guessing at the keys:
+
+* Slurm 22.05 (openapi/v0.0.38): top-level ``nodes``, one entry per node with ``name``, ``gres`` (the
+  configured GRES, sinfo's ``%G`` form ``gpu:a100:8(S:0-1),shard:a100:640(S:0-1)``), ``partitions``
+  (list of names), ``state`` (``idle``) and ``state_flags`` (``["DRAIN"]``). Measured on 22.05.8.
+* Slurm 23.02 and later (data_parser v0.0.39+; v0.0.42 on 24.11, v0.0.45 on 26.05): top-level ``sinfo``,
+  one entry per partition and group of nodes that sinfo would print on one line (src/sinfo/sinfo.c
+  ``_match_node_data``: nodes of one partition with equal state, GRES, GRES used... share an entry),
+  with ``nodes.nodes`` (the node names), ``gres.total`` (the configured GRES, same form as 22.05's
+  ``gres``), ``partition.name`` and ``node.state`` (``["IDLE", "DRAIN"]``). A node in several
+  partitions appears once per partition. Measured on 24.11.5 and 26.05.5.
+
+:func:`sinfo_nodes` gives both as the same :class:`SinfoNode` tuple, sorted by name, so that the same
+cluster reads the same on every release.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from slurm_gpushare.errors import SlurmError
+from slurm_gpushare.slurm.hostlist import expand_hostlist
+from slurm_gpushare.slurm.release import DATA_PARSER, Release, missing, of_meta
+
+SOURCE = "sinfo --json"
+
+
+@dataclass(frozen=True)
+class SinfoNode:
+    """One node as ``sinfo --json`` reports it, the same on every release.
+
+    Attributes:
+        name: Slurm node name.
+        gres: configured GRES in sinfo's ``%G`` form (``gpu:a100:8(S:0-1),shard:a100:640(S:0-1)``);
+            ``""`` when none (Slurm writes ``(null)`` on some releases: kept as written).
+        partitions: the partitions the node is in, in the order sinfo listed them.
+        state: the node state in lower case, flags joined by ``+`` (``idle``, ``idle+drain``,
+            ``mixed``): 22.05's ``state`` and ``state_flags``, or 23.02+'s ``node.state`` list.
+    """
+
+    name: str
+    gres: str
+    partitions: tuple[str, ...]
+    state: str
+
+
+def sinfo_nodes(text: str) -> tuple[SinfoNode, ...]:
+    """Every node of ``sinfo --json`` output (any supported release), sorted by name.
+
+    Raises:
+        SlurmError: not JSON, no ``meta`` version (:func:`~slurm_gpushare.slurm.release.of_meta`), or a
+            field the release's shape has that is not there (the error names the release and the field).
+    """
+    try:
+        doc = json.loads(text)
+    except ValueError as e:
+        raise SlurmError(f"{SOURCE} output is not JSON ({e})", source=SOURCE) from None
+    release = of_meta(doc, SOURCE)
+    nodes = _from_entries(doc, release) if release >= DATA_PARSER else _from_nodes(doc, release)
+    return tuple(nodes[n] for n in sorted(nodes))
+
+
+def _from_nodes(doc: Mapping, release: Release) -> dict[str, SinfoNode]:
+    """Slurm 22.05: ``{"nodes": [{"name", "gres", "partitions", "state", "state_flags"}]}``."""
+    raw_nodes = _list(doc, "nodes", release, "nodes")
+    out: dict[str, SinfoNode] = {}
+    for i, raw in enumerate(raw_nodes):
+        if not isinstance(raw, Mapping) or not isinstance(raw.get("name"), str):
+            raise missing(release, SOURCE, f"nodes[{i}].name")
+        state = _text(raw.get("state"), release, f"nodes[{i}].state")
+        flags = raw.get("state_flags") or []
+        if not isinstance(flags, list):
+            raise missing(release, SOURCE, f"nodes[{i}].state_flags (a list)")
+        parts = raw.get("partitions") or []
+        if not isinstance(parts, list):
+            raise missing(release, SOURCE, f"nodes[{i}].partitions (a list)")
+        out[raw["name"]] = SinfoNode(raw["name"], _text(raw.get("gres", ""), release, f"nodes[{i}].gres"),
+                                     tuple(str(p) for p in parts),
+                                     "+".join([state.lower(), *(str(f).lower() for f in flags)]))
+    return out
+
+
+def _from_entries(doc: Mapping, release: Release) -> dict[str, SinfoNode]:
+    """Slurm 23.02+: ``{"sinfo": [{"nodes": {"nodes": [...]}, "gres": {"total"}, "partition": {"name"},
+    "node": {"state": [...]}}]}``; a node's partitions are gathered from every entry naming it."""
+    entries = _list(doc, "sinfo", release, "sinfo")
+    gres: dict[str, str] = {}
+    state: dict[str, str] = {}
+    parts: dict[str, list[str]] = {}
+    for i, e in enumerate(entries):
+        where = f"sinfo[{i}]"
+        names = _get(e, ("nodes", "nodes"), release, where)
+        if not isinstance(names, list):
+            raise missing(release, SOURCE, f"{where}.nodes.nodes (a list)")
+        total = _text(_get(e, ("gres", "total"), release, where), release, f"{where}.gres.total")
+        flags = _get(e, ("node", "state"), release, where)
+        if not isinstance(flags, list) or not flags:
+            raise missing(release, SOURCE, f"{where}.node.state (a list of states)")
+        part = _text(_get(e, ("partition", "name"), release, where), release, f"{where}.partition.name")
+        for expr in names:
+            for name in expand_hostlist(str(expr)):
+                gres[name] = total
+                state[name] = "+".join(str(f).lower() for f in flags)
+                lst = parts.setdefault(name, [])
+                if part and part not in lst:
+                    lst.append(part)
+    return {n: SinfoNode(n, gres[n], tuple(parts[n]), state[n]) for n in gres}
+
+
+def _list(doc: Mapping, key: str, release: Release, field: str) -> list:
+    value = doc.get(key)
+    if not isinstance(value, list):
+        raise missing(release, SOURCE, f"top-level '{field}' list")
+    return value
+
+
+def _get(entry: object, path: tuple[str, ...], release: Release, where: str) -> object:
+    value = entry
+    for key in path:
+        if not isinstance(value, Mapping) or key not in value:
+            raise missing(release, SOURCE, f"{where}.{'.'.join(path)}")
+        value = value[key]
+    return value
+
+
+def _text(value: object, release: Release, field: str) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise missing(release, SOURCE, f"{field} (a string)")
+    return value
