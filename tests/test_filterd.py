@@ -86,6 +86,23 @@ def test_refusal_has_message_and_gres_errno(service):
     assert a["message"].startswith("gpushare: ") and "200G" in a["message"]
 
 
+@pytest.mark.parametrize("field, tres", [
+    ("tres_per_task", "gres/shard:2"), ("tres_per_task", "gres:mps:50"), ("tres_per_socket", "gres/shard:4"),
+    ("tres_per_task", "cpu=2,gres/gpushare:mem=10G"),
+])
+def test_a_share_per_task_or_socket_is_refused_not_passed_unpoliced(service, field, tres):
+    # sbatch --tres-per-task=gres/shard:2 (24.11+) reaches job_submit as tres_per_task: a share the per-node
+    # policy never sees would pass with no limit checked
+    a = ask(service, **{field: tres}, partition="gpu")
+    assert a["action"] == "reject" and a["errno"] == 2072
+    assert a["message"].startswith("gpushare: ") and "GPU shares per task or per socket are not supported" in a["message"]
+    assert "--gres=shard:N" in a["message"]
+    # per-task GPUs and CPUs are none of the policy's business; a share per node beside them is decided
+    assert ask(service, tres_per_task="cpu=2,gres/gpu:1")["action"] == "pass"
+    assert ask(service, tres_per_node="gres/gpushare:mem=10G", tres_per_task="cpu=2",
+               partition="pcie")["action"] == "rewrite"
+
+
 def test_non_share_jobs_pass_and_garbage_never_raises(service):
     assert ask(service, tres_per_node="gres:gpu:1")["action"] == "pass"
     for line in ["not json", "[1,2]", '{"op": "explode"}', json.dumps({"tres_per_node": 5}), "\xff\xfe"]:

@@ -94,6 +94,9 @@ def nodes_needed(min_nodes: object = None, num_tasks: object = None, ntasks_per_
 
 #: Every refusal of this module: id -> (message template, hint template). ``str.format`` fields.
 MESSAGES: dict[str, tuple[str, str]] = {
+    "per-task": ("'{item}': GPU shares per task or per socket are not supported",
+                 "ask for the share per node, --gres=shard:N or --gres=gpushare:mem=10G (with --ntasks-per-node "
+                 "for the tasks), not --tres-per-task or --gres-per-socket"),
     "per-job": ("'{item}' must be asked for per node with --gres",
                 "write --gres=gpushare:mem=10G (or --gres=shard:N), not --gpus or --tres-per-job"),
     "gpus-per-job": ("gpushare cannot be combined with --gpus ('{item}') in one job",
@@ -633,7 +636,8 @@ def _refusal(req: GpushareRequest, kinds: tuple[str, ...], pool: _Pool, policy: 
 
 
 def decide(tres_per_node: str | None, tres_per_job: str | None, *, partitions: tuple[str, ...] | None,
-           inventory: ClusterInventory, policy: SitePolicy, nodes: int = 1) -> Decision:
+           inventory: ClusterInventory, policy: SitePolicy, nodes: int = 1, tres_per_task: str | None = None,
+           tres_per_socket: str | None = None) -> Decision:
     """Decide what to do with one job's GRES request (job_submit / job_modify). Pure; never raises
     for a bad request.
 
@@ -648,12 +652,26 @@ def decide(tres_per_node: str | None, tres_per_job: str | None, *, partitions: t
             ntasks_per_node`` rounded up, whichever is more; see :func:`nodes_needed`): the granted
             GRES is per node (``tres_per_node``), so that many usable nodes of the partitions must
             each hold it. The audit records it as ``nodes`` when more than 1.
+        tres_per_task: ``job_desc.tres_per_task`` (``--tres-per-task=gres/shard:2``, 23.11+ clients;
+            ``cpu=2`` for ``--cpus-per-task``), or None.
+        tres_per_socket: ``job_desc.tres_per_socket`` (``--gres-per-socket``), or None. A share in
+            either is refused (``per-task``): the per-node policy cannot judge it, and passed it would
+            hold a share no limit was checked for. ``shard``/``mps`` there pass when
+            ``police_direct`` is off, like direct ones per node.
 
     Returns:
         ``pass`` for jobs without ``gpushare``/``shard``/``mps`` items (and direct ones when
         ``police_direct`` is off), untouched; ``rewrite`` with the new ``tres_per_node`` and the
         audit record; ``reject`` with a ``gpushare: ...`` message and ``ESLURM_INVALID_GRES``.
     """
+    for other in (tres_per_task, tres_per_socket):
+        share = [t for t in (other or "").split(",") if item_name(t) in SHARE_NAMES]
+        if share and (policy.police_direct or any(item_name(t) == "gpushare" for t in share)):
+            e = _error("per-task", item=unescape_knobs(share[0]) or share[0])
+            text = f"gpushare: {e.message}; {e.hint}"
+            audit = {"version": AUDIT_VERSION, "original": tres_per_node or "", "request": share[0],
+                     "action": "reject", "reason": text[len("gpushare: "):]}
+            return Decision("reject", tres_per_node, audit, text, ESLURM_INVALID_GRES)
     if not (mentions_share(tres_per_node) or mentions_share(tres_per_job)):
         return Decision("pass", tres_per_node)
     tres_per_node, tres_per_job = unescape_knobs(tres_per_node), unescape_knobs(tres_per_job)

@@ -167,15 +167,16 @@ class FilterService:
         self._memo_lock = threading.Lock()
 
     def _decide(self, inv: ClusterInventory, tpn: str | None, tpj: str | None, parts: tuple[str, ...] | None,
-                nodes: int = 1):
-        key = (tpn, tpj, parts, nodes)
+                nodes: int = 1, per_task: tuple[str | None, str | None] = (None, None)):
+        key = (tpn, tpj, parts, nodes, per_task)
         with self._memo_lock:
             if self._memo_inventory is not inv:
                 self._memo.clear()
                 self._memo_inventory = inv
             d = self._memo.get(key)
         if d is None:
-            d = decide(tpn, tpj, partitions=parts, inventory=inv, policy=self.policy, nodes=nodes)
+            d = decide(tpn, tpj, partitions=parts, inventory=inv, policy=self.policy, nodes=nodes,
+                       tres_per_task=per_task[0], tres_per_socket=per_task[1])
             with self._memo_lock:
                 if self._memo_inventory is inv:
                     if len(self._memo) >= self.MEMO_MAX:
@@ -218,7 +219,8 @@ class FilterService:
         op = req.get("op", "submit")
         if op not in ("submit", "modify", "cli"):
             raise InputError(f"unknown op {op!r}")
-        for key in ("tres_per_node", "tres_per_job", "partition", "admin_comment", "cli_request"):
+        for key in ("tres_per_node", "tres_per_job", "tres_per_task", "tres_per_socket", "partition",
+                    "admin_comment", "cli_request"):
             if not isinstance(req.get(key) or "", str):
                 raise InputError(f"{key} is not a string")
         inv = self.cache.current()
@@ -229,7 +231,8 @@ class FilterService:
                                 f"({self.cache.error or 'starting'}); try again in a minute")
         parts = tuple(p for p in (req.get("partition") or "").split(",") if p) or None
         nodes = nodes_needed(req.get("min_nodes"), req.get("num_tasks"), req.get("ntasks_per_node"))
-        d = self._decide(inv, tpn or None, tpj or None, parts, nodes)
+        per_task = (req.get("tres_per_task") or None, req.get("tres_per_socket") or None)
+        d = self._decide(inv, tpn or None, tpj or None, parts, nodes, per_task)
         if d.action == "pass":
             return {"v": PROTOCOL, "action": "pass"}
         if d.action == "reject":

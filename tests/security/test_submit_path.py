@@ -189,3 +189,21 @@ def test_twenty_thousand_connection_attempts_by_one_user_leave_anothers_decision
     for proc, want in during + after:
         assert tres(slurm, proc) == want
     print(f"alice: {report}; bob: {len(during)} gpushare jobs during the flood, {len(after)} after, all right")
+
+
+def test_a_share_asked_per_task_is_refused_not_passed_unpoliced(slurm, users):
+    """sbatch --tres-per-task=gres/shard:N (an option of 23.11+ clients) put a share in tres_per_task, which
+    the shim woke for but never sent to the service: the share passed with no limit checked. Where the
+    client has no such option (22.05) the request cannot be written at all."""
+    alice = USERS[0]
+    help_text = as_user(slurm.cluster, alice, ["sbatch", "--help"]).stdout
+    if "--tres-per-task" not in help_text:
+        pytest.skip("this Slurm's sbatch has no --tres-per-task (22.05): a share per task cannot be asked")
+    for option in ("--tres-per-task=gres/shard:2", "--tres-per-task=gres/shard:40"):
+        proc = sbatch(slurm.cluster, alice, "-p", "pcie", "-n", "2", option)
+        if proc.returncode == 0:
+            slurm.submitted.append(proc.stdout.strip().split(";")[0])
+        assert proc.returncode != 0, f"{option} was accepted: {proc.stdout}"
+        assert "GPU shares per task or per socket are not supported" in proc.stderr, proc.stderr
+    # the same share asked per node is decided as usual
+    assert tres(slurm, sbatch(slurm.cluster, alice, "-p", "pcie", "--gres=shard:2")) == "shard:2"

@@ -61,6 +61,7 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
   end
   local answer, why = client.ask({
     op = "submit", tres_per_node = tpn or "", tres_per_job = tpj or "",
+    tres_per_task = job_desc.tres_per_task or "", tres_per_socket = job_desc.tres_per_socket or "",
     partition = job_desc.partition or "", admin_comment = job_desc.admin_comment or "",
     min_nodes = num(job_desc.min_nodes), num_tasks = num(job_desc.num_tasks),
     ntasks_per_node = num(job_desc.ntasks_per_node), cli_request = cli_request,
@@ -72,7 +73,7 @@ end
 
 function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
   local tpn = job_desc.tres_per_node
-  if not client.mentions_share(tpn, job_desc.tres_per_job) then
+  if not client.mentions_share(tpn, job_desc.tres_per_job, job_desc.tres_per_task, job_desc.tres_per_socket) then
     -- the job's GRES change to something that is not a GPU share: its gpushare audit no longer holds
     local ac = job_rec.admin_comment
     if tpn and type(ac) == "string" and string.find(ac, "[gpushare:", 1, true) then
@@ -85,6 +86,7 @@ function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
   end
   local answer, why = client.ask({
     op = "modify", tres_per_node = tpn or "", tres_per_job = job_desc.tres_per_job or "",
+    tres_per_task = job_desc.tres_per_task or "", tres_per_socket = job_desc.tres_per_socket or "",
     partition = job_desc.partition or job_rec.partition or "", min_nodes = num(job_desc.min_nodes),
     admin_comment = job_rec.admin_comment or "", uid = modify_uid or -1,
     job_id = tostring(job_rec.job_id or ""),
