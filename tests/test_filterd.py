@@ -95,7 +95,8 @@ def test_a_share_per_task_or_socket_is_refused_not_passed_unpoliced(service, fie
     # policy never sees would pass with no limit checked
     a = ask(service, **{field: tres}, partition="gpu")
     assert a["action"] == "reject" and a["errno"] == 2072
-    assert a["message"].startswith("gpushare: ") and "GPU shares per task or per socket are not supported" in a["message"]
+    assert a["message"].startswith("gpushare: ")
+    assert "GPU shares per task or per socket are not supported" in a["message"]
     assert "--gres=shard:N" in a["message"]
     # per-task GPUs and CPUs are none of the policy's business; a share per node beside them is decided
     assert ask(service, tres_per_task="cpu=2,gres/gpu:1")["action"] == "pass"
