@@ -669,9 +669,9 @@ def decide(tres_per_node: str | None, tres_per_job: str | None, *, partitions: t
         if share and (policy.police_direct or any(item_name(t) == "gpushare" for t in share)):
             e = _error("per-task", item=unescape_knobs(share[0]) or share[0])
             text = f"gpushare: {e.message}; {e.hint}"
-            audit = {"version": AUDIT_VERSION, "original": tres_per_node or "", "request": share[0],
-                     "action": "reject", "reason": text[len("gpushare: "):]}
-            return Decision("reject", tres_per_node, audit, text, ESLURM_INVALID_GRES)
+            refused = {"version": AUDIT_VERSION, "original": tres_per_node or "", "request": share[0],
+                       "action": "reject", "reason": text[len("gpushare: "):]}
+            return Decision("reject", tres_per_node, refused, text, ESLURM_INVALID_GRES)
     if not (mentions_share(tres_per_node) or mentions_share(tres_per_job)):
         return Decision("pass", tres_per_node)
     tres_per_node, tres_per_job = unescape_knobs(tres_per_node), unescape_knobs(tres_per_job)
