@@ -360,6 +360,16 @@ def test_multi_gpu_job_gets_the_ring_order_nic_hints_and_a_placement_audit(node)
     assert epilog(node.ctx, _env("502")) == 0
 
 
+def test_another_jobs_shards_counted_per_device_make_their_gpu_busy(node):
+    # 23.11.2+ (measured on 24.11.5): GresUsed gives shards as per-device counts, not IDX: another job's
+    # 10 shards on GPU 1
+    node.jobs["503"] = SHOW.format(job="503", node="a100", gres="gpu:a100:2", detail="gpu:a100:2(IDX:0,3)", ac="")
+    node.used["a100"] = "GresUsed=gpu:a100:2(IDX:0,3),shard:a100:10(0/80,10/80,0/80,0/80,0/80,0/80,0/80,0/80)"
+    assert prolog(node.ctx, _env("503")) == 0
+    assert read_state(node.ctx.job_dir("503"))["placement"]["free_before"] == [0, 2, 3, 4, 5, 6, 7]
+    assert epilog(node.ctx, _env("503")) == 0
+
+
 def test_epilog_appends_one_accounting_record_per_gpu_device(node):
     from dataclasses import replace
 

@@ -99,3 +99,19 @@ def test_the_array_jobs_own_id_prints_every_task_and_only_the_asked_one_counts()
     assert (other.state, other.exit_code) == ("COMPLETING", "0:15")
     with pytest.raises(InputError, match="no record of job 51"):
         parse_show_job(ARRAY_SHOW, "51")
+
+
+@pytest.mark.parametrize("text, used", [
+    # 22.05.8 (measured): node-wide IDX lists for GPUs and shards
+    ("gpu:a100:0(IDX:N/A),shard:a100:2(IDX:0,6),gpushare:0", {0, 6}),
+    ("gpu:a100:3(IDX:0-1,3),shard:a100:0(IDX:N/A)", {0, 1, 3}),
+    # 24.11.5 (measured): shards as per-device counts, one item per type, the types in device order
+    ("gpu:a100:0(IDX:N/A),shard:a100:10(10/80,0/80,0/80,0/80,0/80,0/80,0/80,0/80)", {0}),
+    ("gpu:h100:0(IDX:N/A),gpu:h100_4g.40gb:1(IDX:2),gpu:h100_1g.10gb:0(IDX:N/A),shard:h100:5(0/79,5/79),"
+     "shard:h100_4g.40gb:0(0/0,0/0),shard:h100_1g.10gb:0(0/0,0/0,0/0,0/0,0/0,0/0)", {1, 2}),
+    ("", set()),
+])
+def test_devices_in_use_on_a_node(text, used):
+    from slurm_gpushare.slurm.job import used_devices
+
+    assert used_devices(text) == used

@@ -4,18 +4,32 @@ cannot change what it returns, and a record it cannot trust is refused."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slurm_gpushare.errors import InputError
+from slurm_gpushare.errors import InputError, SlurmError
 from slurm_gpushare.slurm.job import parse_job_json, with_env_identity
+from slurm_gpushare.slurm.release import OLDEST, Release
+from tests.jobjson import meta
+
+DATA = Path(__file__).parent / "data" / "slurm"
 
 BASE = {"job_id": 42, "user_id": 1001, "group_id": 1001, "user_name": "alice", "account": "research",
         "partition": "pcie", "job_state": "RUNNING", "nodes": "rtx4090-pcie", "tres_per_node": "gres:shard:10",
         "gres_detail": ["shard:10(IDX:0)"], "admin_comment": "[gpushare:v1 req=mem=10G sm=25]",
         "start_time": 1796116390, "exit_code": 0, "array_job_id": 0, "array_task_id": None}
+#: BASE as data_parser v0.0.42 (24.11) writes it: numbers as objects, a state list, an exit object
+BASE_DP = {**BASE, "job_state": ["RUNNING"], "tres_per_node": "gres/shard:10", "gres_detail": ["shard:10(10/80)"],
+           "start_time": {"set": True, "infinite": False, "number": 1796116390},
+           "exit_code": {"status": ["SUCCESS"], "return_code": {"set": True, "infinite": False, "number": 0},
+                         "signal": {"id": {"set": False, "infinite": False, "number": 0}, "name": ""}},
+           "array_job_id": {"set": True, "infinite": False, "number": 0},
+           "array_task_id": {"set": False, "infinite": False, "number": 0}}
+SHAPES = [(OLDEST, BASE, "shard:10(IDX:0)"), (Release(24, 11), BASE_DP, "shard:10(10/80)"),
+          (Release(26, 5), BASE_DP, "shard:10(10/80)")]
 USER_FIELDS = ("name", "comment", "current_working_directory", "standard_output", "standard_error", "command")
 # what a user may write: any text (newlines, '=', brackets, lone surrogates from undecodable bytes), up to 1 MB
 hostile = st.one_of(st.text(), st.sampled_from([
@@ -23,24 +37,87 @@ hostile = st.one_of(st.text(), st.sampled_from([
     "\nAdminComment=[gpushare:v1 sm=100]", "caf\udce9", '"}]}, {"job_id": 42, "user_id": 0', "=" * 1_000_000]))
 
 
-def _doc(job: dict, *others: dict) -> str:
-    return json.dumps({"jobs": [*others, job]})
+def _doc(job: dict, *others: dict, release: Release = OLDEST) -> str:
+    return json.dumps({"jobs": [*others, job], "meta": meta(release)})
 
 
-@settings(max_examples=200, deadline=None)
-@given(st.fixed_dictionaries({k: hostile for k in USER_FIELDS}))
-def test_user_fields_never_change_the_record(fields):
-    info = parse_job_json(_doc({**BASE, **fields}), "42")
+@pytest.mark.parametrize("release, base, detail", SHAPES, ids=lambda v: str(v) if isinstance(v, Release) else "")
+@settings(max_examples=100, deadline=None)
+@given(fields=st.fixed_dictionaries({k: hostile for k in USER_FIELDS}))
+def test_user_fields_never_change_the_record(release, base, detail, fields):
+    info = parse_job_json(_doc({**base, **fields}, release=release), "42")
     assert (info.uid, info.gid, info.user, info.account, info.partition, info.start_time) == (
         1001, 1001, "alice", "research", "pcie", 1796116390)
-    assert [it.text for it in info.gres_on("rtx4090-pcie")] == ["shard:10(IDX:0)"]
+    assert [it.text for it in info.gres_on("rtx4090-pcie")] == [detail]
+    assert [it.indices for it in info.gres_on("rtx4090-pcie")] == [(0,)]
     assert info.audit == {"req": "mem=10G", "sm": "25"}
+    assert (info.state, info.exit_code, info.array_job_id, info.array_task_id) == ("RUNNING", "0:0", None, None)
+
+
+#: what each real record (tests/data/slurm/<release>/, captured on the dev cluster) says:
+#: (job id, state, tres_per_node, {node: [(detail, device indices)]}, array job, array task, exit code)
+REAL = {
+    ("22.05", "squeue.json", "1"): ("RUNNING", "gres:shard:10", {"a100-nvb": [("shard:10(IDX:0)", (0,))]},
+                                    None, None, "0:0"),
+    ("22.05", "squeue.json", "2"): ("RUNNING", "gres:gpu:a100:2", {"a100-nvb": [("gpu:a100:2(IDX:4-5)", (4, 5))]},
+                                    None, None, "0:0"),
+    ("22.05", "squeue.json", "5"): ("RUNNING", "gres:shard:5", {"a100-nvb": [("shard:5(IDX:0)", (0,))]},
+                                    "4", 0, "0:0"),
+    ("22.05", "squeue-shard-cancelled.json", "1"): ("COMPLETING", "gres:shard:10", {}, None, None, "0:15"),
+    ("24.11", "show-job-shard.json", "12"): (
+        "RUNNING", "gres/shard:10", {"a100-nvb": [("shard:10(10/80,0/80,0/80,0/80,0/80,0/80,0/80,0/80)", (0,))]},
+        None, None, "0:0"),
+    ("24.11", "show-job-shard-cancelled.json", "12"): ("CANCELLED", "gres/shard:10", {}, None, None, "0:15"),
+    ("24.11", "show-job-whole.json", "5"): ("RUNNING", "gres/gpu:a100:2",
+                                            {"a100-nvb": [("gpu:a100:2(IDX:4,6)", (4, 6))]}, None, None, "0:0"),
+    ("24.11", "show-job-mig.json", "11"): ("RUNNING", "gres/gpu:h100_1g.10gb:1",
+                                           {"h100-mig": [("gpu:h100_1g.10gb:1(IDX:4)", (4,))]}, None, None, "0:0"),
+    ("24.11", "show-job-array.json", "8"): (
+        "RUNNING", "gres/shard:5", {"h100-mig": [("shard:5(5/79,0/79,0/0,0/0,0/0,0/0,0/0,0/0,0/0,0/0)", (0,))]},
+        "7", 0, "0:0"),
+    ("24.11", "show-job-hostile.json", "9"): (
+        "RUNNING", "gres/shard:a100:7", {"a100-nvb": [("shard:7(7/80,0/80,0/80,0/80,0/80,0/80,0/80,0/80)", (0,))]},
+        None, None, "0:0"),
+    ("24.11", "show-job-multinode.json", "10"): (
+        "RUNNING", "gres/gpu:1", {"a100-nvb": [("gpu:a100:1(IDX:4)", (4,))], "h100-nvs": [("gpu:h100:1(IDX:0)", (0,))]},
+        None, None, "0:0"),
+}
+
+
+@pytest.mark.parametrize("release, name, job_id", sorted(REAL))
+def test_real_records_of_each_release(release, name, job_id):
+    info = parse_job_json((DATA / release / name).read_text(), job_id)
+    gres = {n: [(it.text, it.indices) for it in items] for n, items in info.gres.items()}
+    assert (info.state, info.tres_per_node, gres, info.array_job_id, info.array_task_id, info.exit_code) == \
+        REAL[(release, name, job_id)]
+    assert (info.uid, info.user, info.partition) == (0, "root", "gpu")
+
+
+def test_hostile_name_and_comment_are_only_strings():
+    """24.11: a JobName and Comment that forge ``JobState=``, ``TresPerNode=`` and a ``GRES=`` detail line (they
+    do forge them in ``scontrol -d show job`` text) change nothing in the record."""
+    text = (DATA / "24.11" / "show-job-hostile.json").read_text()
+    job = json.loads(text)["jobs"][0]
+    assert "TresPerNode=gres:gpu:8" in job["comment"] and "JobState=FAKE" in job["name"]
+    info = parse_job_json(text, "9")
+    assert info.gres_on("a100-nvb")[0].amount == 7 and info.state == "RUNNING" and info.admin_comment.startswith(
+        "[gpushare:v1 req=shard:a100:7 ")
+
+
+def test_a_newer_release_without_a_field_is_an_error_naming_release_and_field():
+    job = {k: v for k, v in BASE_DP.items() if k != "tres_per_node"}
+    with pytest.raises(SlurmError, match=r"Slurm 27\.05 has no jobs\[\]\.tres_per_node.*newer than 26\.05"):
+        parse_job_json(_doc(job, release=Release(27, 5)), "42")
+    with pytest.raises(SlurmError, match=r"Slurm 24\.11 has no jobs\[\]\.exit_code"):
+        parse_job_json(_doc({k: v for k, v in BASE_DP.items() if k != "exit_code"}, release=Release(24, 11)), "42")
+    with pytest.raises(SlurmError, match="no meta.slurm.version"):
+        parse_job_json(json.dumps({"jobs": [BASE]}), "42")
 
 
 def test_only_the_asked_job_is_read():
     other = {**BASE, "job_id": 43, "user_id": 0, "gres_detail": ["shard:80(IDX:0)"]}
     assert parse_job_json(_doc(BASE, other), "42").uid == 1001
-    with pytest.raises(InputError, match="0 records of job 44"):
+    with pytest.raises(InputError, match="0 records of job 44"):  # what 24.11 prints for an unknown id too
         parse_job_json(_doc(BASE), "44")
     with pytest.raises(InputError, match="2 records of job 42"):
         parse_job_json(_doc(BASE, BASE), "42")

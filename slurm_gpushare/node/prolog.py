@@ -168,14 +168,15 @@ def _client_priority(daemon: MpsDaemon, plan: JobPlan) -> None:
 
 def _free_before(ctx: HookContext, gres: NodeGres, plan: JobPlan) -> tuple[int, ...]:
     """NVML indices of the node's whole GPUs that were free when Slurm chose this job's: not in use
-    by another job's GPUs or shards (``scontrol -d show node``: ``GresUsed=...(IDX:..)``)."""
-    from slurm_gpushare.slurm.job import parse_gres_detail
+    by another job's GPUs or shards (``scontrol -d show node``: ``GresUsed=``, read by
+    :func:`~slurm_gpushare.slurm.job.used_devices`)."""
+    from slurm_gpushare.slurm.job import used_devices
 
     devices = [r for r in gres.records if r.name == "gpu"]
     text = ctx.show_node(ctx.node)
     used_text = next((kv.split("=", 1)[1] for line in text.splitlines() for kv in line.split()
                       if kv.startswith("GresUsed=")), "")
-    used = {i for a in parse_gres_detail(used_text) if a.name in ("gpu", "shard") for i in a.indices}
+    used = used_devices(used_text)
     busy = {devices[i].gpu_index for i in used if i < len(devices)} - set(plan.gpu_indices)
     return tuple(r.gpu_index for r in devices
                  if r.gpu_index is not None and r.mig_gi is None and r.gpu_index not in busy)

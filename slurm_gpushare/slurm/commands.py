@@ -14,6 +14,7 @@ import subprocess
 
 from slurm_gpushare.errors import SlurmError
 from slurm_gpushare.retry import retry
+from slurm_gpushare.slurm.release import SCONTROL_JSON, Release, local_release
 
 TIMEOUT_S = 30.0
 #: Timeout of the node monitor's calls (listpids, AdminComment): it samples every few seconds.
@@ -56,22 +57,29 @@ def show_job(job_id: str | int, **kw) -> str:
     return run(["scontrol", "-d", "show", "job", str(job_id)], **kw)
 
 
-def job_record(job_id: str | int, **kw) -> str:
-    """The job's record as structured text that no user-written field can steer: the seam where a release's
-    per-job JSON goes.
+def job_record(job_id: str | int, *, release: Release | None = None, **kw) -> str:
+    """The job's record as structured text that no user-written field can steer, for
+    :func:`slurm_gpushare.slurm.job.parse_job_json` (which reads it in the shape its ``meta`` names).
 
-    On Slurm 22.05 this is ``squeue --json`` (squeue(1); openapi/v0.0.38): ``scontrol`` has no ``--json`` and
-    ``squeue --json`` ignores ``-j`` (measured on 22.05.8), so the whole job table comes back and
-    :func:`slurm_gpushare.slurm.job.parse_job_json` picks the job. Text output cannot serve: ``scontrol -d show
-    job`` embeds JobName, Comment, WorkDir, StdOut verbatim (newlines included), and ``squeue -O`` has no
-    AdminComment field on 22.05 (``Invalid job format specification: AdminComment``, measured). On 24.11+
-    ``scontrol show job ID --json`` (issue #13) replaces the body of this function.
+    * Slurm 23.02 and later: ``scontrol show job ID --json`` (scontrol(1); ``--json`` first in
+      src/scontrol/scontrol.c at slurm-23-02-0-1): the job alone, or every task for an array's own id (the
+      parser picks ``job_id``). An unknown id prints an empty ``jobs`` list and exits 0 (measured on 24.11.5).
+    * Slurm 22.05: ``squeue --json`` (squeue(1); openapi/v0.0.38): ``scontrol`` has no ``--json`` and
+      ``squeue --json`` ignores ``-j`` (measured on 22.05.8), so the whole job table comes back.
+
+    Text output cannot serve: ``scontrol -d show job`` embeds JobName, Comment, WorkDir, StdOut verbatim
+    (newlines included), and ``squeue -O`` has no AdminComment field on 22.05 (``Invalid job format
+    specification: AdminComment``, measured).
+
+    Args:
+        release: the Slurm release of the clients (default: :func:`~slurm_gpushare.slurm.release.local_release`).
 
     Raises:
-        SlurmError: squeue failed.
+        SlurmError: the command failed, or ``sinfo -V`` did not give the release.
     """
-    del job_id  # 22.05: the table holds every job; the caller filters
-    return run(["squeue", "--json"], **kw)
+    if (release or local_release()) >= SCONTROL_JSON:
+        return run(["scontrol", "show", "job", str(job_id), "--json"], **kw)
+    return run(["squeue", "--json"], **kw)  # 22.05: the table holds every job; the parser picks the job
 
 
 def cancel_job(job_id: str | int, **kw) -> None:

@@ -13,7 +13,12 @@ sees (``job_desc.tres_per_node``), the ``TresPerNode=`` and per-node ``GRES=`` d
   ``mem=10G``: the gpushare knobs travel in the type field).
 * an optional detail in parentheses at the end: device indices ``(IDX:0,2-3)``, ``(IDX:N/A)`` when
   Slurm has none (``mps:a100:0(IDX:N/A)``), a socket binding ``(S:0-1)``, per-device shard use
-  ``(2/80,0/80)``. Commas inside the parentheses do not split the list.
+  ``(2/80,0/80)``. Commas inside the parentheses do not split the list. Shared GRES (``shard``, ``mps``)
+  carry their devices as ``IDX:`` on Slurm 22.05 and as per-device ``allocated/available`` counts from
+  Slurm 23.11.2 on (``shard:10(10/80,0/80)``: the job's ``GRES=`` detail, ``_build_shared_gres_details``
+  in src/slurmctld/gres_ctld.c at slurm-23-11-2-1; ``GresUsed=`` of a node, ``_node_gres_used`` in
+  src/interfaces/gres.c at slurm-24-11-5-1; measured on 24.11.5 and 26.05.5): :attr:`GresItem.shares`
+  reads the counts, :attr:`GresItem.indices` the devices of either form.
 * slurm.conf only (``units=True``; slurm.conf(5) "Gres"): a ``no_consume`` field before the count
   and a ``K``/``M``/``G``/``T``/``P`` count suffix (powers of 1024).
 
@@ -131,13 +136,37 @@ class GresItem:
         return (self.name, self.type)
 
     @property
-    def indices(self) -> tuple[int, ...]:
-        """slurmd device indices of an ``IDX:`` detail (``IDX:0,2-3`` -> ``(0, 2, 3)``); ``()`` for
-        ``IDX:N/A`` and for any other detail.
+    def shares(self) -> tuple[tuple[int, int], ...]:
+        """The per-device ``(allocated, available)`` counts of a shared GRES detail (Slurm 23.11.2 and
+        later: ``shard:10(10/80,0/80)`` -> ``((10, 80), (0, 80))``, one pair per device in slurmd's
+        order); ``()`` for any other detail.
 
         Raises:
-            GresSyntaxError: an ``IDX:`` list that is not ids and ``a-b`` ranges.
+            GresSyntaxError: a detail with ``/`` that is not a comma list of ``N/M``.
         """
+        if "/" not in self.detail or self.detail.startswith("IDX:"):
+            return ()
+        pairs = []
+        for part in self.detail.split(","):
+            alloc, sep, avail = part.partition("/")
+            if not (sep and _COUNT.fullmatch(alloc) and _COUNT.fullmatch(avail)):
+                raise GresSyntaxError(f"bad per-device count {part!r} in {self.text!r}: expected "
+                                      "allocated/available, e.g. 10/80", item=self.text)
+            pairs.append((int(alloc), int(avail)))
+        return tuple(pairs)
+
+    @property
+    def indices(self) -> tuple[int, ...]:
+        """slurmd device indices of an ``IDX:`` detail (``IDX:0,2-3`` -> ``(0, 2, 3)``), or of the
+        devices with an allocated count in a shared detail (``10/80,0/80,5/80`` -> ``(0, 2)``: positions in
+        the detail's device list); ``()`` for ``IDX:N/A`` and for any other detail.
+
+        Raises:
+            GresSyntaxError: an ``IDX:`` list that is not ids and ``a-b`` ranges, or a shared detail
+                that is not ``N/M`` pairs.
+        """
+        if self.shares:
+            return tuple(i for i, (alloc, _avail) in enumerate(self.shares) if alloc > 0)
         if not self.detail.startswith("IDX:") or self.detail == "IDX:N/A":
             return ()
         try:

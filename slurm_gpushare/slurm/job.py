@@ -1,17 +1,20 @@
 """What slurmctld says about a job, as plain data.
 
 The node hooks read it with :func:`parse_job_json` from structured output (``squeue --json`` on 22.05,
-:func:`slurm_gpushare.slurm.commands.job_record`), where a user-written field (JobName, Comment, WorkDir,
-StdOut, ...) is a JSON string and cannot add or change another field; identity (uid, gid, user) comes from
+``scontrol show job ID --json`` from 23.02 on: :func:`slurm_gpushare.slurm.commands.job_record`), where a
+user-written field (JobName, Comment, WorkDir, StdOut, ...) is a JSON string and cannot add or change another
+field; identity (uid, gid, user) comes from
 slurmd's Prolog/Epilog environment (:func:`with_env_identity`). :func:`parse_show_job` reads the text of
 ``scontrol -d show job`` for tests and display only: that text embeds user fields verbatim, newlines
 included, so a ``--comment`` can forge any line of it (issue #12). The parts used:
 
 * ``UserId=alice(1000) GroupId=alice(1000)``, ``JobState=``, ``Partition=``, ``NodeList=``;
-* ``TresPerNode=gres:shard:10`` (what the job holds after the job_submit rewrite);
+* ``TresPerNode=gres:shard:10`` (22.05; ``gres/shard:10`` from 23.11: what the job holds after the
+  job_submit rewrite);
 * ``AdminComment=...`` with the gpushare segment (:mod:`slurm_gpushare.slurm.admincomment`);
 * the detail lines of ``-d``: ``Nodes=a100-nvb CPU_IDs=0 Mem=100 GRES=shard:10(IDX:0)``: which
-  devices of which node the job got (IDX = slurmd's device index on that node).
+  devices of which node the job got (IDX = slurmd's device index on that node; shards from 23.11.2:
+  ``GRES=shard:10(10/80,0/80)``, the job's count on each device).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from slurm_gpushare.errors import InputError
 from slurm_gpushare.slurm.admincomment import extract
 from slurm_gpushare.slurm.gres import GresItem, parse
 from slurm_gpushare.slurm.hostlist import expand_hostlist
+from slurm_gpushare.slurm.release import DATA_PARSER, SCONTROL_JSON, Release, missing, of_meta
 
 _FREE_TEXT = ("AdminComment=", "Comment=", "Command=", "Reason=")
 
@@ -78,6 +82,33 @@ def parse_gres_detail(text: str) -> tuple[GresItem, ...]:
         raise InputError(f"cannot read the job's GRES detail {text!r}: {e.message}",
                          source="scontrol -d show job") from None
     return items
+
+
+def used_devices(text: str, names: tuple[str, ...] = ("gpu", "shard")) -> set[int]:
+    """slurmd device indices in use on a node, from ``GresUsed=`` of ``scontrol -d show node``, counting the
+    GRES ``names``.
+
+    ``gpu`` items give ``IDX:`` lists of node-wide indices. Shared GRES give ``IDX:`` on 22.05 and, from
+    23.11.2, per-device ``allocated/available`` counts in one item per type, the types in device order
+    (``shard:h100:10(0/79,10/79),shard:h100_4g.40gb:0(0/0,0/0)``: ``_node_gres_used`` in
+    src/interfaces/gres.c at slurm-24-11-5-1, measured on 24.11.5 and 26.05.5): a device's index is its
+    position after the devices of the earlier items of that name (here: 1).
+
+    Raises:
+        InputError: unreadable ``GresUsed=`` text.
+    """
+    used: set[int] = set()
+    offset: dict[str, int] = {}
+    for it in parse_gres_detail(text) if text else ():
+        if it.name not in names:
+            continue
+        if it.shares:
+            base = offset.get(it.name, 0)
+            used.update(base + i for i in it.indices)
+            offset[it.name] = base + len(it.shares)
+        else:
+            used.update(it.indices)
+    return used
 
 
 def _records(text: str) -> list[list[str]]:
@@ -151,74 +182,141 @@ _NAME = re.compile(r"[A-Za-z0-9_.@+-]{0,128}")
 _STATE = re.compile(r"[A-Z_]{1,40}")
 
 
-def _field(job: Mapping, key: str, kind: type, job_id: str):
-    value = job.get(key)
-    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
-        raise InputError(f"job {job_id}: {key} is {value!r}, not an integer", source="squeue --json")
-    if kind is str and not isinstance(value, str):
-        raise InputError(f"job {job_id}: {key} is {value!r}, not a string", source="squeue --json")
-    return value
+class _Reader:
+    """Typed access to one job entry of a ``--json`` document written by ``release``: a field that is not
+    there is :func:`~slurm_gpushare.slurm.release.missing` (naming the release and the field), one of the
+    wrong type an :class:`InputError`."""
+
+    def __init__(self, job: Mapping, job_id: str, release: Release, source: str):
+        self.job, self.job_id, self.release, self.source = job, job_id, release, source
+
+    def raw(self, key: str):
+        if key not in self.job:
+            raise missing(self.release, self.source, f"jobs[].{key}")
+        return self.job[key]
+
+    def bad(self, key: str, value, what: str) -> InputError:
+        return InputError(f"job {self.job_id}: {key} is {value!r}, not {what}", source=self.source)
+
+    def integer(self, key: str) -> int:
+        value = self.raw(key)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.bad(key, value, "an integer")
+        return value
+
+    def string(self, key: str) -> str:
+        value = self.raw(key)
+        if not isinstance(value, str):
+            raise self.bad(key, value, "a string")
+        return value
+
+    def name(self, key: str) -> str:
+        value = self.string(key)
+        if not _NAME.fullmatch(value):
+            raise InputError(f"job {self.job_id}: {key} {value!r} is not a Slurm name", source=self.source)
+        return value
+
+    def number(self, key: str, value=None) -> int | None:
+        """A data_parser number, ``{"set": true, "infinite": false, "number": 7}`` -> 7; unset or infinite
+        -> None (a plain integer is read as itself)."""
+        value = self.raw(key) if value is None else value
+        if isinstance(value, Mapping):
+            flags = (value.get("set"), value.get("infinite"), value.get("number"))
+            if not all(isinstance(v, bool) for v in flags[:2]) or isinstance(flags[2], bool) or \
+                    not isinstance(flags[2], int):
+                raise self.bad(key, value, 'a {"set", "infinite", "number"} object')
+            return flags[2] if flags[0] and not flags[1] else None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.bad(key, value, "a number")
+        return value
 
 
-def _name(job: Mapping, key: str, job_id: str) -> str:
-    value = _field(job, key, str, job_id)
-    if not _NAME.fullmatch(value):
-        raise InputError(f"job {job_id}: {key} {value!r} is not a Slurm name", source="squeue --json")
-    return value
-
-
-def parse_job_json(text: str, job_id: str | int) -> JobInfo:
-    """The record of ``job_id`` in ``squeue --json`` output (Slurm 22.05, openapi/v0.0.38: ``{"jobs": [...]}``).
+def parse_job_json(text: str, job_id: str | int, *, source: str | None = None) -> JobInfo:
+    """The record of ``job_id`` in the ``--json`` job list of Slurm (:func:`~slurm_gpushare.slurm.commands.job_record`:
+    ``squeue --json`` on 22.05, ``scontrol show job ID --json`` from 23.02 on), in the shape of the release that
+    wrote it (its ``meta`` block, :func:`~slurm_gpushare.slurm.release.of_meta`).
 
     Fields read (all written by slurmctld, none by the job's user): ``job_id``, ``user_id``, ``group_id``,
     ``user_name``, ``account``, ``partition``, ``job_state``, ``nodes`` (host list), ``tres_per_node`` (the GRES
     after the job_submit rewrite), ``gres_detail`` (one ``shard:10(IDX:0)`` string per node of ``nodes``, in
-    host-list order), ``admin_comment`` (SlurmUser and admins only), ``start_time`` (epoch s, 0 = not started),
-    ``exit_code`` (wait status), ``array_job_id`` (0 = none), ``array_task_id``. Free-text fields are never read.
+    host-list order), ``admin_comment`` (SlurmUser and admins only), ``start_time`` (epoch s), ``exit_code``,
+    ``array_job_id``, ``array_task_id``. Free-text fields are never read. The shapes:
+
+    * 22.05 (openapi/v0.0.38, ``meta.Slurm.version``): plain numbers (``start_time`` 0 and ``array_job_id``
+      0 = none), ``job_state`` a string, ``exit_code`` the wait status (``(code << 8) | signal``).
+    * 23.02 and later (data_parser; v0.0.42 on 24.11, v0.0.45 on 26.05, measured): ``start_time``,
+      ``array_job_id`` and ``array_task_id`` are ``{"set", "infinite", "number"}`` objects, ``job_state`` a
+      list (the base state, then flags: ``["CANCELLED", "COMPLETING"]``), ``exit_code`` an object
+      (``return_code`` and ``signal.id`` numbers); TRES written ``gres/shard:10`` (23.11+), shared GRES detail
+      ``shard:10(10/80,0/80)`` (23.11.2+, :attr:`~slurm_gpushare.slurm.gres.GresItem.shares`).
+
+    A release newer than :data:`~slurm_gpushare.slurm.release.NEWEST` is read in the newest shape.
+
+    Args:
+        source: the command that printed ``text``, for messages (default: the one of its release).
 
     Raises:
         InputError: not JSON, no record of ``job_id``, a field of the wrong type, a name with characters Slurm
             names do not have, or unreadable GRES detail: the record cannot be trusted (the job's fault, not
             the node's).
+        SlurmError: no ``meta`` version, or a field the release's shape should have is not there
+            (:func:`~slurm_gpushare.slurm.release.missing`: names the release and the field).
     """
     want = str(job_id)
     try:
         doc = json.loads(text)
     except ValueError as e:
-        raise InputError(f"squeue --json is not JSON: {e}", source="squeue --json") from None
-    jobs = doc.get("jobs") if isinstance(doc, dict) else None
+        raise InputError(f"{source or 'the job record'} is not JSON: {e}", source=source) from None
+    release = of_meta(doc, source or "the job record")
+    source = source or ("squeue --json" if release < SCONTROL_JSON else "scontrol show job --json")
+    jobs = doc.get("jobs")
     if not isinstance(jobs, list):
-        raise InputError("squeue --json has no job list", source="squeue --json")
+        raise missing(release, source, "jobs")
     mine = [j for j in jobs if isinstance(j, dict) and str(j.get("job_id")) == want]
     if len(mine) != 1:
-        raise InputError(f"squeue --json has {len(mine)} records of job {want}", source="squeue --json")
-    job = mine[0]
-    node_list = _field(job, "nodes", str, want)
+        raise InputError(f"{source} has {len(mine)} records of job {want}", source=source)
+    r = _Reader(mine[0], want, release, source)
+    node_list = r.string("nodes")
     nodes = tuple(expand_hostlist(node_list)) if node_list else ()
-    detail = job.get("gres_detail") or []
+    detail = r.raw("gres_detail") or []
     if not isinstance(detail, list) or not all(isinstance(d, str) for d in detail) or len(detail) > len(nodes):
-        raise InputError(f"job {want}: gres_detail {detail!r} does not match nodes {node_list!r}",
-                         source="squeue --json")
+        raise InputError(f"job {want}: gres_detail {detail!r} does not match nodes {node_list!r}", source=source)
     gres = {node: parse_gres_detail(d) for node, d in zip(nodes, detail, strict=False) if d}
-    state = _field(job, "job_state", str, want)
-    if not _STATE.fullmatch(state):
-        raise InputError(f"job {want}: job_state {state!r}", source="squeue --json")
-    tres = _field(job, "tres_per_node", str, want)
+    tres = r.string("tres_per_node")
     if tres:
         parse(tres)  # Slurm's GRES grammar or InputError
-    admin = _field(job, "admin_comment", str, want)
-    start = _field(job, "start_time", int, want)
-    array_id = _field(job, "array_job_id", int, want)
-    task = job.get("array_task_id")
-    if task is not None and (isinstance(task, bool) or not isinstance(task, int)):
-        raise InputError(f"job {want}: array_task_id {task!r}", source="squeue --json")
-    status = _field(job, "exit_code", int, want)
-    return JobInfo(job_id=want, user=_name(job, "user_name", want), uid=_field(job, "user_id", int, want),
-                   gid=_field(job, "group_id", int, want), state=state, partition=_name(job, "partition", want),
-                   nodes=nodes, tres_per_node=tres, admin_comment=admin, gres=gres,
-                   account=_name(job, "account", want), start_time=start or None,
-                   array_job_id=str(array_id) if array_id else None, array_task_id=task,
-                   exit_code=f"{(status >> 8) & 0xFF}:{status & 0x7F}")
+    start: int | None
+    array_id: int | None
+    task: int | None
+    if release < DATA_PARSER:
+        state = r.string("job_state")
+        start, array_id = r.integer("start_time") or None, r.integer("array_job_id") or None
+        task = r.job.get("array_task_id")
+        if task is not None and (isinstance(task, bool) or not isinstance(task, int)):
+            raise r.bad("array_task_id", task, "an integer")
+        status = r.integer("exit_code")
+        exit_code = f"{(status >> 8) & 0xFF}:{status & 0x7F}"
+    else:
+        states = r.raw("job_state")
+        states = [states] if isinstance(states, str) else states
+        if not isinstance(states, list) or not states or not all(isinstance(x, str) for x in states):
+            raise r.bad("job_state", states, "a list of states")
+        state = states[0]
+        start, array_id, task = r.number("start_time") or None, r.number("array_job_id") or None, \
+            r.number("array_task_id")
+        code = r.raw("exit_code")
+        if not isinstance(code, Mapping):
+            raise r.bad("exit_code", code, "an object")
+        if "return_code" not in code or not isinstance(code.get("signal"), Mapping) or "id" not in code["signal"]:
+            raise missing(release, source, "jobs[].exit_code.return_code/signal.id")
+        rc, sig = r.number("exit_code", code["return_code"]), r.number("exit_code", code["signal"]["id"])
+        exit_code = f"{rc or 0}:{sig or 0}"
+    if not _STATE.fullmatch(state):
+        raise InputError(f"job {want}: job_state {state!r}", source=source)
+    return JobInfo(job_id=want, user=r.name("user_name"), uid=r.integer("user_id"), gid=r.integer("group_id"),
+                   state=state, partition=r.name("partition"), nodes=nodes, tres_per_node=tres,
+                   admin_comment=r.string("admin_comment"), gres=gres, account=r.name("account"), start_time=start,
+                   array_job_id=str(array_id) if array_id else None, array_task_id=task, exit_code=exit_code)
 
 
 def with_env_identity(info: JobInfo, env: Mapping[str, str]) -> JobInfo:

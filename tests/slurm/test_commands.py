@@ -48,3 +48,19 @@ def test_update_commands_name_the_job_and_the_node(monkeypatch):
     commands.drain_node("a100", "gpushare: MPS stuck")
     assert calls == [(["scontrol", "update", "jobid=17", "AdminComment=gpushare:mem=10G"], {"timeout": 10.0}),
                      (["scontrol", "update", "nodename=a100", "state=drain", "reason=gpushare: MPS stuck"], {})]
+
+
+@pytest.mark.parametrize("release, argv", [
+    ("22.05", ["squeue", "--json"]),  # no scontrol --json before 23.02; squeue --json ignores -j
+    ("24.11", ["scontrol", "show", "job", "42", "--json"]),
+    ("26.05", ["scontrol", "show", "job", "42", "--json"]),
+])
+def test_the_job_record_comes_from_the_structured_command_of_the_release(monkeypatch, release, argv):
+    from slurm_gpushare.slurm.release import Release
+
+    calls = []
+    monkeypatch.setattr(commands, "run", lambda a, **kw: calls.append(a) or "{}")
+    commands.job_record("42", release=Release.parse(release))
+    monkeypatch.setattr(commands, "local_release", lambda: Release.parse(release))
+    commands.job_record("42")
+    assert calls == [argv, argv]

@@ -44,7 +44,7 @@ def test_node_gres_with_socket_binding():
 def test_commas_inside_parentheses_do_not_split():
     text = "gpu:a100:2(IDX:0,2),shard:10(2/80,0/80)"
     items = parse(text)
-    assert items[0].indices == (0, 2) and items[1].detail == "2/80,0/80" and items[1].indices == ()
+    assert items[0].indices == (0, 2) and items[1].detail == "2/80,0/80" and items[1].indices == (0,)
     assert render(items) == text
 
 
@@ -170,3 +170,15 @@ def test_any_text_reads_back_or_is_refused(text):
         return
     again = parse(render(items))
     assert again == items
+
+
+def test_shared_gres_detail_gives_counts_and_devices():
+    # 23.11.2+: the job's GRES= detail and a node's GresUsed= give shards as allocated/available per device
+    # (measured on 24.11.5: shard:10(10/80,0/80,...) for a job holding 10 shards of device 0)
+    (it,) = parse("shard:10(10/80,0/80,0/80,5/80)")
+    assert it.shares == ((10, 80), (0, 80), (0, 80), (5, 80)) and it.indices == (0, 3)
+    assert parse_item("shard:h100_4g.40gb:0(0/0,0/0)").indices == ()
+    assert parse_item("shard:10(IDX:0)").shares == () and parse_item("shard:10(IDX:0)").indices == (0,)
+    assert parse_item("gpu:tesla:2(S:0-1)").shares == ()
+    with pytest.raises(GresSyntaxError, match="allocated/available"):
+        parse_item("shard:1(1/80,x/80)").indices  # noqa: B018
