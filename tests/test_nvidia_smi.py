@@ -40,6 +40,8 @@ EXPECTED = {
     RTX4090: (8, ["NIC0", "NIC1"], (2, 56, 2)),
     DGX_H100: (8, [], (2, 48, 2)),
     DGX1: (8, ["mlx5_0"], (2, 12, 2)),
+    # NPS4: the text shows 8 NUMA nodes of 16 cores, not the 2 sockets of 64 behind them
+    "dgx-a100-8gpu-nv12-nps4-12nic-tabs.txt": (8, [f"mlx5_{i}" for i in range(12)], (8, 16, 2)),
 }
 
 
