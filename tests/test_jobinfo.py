@@ -109,6 +109,8 @@ def test_the_array_jobs_own_id_prints_every_task_and_only_the_asked_one_counts()
     ("gpu:a100:0(IDX:N/A),shard:a100:10(10/80,0/80,0/80,0/80,0/80,0/80,0/80,0/80)", {0}),
     ("gpu:h100:0(IDX:N/A),gpu:h100_4g.40gb:1(IDX:2),gpu:h100_1g.10gb:0(IDX:N/A),shard:h100:5(0/79,5/79),"
      "shard:h100_4g.40gb:0(0/0,0/0),shard:h100_1g.10gb:0(0/0,0/0,0/0,0/0,0/0,0/0)", {1, 2}),
+    # 26.05.5 (measured): a device allocated whole is "-" in the shard item
+    ("gpu:a100:2(IDX:0-1),shard:a100:5(-/80,-/80,0/80,0/80,5/80,0/80,0/80,0/80)", {0, 1, 4}),
     ("", set()),
 ])
 def test_devices_in_use_on_a_node(text, used):

@@ -81,6 +81,23 @@ REAL = {
     ("24.11", "show-job-multinode.json", "10"): (
         "RUNNING", "gres/gpu:1", {"a100-nvb": [("gpu:a100:1(IDX:4)", (4,))], "h100-nvs": [("gpu:h100:1(IDX:0)", (0,))]},
         None, None, "0:0"),
+    ("26.05", "show-job-shard.json", "1"): (
+        "RUNNING", "gres/shard:10", {"a100-nvb": [("shard:10(10/80,0/80,0/80,0/80,0/80,0/80,0/80,0/80)", (0,))]},
+        None, None, "0:0"),
+    ("26.05", "show-job-shard-cancelled.json", "1"): ("CANCELLED", "gres/shard:10", {}, None, None, "0:15"),
+    ("26.05", "show-job-whole.json", "2"): ("RUNNING", "gres/gpu:a100:2",
+                                            {"a100-nvb": [("gpu:a100:2(IDX:4,6)", (4, 6))]}, None, None, "0:0"),
+    ("26.05", "show-job-mig.json", "3"): ("RUNNING", "gres/gpu:h100_1g.10gb:1",
+                                          {"h100-mig": [("gpu:h100_1g.10gb:1(IDX:4)", (4,))]}, None, None, "0:0"),
+    ("26.05", "show-job-array.json", "4"): (
+        "RUNNING", "gres/shard:5", {"a100-nvb": [("shard:5(0/80,0/80,0/80,0/80,0/80,5/80,0/80,0/80)", (5,))]},
+        "4", 1, "0:0"),
+    ("26.05", "show-job-hostile.json", "5"): (
+        "RUNNING", "gres/shard:a100:7", {"a100-nvb": [("shard:7(7/80,0/80,0/80,0/80,0/80,0/80,0/80,0/80)", (0,))]},
+        None, None, "0:0"),
+    ("26.05", "show-job-multinode.json", "7"): (
+        "RUNNING", "gres/gpu:1", {"a100-nvb": [("gpu:a100:1(IDX:1)", (1,))], "h100-nvs": [("gpu:h100:1(IDX:0)", (0,))]},
+        None, None, "0:0"),
 }
 
 
@@ -93,13 +110,14 @@ def test_real_records_of_each_release(release, name, job_id):
     assert (info.uid, info.user, info.partition) == (0, "root", "gpu")
 
 
-def test_hostile_name_and_comment_are_only_strings():
-    """24.11: a JobName and Comment that forge ``JobState=``, ``TresPerNode=`` and a ``GRES=`` detail line (they
+@pytest.mark.parametrize("release, job_id", [("24.11", "9"), ("26.05", "5")])
+def test_hostile_name_and_comment_are_only_strings(release, job_id):
+    """A JobName and Comment that forge ``JobState=``, ``TresPerNode=`` and a ``GRES=`` detail line (they
     do forge them in ``scontrol -d show job`` text) change nothing in the record."""
-    text = (DATA / "24.11" / "show-job-hostile.json").read_text()
+    text = (DATA / release / "show-job-hostile.json").read_text()
     job = json.loads(text)["jobs"][0]
     assert "TresPerNode=gres:gpu:8" in job["comment"] and "JobState=FAKE" in job["name"]
-    info = parse_job_json(text, "9")
+    info = parse_job_json(text, job_id)
     assert info.gres_on("a100-nvb")[0].amount == 7 and info.state == "RUNNING" and info.admin_comment.startswith(
         "[gpushare:v1 req=shard:a100:7 ")
 

@@ -136,37 +136,40 @@ class GresItem:
         return (self.name, self.type)
 
     @property
-    def shares(self) -> tuple[tuple[int, int], ...]:
+    def shares(self) -> tuple[tuple[int | None, int], ...]:
         """The per-device ``(allocated, available)`` counts of a shared GRES detail (Slurm 23.11.2 and
         later: ``shard:10(10/80,0/80)`` -> ``((10, 80), (0, 80))``, one pair per device in slurmd's
-        order); ``()`` for any other detail.
+        order); allocated is None for ``-/80``, a device allocated whole as a GPU (``GresUsed=`` from
+        26.05 on: ``_xstrfmtcat_shared_gres_used`` in src/interfaces/gres.c at slurm-26-05-0-1, measured on
+        26.05.5); ``()`` for any other detail.
 
         Raises:
-            GresSyntaxError: a detail with ``/`` that is not a comma list of ``N/M``.
+            GresSyntaxError: a detail with ``/`` that is not a comma list of ``N/M`` or ``-/M``.
         """
         if "/" not in self.detail or self.detail.startswith("IDX:"):
             return ()
-        pairs = []
+        pairs: list[tuple[int | None, int]] = []
         for part in self.detail.split(","):
             alloc, sep, avail = part.partition("/")
-            if not (sep and _COUNT.fullmatch(alloc) and _COUNT.fullmatch(avail)):
+            if not (sep and (alloc == "-" or _COUNT.fullmatch(alloc)) and _COUNT.fullmatch(avail)):
                 raise GresSyntaxError(f"bad per-device count {part!r} in {self.text!r}: expected "
                                       "allocated/available, e.g. 10/80", item=self.text)
-            pairs.append((int(alloc), int(avail)))
+            pairs.append((None if alloc == "-" else int(alloc), int(avail)))
         return tuple(pairs)
 
     @property
     def indices(self) -> tuple[int, ...]:
         """slurmd device indices of an ``IDX:`` detail (``IDX:0,2-3`` -> ``(0, 2, 3)``), or of the
-        devices with an allocated count in a shared detail (``10/80,0/80,5/80`` -> ``(0, 2)``: positions in
-        the detail's device list); ``()`` for ``IDX:N/A`` and for any other detail.
+        devices with an allocated count in a shared detail (``10/80,0/80,5/80,-/80`` -> ``(0, 2)``: positions
+        in the detail's device list; a ``-`` device is the GPU item's); ``()`` for ``IDX:N/A`` and for any
+        other detail.
 
         Raises:
             GresSyntaxError: an ``IDX:`` list that is not ids and ``a-b`` ranges, or a shared detail
                 that is not ``N/M`` pairs.
         """
         if self.shares:
-            return tuple(i for i, (alloc, _avail) in enumerate(self.shares) if alloc > 0)
+            return tuple(i for i, (alloc, _avail) in enumerate(self.shares) if alloc)
         if not self.detail.startswith("IDX:") or self.detail == "IDX:N/A":
             return ()
         try:

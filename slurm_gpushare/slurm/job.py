@@ -92,7 +92,8 @@ def used_devices(text: str, names: tuple[str, ...] = ("gpu", "shard")) -> set[in
     23.11.2, per-device ``allocated/available`` counts in one item per type, the types in device order
     (``shard:h100:10(0/79,10/79),shard:h100_4g.40gb:0(0/0,0/0)``: ``_node_gres_used`` in
     src/interfaces/gres.c at slurm-24-11-5-1, measured on 24.11.5 and 26.05.5): a device's index is its
-    position after the devices of the earlier items of that name (here: 1).
+    position after the devices of the earlier items of that name (here: 1). From 26.05 a device allocated
+    whole shows ``-/79`` in the shard item (in use: it is in the ``gpu`` item's ``IDX:`` too).
 
     Raises:
         InputError: unreadable ``GresUsed=`` text.
@@ -104,7 +105,7 @@ def used_devices(text: str, names: tuple[str, ...] = ("gpu", "shard")) -> set[in
             continue
         if it.shares:
             base = offset.get(it.name, 0)
-            used.update(base + i for i in it.indices)
+            used.update(base + i for i, (alloc, _avail) in enumerate(it.shares) if alloc is None or alloc)
             offset[it.name] = base + len(it.shares)
         else:
             used.update(it.indices)

@@ -180,5 +180,8 @@ def test_shared_gres_detail_gives_counts_and_devices():
     assert parse_item("shard:h100_4g.40gb:0(0/0,0/0)").indices == ()
     assert parse_item("shard:10(IDX:0)").shares == () and parse_item("shard:10(IDX:0)").indices == (0,)
     assert parse_item("gpu:tesla:2(S:0-1)").shares == ()
+    # 26.05: a device allocated whole as a GPU has no shard count (GresUsed=, measured on 26.05.5)
+    (used,) = parse("shard:a100:5(-/80,-/80,0/80,5/80)")
+    assert used.shares == ((None, 80), (None, 80), (0, 80), (5, 80)) and used.indices == (3,)
     with pytest.raises(GresSyntaxError, match="allocated/available"):
         parse_item("shard:1(1/80,x/80)").indices  # noqa: B018
