@@ -72,14 +72,19 @@ def test_gres_conf_golden_sub_socket_affinity_per_release(release):
     assert cores == ({"48-63", "16-31", "112-127", "80-95"} if release == "22.05" else {"0-63", "64-127"})
 
 
-def test_gres_conf_a100_bridge_links_prefer_the_bridged_pairs():
-    out = run("gres-conf", *TOPO_ARGS["a100-bridge"], "--hostname", "n").output
+@pytest.mark.parametrize("release", ["22.05", "24.11", "26.05"])
+def test_gres_conf_a100_bridge_links_prefer_the_bridged_pairs(release):
+    # 22.05's scheduler takes the GPU with the most Links= to those a job holds, 24.05 and later the one
+    # with the fewest (slurm.gresrules.links_for_release): the bridged partner is the max, then the min
+    out = run("gres-conf", *TOPO_ARGS["a100-bridge"], "--hostname", "n", "--slurm-version", release).output
     links = {int(m.group(1)): [int(v) for v in m.group(2).split(",")]
              for m in re.finditer(r"File=/dev/nvidia(\d) Cores=\S+ Links=(\S+)", out)}
     assert len(links) == 8
+    pick = max if release == "22.05" else min
     for gpu, row in links.items():
-        best = max(v for j, v in enumerate(row) if j != gpu)
-        assert row.index(best) == {0: 2, 2: 0, 1: 3, 3: 1, 4: 5, 5: 4, 6: 7, 7: 6}[gpu]
+        best = pick(v for j, v in enumerate(row) if j != gpu)
+        assert [j for j, v in enumerate(row) if v == best and j != gpu] == \
+            [{0: 2, 2: 0, 1: 3, 3: 1, 4: 5, 5: 4, 6: 7, 7: 6}[gpu]]
         assert row[gpu] == -1
 
 

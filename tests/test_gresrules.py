@@ -13,8 +13,15 @@ from slurm_gpushare.slurm.gresrules import (
     cores_for_release,
     cores_problem,
     flag_values,
+    links_for_release,
 )
-from slurm_gpushare.slurm.release import CORES_ONE_SOCKET, CORES_WHOLE_SOCKETS, MULTIPLE_FILES, Release
+from slurm_gpushare.slurm.release import (
+    CORES_ONE_SOCKET,
+    CORES_WHOLE_SOCKETS,
+    LINKS_LEAST_FIRST,
+    MULTIPLE_FILES,
+    Release,
+)
 
 R2205, R2302, R2311, R2405, R2411, R2505, R2511, R2605 = (
     Release(22, 5), Release(23, 2), Release(23, 11), Release(24, 5), Release(24, 11), Release(25, 5),
@@ -87,3 +94,22 @@ def test_dgx_a100_nps4_numa_node_widens_to_its_socket():
 
 def test_ids_beyond_the_node_are_left_to_the_core_count_lint():
     assert cores_problem([4], 2, 2, R2411) is None
+
+
+def test_links_from_24_05_are_written_so_that_slurms_ascending_sort_picks_the_most_linked():
+    # gres_select_filter.c (_compare_gres_by_links, slurm-24-05-0-1 to 26.05 and master) sorts the
+    # candidate GPUs by their summed Links= to the GPUs already picked in ascending order, so it takes
+    # the least linked first; 22.05 picked the most linked. The 8x A100 bridge pairs: 0-2 NV12 (22).
+    links = [[-1, 0, 22, 0], [0, -1, 0, 22], [22, 0, -1, 0], [0, 22, 0, -1]]
+    assert links_for_release(links, Release(22, 5)) == links
+    assert LINKS_LEAST_FIRST == Release(24, 5)
+    flipped = links_for_release(links, Release(24, 11))
+    assert flipped == [[-1, 22, 0, 22], [22, -1, 22, 0], [0, 22, -1, 22], [22, 0, 22, -1]]
+    assert links_for_release(links, Release(26, 5)) == flipped
+    # the order of every pair is kept reversed: NVLink (10+n) < switch (10) < PIX .. NODE < SYS
+    ranks = [[-1, 4, 10, 18], [4, -1, 1, 0], [10, 1, -1, 3], [18, 0, 3, -1]]
+    assert links_for_release(ranks, Release(24, 11)) == [[-1, 14, 8, 0], [14, -1, 17, 18], [8, 17, -1, 15],
+                                                       [0, 18, 15, -1]]
+    # no link at all stays no link: nothing to prefer
+    none = [[-1, 0], [0, -1]]
+    assert links_for_release(none, Release(24, 11)) == none

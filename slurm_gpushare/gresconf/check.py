@@ -18,7 +18,8 @@ b. A ``Name=gpu`` line without ``File=``: next to ``AutoDetect`` it is a second,
 c. ``Links=`` (gres.conf(5) "Links"): one value per GPU device of the node, ``-1`` exactly at the
    line's own device number, integers only, the same value both ways between two devices; all 0 is
    a warning (it tells Slurm that no GPU pair is connected). With a machine description, values that
-   differ from :func:`slurm_gpushare.topology.hops.slurm_links` are a warning.
+   differ from :func:`slurm_gpushare.topology.hops.slurm_links` (reversed from 24.05:
+   :func:`slurm_gpushare.slurm.gresrules.links_for_release`) are a warning.
 d. slurm.conf ``Gres=`` counts that differ from gres.conf per node, name and type (gres.html: a node
    with fewer resources than configured is drained); GRES names missing from ``GresTypes``
    (gres.conf(5) "Name"); typed GRES missing from ``AccountingStorageTRES`` (warning, slurm.conf(5));
@@ -62,6 +63,7 @@ from slurm_gpushare.slurm.gresrules import (
     autodetect_values,
     cores_problem,
     flag_values,
+    links_for_release,
 )
 from slurm_gpushare.slurm.hostlist import compress_hostlist, format_ranges
 from slurm_gpushare.slurm.release import OLDEST, Release
@@ -175,7 +177,7 @@ def lint_gres_conf(gres: GresConf, slurm: SlurmGresConf | None = None,
             raw += _lint_cores_sockets(node, entry, release)
             raw += _lint_fileless_gpu(node, entry)
             raw += _lint_sharing_count(node, entry)
-        raw += _lint_links(node)
+        raw += _lint_links(node, release)
         if slurm is not None:
             raw += _lint_counts(node)
     if slurm is not None:
@@ -439,7 +441,7 @@ def _uneven_split(node: _Node, name: str, count: int, where: str, what: str) -> 
                   "Count=... line per GPU; https://slurm.schedmd.com/gres.html#Sharding")]
 
 
-def _lint_links(node: _Node) -> list[_Raw]:
+def _lint_links(node: _Node, release: Release = OLDEST) -> list[_Raw]:
     """Lint (c): ``Links=`` length, own position, symmetry, all zero, and the machine's topology."""
     lines = node.gpu_lines
     n = sum(e.devices for e in lines)
@@ -478,7 +480,7 @@ def _lint_links(node: _Node) -> list[_Raw]:
                                  f"Links are not symmetric: device {i} -> {j} is {rows[i][j]} but device {j} -> {i} "
                                  f"is {rows[j][i]} ({where_of[j]})",
                                  "a connection joins two GPUs: give both lines the same value"))
-    expected = _expected_links(node)
+    expected = _expected_links(node, release)
     values_all = [v for e in lines if e.devices == 1 and e.links is not None
                   for v in (int(f) for f in e.links.split(",") if f.strip() and _is_int(f.strip()))]
     zero_is_right = expected is not None and all(v <= 0 for row in expected for v in row)
@@ -509,8 +511,9 @@ def _device_lines(lines: tuple[GresEntry, ...]) -> dict[int, str]:
     return out
 
 
-def _expected_links(node: _Node) -> list[list[int]] | None:
-    """The node's ``Links=`` matrix in gres.conf device order, from its machine description.
+def _expected_links(node: _Node, release: Release = OLDEST) -> list[list[int]] | None:
+    """The node's ``Links=`` matrix in gres.conf device order, from its machine description, as
+    ``release`` needs it (:func:`~slurm_gpushare.slurm.gresrules.links_for_release`).
 
     None when there is no machine, or its GPUs cannot be matched one to one with the node's
     ``File=/.../nvidiaN`` lines by minor number.
@@ -529,8 +532,8 @@ def _expected_links(node: _Node) -> list[list[int]] | None:
         positions.append(by_minor[int(tail)])
     if sorted(positions) != list(range(len(order))):
         return None
-    links = slurm_links(m)
-    return [[int(links[a, b]) for b in positions] for a in positions]
+    links = links_for_release(slurm_links(m).tolist(), release)
+    return [[int(links[a][b]) for b in positions] for a in positions]
 
 
 # --- slurm.conf against gres.conf --------------------------------------------------------------

@@ -49,6 +49,7 @@ from __future__ import annotations
 from slurm_gpushare.errors import InputError
 from slurm_gpushare.hardware.machine import Machine
 from slurm_gpushare.memsize import format_mib
+from slurm_gpushare.slurm.gresrules import links_for_release
 from slurm_gpushare.slurm.nodegres import GresOptions, NodeGres, node_gres
 from slurm_gpushare.topology.hops import slurm_links
 
@@ -64,7 +65,7 @@ def generate_node_gres(machine: Machine, node_name: str | None = None,
     opts = options or GresOptions()
     links = None
     if opts.links and len(machine.gpus) > 1 and not any(g.mig_enabled for g in machine.gpus):
-        links = slurm_links(machine).tolist()
+        links = links_for_release(slurm_links(machine).tolist(), opts.target)
     return node_gres(machine, node_name, opts, links=links)
 
 

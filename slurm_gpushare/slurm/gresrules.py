@@ -16,6 +16,9 @@ release a value first appears in is the first ``YY.MM`` tag whose source has it.
   added in 24.11.0, tightened in 25.11.0; no flag or parameter turns it off): see
   :func:`cores_problem`. slurmd's registration then fails with EINVAL and slurmctld sets the node
   INVAL with the message as its reason.
+* ``Links=`` (``_compare_gres_by_links``, from 24.05): the scheduler sorts candidate GPUs by their
+  summed links to the GPUs a job already holds in ascending order, so it takes the least linked
+  first; :func:`links_for_release` writes the values reversed for those releases.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from slurm_gpushare.slurm.hostlist import format_ranges
-from slurm_gpushare.slurm.release import CORES_ONE_SOCKET, CORES_WHOLE_SOCKETS, Release
+from slurm_gpushare.slurm.release import CORES_ONE_SOCKET, CORES_WHOLE_SOCKETS, LINKS_LEAST_FIRST, Release
 
 #: ``AutoDetect=`` values and the release each first appears in.
 AUTODETECT_SINCE = {"nvml": Release(22, 5), "rsmi": Release(22, 5), "oneapi": Release(22, 5),
@@ -131,3 +134,27 @@ def cores_for_release(cores: tuple[int, ...], sockets: int, cores_per_socket: in
     widened to the whole sockets they touch (24.11), or to one socket or every core (25.11 on)."""
     problem = cores_problem(cores, sockets, cores_per_socket, release)
     return cores if problem is None else problem.fix
+
+
+def links_for_release(links: list[list[int]], release: Release) -> list[list[int]]:
+    """The ``Links=`` matrix to write for ``release``, so that its scheduler prefers the best-linked GPUs.
+
+    Up to 24.02 Slurm takes, for each further GPU of a job, the free one with the most links to the
+    GPUs already taken: the matrix (``-1`` on the diagonal, higher = better connected; see
+    :func:`slurm_gpushare.topology.hops.slurm_links`) is written as it is. From
+    :data:`~slurm_gpushare.slurm.release.LINKS_LEAST_FIRST` (24.05) it takes the one with the fewest
+    (an ascending sort), so every value ``v >= 0`` is written as ``top - v`` (``top``: the largest value
+    of the matrix): the order of every pair is reversed, and so is the order of the sums Slurm compares.
+    A matrix without any link (all 0) stays as it is.
+
+    Args:
+        links: square matrix, rows and columns in gres.conf device order.
+        release: the Slurm release that reads the file.
+
+    Returns:
+        a new matrix of the same shape.
+    """
+    if release < LINKS_LEAST_FIRST:
+        return [list(row) for row in links]
+    top = max((v for row in links for v in row), default=0)
+    return [[v if v < 0 else top - v for v in row] for row in links]

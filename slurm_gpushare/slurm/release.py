@@ -62,6 +62,13 @@ CORES_WHOLE_SOCKETS = Release(24, 11)
 #: From this release on GRES ``Cores=`` must be one whole socket or every core of the node (the same
 #: function, first so in slurm-25-11-0-1: "Don't allow gres to have affinity to multiple sockets").
 CORES_ONE_SOCKET = Release(25, 11)
+#: From this release on slurmctld picks a job's GPUs least linked first: ``_compare_gres_by_links`` in
+#: src/plugins/select/cons_tres/gres_select_filter.c sorts the candidates by their summed ``Links=`` to the
+#: GPUs already picked in ascending order (commit de37ab428a "Sort links instead of using double for
+#: loop", first in slurm-24-05-0-1; the same at slurm-26-05-3-1 and on master in 2026-08), where its
+#: comment and 22.05 take the most linked. Measured: two A100s of the 8x A100 bridge node came out as
+#: the unbridged 0,1 on 24.11.5 and 26.05.5, the bridged 0,2 on 22.05.8, from the same ``Links=``.
+LINKS_LEAST_FIRST = Release(24, 5)
 #: From this release on a ``MultipleFiles=`` GPU record stays one GRES next to shards (before, the
 #: shard list split it into one GRES per file: fixed in 23.02.7, "gpu/nvml - Do not split GRES with
 #: MultipleFiles in _build_sharing_list"; measured on 22.05.8). gres.conf(5) has ``MultipleFiles``
