@@ -210,6 +210,12 @@ class DevCluster:
         """The world-readable copy of the package that :attr:`fake_gpu_app` imports."""
         return self.root / "lib"
 
+    @property
+    def down_command(self) -> str:
+        """The command that stops this cluster (``--dir`` named unless it is the default directory)."""
+        default = Path(os.environ.get("GPUSHARE_DEV_DIR") or DEFAULT_DIR).absolute()
+        return "scripts/dev-cluster down" + ("" if self.root == default else f" --dir {self.root}")
+
     def monitor_port(self, node: str) -> int:
         """The port of ``node``'s monitor (port base + 40 + the node's 1-based position).
 
@@ -384,7 +390,7 @@ class DevCluster:
                 shown = "; ".join(diffs[:3]) + (f" (and {len(diffs) - 3} more differing lines)" if len(diffs) > 3
                                                 else "")
                 raise ClusterError(f"a dev cluster with another configuration is running in {self.root}: {shown}",
-                                   hint="run 'scripts/dev-cluster down' first, or use another --dir/--port-base")
+                                   hint=f"run '{self.down_command}' first, or use another --dir/--port-base")
         changed = self._read("etc/slurm.conf") != files["etc/slurm.conf"] or \
             self._read("etc/gres.conf") != files["etc/gres.conf"]
         self._begin_start()
@@ -1176,7 +1182,7 @@ class DevCluster:
                     found = self._scan() if found is None else found
                     if found.get(daemon):  # the cluster's own daemon, running without a valid pid file
                         hint = (f"this cluster's {daemon} runs as pid {found[daemon][0]} without a valid pid "
-                                "file: run 'scripts/dev-cluster down' first")
+                                f"file: run '{self.down_command}' first")
                     else:
                         hint = "stop what uses it, or choose another --port-base"
                     problems.append(f"port {port} ({what}) is already in use on {host} ({hint})")
@@ -1480,12 +1486,23 @@ def cli(action: str, command: tuple[str, ...], dir_: str | None, port_base: int 
         if action == "exec" and not command:
             raise click.UsageError("exec needs a command: dev-cluster exec -- sbatch --wrap hostname")
         cluster = DevCluster.default(dir_, port_base, cgroup=cgroup, dbd=dbd)
-        saved = cluster.saved_options() if action != "up" else {}
+        saved = cluster.saved_options()
+        ran = saved.get("slurm") if isinstance(saved.get("slurm"), str) else None
+        if action == "up" and ran and ran != (release or host_release()) and cluster.alive("slurmctld"):
+            raise ClusterError(f"the dev cluster in {cluster.root} runs Slurm {ran} (its cluster.json); "
+                               f"this 'up' is for Slurm {release or host_release()}",
+                               hint=f"run '{cluster.down_command}' first, or use another --dir/--port-base")
         if action != "up":
             # down/status/env/exec act on the cluster as it was brought up, with its release
+            if release and ran and release != ran:
+                raise ClusterError(f"the dev cluster in {cluster.root} runs Slurm {ran}, not {release}",
+                                   hint=f"drop --slurm: {action} uses the cluster's own release")
+            if action in ("env", "exec") and not saved and not _is_file(cluster.slurm_conf):
+                raise ClusterError(f"no dev cluster in {cluster.root}",
+                                   hint=f"bring one up: scripts/dev-cluster up --dir {cluster.root}")
             cluster.cgroup = cluster.cgroup or saved.get("cgroup", False)
             cluster.dbd = cluster.dbd or saved.get("dbd", False)
-            release = release or saved.get("slurm")
+            release = release or ran
             if port_base is None and isinstance(saved.get("port_base"), int):
                 cluster.port_base = saved["port_base"]
         if needs_root(release):

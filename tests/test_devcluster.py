@@ -25,6 +25,7 @@ from slurm_gpushare.hardware.fake import FakeNvml
 from slurm_gpushare.hardware.machine import Machine
 from slurm_gpushare.node.config import parse_node_config
 from slurm_gpushare_dev.cluster import (
+    DEFAULT_DIR,
     DEFAULT_NODES,
     DevCluster,
     _stop_pid,
@@ -817,3 +818,33 @@ def test_up_restarts_a_stopped_monitor_while_jobs_run(cluster, slurm):
     cluster.up(timeout=30, out=DEVNULL)
     assert cluster.alive("monitor-rtx4090-pcie") and time.monotonic() - t0 < 30
     assert slurm.show_job(job.id)["JobState"] == "RUNNING"
+
+
+@pytest.mark.parametrize("action", ["env", "exec"])
+def test_env_and_exec_on_a_directory_without_a_cluster_say_so(tmp_path, capsys, action):
+    argv = [action, "--dir", str(tmp_path / "none"), *(["--", "sinfo"] if action == "exec" else [])]
+    assert main(argv) == 5
+    err = capsys.readouterr().err
+    assert f"no dev cluster in {tmp_path / 'none'}" in err and "scripts/dev-cluster up --dir" in err
+
+
+@pytest.mark.parametrize("action", ["status", "env", "down"])
+def test_slurm_option_naming_another_release_than_the_clusters_is_refused(tmp_path, capsys, action):
+    (tmp_path / "cluster.json").write_text(json.dumps({"slurm": "24.11", "port_base": 20100, "nodes": []}))
+    assert main([action, "--dir", str(tmp_path), "--slurm", "26.05"]) == 5
+    err = capsys.readouterr().err
+    assert f"the dev cluster in {tmp_path} runs Slurm 24.11, not 26.05" in err and "drop --slurm" in err
+
+
+def test_up_of_another_release_on_a_running_cluster_names_both_releases(cluster, capsys):
+    other = next(r for r in ("22.05", "24.11", "26.05") if r != cluster.slurm_release)
+    assert main(["up", "--dir", str(cluster.root), "--port-base", str(cluster.port_base), "--slurm", other]) == 5
+    err = capsys.readouterr().err
+    assert f"runs Slurm {cluster.slurm_release} (its cluster.json); this 'up' is for Slurm {other}" in err
+    assert f"scripts/dev-cluster down --dir {cluster.root}" in err
+
+
+def test_down_command_names_the_directory_unless_it_is_the_default(tmp_path, monkeypatch):
+    monkeypatch.delenv("GPUSHARE_DEV_DIR", raising=False)
+    assert DevCluster.default(DEFAULT_DIR).down_command == "scripts/dev-cluster down"
+    assert DevCluster.default(tmp_path).down_command == f"scripts/dev-cluster down --dir {tmp_path}"
