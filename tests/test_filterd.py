@@ -142,6 +142,40 @@ def test_node_count_is_part_of_the_service_decision(service):
     assert two["tres_per_node"] == tasks["tres_per_node"] == "gres:shard:10" and "nodes=2" in two["admin_comment"]
 
 
+def _decisions(service) -> list[dict]:
+    return [r for r in map(json.loads, service.log_text.getvalue().splitlines()) if r["event"] == "decision"]
+
+
+def test_a_users_update_that_needs_a_new_audit_is_refused_saying_who_may_and_what_works(service):
+    """slurmctld lets only root, SlurmUser and Slurm administrators set AdminComment, also when the job_submit
+    plugin sets it (src/slurmctld/job_mgr.c _update_job checks it again after job_submit_g_modify, at tags
+    slurm-22-05-8-1, slurm-24-11-5-1, slurm-26-05-3-1): a rewrite answered to a user's modify was refused
+    as a whole with "Access/permission denied" while the service logged a rewrite."""
+    user = os.geteuid() + 12345
+    a = service.handle_line(json.dumps({"op": "modify", "tres_per_node": "gres:shard:10", "partition": "pcie",
+                                        "uid": user, "job_id": "7"}))
+    assert a["action"] == "reject" and a["errno"] == 2002  # ESLURM_ACCESS_DENIED: what slurmctld answers too
+    assert a["message"].startswith("gpushare: job 7: a GPU share can be set or changed on a pending job only by "
+                                   "root or SlurmUser"), a["message"]
+    assert "scancel 7" in a["message"] and "--gres=shard:10" in a["message"]
+    # root and the service's own user (SlurmUser) get the rewrite; a policy refusal stays the policy's
+    for uid in (0, os.geteuid()):
+        ok = service.handle_line(json.dumps({"op": "modify", "tres_per_node": "gres:shard:10", "partition": "pcie",
+                                             "uid": uid}))
+        assert ok["action"] == "rewrite" and "[gpushare:v1" in ok["admin_comment"]
+    bad = service.handle_line(json.dumps({"op": "modify", "tres_per_node": "gres:shard:500", "partition": "pcie",
+                                          "uid": user}))
+    assert bad["action"] == "reject" and bad["errno"] == 2072
+    # a submission by a user sets the audit at creation, which slurmctld allows
+    assert ask(service, tres_per_node="gres:shard:10", partition="pcie", uid=user)["action"] == "rewrite"
+
+
+def test_the_decision_log_names_the_requests_uid_and_the_peers(service):
+    service.handle_line(json.dumps({"op": "submit", "tres_per_node": "gres:shard:2", "uid": 1234}), peer_uid=0)
+    rec = _decisions(service)[-1]
+    assert (rec["uid"], rec["peer_uid"]) == (1234, 0) and "user" not in rec, rec
+
+
 def test_stale_description_is_reported_and_not_used(machines_dir):
     nodes = {n: packaged_machine(f) for n, f in DEFAULT_NODES.items()}
     # Slurm says the MIG node has whole GPUs only: its description no longer matches -> not a candidate

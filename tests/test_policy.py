@@ -222,6 +222,22 @@ def test_direct_shard_request_larger_than_one_gpu_is_refused():
     assert refused("gres:shard:1,gres:shard:2").startswith("gpushare: 'shard' is asked for twice")
 
 
+def test_a_typed_direct_shard_is_judged_against_that_type_only():
+    # an RTX 4090 has 23 shards: shard:rtx4090:50 pended forever (Reason=Resources) in partition gpu,
+    # where an A100 holds 80; shards of a MIG type do not exist (Slurm shows shard:h100_1g.10gb:0)
+    assert refused("gres:shard:rtx4090:50") == (
+        "gpushare: shard:50 is more than one GPU holds in partition gpu (23 shards on rtx4090); a shard job "
+        "must fit one GPU: ask for shard:23 at most, or for whole GPUs with gpushare:mode=gpu:N")
+    assert granted("gres:shard:rtx4090:23") == "gres:shard:rtx4090:23"
+    d = run("gres:shard:h100:70")
+    assert d.action == "rewrite" and d.audit["model"] == "h100", d.audit
+    assert refused("gres:shard:h100_1g.10gb:10") == (
+        "gpushare: shard:h100_1g.10gb:10: no GPU of type h100_1g.10gb in partition gpu has shards "
+        "(shards are on a100, h100, rtx4090); ask for shard:N of one of those types, or for shard:N without a type")
+    assert refused("gres:shard:a100:1", "pcie").startswith(
+        "gpushare: shard:a100:1: no GPU of type a100 in partition pcie has shards (shards are on rtx4090)")
+
+
 def test_direct_mps_request_without_mps_gres_is_refused():
     assert refused("gres:mps:50") == (
         "gpushare: mps:50: partition gpu has no mps GRES configured; "

@@ -101,6 +101,20 @@ def test_direct_shard_requests_are_policed(slurm):
     assert bad.returncode != 0 and "sbatch: error: gpushare: " in bad.stderr, bad.stderr
 
 
+def test_a_typed_direct_shard_is_judged_against_that_types_gpus(slurm):
+    # accepted before, these pended for ever: an RTX 4090 holds 23 shards (Reason=Resources), and a MIG
+    # type has none (shard:h100_1g.10gb:0 in sinfo; BadConstraints, or refused by slurmctld on 22.05)
+    big = slurm.sbatch("-p", "gpu", "--gres=shard:rtx4090:50", check=False, wrap="true")
+    assert big.returncode != 0 and "(23 shards on rtx4090)" in big.stderr and "shard:23 at most" in big.stderr, \
+        big.stderr
+    mig = slurm.sbatch("-p", "gpu", "--gres=shard:h100_1g.10gb:10", check=False, wrap="true")
+    assert mig.returncode != 0 and "no GPU of type h100_1g.10gb in partition gpu has shards" in mig.stderr, \
+        mig.stderr
+    ok = slurm.wait(slurm.sbatch("-p", "gpu", "--gres=shard:rtx4090:8", wrap="echo $SLURM_SHARDS_ON_NODE"))
+    assert ok.state == "COMPLETED" and ok.output().strip() == "8", ok.fields
+    assert ok.fields["NodeList"] == "rtx4090-pcie" and "model=rtx4090" in ok.fields["AdminComment"]
+
+
 def test_scontrol_update_goes_through_the_same_checks(slurm):
     # (Slurm itself refuses to turn a gpu request into a shard one: start from a job without GRES)
     job = slurm.sbatch("-H", "-p", "nomig", wrap="true")

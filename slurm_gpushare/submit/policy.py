@@ -26,7 +26,8 @@ How a ``gpushare`` request is served (``docs/request-syntax.md`` for users):
   audit record.
 
 Direct ``shard:N`` / ``mps:N`` requests are policed too (``police_direct``): a shard job must fit one
-GPU, ``mps:N`` needs configured ``mps`` GRES and at most 100 (one GPU).
+GPU (a typed ``shard:rtx4090:N`` one GPU of that type), ``mps:N`` needs configured ``mps`` GRES and at
+most 100 (one GPU).
 """
 
 from __future__ import annotations
@@ -136,6 +137,8 @@ MESSAGES: dict[str, tuple[str, str]] = {
     "shard-large": ("shard:{n} is more than one GPU holds in {where} ({most} shards on {on})",
                     "a shard job must fit one GPU: ask for shard:{most} at most, or for whole GPUs "
                     "with gpushare:mode=gpu:N"),
+    "shard-type": ("{item}: no GPU of type {type} in {where} has shards (shards are on {models})",
+                   "ask for shard:N of one of those types, or for shard:N without a type"),
     "mps-none": ("mps:{n}: {where} has no mps GRES configured",
                  "use gpushare:mem=10G (memory) or shard:N (N GiB of one GPU)"),
     "nodes-too-many": ("{nodes} nodes asked for, but only {have} node(s) of {where} have {what}",
@@ -780,11 +783,18 @@ def _direct(items: tuple[GresItem, ...], prefix: str, partitions: tuple[str, ...
     if it.name == "shard":
         if not pool.shards:
             raise _error("shard-none", where=pool.where)
-        most = max(pool.shards.values())
+        # a typed shard (shard:rtx4090:8) comes only from GPUs of that type: Slurm types each shard
+        # like the GPU whose device file it shares (sinfo shows shard:rtx4090:184 and, for a MIG
+        # type, shard:h100_1g.10gb:0; measured on 22.05), so only that type's GPUs can hold it
+        sizes = pool.shards if not it.type else {m: s for m, s in pool.shards.items() if m == it.type}
+        if not sizes:
+            raise _error("shard-type", item=it.body, type=it.type, where=pool.where,
+                         models=", ".join(sorted(pool.shards)))
+        most = max(sizes.values())
         if n > most:
-            on = ", ".join(sorted(m for m, s in pool.shards.items() if s == most))
+            on = ", ".join(sorted(m for m, s in sizes.items() if s == most))
             raise _error("shard-large", n=n, where=pool.where, most=most, on=on)
-        models = sorted(m for m, s in pool.shards.items() if s >= n)
+        models = sorted(m for m, s in sizes.items() if s >= n)
         nodes = audit.get("nodes", 1)
         holding = shard_nodes_holding(pool, models, n)
         if len(holding) < nodes:

@@ -15,7 +15,7 @@ closed. Request (strings and numbers; missing = empty)::
 
     {"v": 2, "op": "submit" | "modify" | "cli", "tres_per_node": "gres:gpushare:mem=10G",
      "tres_per_job": "", "partition": "gpu", "admin_comment": "", "min_nodes": 2, "num_tasks": 8,
-     "ntasks_per_node": 4, "cli_request": "", "user": "alice", "uid": 1000, "job_id": ""}
+     "ntasks_per_node": 4, "cli_request": "", "uid": 1000, "job_id": ""}
 
 Answer::
 
@@ -53,11 +53,15 @@ from slurm_gpushare.slurm.nodegres import GresOptions, node_gres
 from slurm_gpushare.submit.inventory import ClusterInventory, build_inventory
 from slurm_gpushare.submit.policy import decide, nodes_needed
 from slurm_gpushare.submit.policyfile import SitePolicy, load_policy
+from slurm_gpushare.submit.request import unescape_knobs
 
 PROTOCOL = 2
 #: First word of every message header (``GPS2 <id> <length>``).
 MAGIC = "GPS2"
 ERRNO_INVALID_GRES = 2072  # ESLURM_INVALID_GRES: "Invalid generic resource (gres) specification"
+#: ESLURM_ACCESS_DENIED ("Access/permission denied"; slurm/slurm_errno.h, 2002 at tags slurm-22-05-8-1,
+#: slurm-24-11-5-1 and slurm-26-05-3-1): what slurmctld itself answers a user's update that sets AdminComment.
+ERRNO_ACCESS_DENIED = 2002
 CLI_MARK = "gpushare-request="
 #: Longest request body the service decides (bytes); job_submit.lua sends only short fields.
 MAX_REQUEST = 65536
@@ -153,15 +157,30 @@ class InventoryCache:
 
 
 class FilterService:
-    """The decision logic behind the socket (no sockets here: :meth:`handle_line` is the whole protocol)."""
+    """The decision logic behind the socket (no sockets here: :meth:`handle_line` is the whole protocol).
+
+    Args:
+        cache: the inventory decisions are made on.
+        policy: the site policy.
+        log: structured logger.
+        modify_uids: the uids whose ``modify`` (``scontrol update``) may get a rewrite, which sets the
+            job's AdminComment (its audit). slurmctld lets only root, SlurmUser and Slurm administrators
+            (AdminLevel=Administrator) set AdminComment on an update, and checks it after the job_submit
+            plugin ran, with the uid of the one who asked (``_update_job`` in src/slurmctld/job_mgr.c, at
+            tags slurm-22-05-8-1, slurm-24-11-5-1 and slurm-26-05-3-1, via ``validate_super_user``), so
+            the rewrite of anyone else's update is refused as a whole. Default: root and the service's
+            own uid (it runs as SlurmUser). The service cannot see AdminLevel: an administrator who is
+            neither updates as root or SlurmUser.
+    """
 
     #: decisions remembered per inventory snapshot (the policy is pure: same inputs, same answer)
     MEMO_MAX = 4096
 
-    def __init__(self, cache: InventoryCache, policy: SitePolicy, log: Log):
+    def __init__(self, cache: InventoryCache, policy: SitePolicy, log: Log, modify_uids: frozenset[int] | None = None):
         self.cache = cache
         self.policy = policy
         self.log = log
+        self.modify_uids = modify_uids if modify_uids is not None else frozenset({0, os.geteuid()})
         self._memo: dict[tuple, object] = {}
         self._memo_inventory: ClusterInventory | None = None
         self._memo_lock = threading.Lock()
@@ -184,8 +203,13 @@ class FilterService:
                     self._memo[key] = d
         return d
 
-    def handle_line(self, line: bytes | str) -> dict:
-        """Answer one request line. Never raises: anything unexpected becomes a reject with a message."""
+    def handle_line(self, line: bytes | str, peer_uid: int | None = None) -> dict:
+        """Answer one request line. Never raises: anything unexpected becomes a reject with a message.
+
+        ``peer_uid`` (the connection's ``SO_PEERCRED`` uid: slurmctld's for job_submit.lua, the user's for
+        cli_filter.lua) is logged beside the request's ``uid`` (the submitting or updating user, as
+        slurmctld gave it to job_submit.lua).
+        """
         t0 = time.perf_counter()
         try:
             req = json.loads(line)
@@ -199,7 +223,7 @@ class FilterService:
             self.log("internal_error", error=repr(e), request=req)
             answer = self._reject("gpushare: internal error in the filter service; the administrator has "
                                   "the details in its log", errno=0)
-        self.log("decision", op=req.get("op"), user=req.get("user"), job_id=req.get("job_id"),
+        self.log("decision", op=req.get("op"), uid=req.get("uid"), peer_uid=peer_uid, job_id=req.get("job_id"),
                  request=req.get("tres_per_node"), action=answer["action"],
                  tres_per_node=answer.get("tres_per_node"), message=answer.get("message") or None,
                  us=round((time.perf_counter() - t0) * 1e6))
@@ -243,6 +267,8 @@ class FilterService:
             answer["gres"] = ",".join(it.body for it in parse(new_tpn))  # srun's --gres takes no prefix
             answer["mark"] = CLI_MARK + tpn.replace(" ", "")
             return answer
+        if op == "modify" and req.get("uid") not in self.modify_uids:
+            return self._reject(self._modify_refused(req, tpn), errno=ERRNO_ACCESS_DENIED)
         fields = dict(d.audit_fields())
         original = req.get("cli_request") or ""
         if op == "submit" and original and len(original) <= 256:
@@ -251,6 +277,15 @@ class FilterService:
                 fields = {**via.audit_fields(), "via": "cli_filter"}
         answer["admin_comment"] = merge(req.get("admin_comment"), format_segment(fields))
         return answer
+
+    @staticmethod
+    def _modify_refused(req: dict, tpn: str) -> str:
+        job = str(req.get("job_id") or "")
+        gres = ",".join(it.body for it in parse(unescape_knobs(tpn) or ""))
+        return (f"gpushare: job {job or '?'}: a GPU share can be set or changed on a pending job only by root or "
+                f"SlurmUser (uid {req.get('uid')} asked): the share's audit lives in the job's AdminComment, which "
+                "slurmctld lets no one else write; instead cancel the job (scancel "
+                f"{job or 'JOBID'}) and submit it again with --gres={gres}")
 
     @staticmethod
     def _reject(message: str, errno: int = ERRNO_INVALID_GRES) -> dict:
@@ -486,7 +521,7 @@ class FramedServer:
                     f"gpushare: the request is longer than the filter service reads ({lim.max_request} bytes); "
                     "shorten the job's fields (name, comment, GRES)"), now)
                 continue
-            answer = self.service.handle_line(body)
+            answer = self.service.handle_line(body, peer_uid=c.uid)
             self._answer(c, answer, now)
 
     def _read(self, c: _Conn, now: float) -> None:

@@ -207,3 +207,64 @@ def test_a_share_asked_per_task_is_refused_not_passed_unpoliced(slurm, users):
         assert "GPU shares per task or per socket are not supported" in proc.stderr, proc.stderr
     # the same share asked per node is decided as usual
     assert tres(slurm, sbatch(slurm.cluster, alice, "-p", "pcie", "--gres=shard:2")) == "shard:2"
+
+
+def _decisions_for(cluster, job_id: str) -> list[dict]:
+    log = (cluster.root / "log" / "filterd.log").read_text().splitlines()
+    recs = [json.loads(line) for line in log if '"event": "decision"' in line]
+    return [r for r in recs if str(r.get("job_id")) == job_id]
+
+
+def _owner_uid(pid: int) -> int:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("Uid:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no Uid in /proc/{pid}/status")
+
+
+@pytest.mark.parametrize("change", ["Gres=shard:10", "TresPerNode=gres/shard:30", "Gres=gpushare:mem%3D10G"])
+def test_a_users_update_to_a_gpu_share_is_refused_by_the_service_saying_why(slurm, users, change):
+    """A user's ``scontrol update`` of a pending job to a GPU share was refused by slurmctld ("Access/
+    permission denied": the rewrite sets AdminComment, which slurmctld lets only root, SlurmUser and
+    administrators set, checked after job_submit ran) while filterd logged a rewrite: the service now
+    refuses it itself, says why in its log and slurmctld's, and the job is unchanged."""
+    alice = USERS[0]
+    p = sbatch(slurm.cluster, alice, "-p", "nomig")
+    assert p.returncode == 0, p.stderr
+    job = p.stdout.strip().split(";")[0]
+    slurm.submitted.append(job)
+    if change.startswith("TresPerNode") and "gres:" in slurm.show_job(job).get("TresPerNode", "gres:"):
+        change = change.replace("gres/", "gres:")  # 22.05 spells the TRES with ':'
+    upd = as_user(slurm.cluster, alice, ["scontrol", "update", f"job={job}", change])
+    assert upd.returncode != 0 and f"Access/permission denied for job {job}" in upd.stderr, upd.stderr
+    assert "gres" not in slurm.show_job(job).get("TresPerNode", "").replace("(null)", "")
+    rec = _decisions_for(slurm.cluster, job)[-1]
+    assert rec["op"] == "modify" and rec["action"] == "reject", rec
+    assert rec["uid"] == users[alice] and rec["peer_uid"] == _owner_uid(slurm.cluster.pid("slurmctld")), rec
+    assert "only by root or SlurmUser" in rec["message"] and f"scancel {job}" in rec["message"], rec
+    # what works: the same update by root (SlurmUser here)
+    slurm.run(["scontrol", "update", f"job={job}", change])
+    assert "[gpushare:v1" in slurm.show_job(job)["AdminComment"]
+
+
+def test_a_users_submission_is_logged_with_the_users_uid(slurm, users):
+    """filterd's decision log said ``"user": null`` for every job: job_submit.lua sends ``uid``."""
+    bob = USERS[1]
+    p = sbatch(slurm.cluster, bob, "-p", "pcie", "--gres=shard:2")
+    assert tres(slurm, p) == "shard:2"
+    log = (slurm.cluster.root / "log" / "filterd.log").read_text().splitlines()
+    rec = [json.loads(line) for line in log if '"event": "decision"' in line][-1]
+    assert rec["uid"] == users[bob] and rec["request"].endswith("shard:2"), rec
+
+
+def test_a_users_update_from_a_share_to_plain_gres_is_refused_and_keeps_the_audit(slurm, users):
+    """The update that drops a stale audit sets AdminComment too, so slurmctld refuses it to a user:
+    the job keeps its share and its audit (root's same update works: tests/test_submit_slurm.py)."""
+    alice = USERS[0]
+    p = sbatch(slurm.cluster, alice, "-p", "gpu", "--gres=gpushare:mem=10G")
+    assert tres(slurm, p) == "gpu:h100_1g.10gb:1"
+    job = p.stdout.strip().split(";")[0]
+    upd = as_user(slurm.cluster, alice, ["scontrol", "update", f"job={job}", "Gres=gpu:h100:1"])
+    assert upd.returncode != 0 and f"Access/permission denied for job {job}" in upd.stderr, upd.stderr
+    fields = slurm.show_job(job)
+    assert bare(fields["TresPerNode"]) == "gpu:h100_1g.10gb:1" and "[gpushare:v1" in fields["AdminComment"]

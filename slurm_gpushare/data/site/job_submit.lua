@@ -74,13 +74,19 @@ end
 function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
   local tpn = job_desc.tres_per_node
   if not client.mentions_share(tpn, job_desc.tres_per_job, job_desc.tres_per_task, job_desc.tres_per_socket) then
-    -- the job's GRES change to something that is not a GPU share: its gpushare audit no longer holds
+    -- the job's GRES change to something that is not a GPU share: its gpushare audit no longer holds.
+    -- slurmctld refuses an update that sets AdminComment unless modify_uid is root, SlurmUser or a Slurm
+    -- administrator (checked after this hook), so a user's such update is refused as a whole and the job
+    -- keeps its share and its audit.
     local ac = job_rec.admin_comment
     if tpn and type(ac) == "string" and string.find(ac, "[gpushare:", 1, true) then
       local rest = string.gsub(ac, "%s*%[gpushare:v%d+[^%]]*%]", "")
       -- an empty string would read as "no change": say the segment is gone
       if rest == "" then rest = "[gpushare:none]" end
       job_desc.admin_comment = rest
+      slurm.log_info("gpushare: job %s (uid %s's update): GRES no longer a GPU share, audit removed; slurmctld " ..
+        "refuses this update unless that uid is root, SlurmUser or a Slurm administrator",
+        tostring(job_rec.job_id), tostring(modify_uid))
     end
     return slurm.SUCCESS
   end
