@@ -565,6 +565,34 @@ def test_flags_of_one_gres_name_must_agree():
     assert len(lint_gres_conf(gres(env), release=Release(22, 5))) == 1
 
 
+def test_a_gpu_line_without_flags_before_a_flags_line_differs_from_it():
+    # _parse_gres_config (22.05.8, 24.11.5, 26.05.3): a gpu line without Flags= after a Flags= line of the
+    # same name inherits them (accepted); one before it gets the default env flags, which no Flags= value
+    # equals: the Flags= line after it is fatal on every release
+    inherit = ("NodeName=n1 Name=gpu File=/dev/nvidia0 Flags=nvidia_gpu_env\n"
+               "NodeName=n1 Name=gpu File=/dev/nvidia1\n")
+    default_first = ("NodeName=n1 Name=gpu File=/dev/nvidia0\n"
+                     "NodeName=n1 Name=gpu File=/dev/nvidia1 Flags=nvidia_gpu_env\n")
+    for release in (Release(22, 5), Release(24, 11), Release(26, 5)):
+        assert lint_gres_conf(gres(inherit), release=release) == []
+        (f,) = lint_gres_conf(gres(default_first), release=release)
+        assert (f.severity, f.where) == ("error", "gres.conf:2")
+        assert f.message == (f"node n1: Flags=nvidia_gpu_env differs from the gpu line before it (gres.conf:1), "
+                             "which has no Flags= and so gets Slurm's default env flags: slurmd "
+                             f"{release} stops ('does not match env flags for previous GRES of same node and "
+                             "name')"), f.message
+    # a shard line in between does not count: slurmd remembers the last gpu line
+    shard = default_first.replace("nvidia1 ", "nvidia1 ").replace(
+        "NodeName=n1 Name=gpu File=/dev/nvidia1", "NodeName=n1 Name=shard Count=8 File=/dev/nvidia0\n"
+        "NodeName=n1 Name=gpu File=/dev/nvidia1")
+    assert len(lint_gres_conf(gres(shard), release=Release(24, 11))) == 1
+    # a flag that is no env flag (CountOnly) is compared on 24.11, not on 22.05 nor 26.05
+    count_only = default_first.replace("Flags=nvidia_gpu_env", "Flags=CountOnly")
+    assert lint_gres_conf(gres(count_only), release=Release(22, 5)) == []
+    assert len(lint_gres_conf(gres(count_only), release=Release(24, 11))) == 1
+    assert lint_gres_conf(gres(count_only), release=Release(26, 5)) == []
+
+
 def test_cores_that_split_a_socket_per_release():
     text = "NodeName=node1 Name=gpu File=/dev/nvidia0 Cores=0\nNodeName=node1 Name=gpu File=/dev/nvidia1 Cores=2-3\n"
     conf = slurm("GresTypes=gpu\nNodeName=node1 Sockets=2 CoresPerSocket=2 Gres=gpu:2\n")
@@ -580,7 +608,25 @@ def test_cores_that_split_a_socket_per_release():
     assert lint_gres_conf(gres(both), three, release=Release(24, 11)) == []  # two whole sockets
     (f,) = lint_gres_conf(gres(both), three, release=Release(26, 5))  # one socket or all cores only
     assert "Slurm 26.05 takes Cores= of exactly one whole socket or of every core" in f.message
+    assert f.message.startswith("node node1: Cores=0-3 spans sockets 0-1 of the node's 3 x 2 cores: ")
     assert f.hint.startswith("write Cores=0-5,")
+
+
+def test_cores_message_names_the_sockets_the_value_splits_and_spans():
+    # Cores=0-47 on 2 x 32 cores: socket 0 whole, socket 1 half; slurmd 26.05 quotes socket 0 (its loop
+    # stops at the first socket when the value is not exactly one socket), 24.11 socket 1 (the split one)
+    text = "NodeName=n1 Name=gpu File=/dev/nvidia0 Cores=0-47\n"
+    conf = slurm("GresTypes=gpu\nNodeName=n1 Sockets=2 CoresPerSocket=32 Gres=gpu:1\n")
+    (f,) = lint_gres_conf(gres(text), conf, release=Release(24, 11))
+    assert f.message.startswith("node n1: Cores=0-47 splits socket 1 (cores 32-63) of the node's 2 x 32 cores: ")
+    assert "(Socket 1 is cores 32-63)" in f.message
+    (f,) = lint_gres_conf(gres(text), conf, release=Release(26, 5))
+    assert f.message.startswith("node n1: Cores=0-47 spans sockets 0-1 and splits socket 1 (cores 32-63) of the "
+                                "node's 2 x 32 cores: Slurm 26.05 takes Cores= of exactly one whole socket")
+    assert "(Socket 0 is cores 0-31)" in f.message  # slurmd's own words
+    (f,) = lint_gres_conf(gres(text.replace("0-47", "16-47")), conf, release=Release(26, 5))
+    assert f.message.startswith("node n1: Cores=16-47 spans sockets 0-1 and splits socket 0 (cores 0-31) and "
+                                "socket 1 (cores 32-63) of the node's 2 x 32 cores: ")
 
 
 def test_include_lines_are_followed_with_a_loader():

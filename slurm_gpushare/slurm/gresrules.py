@@ -55,11 +55,16 @@ class CoresProblem:
     """Why a release's slurmd refuses a ``Cores=`` value.
 
     Attributes:
-        socket: the first socket (0-based) the check stops at.
+        socket: the first socket (0-based) slurmd's check stops at, the one its message names: from
+            25.11 that is the first socket the value touches when it touches several, even a whole one
+            (``Cores=0-47`` of 2 x 32 cores: socket 0); see :attr:`split` and :attr:`spans` for what is wrong.
         first, last: that socket's core ids (inclusive).
         rule: the rule in words, for messages.
         fix: the ``Cores=`` value that release accepts for the same GPU (the sockets touched, or
             every core of the node where one socket is not enough).
+        split: ``(socket, first core, last core)`` of each socket the value covers in part.
+        touched: the sockets the value has cores of.
+        spans: the value touches several sockets where the release takes at most one (25.11 on).
     """
 
     socket: int
@@ -67,6 +72,16 @@ class CoresProblem:
     last: int
     rule: str
     fix: tuple[int, ...]
+    split: tuple[tuple[int, int, int], ...] = ()
+    touched: tuple[int, ...] = ()
+    spans: bool = False
+
+    def describe(self) -> str:
+        """What is wrong in words: ``spans sockets 0-1 and splits socket 1 (cores 32-63)``."""
+        parts = [f"spans sockets {format_ranges(self.touched)}"] if self.spans else []
+        if self.split:
+            parts.append("splits " + " and ".join(f"socket {s} (cores {a}-{b})" for s, a, b in self.split))
+        return " and ".join(parts)
 
     def slurmd_message(self, cores: Iterable[int], node: str, gres: str = "gpu") -> str:
         """The reason slurmd gives (``_check_core_range_matches_sock``), for messages and docs."""
@@ -103,6 +118,8 @@ def cores_problem(cores: Iterable[int], sockets: int, cores_per_socket: int,
     if one_socket and len(ids) == total:
         return None
     touched = sorted({c // cores_per_socket for c in ids})
+    split = tuple((s, s * cores_per_socket, (s + 1) * cores_per_socket - 1) for s in touched
+                  if sum(1 for c in ids if c // cores_per_socket == s) < cores_per_socket)
     for s in range(sockets):
         first = s * cores_per_socket
         n = sum(1 for c in ids if first <= c < first + cores_per_socket)
@@ -117,7 +134,8 @@ def cores_problem(cores: Iterable[int], sockets: int, cores_per_socket: int,
         else:
             rule = f"Slurm {release} takes Cores= only as whole sockets"
             fix = _sockets(touched, cores_per_socket)
-        return CoresProblem(s, first, first + cores_per_socket - 1, rule, fix)
+        return CoresProblem(s, first, first + cores_per_socket - 1, rule, fix, split=split, touched=tuple(touched),
+                            spans=one_socket and len(touched) > 1)
     return None
 
 
