@@ -41,6 +41,12 @@ COUNT_HINT_TAIL = ("in Gres=; a node that reports fewer GRES than slurm.conf con
                    "https://slurm.schedmd.com/gres.html")
 
 
+
+def _lint_no_build_note(*args, **kwargs):
+    """lint_gres_conf without the warning that AutoDetect=nvml needs a slurmd built with NVML (the upstream
+    examples use it; test_autodetect_of_a_build_option_is_a_warning tests it)."""
+    return [f for f in lint_gres_conf(*args, **kwargs) if " works only in a slurmd built with " not in f.message]
+
 def real(name: str):
     return parse_gres_conf((DATA / "gres" / name).read_text(), source=name)
 
@@ -115,7 +121,7 @@ def test_deepops_allzero_links(slurm_text):
 def test_upstream_shard_example_counts_do_not_match_its_slurm_conf():
     # the docs pair "Gres=gpu:2,shard:64" with a gres.conf of 4 GPUs and 4 x 8 shards
     slurm_text, gres_text = split_sections((DATA / "gres" / SHARD).read_text())
-    findings = lint_gres_conf(gres(gres_text, SHARD), slurm(slurm_text, SHARD))
+    findings = _lint_no_build_note(gres(gres_text, SHARD), slurm(slurm_text, SHARD))
     tres = [(f"gres/gpu:{t}", line) for t, line in (("gtx1080", 15), ("gtx1070", 16), ("gtx1060", 17),
                                                       ("gtx1050", 18))]
     assert messages(findings) == [
@@ -129,13 +135,13 @@ def test_upstream_shard_example_counts_do_not_match_its_slurm_conf():
 
 
 def test_upstream_mps_and_mig_examples_are_clean():
-    assert lint_gres_conf(real(MPS)) == []
+    assert _lint_no_build_note(real(MPS)) == []
     mig_slurm = slurm((DATA / "gres" / MIG).read_text(), MIG)
-    assert lint_gres_conf(gres("AutoDetect=nvml\n"), mig_slurm) == []
+    assert _lint_no_build_note(gres("AutoDetect=nvml\n"), mig_slurm) == []
 
 
 def test_upstream_mps_example_against_a_slurm_conf_without_mps():
-    findings = lint_gres_conf(real(MPS), slurm("GresTypes=gpu\nNodeName=tux1 Gres=gpu:4\n"))
+    findings = _lint_no_build_note(real(MPS), slurm("GresTypes=gpu\nNodeName=tux1 Gres=gpu:4\n"))
     assert messages(findings) == [
         ("error", "slurm.conf:1", f"GRES mps is configured ({MPS}:15) but slurm.conf has GresTypes=gpu"),
         ("error", "slurm.conf:2", f"node tux1: gres.conf configures 4600 mps ({MPS}:15-18) but slurm.conf "
@@ -165,9 +171,9 @@ def test_generated_config_lints_clean(a100, generated):
     gres_text, slurm_text = generated
     assert "Links=-1,0,22,0,0,0,0,0" in gres_text  # the non-adjacent NV12 pair 0-2 is there
     conf = gres(gres_text)
-    assert lint_gres_conf(conf) == []
-    assert lint_gres_conf(conf, slurm(slurm_text)) == []
-    assert lint_gres_conf(conf, slurm(slurm_text), {"a100": a100}) == []
+    assert _lint_no_build_note(conf) == []
+    assert _lint_no_build_note(conf, slurm(slurm_text)) == []
+    assert _lint_no_build_note(conf, slurm(slurm_text), {"a100": a100}) == []
 
 
 def test_links_that_differ_from_the_machine_topology_are_reported(a100, generated):
@@ -175,7 +181,7 @@ def test_links_that_differ_from_the_machine_topology_are_reported(a100, generate
     swapped = gres_text.replace("Links=-1,0,22,0,0,0,0,0", "Links=-1,22,0,0,0,0,0,0").replace(
         "Links=0,-1,0,22,0,0,0,0", "Links=22,-1,0,22,0,0,0,0").replace(
         "Links=22,0,-1,0,0,0,0,0", "Links=0,0,-1,0,0,0,0,0")
-    findings = lint_gres_conf(gres(swapped), slurm(slurm_text), {"a100": a100})
+    findings = _lint_no_build_note(gres(swapped), slurm(slurm_text), {"a100": a100})
     source = a100.source
     assert messages(findings) == [
         ("warning", "gres.conf:4", f"node a100: Links=-1,22,0,0,0,0,0,0 differ from the topology of {source}: "
@@ -193,8 +199,8 @@ def test_all_sys_machine_gets_no_links_and_lints_clean():
     rtx = parse_topo_matrix(text, gpu_name="NVIDIA GeForce RTX 4090", memory_mib=24564, hostname="rtx")
     gres_text = render_gres_conf([generate_node_gres(rtx)])
     assert "Links=" not in gres_text
-    assert lint_gres_conf(gres(gres_text), machines={"rtx": rtx}) == []
-    assert lint_gres_conf(gres(gres_text)) == []
+    assert _lint_no_build_note(gres(gres_text), machines={"rtx": rtx}) == []
+    assert _lint_no_build_note(gres(gres_text)) == []
     # the same machine written with all-zero Links= by hand gets the warning unless the description says SYS
     rows = []
     for line in gres_text.splitlines():
@@ -203,8 +209,8 @@ def test_all_sys_machine_gets_no_links_and_lints_clean():
             line += " Links=" + ",".join("-1" if j == i else "0" for j in range(8))
         rows.append(line)
     zero = "\n".join(rows) + "\n"
-    assert lint_gres_conf(gres(zero), machines={"rtx": rtx}) == []
-    assert [f.message for f in lint_gres_conf(gres(zero))] == [ALLZERO_MESSAGE]
+    assert _lint_no_build_note(gres(zero), machines={"rtx": rtx}) == []
+    assert [f.message for f in _lint_no_build_note(gres(zero))] == [ALLZERO_MESSAGE]
 
 
 # --- each rule on small files -----------------------------------------------------------------
@@ -218,7 +224,7 @@ NodeName=n2 AutoDetect=off Name=gpu Type=h100 Count=2
 NodeName=n3 AutoDetect=off Name=gpu Count=2
 NodeName=n4 Name=gpu Type=a100 File=/dev/nvidia0
 """
-    findings = lint_gres_conf(gres(text))
+    findings = _lint_no_build_note(gres(text))
     assert findings == [
         Finding("error", "gres.conf:2",
                 "Name=gpu line without File= next to AutoDetect=nvml: AutoDetect already reports every GPU with "
@@ -244,7 +250,7 @@ NodeName=n4 Name=gpu File=/dev/nvidia2 Links=0,0,x
 NodeName=n5 Name=gpu File=/dev/nvidia0 Links=0,4
 NodeName=n5 Name=gpu File=/dev/nvidia1 Links=4,-1,-2
 """
-    assert messages(lint_gres_conf(gres(text))) == [
+    assert messages(_lint_no_build_note(gres(text))) == [
         ("error", "gres.conf:1", "Links= on a line with 2 devices (File=/dev/nvidia[0-1])"),
         ("error", "gres.conf:2", "Links are not symmetric: device 0 -> 1 is 12 but device 1 -> 0 is 0 "
                                  "(gres.conf:3)"),
@@ -254,7 +260,7 @@ NodeName=n5 Name=gpu File=/dev/nvidia1 Links=4,-1,-2
         ("error", "gres.conf:6", "Links=4,-1,-2 is malformed: field 3 (-2) is below -1"),
         ("error", "gres.conf:6", "Links= has 3 values for the node's 2 GPU devices"),
     ]
-    multi = lint_gres_conf(gres(text))[0]
+    multi = _lint_no_build_note(gres(text))[0]
     assert multi.hint == ("gres.conf(5) Links: 'If specified, then this line can only contain a single GRES "
                           "device'; write one line per device file, each with its own Links=")
 
@@ -265,7 +271,7 @@ NodeName=n[1-2] Name=gpu File=/dev/nvidia[0-2]
 NodeName=n1 Name=shard Count=10
 NodeName=n2 Name=mps Count=300
 """
-    findings = lint_gres_conf(gres(text))
+    findings = _lint_no_build_note(gres(text))
     assert findings == [Finding(
         "warning", "gres.conf:2",
         "Name=shard Count=10 without File= is split evenly over the node's 3 GPUs, but 10 is not a multiple of 3: "
@@ -274,7 +280,7 @@ NodeName=n2 Name=mps Count=300
         "https://slurm.schedmd.com/gres.html#Sharding")]
     # the same rule for a slurm.conf count that gres.conf does not describe
     conf = slurm("GresTypes=gpu,shard\nNodeName=n9 Gres=gpu:4,shard:30\n")
-    assert messages(lint_gres_conf(gres("AutoDetect=nvml\n"), conf)) == [
+    assert messages(_lint_no_build_note(gres("AutoDetect=nvml\n"), conf)) == [
         ("warning", "slurm.conf:2", "Gres=shard:30 (no gres.conf shard lines) is split evenly over the node's 4 "
                                     "GPUs, but 30 is not a multiple of 4: the GPUs get unequal shares")]
 
@@ -288,7 +294,7 @@ NodeName=a1 Gres=gpu:a100:4
 NodeName=a2 Gres=gpu:a100:8,gpu:h100:1
 NodeName=b1 CPUs=4
 """
-    findings = lint_gres_conf(gres(gres_text), slurm(slurm_text))
+    findings = _lint_no_build_note(gres(gres_text), slurm(slurm_text))
     assert messages(findings) == [
         ("warning", "slurm.conf:2", "AccountingStorageTRES does not list gres/gpu:h100 (configured at "
                                     "slurm.conf:4): jobs' use of that type is not accounted"),
@@ -384,6 +390,34 @@ def test_compare_reports_gpu_order_and_autodetect(generated):
         f"node a100: gpu device order differs: installed /dev/nvidia1,/dev/nvidia0,{nvidia} "
         f"expected /dev/nvidia0,/dev/nvidia1,{nvidia}",
     ]
+
+
+def test_compare_autodetect_against_off_says_why_per_release(generated):
+    expected, _ = generated
+
+    def diff(value, release):
+        installed = expected.replace("AutoDetect=off", f"AutoDetect={value}")
+        return [ln for ln in compare(expected, installed, what="gres.conf", release=release) if "AutoDetect" in ln]
+    # a mechanism the release knows, beside File= lines for every GPU, only checks them: no difference
+    assert diff("nvidia", Release(24, 11)) == [] and diff("full", Release(26, 5)) == []
+    for value, release in (("full", Release(24, 11)), ("bogus", Release(24, 11)), ("nvidia", Release(22, 5))):
+        assert diff(value, release) == [
+            f"node a100: AutoDetect differs: installed {value} expected off: Slurm {release} knows no "
+            f"AutoDetect={value} (slurmd logs 'unknown autodetect flag' and detects nothing); a mechanism it "
+            "knows would only check the File= lines"], value
+
+
+def test_autodetect_of_a_build_option_is_a_warning():
+    # src/common/gpu.c _get_gpu_type (22.05.8; src/interfaces/gpu.c 24.11.5): without HAVE_NVML slurmd logs
+    # an info line and falls back to gpu/generic; Debian's slurm-wlm 22.05.8 ships gpu_generic.so only
+    text = "AutoDetect=nvml\nNodeName=n1 Name=gpu File=/dev/nvidia0\n"
+    (f,) = lint_gres_conf(gres(text), release=Release(22, 5))
+    assert (f.severity, f.where) == ("warning", "gres.conf:1")
+    assert f.message == ("AutoDetect=nvml works only in a slurmd built with NVML (gpu_nvml.so in its PluginDir): "
+                         "a slurmd built without it logs 'We were configured to autodetect nvml functionality, but "
+                         "we weren't able to find that lib when Slurm was configured.' and detects nothing")
+    assert "Debian's slurm-wlm 22.05 has no gpu_nvml.so" in f.hint
+    assert lint_gres_conf(gres(text.replace("nvml", "nvidia")), release=Release(24, 11)) == []
 
 
 def test_compare_groups_nodes_and_compares_fields():

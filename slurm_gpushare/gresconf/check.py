@@ -57,6 +57,7 @@ from slurm_gpushare.slurm.conf import (
 )
 from slurm_gpushare.slurm.gres import GresItem, render_counts
 from slurm_gpushare.slurm.gresrules import (
+    AUTODETECT_BUILD_OPTION,
     ENV_FLAGS,
     FLAGS_SINCE,
     autodetect_values,
@@ -246,6 +247,15 @@ def _lint_line(e: GresEntry, release: Release) -> list[_Raw]:
         out.append(_line("error", e.where, f"AutoDetect={e.param('AutoDetect')} is not a mechanism Slurm {release} "
                          "knows: slurmd logs 'unknown autodetect flag' and detects nothing",
                          f"use one of {', '.join(known)}; gres.conf(5) AutoDetect"))
+    elif e.autodetect in AUTODETECT_BUILD_OPTION:
+        plugin, library, said = AUTODETECT_BUILD_OPTION[e.autodetect]
+        out.append(_line("warning", e.where,
+                         f"AutoDetect={e.param('AutoDetect')} works only in a slurmd built with {library} ({plugin} in "
+                         f"its PluginDir): a slurmd built without it logs '{said}' and detects nothing",
+                         f"check that {plugin} is in slurmd's PluginDir (Debian's slurm-wlm 22.05 has no {plugin}, "
+                         "nor have its 24.11 and 26.05 packages); without it write AutoDetect=off with File= lines"
+                         f"{', or AutoDetect=nvidia (Slurm 24.11 on)' if e.autodetect == 'nvml' else ''}; "
+                         "_get_gpu_type in Slurm's src/interfaces/gpu.c"))
     out += _lint_flag_items(e, release)
     if e.cores_key == "CPUs":
         out.append(_line("warning", e.where,
@@ -791,7 +801,12 @@ def _compare_gres(expected: GresConf, installed: GresConf, only: list[str] | Non
         verifies = (release is not None and want == "off" and have is not None
                     and have in autodetect_values(release))
         if want != have and not verifies:
-            report.add(node, "diff", f"AutoDetect differs: installed {have or '(none)'} expected {want or '(none)'}")
+            why = ""
+            if release is not None and want == "off" and have is not None:
+                why = (f": Slurm {release} knows no AutoDetect={have} (slurmd logs 'unknown autodetect flag' and "
+                       "detects nothing); a mechanism it knows would only check the File= lines")
+            report.add(node, "diff",
+                       f"AutoDetect differs: installed {have or '(none)'} expected {want or '(none)'}{why}")
         ours = _keyed(_per_device(expected.records_for(node)))
         theirs = _keyed(_per_device(installed.records_for(node)))
         want_order, have_order = _gpu_order(expected.records_for(node)), _gpu_order(installed.records_for(node))

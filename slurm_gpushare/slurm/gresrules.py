@@ -30,6 +30,18 @@ from slurm_gpushare.slurm.release import CORES_ONE_SOCKET, CORES_WHOLE_SOCKETS, 
 AUTODETECT_SINCE = {"nvml": Release(22, 5), "rsmi": Release(22, 5), "oneapi": Release(22, 5),
                     "off": Release(22, 5), "nrt": Release(23, 11), "nvidia": Release(24, 11),
                     "full": Release(26, 5)}
+#: ``AutoDetect=`` values that need slurmd built with a vendor library (``HAVE_NVML``, ``HAVE_RSMI``,
+#: ``HAVE_ONEAPI``): the plugin it loads, the library and what slurmd logs when it was built without it
+#: and falls back to gpu/generic, detecting nothing (``_get_gpu_type`` in src/common/gpu.c at
+#: slurm-22-05-8-1, src/interfaces/gpu.c at slurm-24-11-5-1 and slurm-26-05-3-1). Measured: Debian 12's
+#: slurm-wlm 22.05.8 ships gpu_generic.so only; the 24.11.5 and 26.05.5 packages have no gpu_nvml.so nor
+#: gpu_rsmi.so (``AutoDetect=nvidia``, 24.11 on, needs no vendor library at build time).
+AUTODETECT_BUILD_OPTION = {
+    "nvml": ("gpu_nvml.so", "NVML", "We were configured to autodetect nvml functionality, but we weren't able to "
+             "find that lib when Slurm was configured."),
+    "rsmi": ("gpu_rsmi.so", "ROCm SMI", "Configured with rsmi, but rsmi isn't enabled during the build."),
+    "oneapi": ("gpu_oneapi.so", "oneAPI", "Configured with oneAPI, but oneAPI isn't enabled during the build."),
+}
 #: ``Flags=`` items (lower case) and the release each first appears in.
 FLAGS_SINCE = {"countonly": Release(22, 5), "nvidia_gpu_env": Release(22, 5), "amd_gpu_env": Release(22, 5),
                "intel_gpu_env": Release(22, 5), "opencl_env": Release(22, 5), "one_sharing": Release(22, 5),
