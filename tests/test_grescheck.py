@@ -41,6 +41,12 @@ COUNT_HINT_TAIL = ("in Gres=; a node that reports fewer GRES than slurm.conf con
                    "https://slurm.schedmd.com/gres.html")
 
 
+
+def _lint_no_build_note(*args, **kwargs):
+    """lint_gres_conf without the warning that AutoDetect=nvml needs a slurmd built with NVML (the upstream
+    examples use it; test_autodetect_of_a_build_option_is_a_warning tests it)."""
+    return [f for f in lint_gres_conf(*args, **kwargs) if " works only in a slurmd built with " not in f.message]
+
 def real(name: str):
     return parse_gres_conf((DATA / "gres" / name).read_text(), source=name)
 
@@ -115,7 +121,7 @@ def test_deepops_allzero_links(slurm_text):
 def test_upstream_shard_example_counts_do_not_match_its_slurm_conf():
     # the docs pair "Gres=gpu:2,shard:64" with a gres.conf of 4 GPUs and 4 x 8 shards
     slurm_text, gres_text = split_sections((DATA / "gres" / SHARD).read_text())
-    findings = lint_gres_conf(gres(gres_text, SHARD), slurm(slurm_text, SHARD))
+    findings = _lint_no_build_note(gres(gres_text, SHARD), slurm(slurm_text, SHARD))
     tres = [(f"gres/gpu:{t}", line) for t, line in (("gtx1080", 15), ("gtx1070", 16), ("gtx1060", 17),
                                                       ("gtx1050", 18))]
     assert messages(findings) == [
@@ -129,13 +135,13 @@ def test_upstream_shard_example_counts_do_not_match_its_slurm_conf():
 
 
 def test_upstream_mps_and_mig_examples_are_clean():
-    assert lint_gres_conf(real(MPS)) == []
+    assert _lint_no_build_note(real(MPS)) == []
     mig_slurm = slurm((DATA / "gres" / MIG).read_text(), MIG)
-    assert lint_gres_conf(gres("AutoDetect=nvml\n"), mig_slurm) == []
+    assert _lint_no_build_note(gres("AutoDetect=nvml\n"), mig_slurm) == []
 
 
 def test_upstream_mps_example_against_a_slurm_conf_without_mps():
-    findings = lint_gres_conf(real(MPS), slurm("GresTypes=gpu\nNodeName=tux1 Gres=gpu:4\n"))
+    findings = _lint_no_build_note(real(MPS), slurm("GresTypes=gpu\nNodeName=tux1 Gres=gpu:4\n"))
     assert messages(findings) == [
         ("error", "slurm.conf:1", f"GRES mps is configured ({MPS}:15) but slurm.conf has GresTypes=gpu"),
         ("error", "slurm.conf:2", f"node tux1: gres.conf configures 4600 mps ({MPS}:15-18) but slurm.conf "
@@ -165,9 +171,9 @@ def test_generated_config_lints_clean(a100, generated):
     gres_text, slurm_text = generated
     assert "Links=-1,0,22,0,0,0,0,0" in gres_text  # the non-adjacent NV12 pair 0-2 is there
     conf = gres(gres_text)
-    assert lint_gres_conf(conf) == []
-    assert lint_gres_conf(conf, slurm(slurm_text)) == []
-    assert lint_gres_conf(conf, slurm(slurm_text), {"a100": a100}) == []
+    assert _lint_no_build_note(conf) == []
+    assert _lint_no_build_note(conf, slurm(slurm_text)) == []
+    assert _lint_no_build_note(conf, slurm(slurm_text), {"a100": a100}) == []
 
 
 def test_links_that_differ_from_the_machine_topology_are_reported(a100, generated):
@@ -175,7 +181,7 @@ def test_links_that_differ_from_the_machine_topology_are_reported(a100, generate
     swapped = gres_text.replace("Links=-1,0,22,0,0,0,0,0", "Links=-1,22,0,0,0,0,0,0").replace(
         "Links=0,-1,0,22,0,0,0,0", "Links=22,-1,0,22,0,0,0,0").replace(
         "Links=22,0,-1,0,0,0,0,0", "Links=0,0,-1,0,0,0,0,0")
-    findings = lint_gres_conf(gres(swapped), slurm(slurm_text), {"a100": a100})
+    findings = _lint_no_build_note(gres(swapped), slurm(slurm_text), {"a100": a100})
     source = a100.source
     assert messages(findings) == [
         ("warning", "gres.conf:4", f"node a100: Links=-1,22,0,0,0,0,0,0 differ from the topology of {source}: "
@@ -193,8 +199,8 @@ def test_all_sys_machine_gets_no_links_and_lints_clean():
     rtx = parse_topo_matrix(text, gpu_name="NVIDIA GeForce RTX 4090", memory_mib=24564, hostname="rtx")
     gres_text = render_gres_conf([generate_node_gres(rtx)])
     assert "Links=" not in gres_text
-    assert lint_gres_conf(gres(gres_text), machines={"rtx": rtx}) == []
-    assert lint_gres_conf(gres(gres_text)) == []
+    assert _lint_no_build_note(gres(gres_text), machines={"rtx": rtx}) == []
+    assert _lint_no_build_note(gres(gres_text)) == []
     # the same machine written with all-zero Links= by hand gets the warning unless the description says SYS
     rows = []
     for line in gres_text.splitlines():
@@ -203,8 +209,8 @@ def test_all_sys_machine_gets_no_links_and_lints_clean():
             line += " Links=" + ",".join("-1" if j == i else "0" for j in range(8))
         rows.append(line)
     zero = "\n".join(rows) + "\n"
-    assert lint_gres_conf(gres(zero), machines={"rtx": rtx}) == []
-    assert [f.message for f in lint_gres_conf(gres(zero))] == [ALLZERO_MESSAGE]
+    assert _lint_no_build_note(gres(zero), machines={"rtx": rtx}) == []
+    assert [f.message for f in _lint_no_build_note(gres(zero))] == [ALLZERO_MESSAGE]
 
 
 # --- each rule on small files -----------------------------------------------------------------
@@ -218,7 +224,7 @@ NodeName=n2 AutoDetect=off Name=gpu Type=h100 Count=2
 NodeName=n3 AutoDetect=off Name=gpu Count=2
 NodeName=n4 Name=gpu Type=a100 File=/dev/nvidia0
 """
-    findings = lint_gres_conf(gres(text))
+    findings = _lint_no_build_note(gres(text))
     assert findings == [
         Finding("error", "gres.conf:2",
                 "Name=gpu line without File= next to AutoDetect=nvml: AutoDetect already reports every GPU with "
@@ -244,7 +250,7 @@ NodeName=n4 Name=gpu File=/dev/nvidia2 Links=0,0,x
 NodeName=n5 Name=gpu File=/dev/nvidia0 Links=0,4
 NodeName=n5 Name=gpu File=/dev/nvidia1 Links=4,-1,-2
 """
-    assert messages(lint_gres_conf(gres(text))) == [
+    assert messages(_lint_no_build_note(gres(text))) == [
         ("error", "gres.conf:1", "Links= on a line with 2 devices (File=/dev/nvidia[0-1])"),
         ("error", "gres.conf:2", "Links are not symmetric: device 0 -> 1 is 12 but device 1 -> 0 is 0 "
                                  "(gres.conf:3)"),
@@ -254,7 +260,7 @@ NodeName=n5 Name=gpu File=/dev/nvidia1 Links=4,-1,-2
         ("error", "gres.conf:6", "Links=4,-1,-2 is malformed: field 3 (-2) is below -1"),
         ("error", "gres.conf:6", "Links= has 3 values for the node's 2 GPU devices"),
     ]
-    multi = lint_gres_conf(gres(text))[0]
+    multi = _lint_no_build_note(gres(text))[0]
     assert multi.hint == ("gres.conf(5) Links: 'If specified, then this line can only contain a single GRES "
                           "device'; write one line per device file, each with its own Links=")
 
@@ -265,7 +271,7 @@ NodeName=n[1-2] Name=gpu File=/dev/nvidia[0-2]
 NodeName=n1 Name=shard Count=10
 NodeName=n2 Name=mps Count=300
 """
-    findings = lint_gres_conf(gres(text))
+    findings = _lint_no_build_note(gres(text))
     assert findings == [Finding(
         "warning", "gres.conf:2",
         "Name=shard Count=10 without File= is split evenly over the node's 3 GPUs, but 10 is not a multiple of 3: "
@@ -274,7 +280,7 @@ NodeName=n2 Name=mps Count=300
         "https://slurm.schedmd.com/gres.html#Sharding")]
     # the same rule for a slurm.conf count that gres.conf does not describe
     conf = slurm("GresTypes=gpu,shard\nNodeName=n9 Gres=gpu:4,shard:30\n")
-    assert messages(lint_gres_conf(gres("AutoDetect=nvml\n"), conf)) == [
+    assert messages(_lint_no_build_note(gres("AutoDetect=nvml\n"), conf)) == [
         ("warning", "slurm.conf:2", "Gres=shard:30 (no gres.conf shard lines) is split evenly over the node's 4 "
                                     "GPUs, but 30 is not a multiple of 4: the GPUs get unequal shares")]
 
@@ -288,7 +294,7 @@ NodeName=a1 Gres=gpu:a100:4
 NodeName=a2 Gres=gpu:a100:8,gpu:h100:1
 NodeName=b1 CPUs=4
 """
-    findings = lint_gres_conf(gres(gres_text), slurm(slurm_text))
+    findings = _lint_no_build_note(gres(gres_text), slurm(slurm_text))
     assert messages(findings) == [
         ("warning", "slurm.conf:2", "AccountingStorageTRES does not list gres/gpu:h100 (configured at "
                                     "slurm.conf:4): jobs' use of that type is not accounted"),
@@ -384,6 +390,34 @@ def test_compare_reports_gpu_order_and_autodetect(generated):
         f"node a100: gpu device order differs: installed /dev/nvidia1,/dev/nvidia0,{nvidia} "
         f"expected /dev/nvidia0,/dev/nvidia1,{nvidia}",
     ]
+
+
+def test_compare_autodetect_against_off_says_why_per_release(generated):
+    expected, _ = generated
+
+    def diff(value, release):
+        installed = expected.replace("AutoDetect=off", f"AutoDetect={value}")
+        return [ln for ln in compare(expected, installed, what="gres.conf", release=release) if "AutoDetect" in ln]
+    # a mechanism the release knows, beside File= lines for every GPU, only checks them: no difference
+    assert diff("nvidia", Release(24, 11)) == [] and diff("full", Release(26, 5)) == []
+    for value, release in (("full", Release(24, 11)), ("bogus", Release(24, 11)), ("nvidia", Release(22, 5))):
+        assert diff(value, release) == [
+            f"node a100: AutoDetect differs: installed {value} expected off: Slurm {release} knows no "
+            f"AutoDetect={value} (slurmd logs 'unknown autodetect flag' and detects nothing); a mechanism it "
+            "knows would only check the File= lines"], value
+
+
+def test_autodetect_of_a_build_option_is_a_warning():
+    # src/common/gpu.c _get_gpu_type (22.05.8; src/interfaces/gpu.c 24.11.5): without HAVE_NVML slurmd logs
+    # an info line and falls back to gpu/generic; Debian's slurm-wlm 22.05.8 ships gpu_generic.so only
+    text = "AutoDetect=nvml\nNodeName=n1 Name=gpu File=/dev/nvidia0\n"
+    (f,) = lint_gres_conf(gres(text), release=Release(22, 5))
+    assert (f.severity, f.where) == ("warning", "gres.conf:1")
+    assert f.message == ("AutoDetect=nvml works only in a slurmd built with NVML (gpu_nvml.so in its PluginDir): "
+                         "a slurmd built without it logs 'We were configured to autodetect nvml functionality, but "
+                         "we weren't able to find that lib when Slurm was configured.' and detects nothing")
+    assert "Debian's slurm-wlm 22.05 has no gpu_nvml.so" in f.hint
+    assert lint_gres_conf(gres(text.replace("nvml", "nvidia")), release=Release(24, 11)) == []
 
 
 def test_compare_groups_nodes_and_compares_fields():
@@ -565,6 +599,34 @@ def test_flags_of_one_gres_name_must_agree():
     assert len(lint_gres_conf(gres(env), release=Release(22, 5))) == 1
 
 
+def test_a_gpu_line_without_flags_before_a_flags_line_differs_from_it():
+    # _parse_gres_config (22.05.8, 24.11.5, 26.05.3): a gpu line without Flags= after a Flags= line of the
+    # same name inherits them (accepted); one before it gets the default env flags, which no Flags= value
+    # equals: the Flags= line after it is fatal on every release
+    inherit = ("NodeName=n1 Name=gpu File=/dev/nvidia0 Flags=nvidia_gpu_env\n"
+               "NodeName=n1 Name=gpu File=/dev/nvidia1\n")
+    default_first = ("NodeName=n1 Name=gpu File=/dev/nvidia0\n"
+                     "NodeName=n1 Name=gpu File=/dev/nvidia1 Flags=nvidia_gpu_env\n")
+    for release in (Release(22, 5), Release(24, 11), Release(26, 5)):
+        assert lint_gres_conf(gres(inherit), release=release) == []
+        (f,) = lint_gres_conf(gres(default_first), release=release)
+        assert (f.severity, f.where) == ("error", "gres.conf:2")
+        assert f.message == (f"node n1: Flags=nvidia_gpu_env differs from the gpu line before it (gres.conf:1), "
+                             "which has no Flags= and so gets Slurm's default env flags: slurmd "
+                             f"{release} stops ('does not match env flags for previous GRES of same node and "
+                             "name')"), f.message
+    # a shard line in between does not count: slurmd remembers the last gpu line
+    shard = default_first.replace("nvidia1 ", "nvidia1 ").replace(
+        "NodeName=n1 Name=gpu File=/dev/nvidia1", "NodeName=n1 Name=shard Count=8 File=/dev/nvidia0\n"
+        "NodeName=n1 Name=gpu File=/dev/nvidia1")
+    assert len(lint_gres_conf(gres(shard), release=Release(24, 11))) == 1
+    # a flag that is no env flag (CountOnly) is compared on 24.11, not on 22.05 nor 26.05
+    count_only = default_first.replace("Flags=nvidia_gpu_env", "Flags=CountOnly")
+    assert lint_gres_conf(gres(count_only), release=Release(22, 5)) == []
+    assert len(lint_gres_conf(gres(count_only), release=Release(24, 11))) == 1
+    assert lint_gres_conf(gres(count_only), release=Release(26, 5)) == []
+
+
 def test_cores_that_split_a_socket_per_release():
     text = "NodeName=node1 Name=gpu File=/dev/nvidia0 Cores=0\nNodeName=node1 Name=gpu File=/dev/nvidia1 Cores=2-3\n"
     conf = slurm("GresTypes=gpu\nNodeName=node1 Sockets=2 CoresPerSocket=2 Gres=gpu:2\n")
@@ -580,7 +642,25 @@ def test_cores_that_split_a_socket_per_release():
     assert lint_gres_conf(gres(both), three, release=Release(24, 11)) == []  # two whole sockets
     (f,) = lint_gres_conf(gres(both), three, release=Release(26, 5))  # one socket or all cores only
     assert "Slurm 26.05 takes Cores= of exactly one whole socket or of every core" in f.message
+    assert f.message.startswith("node node1: Cores=0-3 spans sockets 0-1 of the node's 3 x 2 cores: ")
     assert f.hint.startswith("write Cores=0-5,")
+
+
+def test_cores_message_names_the_sockets_the_value_splits_and_spans():
+    # Cores=0-47 on 2 x 32 cores: socket 0 whole, socket 1 half; slurmd 26.05 quotes socket 0 (its loop
+    # stops at the first socket when the value is not exactly one socket), 24.11 socket 1 (the split one)
+    text = "NodeName=n1 Name=gpu File=/dev/nvidia0 Cores=0-47\n"
+    conf = slurm("GresTypes=gpu\nNodeName=n1 Sockets=2 CoresPerSocket=32 Gres=gpu:1\n")
+    (f,) = lint_gres_conf(gres(text), conf, release=Release(24, 11))
+    assert f.message.startswith("node n1: Cores=0-47 splits socket 1 (cores 32-63) of the node's 2 x 32 cores: ")
+    assert "(Socket 1 is cores 32-63)" in f.message
+    (f,) = lint_gres_conf(gres(text), conf, release=Release(26, 5))
+    assert f.message.startswith("node n1: Cores=0-47 spans sockets 0-1 and splits socket 1 (cores 32-63) of the "
+                                "node's 2 x 32 cores: Slurm 26.05 takes Cores= of exactly one whole socket")
+    assert "(Socket 0 is cores 0-31)" in f.message  # slurmd's own words
+    (f,) = lint_gres_conf(gres(text.replace("0-47", "16-47")), conf, release=Release(26, 5))
+    assert f.message.startswith("node n1: Cores=16-47 spans sockets 0-1 and splits socket 0 (cores 0-31) and "
+                                "socket 1 (cores 32-63) of the node's 2 x 32 cores: ")
 
 
 def test_include_lines_are_followed_with_a_loader():

@@ -171,6 +171,8 @@ def test_daemon_that_cannot_start_fails_the_job_not_the_node(node, capfd):
     assert prolog(node.ctx, _env("105")) == 0
     assert node.drained == [] and node.cancelled == ["105"]
     assert "job 105 failed, node kept up: MPS control daemon for job 105 failed" in capfd.readouterr().err
+    # the hook exits 0: slurmd logs its output only at debug2, so the reason is in the node log too
+    assert " prolog: job 105 failed, node kept up: MPS control daemon" in (node.ctx.run_dir / "node.log").read_text()
 
 
 def test_unreadable_job_record_fails_the_job_not_the_node(node, capfd):

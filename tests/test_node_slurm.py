@@ -204,3 +204,54 @@ def test_array_tasks_on_one_node_get_their_own_mig_slices(cluster, slurm):
         seen[task] = (out / f"array-{array_id}_{task}.out").read_text().strip()
     assert all(v.startswith("CVD=MIG-") for v in seen.values()), seen
     assert len(set(seen.values())) == 3, seen  # three tasks, three slices
+
+
+def _gres_idx_and_cpus(slurm, job_id):
+    """(GPU indices, CPU ids) of a running job on one node, from ``scontrol -d show job``."""
+    text = slurm.run(["scontrol", "-d", "show", "job", job_id]).stdout
+    m = re.search(r"CPU_IDs=(\S+).*?GRES=\S*?\(IDX:([0-9,-]*)\)", text)
+    cpus_text = m.group(1) if m else re.search(r"CPU_IDs=(\S+)", text).group(1)
+
+    def ids(spec):
+        out = []
+        for part in filter(None, spec.split(",")):
+            lo, _, hi = part.partition("-")
+            out.extend(range(int(lo), int(hi or lo) + 1))
+        return out
+    return (ids(m.group(2)) if m else []), ids(cpus_text)
+
+
+def test_a_worse_gpu_set_than_was_free_is_written_to_the_node_log(cluster, slurm):
+    # slurmd keeps a successful Prolog's output only at SlurmdDebug=debug2 (prep_script_slurmd.c,
+    # _run_subpath_command, 22.05.8 / 24.11.5 / 26.05.3): the warning must reach the product's node log.
+    # Steer Slurm into a non-NVLink pair on a100-nvb (NVLink pairs 0-2, 1-3, 4-5, 6-7; GPUs 0-3 near
+    # cores 0-31): one job per GPU, free GPUs 0, 2 and 4, socket 0's cores taken by a CPU-only job, so the
+    # 2-GPU job's core is on socket 1 and Slurm gives 4 and one of 0/2 while the pair 0-2 is free.
+    holders = [slurm.sbatch("-w", "a100-nvb", "-p", "nomig", "--gres=gpu:1", wrap="sleep 120") for _ in range(8)]
+    for job in holders:
+        slurm.wait(job, {"RUNNING"})
+    held_cores = []
+    for job in holders:
+        gpus, cpus = _gres_idx_and_cpus(slurm, job.id)
+        if set(gpus) & {0, 2, 4}:
+            slurm.run(["scancel", job.id])
+            slurm.wait(job)
+        else:
+            held_cores += cpus
+    filler = slurm.sbatch("-w", "a100-nvb", "-p", "nomig", "-c", str(32 - sum(c < 32 for c in held_cores)),
+                          wrap="sleep 120")
+    slurm.wait(filler, {"RUNNING"})
+    job = slurm.sbatch("-w", "a100-nvb", "-p", "nomig", "--gres=gpu:2", wrap="sleep 5")
+    slurm.wait(job, {"RUNNING"})
+    run_dir = _jobs_dir(cluster, "a100-nvb").parent
+    env_file = run_dir / "jobs" / job.id / "env"
+    deadline = time.monotonic() + 15
+    while not env_file.exists() and time.monotonic() < deadline:  # the Prolog has finished
+        time.sleep(0.1)
+    placement = json.loads((run_dir / "jobs" / job.id / "state.json").read_text())["placement"]
+    assert placement["excess"] > 0, placement  # the setup: Slurm's pair is worse than 0-2
+    log = (run_dir / "node.log").read_text()
+    line = next(line for line in log.splitlines() if f"job {job.id} " in line)
+    assert f"a100-nvb prolog: job {job.id} got GPUs {placement['given']} (cost {placement['cost_given']}) " \
+           f"while {placement['best']} (cost {placement['cost_best']}) were free" in line, line
+    slurm.run(["scancel", job.id, filler.id, *(h.id for h in holders)])

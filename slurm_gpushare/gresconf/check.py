@@ -58,6 +58,7 @@ from slurm_gpushare.slurm.conf import (
 )
 from slurm_gpushare.slurm.gres import GresItem, render_counts
 from slurm_gpushare.slurm.gresrules import (
+    AUTODETECT_BUILD_OPTION,
     ENV_FLAGS,
     FLAGS_SINCE,
     autodetect_values,
@@ -248,6 +249,15 @@ def _lint_line(e: GresEntry, release: Release) -> list[_Raw]:
         out.append(_line("error", e.where, f"AutoDetect={e.param('AutoDetect')} is not a mechanism Slurm {release} "
                          "knows: slurmd logs 'unknown autodetect flag' and detects nothing",
                          f"use one of {', '.join(known)}; gres.conf(5) AutoDetect"))
+    elif e.autodetect in AUTODETECT_BUILD_OPTION:
+        plugin, library, said = AUTODETECT_BUILD_OPTION[e.autodetect]
+        out.append(_line("warning", e.where,
+                         f"AutoDetect={e.param('AutoDetect')} works only in a slurmd built with {library} ({plugin} in "
+                         f"its PluginDir): a slurmd built without it logs '{said}' and detects nothing",
+                         f"check that {plugin} is in slurmd's PluginDir (Debian's slurm-wlm 22.05 has no {plugin}, "
+                         "nor have its 24.11 and 26.05 packages); without it write AutoDetect=off with File= lines"
+                         f"{', or AutoDetect=nvidia (Slurm 24.11 on)' if e.autodetect == 'nvml' else ''}; "
+                         "_get_gpu_type in Slurm's src/interfaces/gpu.c"))
     out += _lint_flag_items(e, release)
     if e.cores_key == "CPUs":
         out.append(_line("warning", e.where,
@@ -319,28 +329,56 @@ def _flag_set(e: GresEntry, release: Release) -> tuple[frozenset[str], bool]:
     return frozenset(bits), no_env
 
 
+#: What a gpu line gets from slurmd without an explicit env flag (``GRES_CONF_ENV_SET | GRES_CONF_ENV_DEF``):
+#: no ``Flags=`` value parses to it.
+_DEFAULT_ENV = (frozenset({"<default env flags>"}), False)
+
+
 def _lint_flags_agree(node: _Node, release: Release) -> list[_Raw]:
-    """Rule (f) per node: a ``Flags=`` line that differs from the last ``Flags=`` line before it when both
-    are of the same GRES name (slurmd: "Flags (...) does not match env flags for previous GRES of same
-    node and name", fatal)."""
+    """Rule (f) per node: a ``Flags=`` line that differs from what slurmd remembers of the line before it
+    of the same GRES name (slurmd: "Flags (...) does not match env flags for previous GRES of same node
+    and name", fatal).
+
+    slurmd's walk (``_parse_gres_config``, src/common/gres.c at slurm-22-05-8-1, src/interfaces/gres.c
+    at slurm-24-11-5-1 and slurm-26-05-3-1) remembers one line: a ``Flags=`` line that is compared
+    (22.05 and 26.05: one with an env flag or ``no_gpu_env``; 23.02 to 25.11: every one) is checked
+    against the remembered line when that is of the same name, and is remembered; a line without
+    ``Flags=`` after a remembered line of its name with flags inherits them; any other gpu line (no
+    ``Flags=``, or flags that are not compared) gets the default env flags and is remembered with them,
+    so a compared ``Flags=`` gpu line after it always differs.
+    """
     out: list[_Raw] = []
-    previous: GresEntry | None = None
+    compare_all = Release(23, 2) <= release < Release(26, 5)
+    previous: tuple[str, tuple[frozenset[str], bool], GresEntry] | None = None
     for e in node.records:
-        if not e.flags:
-            continue
-        flags, no_env = _flag_set(e, release)
-        if release < Release(23, 2) and not flags and not no_env:
-            continue  # 22.05 remembers only lines with env flags
-        if previous is not None and previous.name.lower() == e.name.lower() and \
-                _flag_set(previous, release) != (flags, no_env):
-            out.append(_per_node(node, "error", e.where,
-                                 f"Flags={e.param('Flags')} differs from Flags={previous.param('Flags')} of the "
-                                 f"{e.name} line before it ({previous.where}): slurmd {release} stops ('does not "
-                                 "match env flags for previous GRES of same node and name')",
-                                 f"give every {e.name} line of the node the same Flags=, or write Flags= on the "
-                                 "first line only (the lines after it inherit it); gres.conf(5) Flags"))
-        previous = e
+        name = e.name.lower()
+        default = False
+        if e.flags:
+            key = _flag_set(e, release)
+            has_env = bool({f.lower() for f in e.flags} & set(ENV_FLAGS)) or key[1]
+            if compare_all or has_env:
+                if previous is not None and previous[0] == name and previous[1] != key:
+                    out.append(_flags_differ(node, e, previous[2], previous[1] == _DEFAULT_ENV, release))
+                previous = (name, key, e)
+            else:
+                default = True
+        else:
+            inherits = previous is not None and previous[0] == name and (bool(previous[1][0]) or previous[1][1])
+            default = not inherits
+        if default and name == "gpu":
+            previous = (name, _DEFAULT_ENV, e)
     return out
+
+
+def _flags_differ(node: _Node, e: GresEntry, previous: GresEntry, by_default: bool, release: Release) -> _Raw:
+    before = (f"the {e.name} line before it ({previous.where}), which has no Flags= and so gets Slurm's "
+              "default env flags" if by_default else
+              f"Flags={previous.param('Flags')} of the {e.name} line before it ({previous.where})")
+    return _per_node(node, "error", e.where,
+                     f"Flags={e.param('Flags')} differs from {before}: slurmd {release} stops ('does not "
+                     "match env flags for previous GRES of same node and name')",
+                     f"give every {e.name} line of the node the same Flags=, or write Flags= on the "
+                     f"first {e.name} line only (the lines after it inherit it); gres.conf(5) Flags")
 
 
 def _is_int(text: str) -> bool:
@@ -392,8 +430,8 @@ def _lint_cores_sockets(node: _Node, e: GresEntry, release: Release) -> list[_Ra
         return []
     fix = format_ranges(problem.fix)
     return [_per_node(node, "error", e.where,
-                      f"{e.cores_key}={e.param(e.cores_key)} splits socket {problem.socket} (cores "
-                      f"{problem.first}-{problem.last}) of the node's {layout.sockets} x {layout.cores_per_socket} "
+                      f"{e.cores_key}={e.param(e.cores_key)} {problem.describe()} of the node's "
+                      f"{layout.sockets} x {layout.cores_per_socket} "
                       f"cores: {problem.rule}, and slurmd sets the node INVAL "
                       f"('{problem.slurmd_message(e.cores, node.name or 'NODE', e.name.lower() or 'gpu')}')",
                       f"write Cores={fix}, or declare the NUMA domains as sockets in slurm.conf (Sockets=, "
@@ -766,7 +804,12 @@ def _compare_gres(expected: GresConf, installed: GresConf, only: list[str] | Non
         verifies = (release is not None and want == "off" and have is not None
                     and have in autodetect_values(release))
         if want != have and not verifies:
-            report.add(node, "diff", f"AutoDetect differs: installed {have or '(none)'} expected {want or '(none)'}")
+            why = ""
+            if release is not None and want == "off" and have is not None:
+                why = (f": Slurm {release} knows no AutoDetect={have} (slurmd logs 'unknown autodetect flag' and "
+                       "detects nothing); a mechanism it knows would only check the File= lines")
+            report.add(node, "diff",
+                       f"AutoDetect differs: installed {have or '(none)'} expected {want or '(none)'}{why}")
         ours = _keyed(_per_device(expected.records_for(node)))
         theirs = _keyed(_per_device(installed.records_for(node)))
         want_order, have_order = _gpu_order(expected.records_for(node)), _gpu_order(installed.records_for(node))

@@ -2,12 +2,15 @@
 reads (the job's record, the node's machine, the job's plan). A :class:`NodeFault` is a problem of the
 node, not of the job: the hook exits non-zero and the node is drained with a reason that says what to fix.
 A :class:`JobFault` is a problem of one job (its record cannot be read or trusted, its user-run MPS daemon
-failed): the job is cancelled with the reason in slurmd's log and the node stays up.
+failed): the job is cancelled with the reason in the node log (:func:`log_event`) and the node stays up.
 """
 
 from __future__ import annotations
 
+import os
 import sys
+import syslog
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +26,11 @@ from slurm_gpushare.retry import retry
 from slurm_gpushare.slurm import commands
 from slurm_gpushare.slurm.job import JobInfo, parse_job_json, with_env_identity
 from slurm_gpushare.slurm.nodegres import GresOptions, NodeGres, node_gres
+
+#: The node log, in the node's run dir: one line per event an administrator should see.
+NODE_LOG = "node.log"
+#: The syslog identity of the node hooks' lines (facility ``LOG_DAEMON``, like slurmd's).
+SYSLOG_IDENT = "slurm-gpushare"
 
 #: Seconds to wait before asking slurmctld again for a job's record (three tries in all).
 JOB_RECORD_WAITS = (0.5, 1.0)
@@ -80,6 +88,38 @@ class HookContext:
             pass  # slurmd drains the node anyway when the hook fails; the reason is then Slurm's
 
 
+def log_event(ctx: HookContext, hook: str, message: str, *, level: int = syslog.LOG_WARNING) -> None:
+    """Tell the administrator of ``message`` from hook ``hook`` (``prolog``, ``epilog``) where one reads it
+    on every Slurm release.
+
+    slurmd captures a Prolog's or Epilog's stdout and stderr together and logs them only when the
+    script fails (``error("%s failed: rc:%u output:%s")``) or at ``SlurmdDebug=debug2`` (``prolog success
+    rc:0 output:...``): src/plugins/prep/script/prep_script_slurmd.c, ``_run_subpath_command``, at
+    slurm-22-05-8-1, slurm-24-11-5-1 and slurm-26-05-3-1. A hook that exits 0 is therefore not heard in
+    slurmd's log at the default level, so the line goes to three places:
+
+    1. ``<run_dir>/node.log`` (:data:`NODE_LOG`), appended: ``<ISO time> <node> <hook>: <message>``;
+       a line is one ``write`` to an ``O_APPEND`` file, so hooks of concurrent jobs do not interleave;
+    2. syslog (``slurm-gpushare[pid]``, facility daemon; on a systemd node ``journalctl -t slurm-gpushare``);
+       where no syslog daemon listens, the C library drops it;
+    3. stderr, ``slurm-gpushare <hook>: <message>`` (slurmd's log at debug2, or with a failing hook's error).
+
+    A node log that cannot be written (a read-only or missing run dir) is not an error: the other two remain.
+    """
+    print(f"slurm-gpushare {hook}: {message}", file=sys.stderr)
+    line = f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {ctx.node} {hook}: {message}".replace("\n", " ") + "\n"
+    try:
+        fd = os.open(ctx.run_dir / NODE_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
+        try:
+            os.write(fd, line.encode("utf-8", "replace"))
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+    syslog.openlog(SYSLOG_IDENT, syslog.LOG_PID, syslog.LOG_DAEMON)
+    syslog.syslog(level, f"{ctx.node} {hook}: {message}")
+
+
 def stuck_reason(ctx: HookContext, result: StopResult, what: str) -> str | None:
     """The drain reason for a daemon that survived SIGKILL (``what`` names it), or None when none did or
     the node is configured not to drain for it (``drain_on_stuck_daemon``)."""
@@ -111,12 +151,13 @@ def job_info(ctx: HookContext, job_id: str, env: dict[str, str] | None = None) -
 def fail_job(ctx: HookContext, job_id: str, fault: JobFault, hook: str) -> None:
     """End job ``job_id`` for ``fault`` without draining the node: the reason goes to slurmd's log (the hook's
     stderr), then the job is cancelled (:func:`slurm_gpushare.slurm.commands.cancel_job`). A cancel that fails
-    is logged too; the job then runs without its share prepared (its tasks find no MPS environment)."""
-    print(f"slurm-gpushare {hook}: job {job_id} failed, node kept up: {fault}", file=sys.stderr)
+    is logged too; the job then runs without its share prepared (its tasks find no MPS environment). Both go
+    where :func:`log_event` puts them: the hook exits 0, so slurmd itself keeps them only at debug2."""
+    log_event(ctx, hook, f"job {job_id} failed, node kept up: {fault}", level=syslog.LOG_ERR)
     try:
         ctx.cancel(job_id)
     except GpushareError as e:
-        print(f"slurm-gpushare {hook}: job {job_id}: scancel failed: {e}", file=sys.stderr)
+        log_event(ctx, hook, f"job {job_id}: scancel failed: {e}", level=syslog.LOG_ERR)
 
 
 def load_machine(ctx: HookContext) -> Machine:

@@ -11,7 +11,6 @@ was refused at submit time and never gets here.
 
 from __future__ import annotations
 
-import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -20,7 +19,15 @@ from typing import Any
 from slurm_gpushare.errors import ConfigError, GpushareError, InputError, ParseError
 from slurm_gpushare.hardware.machine import Machine
 from slurm_gpushare.node.config import check_shard_unit
-from slurm_gpushare.node.context import HookContext, JobFault, NodeFault, fail_job, job_info, plan_with_machine
+from slurm_gpushare.node.context import (
+    HookContext,
+    JobFault,
+    NodeFault,
+    fail_job,
+    job_info,
+    log_event,
+    plan_with_machine,
+)
 from slurm_gpushare.node.jobdir import (
     STATE_VERSION,
     job_lock,
@@ -187,8 +194,9 @@ def _prepare_topology(ctx: HookContext, info: JobInfo, plan: JobPlan, machine: M
     """A multi-GPU whole-GPU job: audit Slurm's choice against the best free set, and bind tasks.
 
     The audit (:func:`slurm_gpushare.topology.placement.audit`) goes to state.json (accounting reads it) and,
-    when the job got a worse set than was free, to slurmd's log. The tasks get the GPUs in ring order
-    along NVLink and, per local rank, the nearest NIC and cores (:mod:`slurm_gpushare.topology.binding`):
+    when the job got a worse set than was free, to the node log and syslog
+    (:func:`~slurm_gpushare.node.context.log_event`). The tasks get the GPUs in ring order along NVLink
+    and, per local rank, the nearest NIC and cores (:mod:`slurm_gpushare.topology.binding`):
     ``env`` for all tasks, ``env.<local id>`` for one (the TaskProlog prints both).
     """
     from slurm_gpushare.topology.binding import bind
@@ -210,9 +218,8 @@ def _prepare_topology(ctx: HookContext, info: JobInfo, plan: JobPlan, machine: M
     except GpushareError as e:
         placement = {"error": str(e)}
     if placement.get("excess", 0) > 1e-9:
-        print(f"slurm-gpushare prolog: job {plan.job_id} got GPUs {placement['given']} (cost "
-              f"{placement['cost_given']}) while {placement['best']} (cost {placement['cost_best']}) were free",
-              file=sys.stderr)
+        log_event(ctx, "prolog", f"job {plan.job_id} got GPUs {placement['given']} (cost "
+                  f"{placement['cost_given']}) while {placement['best']} (cost {placement['cost_best']}) were free")
     binding = bind(machine, plan.gpu_indices, ntasks=len(plan.gpu_indices))
     write_env(job_dir / "env", binding.job_environment(), uid=plan.uid)
     for local in range(len(binding.tasks)):

@@ -33,6 +33,18 @@ from slurm_gpushare.slurm.release import CORES_ONE_SOCKET, CORES_WHOLE_SOCKETS, 
 AUTODETECT_SINCE = {"nvml": Release(22, 5), "rsmi": Release(22, 5), "oneapi": Release(22, 5),
                     "off": Release(22, 5), "nrt": Release(23, 11), "nvidia": Release(24, 11),
                     "full": Release(26, 5)}
+#: ``AutoDetect=`` values that need slurmd built with a vendor library (``HAVE_NVML``, ``HAVE_RSMI``,
+#: ``HAVE_ONEAPI``): the plugin it loads, the library and what slurmd logs when it was built without it
+#: and falls back to gpu/generic, detecting nothing (``_get_gpu_type`` in src/common/gpu.c at
+#: slurm-22-05-8-1, src/interfaces/gpu.c at slurm-24-11-5-1 and slurm-26-05-3-1). Measured: Debian 12's
+#: slurm-wlm 22.05.8 ships gpu_generic.so only; the 24.11.5 and 26.05.5 packages have no gpu_nvml.so nor
+#: gpu_rsmi.so (``AutoDetect=nvidia``, 24.11 on, needs no vendor library at build time).
+AUTODETECT_BUILD_OPTION = {
+    "nvml": ("gpu_nvml.so", "NVML", "We were configured to autodetect nvml functionality, but we weren't able to "
+             "find that lib when Slurm was configured."),
+    "rsmi": ("gpu_rsmi.so", "ROCm SMI", "Configured with rsmi, but rsmi isn't enabled during the build."),
+    "oneapi": ("gpu_oneapi.so", "oneAPI", "Configured with oneAPI, but oneAPI isn't enabled during the build."),
+}
 #: ``Flags=`` items (lower case) and the release each first appears in.
 FLAGS_SINCE = {"countonly": Release(22, 5), "nvidia_gpu_env": Release(22, 5), "amd_gpu_env": Release(22, 5),
                "intel_gpu_env": Release(22, 5), "opencl_env": Release(22, 5), "one_sharing": Release(22, 5),
@@ -58,11 +70,16 @@ class CoresProblem:
     """Why a release's slurmd refuses a ``Cores=`` value.
 
     Attributes:
-        socket: the first socket (0-based) the check stops at.
+        socket: the first socket (0-based) slurmd's check stops at, the one its message names: from
+            25.11 that is the first socket the value touches when it touches several, even a whole one
+            (``Cores=0-47`` of 2 x 32 cores: socket 0); see :attr:`split` and :attr:`spans` for what is wrong.
         first, last: that socket's core ids (inclusive).
         rule: the rule in words, for messages.
         fix: the ``Cores=`` value that release accepts for the same GPU (the sockets touched, or
             every core of the node where one socket is not enough).
+        split: ``(socket, first core, last core)`` of each socket the value covers in part.
+        touched: the sockets the value has cores of.
+        spans: the value touches several sockets where the release takes at most one (25.11 on).
     """
 
     socket: int
@@ -70,6 +87,16 @@ class CoresProblem:
     last: int
     rule: str
     fix: tuple[int, ...]
+    split: tuple[tuple[int, int, int], ...] = ()
+    touched: tuple[int, ...] = ()
+    spans: bool = False
+
+    def describe(self) -> str:
+        """What is wrong in words: ``spans sockets 0-1 and splits socket 1 (cores 32-63)``."""
+        parts = [f"spans sockets {format_ranges(self.touched)}"] if self.spans else []
+        if self.split:
+            parts.append("splits " + " and ".join(f"socket {s} (cores {a}-{b})" for s, a, b in self.split))
+        return " and ".join(parts)
 
     def slurmd_message(self, cores: Iterable[int], node: str, gres: str = "gpu") -> str:
         """The reason slurmd gives (``_check_core_range_matches_sock``), for messages and docs."""
@@ -106,6 +133,8 @@ def cores_problem(cores: Iterable[int], sockets: int, cores_per_socket: int,
     if one_socket and len(ids) == total:
         return None
     touched = sorted({c // cores_per_socket for c in ids})
+    split = tuple((s, s * cores_per_socket, (s + 1) * cores_per_socket - 1) for s in touched
+                  if sum(1 for c in ids if c // cores_per_socket == s) < cores_per_socket)
     for s in range(sockets):
         first = s * cores_per_socket
         n = sum(1 for c in ids if first <= c < first + cores_per_socket)
@@ -120,7 +149,8 @@ def cores_problem(cores: Iterable[int], sockets: int, cores_per_socket: int,
         else:
             rule = f"Slurm {release} takes Cores= only as whole sockets"
             fix = _sockets(touched, cores_per_socket)
-        return CoresProblem(s, first, first + cores_per_socket - 1, rule, fix)
+        return CoresProblem(s, first, first + cores_per_socket - 1, rule, fix, split=split, touched=tuple(touched),
+                            spans=one_socket and len(touched) > 1)
     return None
 
 
