@@ -1497,7 +1497,7 @@ def cli(action: str, command: tuple[str, ...], dir_: str | None, port_base: int 
             if release and ran and release != ran:
                 raise ClusterError(f"the dev cluster in {cluster.root} runs Slurm {ran}, not {release}",
                                    hint=f"drop --slurm: {action} uses the cluster's own release")
-            if action in ("env", "exec") and not saved and not _is_file(cluster.slurm_conf):
+            if action == "exec" and not saved and not _is_file(cluster.slurm_conf):
                 raise ClusterError(f"no dev cluster in {cluster.root}",
                                    hint=f"bring one up: scripts/dev-cluster up --dir {cluster.root}")
             cluster.cgroup = cluster.cgroup or saved.get("cgroup", False)
