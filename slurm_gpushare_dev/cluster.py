@@ -391,6 +391,8 @@ class DevCluster:
                                                 else "")
                 raise ClusterError(f"a dev cluster with another configuration is running in {self.root}: {shown}",
                                    hint=f"run '{self.down_command}' first, or use another --dir/--port-base")
+        if not running:
+            self._forget_state_of_another_release(out)
         changed = self._read("etc/slurm.conf") != files["etc/slurm.conf"] or \
             self._read("etc/gres.conf") != files["etc/gres.conf"]
         self._begin_start()
@@ -427,6 +429,33 @@ class DevCluster:
         if os.environ.get(IN_ROOT_ENV):
             print(f"# Slurm {self.slurm_release} runs in its own root filesystem: run its clients there with "
                   "scripts/dev-cluster exec -- COMMAND (e.g. exec -- sbatch --wrap hostname)", file=out)
+
+    def _forget_state_of_another_release(self, out) -> None:
+        """Start Slurm's state afresh in a directory last brought up with another release: slurmctld cannot
+        read what another release saved ("Can not recover assoc_usage state, incompatible version", fatal:
+        measured with 26.05 over 22.05's state), nor can MariaDB or slurmdbd be trusted with the other's
+        database. StateSaveLocation, the slurmd spools and the database go; the product's accounting
+        spool stays (its records do not depend on the release). The release that wrote the state is
+        ``spool/slurm-release``, written before any daemon starts (cluster.json is rewritten by every
+        ``up``, even one that then fails)."""
+        marker = self.root / "spool" / "slurm-release"
+        try:
+            ran: str | None = marker.read_text().strip()
+        except OSError:  # no marker: no state yet, or a dev cluster older than the marker (release unknown)
+            ran = "unknown" if (self.root / "spool" / "ctld").is_dir() else None
+        if ran != self.slurm_release and ran:
+            self._forget_slurm_state(ran, out)
+        if self.slurm_release:
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.write_text(self.slurm_release + "\n")
+
+    def _forget_slurm_state(self, ran: str, out) -> None:
+        for sub in (self.root / "spool" / "ctld", *(self.root / "spool").glob("d-*"), self.root / "db" / "data"):
+            if sub.is_dir() and not sub.is_symlink():
+                shutil.rmtree(sub)
+        what = f"Slurm {ran}" if ran[:1].isdigit() else "a Slurm release it did not record"
+        print(f"dev-cluster: {self.root} was last up with {what}: its Slurm state (jobs, nodes, accounting "
+              f"database) starts afresh for Slurm {self.slurm_release}", file=out)
 
     def down(self, *, out=sys.stdout) -> list[int]:
         """Cancel the cluster's jobs, then stop its daemons.

@@ -848,3 +848,31 @@ def test_down_command_names_the_directory_unless_it_is_the_default(tmp_path, mon
     monkeypatch.delenv("GPUSHARE_DEV_DIR", raising=False)
     assert DevCluster.default(DEFAULT_DIR).down_command == "scripts/dev-cluster down"
     assert DevCluster.default(tmp_path).down_command == f"scripts/dev-cluster down --dir {tmp_path}"
+
+
+def test_a_directory_of_another_release_starts_its_slurm_state_afresh(tmp_path):
+    # 26.05's slurmctld dies on 22.05's saved state ("Can not recover assoc_usage state, incompatible version")
+    c = DevCluster.default(tmp_path / "c", 20000)
+    for sub in ("spool/ctld", "spool/d-h100-nvs", "spool/gpushare-accounting", "db/data/mysql"):
+        (c.root / sub).mkdir(parents=True)
+        (c.root / sub / "state").write_text("x")
+    (c.root / "spool/slurm-release").write_text("21.08\n")
+    out = io.StringIO()
+    c._forget_state_of_another_release(out)
+    assert not (c.root / "spool/ctld").exists() and not (c.root / "spool/d-h100-nvs").exists()
+    assert not (c.root / "db/data").exists()
+    assert (c.root / "spool/gpushare-accounting/state").exists()  # the product's records stay
+    assert "was last up with Slurm 21.08: its Slurm state" in out.getvalue()
+    assert (c.root / "spool/slurm-release").read_text() == f"{c.slurm_release}\n"
+    # the same release: nothing goes
+    (c.root / "spool/ctld").mkdir()
+    c._forget_state_of_another_release(out)
+    assert (c.root / "spool/ctld").is_dir()
+    # state without the marker (an older dev cluster, of any release) starts afresh too
+    (c.root / "spool/slurm-release").unlink()
+    c._forget_state_of_another_release(out)
+    assert not (c.root / "spool/ctld").exists() and "last up with a Slurm release it did not record" in out.getvalue()
+    # a new directory: nothing to forget, the marker is written
+    fresh = DevCluster.default(tmp_path / "fresh", 20000)
+    fresh._forget_state_of_another_release(out)
+    assert (fresh.root / "spool/slurm-release").read_text() == f"{fresh.slurm_release}\n"
