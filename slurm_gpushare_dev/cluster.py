@@ -434,10 +434,10 @@ class DevCluster:
         """Start Slurm's state afresh in a directory last brought up with another release: slurmctld cannot
         read what another release saved ("Can not recover assoc_usage state, incompatible version", fatal:
         measured with 26.05 over 22.05's state), nor can MariaDB or slurmdbd be trusted with the other's
-        database. StateSaveLocation, the slurmd spools and the database go; the product's accounting
-        spool stays (its records do not depend on the release). The release that wrote the state is
-        ``spool/slurm-release``, written before any daemon starts (cluster.json is rewritten by every
-        ``up``, even one that then fails)."""
+        database. StateSaveLocation, the slurmd spools and the database go, and with them the product's
+        accounting spool and job directories (the new state numbers jobs from 1 again). The release that
+        wrote the state is ``spool/slurm-release``, written before any daemon starts (cluster.json is
+        rewritten by every ``up``, even one that then fails)."""
         marker = self.root / "spool" / "slurm-release"
         try:
             ran: str | None = marker.read_text().strip()
@@ -450,12 +450,14 @@ class DevCluster:
             marker.write_text(self.slurm_release + "\n")
 
     def _forget_slurm_state(self, ran: str, out) -> None:
-        for sub in (self.root / "spool" / "ctld", *(self.root / "spool").glob("d-*"), self.root / "db" / "data"):
+        # the new state numbers jobs from 1 again: the records and job directories of the old jobs go too
+        for sub in (self.root / "spool" / "ctld", *(self.root / "spool").glob("d-*"), self.root / "db" / "data",
+                    self.accounting_spool, self.root / "run" / "gpushare"):
             if sub.is_dir() and not sub.is_symlink():
                 shutil.rmtree(sub)
         what = f"Slurm {ran}" if ran[:1].isdigit() else "a Slurm release it did not record"
         print(f"dev-cluster: {self.root} was last up with {what}: its Slurm state (jobs, nodes, accounting "
-              f"database) starts afresh for Slurm {self.slurm_release}", file=out)
+              f"database, usage records) starts afresh for Slurm {self.slurm_release}", file=out)
 
     def down(self, *, out=sys.stdout) -> list[int]:
         """Cancel the cluster's jobs, then stop its daemons.

@@ -861,7 +861,7 @@ def test_a_directory_of_another_release_starts_its_slurm_state_afresh(tmp_path):
     c._forget_state_of_another_release(out)
     assert not (c.root / "spool/ctld").exists() and not (c.root / "spool/d-h100-nvs").exists()
     assert not (c.root / "db/data").exists()
-    assert (c.root / "spool/gpushare-accounting/state").exists()  # the product's records stay
+    assert not (c.root / "spool/gpushare-accounting").exists()  # its records name job ids the new state reuses
     assert "was last up with Slurm 21.08: its Slurm state" in out.getvalue()
     assert (c.root / "spool/slurm-release").read_text() == f"{c.slurm_release}\n"
     # the same release: nothing goes
