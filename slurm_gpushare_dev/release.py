@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -31,7 +30,8 @@ from pathlib import Path
 
 import click
 
-from slurm_gpushare.errors import ClusterError, GpushareError
+from slurm_gpushare.errors import ClusterError, GpushareError, SlurmError
+from slurm_gpushare.slurm.release import Release
 
 #: Supported releases -> the Debian suite whose ``slurm-wlm`` is that release (bookworm: the host).
 SUITES = {"22.05": "bookworm", "24.11": "trixie", "26.05": "sid"}
@@ -48,19 +48,17 @@ PROJECT = Path(__file__).resolve().parent.parent
 #: Marker a finished root holds (a half-built one never has it): release, suite, packages, build time.
 STAMP = "etc/slurm-gpushare-root.json"
 
-_VERSION = re.compile(r"\b(\d{2})\.(\d{2})(?:\.\d+)?\b")
-
-
 def release_of(text: str) -> str:
-    """The ``YY.MM`` release in a version line (``slurm-wlm 22.05.8``, ``slurm 24.11.5``).
+    """The ``YY.MM`` release in a version line (``slurm-wlm 22.05.8``, ``slurm 24.11.5``): the product's
+    :meth:`~slurm_gpushare.slurm.release.Release.parse`, as the string the dev cluster keys its roots by.
 
     Raises:
         ClusterError: no ``YY.MM`` version in ``text``.
     """
-    m = _VERSION.search(text)
-    if not m:
-        raise ClusterError(f"no Slurm version in {text.strip()[:80]!r}", hint="expected e.g. 'slurm 24.11.5'")
-    return f"{m.group(1)}.{m.group(2)}"
+    try:
+        return str(Release.parse(text))
+    except SlurmError as e:
+        raise ClusterError(e.message, hint=e.hint) from None
 
 
 def host_release() -> str | None:
