@@ -435,7 +435,8 @@ class DevCluster:
         read what another release saved ("Can not recover assoc_usage state, incompatible version", fatal:
         measured with 26.05 over 22.05's state), nor can MariaDB or slurmdbd be trusted with the other's
         database. StateSaveLocation, the slurmd spools and the database go, and with them the product's
-        accounting spool and job directories (the new state numbers jobs from 1 again). The release that
+        accounting spool, job directories and the demo's outputs (the new state numbers jobs from 1 again,
+        and the accounting store keys records by job id). The release that
         wrote the state is ``spool/slurm-release``, written before any daemon starts (cluster.json is
         rewritten by every ``up``, even one that then fails)."""
         marker = self.root / "spool" / "slurm-release"
@@ -450,9 +451,10 @@ class DevCluster:
             marker.write_text(self.slurm_release + "\n")
 
     def _forget_slurm_state(self, ran: str, out) -> None:
-        # the new state numbers jobs from 1 again: the records and job directories of the old jobs go too
+        # the new state numbers jobs from 1 again: what names the old jobs by id goes too (usage records,
+        # job directories, scripts/demo's outputs and accounting database, whose keys hold the job id)
         for sub in (self.root / "spool" / "ctld", *(self.root / "spool").glob("d-*"), self.root / "db" / "data",
-                    self.accounting_spool, self.root / "run" / "gpushare"):
+                    self.accounting_spool, self.root / "run" / "gpushare", self.root / "demo"):
             if sub.is_dir() and not sub.is_symlink():
                 shutil.rmtree(sub)
         what = f"Slurm {ran}" if ran[:1].isdigit() else "a Slurm release it did not record"

@@ -853,7 +853,7 @@ def test_down_command_names_the_directory_unless_it_is_the_default(tmp_path, mon
 def test_a_directory_of_another_release_starts_its_slurm_state_afresh(tmp_path):
     # 26.05's slurmctld dies on 22.05's saved state ("Can not recover assoc_usage state, incompatible version")
     c = DevCluster.default(tmp_path / "c", 20000)
-    for sub in ("spool/ctld", "spool/d-h100-nvs", "spool/gpushare-accounting", "db/data/mysql"):
+    for sub in ("spool/ctld", "spool/d-h100-nvs", "spool/gpushare-accounting", "db/data/mysql", "demo"):
         (c.root / sub).mkdir(parents=True)
         (c.root / sub / "state").write_text("x")
     (c.root / "spool/slurm-release").write_text("21.08\n")
@@ -862,6 +862,7 @@ def test_a_directory_of_another_release_starts_its_slurm_state_afresh(tmp_path):
     assert not (c.root / "spool/ctld").exists() and not (c.root / "spool/d-h100-nvs").exists()
     assert not (c.root / "db/data").exists()
     assert not (c.root / "spool/gpushare-accounting").exists()  # its records name job ids the new state reuses
+    assert not (c.root / "demo").exists()  # and so does the demo's accounting database
     assert "was last up with Slurm 21.08: its Slurm state" in out.getvalue()
     assert (c.root / "spool/slurm-release").read_text() == f"{c.slurm_release}\n"
     # the same release: nothing goes
