@@ -21,8 +21,9 @@ UPDATE = os.environ.get("GPUSHARE_UPDATE_GOLDEN") == "1"
 TOPO_ARGS = {
     "dgx1-v100": ["--from-topo", str(DATA / "topo/dgx1-v100-sxm2-8gpu-1nic.txt"),
                   "--gpu-name", "Tesla V100-SXM2-16GB", "--memory", "16160M"],
+    # one range per GPU (0-31 / 32-63) does not show the threads per core: given, as before inferred
     "a100-bridge": ["--from-topo", str(DATA / "topo/8x-a100-nv12-bridge-nonadjacent-pairs-tabs.txt"),
-                    "--gpu-name", "NVIDIA A100 80GB PCIe", "--memory", "80G"],
+                    "--gpu-name", "NVIDIA A100 80GB PCIe", "--memory", "80G", "--cpus", "2x32x1"],
     "rtx4090": ["--from-topo", str(DATA / "topo/8x-rtx4090-pcie-all-sys-2nic-tabs.txt"),
                 "--gpu-name", "NVIDIA GeForce RTX 4090", "--memory", "24564M"],
     "p100": ["--from-topo", str(DATA / "topo/8x-p100-pcie-pix-phb-single-numa-tabs.txt"),
@@ -150,7 +151,7 @@ def one_line_error(r, message: str, code: int = 2) -> None:
      "--memory: 'lots' is not a memory size"),
     (["--from-topo", DGX1_TOPO, *V100, "--memory", "16G", "--cpus", "2x"],
      "--cpus '2x' is not a CPU layout"),
-    (["--gpu-name", "x"], "--gpu-name, --memory and --mig-table go with --from-topo"),
+    (["--gpu-name", "x"], "--gpu-name, --memory, --mig-table and --host go with --from-topo"),
 ])
 def test_bad_options_give_one_clear_line(args, message):
     r = CliRunner().invoke(main, ["gres-conf", *args])
@@ -213,6 +214,14 @@ def test_inventory_probe_path_served_by_the_fake_nvml(fname, monkeypatch):
     assert probed.source == "nvml" and probed.cpus == m.cpus
 
 
+def test_probe_checks_given_cpus_against_nvml_affinity(monkeypatch):
+    # 8x RTX 4090 node: GPU 0's affinity 0-55,112-167 is 56 cores' two threads; 2x112x1 cannot be
+    monkeypatch.setenv("GPUSHARE_NVML", f"fake:{MACHINES / '8x-rtx4090-pcie.json'}")
+    one_line_error(CliRunner().invoke(main, ["inventory", "--cpus", "2x112x1"]),
+                   "--cpus 2x112x1: GPU 0: CPU Affinity is two runs 112 CPUs apart")
+    assert run("inventory", "--cpus", "2x56x2").exit_code == 0
+
+
 def test_nvml_failure_is_named(monkeypatch):
     monkeypatch.setenv("GPUSHARE_NVML", "bogus")
     r = CliRunner().invoke(main, ["inventory"])
@@ -263,7 +272,8 @@ def test_check_finds_hyperthread_ids_in_a_real_generated_file(tmp_path):
     (tmp_path / "gres.conf").write_text("\n".join(f"NodeName=dgx {ln}" if ln.startswith("Name=") else ln
                                                  for ln in real.splitlines()) + "\n")
     (tmp_path / "slurm.conf").write_text("NodeName=dgx Sockets=2 CoresPerSocket=64 ThreadsPerCore=2 Gres=gpu:8\n")
-    r = CliRunner().invoke(main, ["gres-conf", *TOPO_ARGS["a100-bridge"], "--hostname", "dgx", "--cpus", "2x64x2",
+    # (the recorded DGX A100 matrix: the A100 bridge recording's lists 0-31 / 32-63 cannot be 2x64x2, refused)
+    r = CliRunner().invoke(main, ["gres-conf", *DGX_A100_NPS4, "--hostname", "dgx",
                                   "--check", "--gres-conf", str(tmp_path / "gres.conf"),
                                   "--slurm-conf", str(tmp_path / "slurm.conf")])
     assert r.exit_code == 1
@@ -405,11 +415,10 @@ def test_gpus_with_unknown_cpu_affinity_are_named_in_gres_conf():
     assert "# GPU 1: CPU affinity unknown, no Cores=\n" in out
     assert "NodeName=a100job Name=gpu Type=a100 File=/dev/nvidia0 Cores=0-63\n" in out
     assert "NodeName=a100job Name=gpu Type=a100 File=/dev/nvidia1\n" in out
-    # without a CPU layout (it cannot be inferred from clipped lists) no GPU gets Cores=, and says why
-    out = run(*args).output
-    assert "# GPU 0: CPU layout unknown, no Cores= (give --cpus SOCKETSxCORESxTHREADS)\n" in out
-    assert "# GPU 1: CPU affinity unknown, no Cores=\n" in out
-    assert "Cores=" not in out.replace("no Cores=", "")
+    # without a CPU layout (it cannot be inferred from clipped lists) GPU 0's Cores= cannot be written: refused
+    r = CliRunner().invoke(main, args)
+    one_line_error(r, "the CPU layout cannot be read from the matrix: the CPU Affinity of GPU 1 is empty")
+    assert "--cpus" in r.output
 
 
 @pytest.mark.parametrize("args, message", [
@@ -443,7 +452,7 @@ def test_node_name_is_checked_for_machine_files_too():
 
 def test_source_options_do_not_silently_go_with_a_machine_file():
     r = CliRunner().invoke(main, ["gres-conf", A100_JSON, "--gpu-name", "NVIDIA H100"])
-    one_line_error(r, "--gpu-name, --memory and --mig-table go with --from-topo")
+    one_line_error(r, "--gpu-name, --memory, --mig-table and --host go with --from-topo")
     r = CliRunner().invoke(main, ["gres-conf", A100_JSON, "--cpus", "2x32x1"])
     one_line_error(r, "--cpus goes with --from-topo or NVML")
 
@@ -606,3 +615,82 @@ def test_check_accepts_a_sites_flags_and_the_autodetect_its_release_knows(tmp_pa
     r = run(*check, "--slurm-version", "22.05")
     assert r.exit_code == 1
     assert "AutoDetect=nvidia is not a mechanism Slurm 22.05 knows" in r.output
+
+
+# --- CPU layouts the matrix does not show, several hosts in one file, type collisions --------------
+
+WORKSTATION_TOPO = str(DATA / "topo/2x-rtx5090-workstation-threadripper-3975wx-one-range-tabs.txt")
+TWO_HOSTS_TOPO = str(DATA / "topo-multi/2-hosts-clush-b-l40s-rtx4090.txt")
+RTX5090 = ["--gpu-name", "NVIDIA GeForce RTX 5090", "--memory", "32607M"]
+
+
+def test_one_range_workstation_needs_cpus_and_gets_core_ids_with_them():
+    # Threadripper PRO 3975WX: 1 socket, 32 cores, 64 threads (AMD). "0-63" does not show that, so no guess
+    args = ["gres-conf", "--from-topo", WORKSTATION_TOPO, *RTX5090, "--hostname", "ws", "--slurm-version", "22.05"]
+    r = CliRunner().invoke(main, args)
+    one_line_error(r, "every CPU Affinity list is one unbroken range (0-63)")
+    assert "--cpus" in r.output and "1x32x2" in r.output
+    out = run(*args, "--cpus", "1x32x2").output
+    assert "NodeName=ws Name=gpu Type=rtx5090 File=/dev/nvidia0 Cores=0-31 " in out
+    assert "NodeName=ws Name=gpu Type=rtx5090 File=/dev/nvidia1 Cores=0-31 " in out
+    assert "NodeName=ws Sockets=1 CoresPerSocket=32 ThreadsPerCore=2 Gres=" in out
+    # the inventory needs it as much; topology does not use the layout
+    one_line_error(CliRunner().invoke(main, ["inventory", "--from-topo", WORKSTATION_TOPO, *RTX5090]), "--cpus")
+    assert run("topology", "--from-topo", WORKSTATION_TOPO).exit_code == 0
+
+
+def test_cpus_that_the_numa_column_contradicts_are_refused():
+    # L40S node: NUMA node 0 holds 0-95,192-287; 4 sockets of 48 cores would split it over sockets 0 and 1
+    r = CliRunner().invoke(main, ["gres-conf", "--from-topo", str(DATA / "topo/4x-l40s-pcie-node-sys-2nic.txt"),
+                                  "--gpu-name", "NVIDIA L40S", "--memory", "46068M", "--cpus", "4x48x2"])
+    one_line_error(r, "GPU 0 is on NUMA node 0, but the CPU layout 4x48x2 puts its CPU Affinity on sockets 0, 1")
+
+
+def test_a_file_of_two_hosts_needs_host_and_host_names_the_node():
+    r = CliRunner().invoke(main, ["gres-conf", "--from-topo", TWO_HOSTS_TOPO, "--gpu-name", "NVIDIA L40S",
+                                  "--memory", "46068M", "--slurm-version", "22.05"])
+    one_line_error(r, "the text holds 2 'nvidia-smi topo -m' matrices (line 14 under gpu01, line 39 under gpu02)")
+    out = run("gres-conf", "--from-topo", TWO_HOSTS_TOPO, "--host", "gpu02", "--gpu-name", "NVIDIA GeForce RTX 4090",
+              "--memory", "24564M", "--slurm-version", "22.05").output
+    assert "NodeName=gpu02 Sockets=2 CoresPerSocket=56 ThreadsPerCore=2 Gres=gpu:rtx4090:8," in out
+    assert "NodeName=gpu02 Name=gpu Type=rtx4090 File=/dev/nvidia7 Cores=56-111\n" in out
+    out = run("gres-conf", "--from-topo", TWO_HOSTS_TOPO, "--host", "gpu01", "--gpu-name", "NVIDIA L40S",
+              "--memory", "46068M", "--slurm-version", "22.05").output
+    assert "NodeName=gpu01 Sockets=2 CoresPerSocket=96 ThreadsPerCore=2 Gres=gpu:l40s:4," in out
+    r = CliRunner().invoke(main, ["gres-conf", "--from-topo", TWO_HOSTS_TOPO, "--host", "gpu03",
+                                  "--gpu-name", "NVIDIA L40S", "--memory", "46068M"])
+    one_line_error(r, "--host gpu03: 2-hosts-clush-b-l40s-rtx4090.txt has no 'nvidia-smi topo -m' output under a "
+                      "header naming it (hosts: gpu01, gpu02)")
+    one_line_error(CliRunner().invoke(main, ["gres-conf", str(MACHINES / "8x-rtx4090-pcie.json"), "--host", "x"]),
+                   "--host go with --from-topo")
+
+
+def test_check_flags_one_type_for_two_models(tmp_path):
+    # an installed file from the old naming rule: Type=rtx6000 for a Quadro RTX 6000 and an RTX 6000 Ada
+    files = []
+    for host, name in (("ws1", "Quadro RTX 6000"), ("ws2", "NVIDIA RTX 6000 Ada Generation")):
+        path = tmp_path / f"{host}.json"
+        run("inventory", "--from-topo", WORKSTATION_TOPO, "--gpu-name", name, "--memory", "24G", "--cpus", "1x32x2",
+            "--hostname", host, "-o", str(path))
+        files.append(str(path))
+    out = run("gres-conf", *files, "--slurm-version", "22.05").output
+    assert "NodeName=ws1 Name=gpu Type=rtx6000 File=/dev/nvidia0" in out
+    assert "NodeName=ws2 Name=gpu Type=rtx6000ada File=/dev/nvidia0" in out
+    gres_text, slurm_text = out.replace("rtx6000ada", "rtx6000").split("# ===== slurm.conf (merge these lines) =====\n")
+    (tmp_path / "gres.conf").write_text(gres_text)
+    (tmp_path / "slurm.conf").write_text(slurm_text)
+    r = CliRunner().invoke(main, ["gres-conf", *files, "--slurm-version", "22.05", "--check", "--gres-conf",
+                                  str(tmp_path / "gres.conf"), "--slurm-conf", str(tmp_path / "slurm.conf")])
+    assert r.exit_code == 1, r.output
+    assert ("node ws2: Type=rtx6000 is given to a NVIDIA RTX 6000 Ada Generation (model rtx6000ada) here and to a "
+            "Quadro RTX 6000 (model rtx6000) at ") in r.output
+
+
+def test_host_finds_its_matrix_under_a_hostlist_header(tmp_path):
+    # clush -b (and dshbak -c) print one block for hosts with identical output: "gpu[01-02] (2)"
+    text = (DATA / "topo/8x-rtx4090-pcie-all-sys-2nic-tabs.txt").read_text()
+    f = tmp_path / "both.txt"
+    f.write_text("---------------\ngpu[01-02] (2)\n---------------\n" + text)
+    out = run("gres-conf", "--from-topo", str(f), "--host", "gpu02", "--gpu-name", "NVIDIA GeForce RTX 4090",
+              "--memory", "24564M", "--slurm-version", "22.05").output
+    assert "NodeName=gpu02 Sockets=2 CoresPerSocket=56 ThreadsPerCore=2 Gres=gpu:rtx4090:8," in out

@@ -41,9 +41,14 @@ TOPO_NODES = {
     "rtx4090": ("8x-rtx4090-pcie-all-sys-2nic-tabs.txt", "NVIDIA GeForce RTX 4090", 24564),
     "dgxa100-nps4": ("dgx-a100-8gpu-nv12-nps4-12nic-tabs.txt", "NVIDIA A100-SXM4-40GB", 40536),
     "dgxa100-2205": ("dgx-a100-8gpu-nv12-nps4-12nic-tabs.txt", "NVIDIA A100-SXM4-40GB", 40536),
+    "ws-3975wx": ("2x-rtx5090-workstation-threadripper-3975wx-one-range-tabs.txt", "NVIDIA GeForce RTX 5090", 32607),
 }
 #: CPU layouts as slurmd -C gives them, where the matrix alone would mislead (NUMA nodes are not sockets)
-TOPO_CPUS = {"dgxa100-nps4": CpuLayout(2, 64, 2), "dgxa100-2205": CpuLayout(2, 64, 2)}
+#: and where it does not show it (one unbroken range per GPU: 0-31 / 32-63 on the A100 bridge node)
+TOPO_CPUS = {"dgxa100-nps4": CpuLayout(2, 64, 2), "dgxa100-2205": CpuLayout(2, 64, 2),
+             "a100-bridge": CpuLayout(2, 32, 1), "a100-nolinks": CpuLayout(2, 32, 1),
+             # Threadripper PRO 3975WX: 1 socket, 32 cores, 64 threads (AMD); 0-63 alone does not say so
+             "ws-3975wx": CpuLayout(1, 32, 2)}
 #: nodes whose gres.conf is written for another release than the cluster's (see the module doc)
 PINNED = {"dgxa100-2205": GresOptions(release=Release(22, 5))}
 

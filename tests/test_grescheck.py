@@ -158,7 +158,9 @@ def test_upstream_mps_example_against_a_slurm_conf_without_mps():
 @pytest.fixture(scope="module")
 def a100() -> Machine:
     text = (DATA / "topo" / "8x-a100-nv12-bridge-nonadjacent-pairs-tabs.txt").read_text()
-    return parse_topo_matrix(text, gpu_name="NVIDIA A100 80GB PCIe", memory_mib=81920, hostname="a100")
+    # one range per GPU (0-31 / 32-63): the layout is given (2 sockets x 32 cores, no SMT)
+    return parse_topo_matrix(text, gpu_name="NVIDIA A100 80GB PCIe", memory_mib=81920, hostname="a100",
+                             cpus=CpuLayout(2, 32, 1))
 
 
 @pytest.fixture(scope="module")
@@ -691,3 +693,34 @@ def test_slurm_conf_include_keeps_where_each_setting_is():
                                  include=lambda name, where: (name, files[name]))
     assert conf.gres_types == ("gpu",) and conf.node("n1").where == "site.conf:3"
     assert conf.where("GresTypes") == "site.conf:1" and conf.where("AccountingStorageTRES") == "site.conf:2"
+
+
+# --- lint (h): one type for two GPU models ----------------------------------------------------------
+
+
+def _node(host: str, names: list[str]) -> Machine:
+    from slurm_gpushare.hardware.machine import Gpu
+    return Machine(hostname=host, gpus=tuple(Gpu(index=i, minor=i, name=n, memory_mib=24576)
+                                             for i, n in enumerate(names)))
+
+
+def test_one_type_for_two_models_is_an_error_across_nodes_and_within_one():
+    conf = gres("NodeName=ws1 Name=gpu Type=rtx6000 File=/dev/nvidia0\n"
+                "NodeName=ws2 Name=gpu Type=rtx6000 File=/dev/nvidia0\n"
+                "NodeName=ws3 Name=gpu Type=rtx6000 File=/dev/nvidia[0-1]\n")
+    machines = {"ws1": _node("ws1", ["Quadro RTX 6000"]), "ws2": _node("ws2", ["NVIDIA RTX 6000 Ada Generation"]),
+                "ws3": _node("ws3", ["Quadro RTX 6000", "NVIDIA RTX 6000 Ada Generation"])}
+    found = [f for f in _lint_no_build_note(conf, None, machines) if "is given to" in f.message]
+    assert [(f.severity, f.where) for f in found] == [("error", "gres.conf:2"), ("error", "gres.conf:3")]
+    assert found[0].message == ("node ws2: Type=rtx6000 is given to a NVIDIA RTX 6000 Ada Generation (model "
+                                "rtx6000ada) here and to a Quadro RTX 6000 (model rtx6000) at gres.conf:1: a job "
+                                "asking for gpu:rtx6000 gets either")
+    assert found[1].message.startswith("node ws3: Type=rtx6000 is given to a NVIDIA RTX 6000 Ada Generation")
+    assert found[0].hint.startswith("give each model its own type, e.g. Type=rtx6000ada here")
+
+
+def test_one_type_for_one_model_of_two_memory_sizes_is_not_a_collision():
+    # A100 40GB and 80GB are one model (a100); shards count their memory apart
+    conf = gres("NodeName=n1 Name=gpu Type=a100 File=/dev/nvidia0\nNodeName=n2 Name=gpu Type=a100 File=/dev/nvidia0\n")
+    machines = {"n1": _node("n1", ["NVIDIA A100-SXM4-40GB"]), "n2": _node("n2", ["NVIDIA A100 80GB PCIe"])}
+    assert not [f for f in _lint_no_build_note(conf, None, machines) if "is given to" in f.message]

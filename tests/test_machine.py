@@ -150,3 +150,32 @@ def test_a_valid_description_round_trips():
     assert Machine.from_json(m.to_json()) == m
     data = copy.deepcopy(description())
     assert Machine.from_dict(data) == m
+
+
+# --- GPU type names (docs/admin-guide.md, "GPU type names") ----------------------------------------
+
+@pytest.mark.parametrize("name, model", [
+    # the names of the golden files and packaged machines stay what they were
+    ("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA A100 80GB PCIe", "a100"), ("NVIDIA A100-SXM4-40GB", "a100"),
+    ("NVIDIA A100-SXM4-80GB", "a100"), ("NVIDIA GeForce RTX 4090", "rtx4090"), ("Tesla V100-SXM2-16GB", "v100"),
+    ("Tesla P100-PCIE-16GB", "p100"), ("NVIDIA L40S", "l40s"), ("Quadro RTX 6000", "rtx6000"),
+    # board, memory size and edition words do not make another model
+    ("NVIDIA H100 PCIe", "h100"), ("NVIDIA H100 NVL", "h100"), ("NVIDIA GH200 480GB", "gh200"),
+    ("NVIDIA RTX 4000 SFF Ada Generation", "rtx4000ada"), ("NVIDIA RTX 4000 Ada Generation", "rtx4000ada"),
+    ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "rtxpro6000blackwell"),
+    ("NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition", "rtxpro6000blackwell"),
+    # other models get other names (the old rule gave the second of each pair the first's name)
+    ("NVIDIA RTX 6000 Ada Generation", "rtx6000ada"), ("NVIDIA GeForce RTX 3090 Ti", "rtx3090ti"),
+    ("NVIDIA TITAN V", "titanv"), ("NVIDIA TITAN RTX", "titanrtx"),
+    ("NVIDIA RTX PRO 4500 Blackwell", "rtxpro4500blackwell"),
+    ("Tesla V100S-PCIE-32GB", "v100s"), ("NVIDIA RTX A6000", "rtxa6000"),
+])
+def test_gpu_model_names_one_type_per_model(name, model):
+    from slurm_gpushare.hardware.machine import gpu_model
+    assert gpu_model(name) == model
+
+
+def test_quadro_rtx_6000_and_rtx_6000_ada_do_not_collide():
+    # Quadro RTX 6000: Turing TU102, 24 GB; RTX 6000 Ada Generation: AD102, 48 GB (NVIDIA product pages)
+    from slurm_gpushare.hardware.machine import gpu_model
+    assert gpu_model("Quadro RTX 6000") != gpu_model("NVIDIA RTX 6000 Ada Generation")

@@ -13,10 +13,12 @@ from slurm_gpushare.hardware.machine import CpuLayout, Machine
 from slurm_gpushare.hardware.nvidia_smi import (
     MAX_DIRECT_NVLINKS,
     SEVEN_SLICE_PLACEMENTS,
+    cpu_layout_unknown,
     infer_cpu_layout,
     parse_cpu_list,
     parse_mig_profiles,
     parse_topo_matrix,
+    topo_sections,
 )
 
 DATA = Path(__file__).parent / "data"
@@ -30,18 +32,24 @@ P100 = "8x-p100-pcie-pix-phb-single-numa-tabs.txt"
 RTX4090 = "8x-rtx4090-pcie-all-sys-2nic-tabs.txt"
 DGX_H100 = "dgx-h100-8gpu-nv18-no-nic.txt"
 DGX1 = "dgx1-v100-sxm2-8gpu-1nic.txt"
+WORKSTATION = "2x-rtx5090-workstation-threadripper-3975wx-one-range-tabs.txt"
+DGX_A100 = "dgx-a100-8gpu-nv12-nps4-12nic-tabs.txt"
+TWO_HOSTS = DATA / "topo-multi" / "2-hosts-clush-b-l40s-rtx4090.txt"
 
 #: file -> (GPU count, NIC names in index order, inferred (sockets, cores_per_socket, threads) or None)
 EXPECTED = {
     A100_JOB: (2, ["NIC0", "NIC1"], None),
     L40S: (4, ["mlx5_0", "mlx5_1"], (2, 96, 2)),
-    A100_PAIRS: (8, [], (2, 32, 1)),
+    # one unbroken range per GPU (0-31 / 32-63): SMT off, or siblings numbered next to each other
+    A100_PAIRS: (8, [], None),
+    # 0-63 on one NUMA node: a 32-core/64-thread Threadripper PRO 3975WX reads like 64 cores without SMT
+    WORKSTATION: (2, [], None),
     P100: (8, [], (2, 8, 2)),
     RTX4090: (8, ["NIC0", "NIC1"], (2, 56, 2)),
     DGX_H100: (8, [], (2, 48, 2)),
     DGX1: (8, ["mlx5_0"], (2, 12, 2)),
     # NPS4: the text shows 8 NUMA nodes of 16 cores, not the 2 sockets of 64 behind them
-    "dgx-a100-8gpu-nv12-nps4-12nic-tabs.txt": (8, [f"mlx5_{i}" for i in range(12)], (8, 16, 2)),
+    DGX_A100: (8, [f"mlx5_{i}" for i in range(12)], (8, 16, 2)),
 }
 
 
@@ -231,7 +239,7 @@ def test_legacy_soc_reads_as_sys_and_na_gives_no_link():
     assert m.link(0, 2) is None
     assert m.link(1, 2).pcie == "PHB"
     assert [(n.index, n.name, n.paths) for n in m.nics] == [(0, "mlx4_0", ("SYS", None, "PHB"))]
-    assert (m.cpus.sockets, m.cpus.cores_per_socket, m.cpus.threads_per_core) == (2, 8, 1)
+    assert m.cpus is None  # one range per GPU (0-7 / 8-15): SMT off or siblings numbered next to each other
 
 
 def test_nic_names_argument_overrides_the_legend():
@@ -239,12 +247,59 @@ def test_nic_names_argument_overrides_the_legend():
     assert [n.name for n in m.nics] == ["mlx5_0", "ib1"]
 
 
+# --- the CPU layout: inferred only where the lists show it, a given one checked against every column --
+
+
+def test_one_range_workstation_layout_is_unknown_and_the_reason_names_what_fits():
+    # AMD Threadripper PRO 3975WX: 1 socket, 32 cores, 64 threads. "0-63" alone fits 1x64x1 as well.
+    m = topo(WORKSTATION)
+    assert m.cpus is None
+    why = cpu_layout_unknown(m.gpus)
+    assert "one unbroken range (0-63)" in why and "1x64x1" in why and "1x32x2" in why
+
+
+def test_workstation_with_its_layout_gets_core_ids_0_31():
+    # 32 cores: Slurm core ids 0-31, the SMT siblings 32-63 collapse onto them (gres.conf(5) Cores)
+    m = topo(WORKSTATION, cpus=CpuLayout(sockets=1, cores_per_socket=32, threads_per_core=2))
+    assert [m.cpus.core_ids(g.cpu_affinity) for g in m.gpus] == [tuple(range(32))] * 2
+    assert {g.numa_node for g in m.gpus} == {0}
+
+
+def test_dual_socket_smt_layout_puts_the_numa_node_1_gpus_on_socket_1():
+    # DGX A100: 2x EPYC 7742 (64 cores, 128 threads each); socket 1 holds Slurm cores 64-127
+    m = topo(DGX_A100, cpus=CpuLayout(sockets=2, cores_per_socket=64, threads_per_core=2))
+    for g in m.gpus:
+        cores = m.cpus.core_ids(g.cpu_affinity)
+        on_socket_1 = g.numa_node >= 4        # NPS4: nodes 0-3 on socket 0, 4-7 on socket 1
+        assert all((c >= 64) == on_socket_1 for c in cores), (g.index, g.numa_node, cores)
+
+
+@pytest.mark.parametrize("name, layout, message", [
+    # the lists are two runs 192 apart (SMT siblings of 192 cores): one thread per core cannot be
+    (L40S, (2, 192, 1), "two runs 192 CPUs apart"),
+    # 96-core sockets split in two: NUMA node 0 (0-95) would span sockets 0 and 1
+    (L40S, (4, 48, 2), "GPU 0 is on NUMA node 0, but the CPU layout 4x48x2 puts its CPU Affinity on sockets 0, 1"),
+    # DGX A100 (2x 64 cores x 2 threads) given as 2x128x1
+    (DGX_A100, (2, 128, 1), "the CPU layout 2x128x1 has 256 cores x 1 thread"),
+    # a layout with fewer CPUs than the lists name
+    (L40S, (2, 48, 2), "GPU 0: CPU Affinity holds CPU 192, but the CPU layout 2x48x2 has 192 logical CPUs"),
+    # 0-63 as 16 cores of 4 threads numbered Linux-style (c, c+16, c+32, c+48) is fine, as 2x16x2 too;
+    # but 1x48x2 leaves CPUs 64-95, the siblings of cores 16-31 (CPUs 16-31 are in the list), outside
+    (WORKSTATION, (1, 48, 2), "holds part of core 16 but not its CPU 64"),
+])
+def test_given_layout_that_the_columns_contradict_is_refused(name, layout, message):
+    with pytest.raises(ParseError) as info:
+        topo(name, cpus=CpuLayout(*layout))
+    assert message in str(info.value)
+    assert "--cpus" in info.value.hint
+
+
 def test_given_cpu_layout_is_used_and_checked():
     layout = CpuLayout(sockets=2, cores_per_socket=56, threads_per_core=2)
     assert topo(RTX4090, cpus=layout).cpus == layout
     with pytest.raises(ParseError) as info:
         topo(RTX4090, cpus=CpuLayout(sockets=1, cores_per_socket=8))
-    assert f"{RTX4090}:" in str(info.value) and "outside the CPU layout" in str(info.value)
+    assert f"{RTX4090}:9:" in str(info.value) and "but the CPU layout 1x8x1 has 8 logical CPUs" in str(info.value)
 
 
 def test_single_gpu_machine():
@@ -357,8 +412,8 @@ def test_parse_cpu_list():
 
 @pytest.mark.parametrize("lists, numa, want", [
     (["0-7,16-23"], [0], (2, 8, 2)),               # P100: GPUs on one socket, SMT offset shows both
-    (["0-31", "32-63"], [0, 1], (2, 32, 1)),
-    (["0-31"], [None], (1, 32, 1)),
+    (["0-31", "32-63"], [0, 1], None),             # one range each: threads per core unseen
+    (["0-31"], [None], None),                      # 0-31 is 32x1 or 16x2 (siblings right after)
     (["0-31", "32-63"], [0, 2], None),             # NUMA node 2 beyond the two domains seen
     (["0-7,16-23", "8-11,24-27"], [0, 1], None),   # domains of different sizes
     (["0-7,16-23", "8-15,32-39"], [0, 1], None),   # inconsistent SMT offsets
@@ -373,6 +428,34 @@ def test_infer_cpu_layout(lists, numa, want):
     layout = infer_cpu_layout(gpus)
     got = (layout.sockets, layout.cores_per_socket, layout.threads_per_core) if layout else None
     assert got == want
+
+
+# --- several matrices in one text ------------------------------------------------------------------
+
+
+def test_two_hosts_in_one_file_are_refused_without_a_choice():
+    text = TWO_HOSTS.read_text()
+    assert topo_sections(text) == [("gpu01", 14), ("gpu02", 39)]
+    message = parse_error(text)
+    assert "2 'nvidia-smi topo -m' matrices (line 14 under gpu01, line 39 under gpu02)" in message
+    assert message.startswith("t.txt:39:")
+
+
+def test_each_host_of_a_two_host_file_parses_as_its_own_recording():
+    text = TWO_HOSTS.read_text()
+    first = parse_topo_matrix(text, memory_mib=1, section=0)
+    second = parse_topo_matrix(text, memory_mib=1, section=1)
+    assert first == parse_topo_matrix((TOPO / L40S).read_text(), memory_mib=1)
+    assert second == parse_topo_matrix((TOPO / RTX4090).read_text(), memory_mib=1)
+    assert (len(first.gpus), len(second.gpus)) == (4, 8)
+
+
+def test_a_single_recording_is_one_unlabelled_section_and_p2p_tables_are_not_matrices():
+    assert topo_sections((TOPO / L40S).read_text()) == [(None, 6)]
+    p2p = "\n \tGPU0\tGPU1\t\n GPU0\tX\tGNS\t\n GPU1\tGNS\tX\t\n"   # nvidia-smi topo -p2p rw, as reports add it
+    text = (TOPO / WORKSTATION).read_text() + p2p
+    assert len(topo_sections(text)) == 1
+    assert len(parse_topo_matrix(text, memory_mib=1).gpus) == 2
 
 
 # --- nvidia-smi mig -lgip ----------------------------------------------------------------------

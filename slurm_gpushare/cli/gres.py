@@ -93,7 +93,7 @@ def _output_dir(path: str) -> tuple[Path, bool]:
               help="installed gres.conf for --check (default: next to $SLURM_CONF, else /etc/slurm)")
 @click.option("--slurm-conf", "slurm_conf", type=click.Path(),
               help="installed slurm.conf for --check (default: $SLURM_CONF, else /etc/slurm/slurm.conf)")
-def gres_conf(machine_files, from_topo, gpu_name, memory, mig_table, cpus, hostname, node_name, device_dir,
+def gres_conf(machine_files, from_topo, gpu_name, memory, mig_table, cpus, topo_host, hostname, node_name, device_dir,
               shard_unit, no_links, no_shards, slurm_version, mig_multiple_files, output_dir, check, gres_conf,
               slurm_conf):
     """Generate gres.conf and the matching slurm.conf lines from machine descriptions.
@@ -125,7 +125,7 @@ def gres_conf(machine_files, from_topo, gpu_name, memory, mig_table, cpus, hostn
     shard_unit_mib = parse_shard_unit(shard_unit, what="--shard-unit")
     release = _release(slurm_version)
     source = dict(from_topo=from_topo, gpu_name=gpu_name, memory=memory, mig_table=mig_table, cpus=cpus,
-                  hostname=hostname)
+                  hostname=hostname, topo_host=topo_host)
     machines = [load_machine(f, **source) for f in machine_files] if machine_files else [
         load_machine(None, **source)]
     opts = GresOptions(device_dir=device_dir, shard_unit_mib=shard_unit_mib,

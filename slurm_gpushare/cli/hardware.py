@@ -83,7 +83,11 @@ def machine_options(func):
                                                 "(base 1024; inventory and gres-conf need it)"),
         click.option("--mig-table", type=click.Path(),
                      help="'nvidia-smi mig -lgip' output: MIG profiles for --from-topo"),
-        click.option("--cpus", help="CPU layout SOCKETSxCORESxTHREADS (as slurmd -C); default: inferred/probed"),
+        click.option("--cpus", help="CPU layout SOCKETSxCORESxTHREADS (as slurmd -C); default: inferred/probed "
+                                    "(--from-topo: needed where the CPU Affinity lists do not show it)"),
+        click.option("--host", "topo_host", metavar="NAME",
+                     help="with --from-topo: the host whose matrix to read from a file of several (under "
+                          "'clush -b' / 'dshbak -c' host headers); also the default --hostname"),
         click.option("--hostname", help="node name written into the description (default: this host)"),
     ]
     for opt in reversed(options):
@@ -93,17 +97,22 @@ def machine_options(func):
 
 def load_machine(path: str | None = None, *, from_topo: str | None = None, gpu_name: str | None = None,
                  memory: str | None = None, mig_table: str | None = None, cpus: str | None = None,
-                 hostname: str | None = None, placeholders: bool = False) -> Machine:
+                 hostname: str | None = None, topo_host: str | None = None, placeholders: bool = False) -> Machine:
     """Build a Machine from a description file, ``nvidia-smi topo -m`` text, or NVML on this host.
 
     Args:
+        topo_host: ``--host``: with ``--from-topo``, the host whose matrix to take from a text of
+            several (:func:`~slurm_gpushare.hardware.nvidia_smi.topo_sections`; a header's hostlist
+            such as ``gpu[01-02]`` names each of its hosts); the default node name.
         placeholders: with ``--from-topo``, fill in :data:`PLACEHOLDER_GPU_NAME` and
             :data:`PLACEHOLDER_MEMORY_MIB` where ``gpu_name``/``memory`` are not given, for commands
-            that use neither (``topology``). Otherwise both are required.
+            that use neither (``topology``). Otherwise both are required, and so is a CPU layout
+            wherever a GPU's CPU Affinity is known: given (``--cpus``) or inferred, never guessed.
 
     Raises:
         InputError: conflicting sources, options that do not go with the source, bad option values,
-            unreadable or non-UTF-8 files, unparsable text (file and line named).
+            unreadable or non-UTF-8 files, unparsable text (file and line named), a CPU layout the
+            matrix does not show and ``--cpus`` does not give, ``--host`` without a matrix for it.
         NvmlError: NVML failed while probing (the NVML call is named).
     """
     check_node_name(hostname, "--hostname")
@@ -112,8 +121,9 @@ def load_machine(path: str | None = None, *, from_topo: str | None = None, gpu_n
     layout = parse_cpus(cpus)
     if path and from_topo:
         raise InputError("give either a machine description file or --from-topo, not both")
-    if not from_topo and (gpu_name or memory or mig_table):
-        raise InputError("--gpu-name, --memory and --mig-table go with --from-topo",
+    check_node_name(topo_host, "--host")
+    if not from_topo and (gpu_name or memory or mig_table or topo_host):
+        raise InputError("--gpu-name, --memory, --mig-table and --host go with --from-topo",
                          hint="NVML and machine descriptions have the names, memory and MIG profiles")
     if path:
         if cpus is not None:
@@ -123,9 +133,13 @@ def load_machine(path: str | None = None, *, from_topo: str | None = None, gpu_n
         if hostname:
             m = replace(m, hostname=hostname)
         return m
-    host = hostname or socket.gethostname().split(".")[0]
+    host = hostname or topo_host or socket.gethostname().split(".")[0]
     if from_topo:
-        from slurm_gpushare.hardware.nvidia_smi import parse_mig_profiles, parse_topo_matrix
+        from slurm_gpushare.hardware.nvidia_smi import (
+            cpu_layout_unknown,
+            parse_mig_profiles,
+            parse_topo_matrix,
+        )
         from slurm_gpushare.memsize import parse_mib
 
         if placeholders:
@@ -138,7 +152,12 @@ def load_machine(path: str | None = None, *, from_topo: str | None = None, gpu_n
         what = "'nvidia-smi topo -m' output"
         text = _read_stdin(what) if from_topo == "-" else _read(from_topo, what)
         m = parse_topo_matrix(text, source=name, hostname=host, gpu_name=gpu_name, memory_mib=memory_mib,
-                              cpus=layout)
+                              cpus=layout, section=_topo_section(text, name, topo_host))
+        if m.cpus is None and not placeholders and any(g.cpu_affinity for g in m.gpus):
+            raise InputError(f"{name}: the CPU layout cannot be read from the matrix: {cpu_layout_unknown(m.gpus)}",
+                             hint="give --cpus SOCKETSxCORESxTHREADS as 'slurmd -C' prints it on the node (lscpu: "
+                                  "Socket(s) x Core(s) per socket x Thread(s) per core): gres.conf Cores= are "
+                                  "core ids, which need it")
         if mig_table:
             profiles = parse_mig_profiles(_read(mig_table, "'nvidia-smi mig -lgip' output"),
                                           source=os.path.basename(mig_table))
@@ -152,7 +171,43 @@ def load_machine(path: str | None = None, *, from_topo: str | None = None, gpu_n
     if layout is None and os.environ.get(ENV, "nvml").startswith("fake:"):
         layout = Machine.load(os.environ[ENV][5:]).cpus  # a simulated node has its described CPUs
     with port:
-        return probe_machine(port, hostname=host, cpus=layout or read_cpu_layout())
+        m = probe_machine(port, hostname=host, cpus=layout or read_cpu_layout())
+    if cpus is not None and layout is not None:
+        from slurm_gpushare.hardware.machine import cpu_layout_problem
+
+        problem = cpu_layout_problem(m.gpus, layout)
+        if problem is not None:
+            raise InputError(f"--cpus {cpus}: {problem[1]} (NVML's CPU and memory affinity)",
+                             hint="leave --cpus out to read the layout from sysfs, or give it as 'slurmd -C' prints it")
+    return m
+
+
+def _topo_section(text: str, name: str, host: str | None) -> int | None:
+    """The matrix ``--host`` asks for (an index into ``topo_sections``), or None without ``--host``.
+
+    Raises:
+        InputError: ``--host`` with no matrix under a header naming it.
+    """
+    from slurm_gpushare.errors import ParseError
+    from slurm_gpushare.hardware.nvidia_smi import topo_sections
+    from slurm_gpushare.slurm.hostlist import expand_hostlist
+
+    if host is None:
+        return None
+    sections = topo_sections(text)
+    for i, (label, _at) in enumerate(sections):
+        if not label:
+            continue
+        try:
+            hosts = expand_hostlist(label)
+        except ParseError:
+            hosts = (label,)
+        if host in hosts:
+            return i
+    labels = [label for label, _at in sections if label]
+    raise InputError(f"--host {host}: {name} has no 'nvidia-smi topo -m' output under a header naming it"
+                     + (f" (hosts: {', '.join(labels)})" if labels else " (its matrices have no host headers)"),
+                     hint="give one of the hosts of the file, or leave --host out for a file of one matrix")
 
 
 def _require_topo_options(gpu_name: str | None, memory: str | None) -> None:
@@ -222,9 +277,10 @@ def with_machine(func=None, *, placeholders: bool = False):
         @click.argument("machine_file", required=False, type=click.Path())
         @machine_options
         @functools.wraps(func)
-        def wrapper(machine_file, from_topo, gpu_name, memory, mig_table, cpus, hostname, **kwargs):
+        def wrapper(machine_file, from_topo, gpu_name, memory, mig_table, cpus, topo_host, hostname, **kwargs):
             m = load_machine(machine_file, from_topo=from_topo, gpu_name=gpu_name, memory=memory,
-                             mig_table=mig_table, cpus=cpus, hostname=hostname, placeholders=placeholders)
+                             mig_table=mig_table, cpus=cpus, hostname=hostname, topo_host=topo_host,
+                             placeholders=placeholders)
             return func(machine=m, **kwargs)
         return wrapper
     return decorate(func) if func is not None else decorate

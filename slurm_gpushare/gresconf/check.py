@@ -35,6 +35,10 @@ f. ``AutoDetect=`` values the release does not know (slurmd logs "unknown autode
 g. ``Cores=`` that the release's slurmd refuses against the node's sockets (24.11: whole sockets
    only; 25.11 on: one whole socket or every core): the node is set INVAL with
    "doesn't match socket boundaries" (:func:`slurm_gpushare.slurm.gresrules.cores_problem`).
+h. One ``Type=`` for GPUs of two models (with machine descriptions: the GPU behind each
+   ``File=/dev/nvidiaN`` line, by minor number, and its model by
+   :func:`~slurm_gpushare.hardware.machine.gpu_model`): ``--gres=gpu:<type>`` would be granted
+   either model (a type collision, e.g. ``rtx6000`` for both a Quadro RTX 6000 and an RTX 6000 Ada).
 
 Device numbers (the positions of ``Links=``) are the order of the node's ``Name=gpu`` device lines,
 which is how :mod:`slurm_gpushare.gresconf.render` writes them (ascending NVML index = PCI bus order).
@@ -42,11 +46,12 @@ which is how :mod:`slurm_gpushare.gresconf.render` writes them (ascending NVML i
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from slurm_gpushare.errors import InputError
-from slurm_gpushare.hardware.machine import CpuLayout, Machine
+from slurm_gpushare.hardware.machine import CpuLayout, Machine, gpu_model
 from slurm_gpushare.slurm.conf import (
     GresConf,
     GresEntry,
@@ -171,7 +176,9 @@ def lint_gres_conf(gres: GresConf, slurm: SlurmGresConf | None = None,
     raw: list[_Raw] = []
     for entry in gres.entries:
         raw += _lint_line(entry, release)
-    for node in _nodes(gres, slurm, machines, wanted if nodes is not None else None):
+    checked = _nodes(gres, slurm, machines, wanted if nodes is not None else None)
+    raw += _lint_type_collisions(checked)
+    for node in checked:
         raw += _lint_flags_agree(node, release)
         for entry in node.records:
             raw += _lint_cores(node, entry)
@@ -437,6 +444,44 @@ def _lint_cores_sockets(node: _Node, e: GresEntry, release: Release) -> list[_Ra
                       f"write Cores={fix}, or declare the NUMA domains as sockets in slurm.conf (Sockets=, "
                       "CoresPerSocket= and SlurmdParameters=numa_node_as_socket) and regenerate; "
                       "_check_core_range_matches_sock in Slurm's src/interfaces/gres.c")]
+
+
+_WHOLE_GPU_FILE = re.compile(r".*/nvidia(\d+)")
+
+
+def _lint_type_collisions(nodes: list[_Node]) -> list[_Raw]:
+    """Lint (h): a ``Type=`` given to GPUs of different models, over all checked nodes.
+
+    The GPU of a whole-GPU line is the machine's GPU with the minor number of its ``File=`` (MIG
+    lines, whose types carry a profile, are not looked at). Nodes without a machine description
+    are skipped: gres.conf does not say which model a line's GPU is.
+    """
+    seen: dict[str, dict[str, tuple[str, str]]] = {}
+    out: list[_Raw] = []
+    for node in nodes:
+        if node.machine is None:
+            continue
+        by_minor = {g.minor: g for g in node.machine.gpus if not g.mig_enabled}
+        for e in node.gpu_lines:
+            if not e.type or e.multiple_files:
+                continue
+            for f in e.files:
+                m = _WHOLE_GPU_FILE.fullmatch(f)
+                gpu = by_minor.get(int(m.group(1))) if m else None
+                if gpu is None:
+                    continue
+                models = seen.setdefault(e.type, {})
+                model = gpu_model(gpu.name)
+                if models and model != next(iter(models)):
+                    other, (other_name, other_where) = next(iter(models.items()))
+                    out.append(_per_node(
+                        node, "error", e.where,
+                        f"Type={e.type} is given to a {gpu.name} (model {model}) here and to a {other_name} "
+                        f"(model {other}) at {other_where}: a job asking for gpu:{e.type} gets either",
+                        f"give each model its own type, e.g. Type={model} here, as 'slurm-gpushare gres-conf' "
+                        "writes it (docs/admin-guide.md, GPU type names)"))
+                models.setdefault(model, (gpu.name, e.where))
+    return out
 
 
 def _lint_fileless_gpu(node: _Node, e: GresEntry) -> list[_Raw]:

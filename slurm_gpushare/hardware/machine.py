@@ -204,12 +204,8 @@ class Gpu:
 
     @property
     def model(self) -> str:
-        """Short lower-case model for Slurm GRES ``Type=``, e.g. ``h100``, ``a100``, ``rtx4090``.
-
-        Derived from :attr:`name`: the first token that contains a digit after dropping the
-        vendor words (``NVIDIA``, ``Tesla``, ``GeForce``, ``Quadro``) and a leading ``RTX`` is
-        kept joined (``GeForce RTX 4090`` -> ``rtx4090``).
-        """
+        """Short lower-case model for Slurm GRES ``Type=``, e.g. ``h100``, ``a100``, ``rtx4090``,
+        ``rtx6000ada``: :func:`gpu_model` of :attr:`name` (one name per GPU model)."""
         return gpu_model(self.name)
 
 
@@ -533,6 +529,93 @@ def _validate_gpu(g: Gpu, path: str, source: str) -> None:
             _limit("mig_instance.gi_id", proc.gi_id, f"{where}.gi_id", source)
 
 
+def cpu_layout_problem(gpus: Sequence[Gpu], layout: CpuLayout) -> tuple[int, str] | None:
+    """Check a given CPU layout (``--cpus``) against the GPUs' CPU and NUMA affinity.
+
+    What must hold, whatever the layout (``CPU Affinity`` and ``NUMA Affinity`` of ``nvidia-smi topo
+    -m``, ``nvmlDeviceGetCpuAffinity`` and ``nvmlDeviceGetMemoryAffinity``):
+
+    - every affinity CPU is one of the layout's logical CPUs;
+    - an affinity list is the CPUs of one NUMA node, so it holds every hardware thread of each core it
+      touches (in the layout's numbering: ``core_of_cpu``, else CPU ``c`` and ``c + cores`` are one
+      core's threads);
+    - two runs of C CPUs with the second a fixed offset O above the first are Linux's numbering of SMT
+      siblings (:func:`slurm_gpushare.hardware.nvidia_smi.infer_cpu_layout`): O cores of 2 threads;
+    - GPUs on one NUMA node have the same list, GPUs on two nodes have disjoint lists;
+    - where the NUMA column shows more than one node, a node lies within one socket (sub-NUMA
+      clustering splits sockets, never joins them; only a one-node host, node interleaving, spans
+      sockets), and a higher node never lies on a lower socket than a lower node (Linux numbers
+      nodes in firmware (SRAT) order, socket by socket).
+
+    Returns:
+        None when the layout fits; else ``(index of the first GPU at fault, message)``, the message
+        naming the GPU, its column values and what the layout makes of them.
+    """
+    what = f"{layout.sockets}x{layout.cores_per_socket}x{layout.threads_per_core}"
+    for i, g in enumerate(gpus):
+        outside = [c for c in g.cpu_affinity if c < 0 or c >= layout.cpus]
+        if outside:
+            return i, (f"GPU {g.index}: CPU Affinity holds CPU {outside[0]}, but the CPU layout {what} has "
+                       f"{layout.cpus} logical CPUs (0-{layout.cpus - 1})")
+    if not layout.core_of_cpu:
+        smt = _smt_signature(gpus)
+        if smt is not None and (layout.threads_per_core, layout.cores) != (2, smt[1]):
+            i, offset = smt[0], smt[1]
+            return i, (f"GPU {gpus[i].index}: CPU Affinity is two runs {offset} CPUs apart, Linux's numbering of "
+                       f"SMT siblings on {offset} cores x 2 threads; the CPU layout {what} has "
+                       f"{layout.cores} cores x {layout.threads_per_core} thread(s)")
+    core_of = layout.core_of_cpu or tuple(c % layout.cores for c in range(layout.cpus))
+    for i, g in enumerate(gpus):
+        cores = {core_of[c] for c in g.cpu_affinity}
+        whole = {c for c in range(layout.cpus) if core_of[c] in cores}
+        part = sorted(whole - set(g.cpu_affinity))
+        if part:
+            return i, (f"GPU {g.index}: CPU Affinity holds part of core {core_of[part[0]]} but not its CPU "
+                       f"{part[0]} under the CPU layout {what}; a NUMA node's CPU list holds whole cores")
+    for i, g in enumerate(gpus):
+        for h in gpus[:i]:
+            if g.numa_node is None or h.numa_node is None or not g.cpu_affinity or not h.cpu_affinity:
+                continue
+            same_node, shared = g.numa_node == h.numa_node, set(g.cpu_affinity) & set(h.cpu_affinity)
+            if same_node and g.cpu_affinity != h.cpu_affinity or not same_node and shared:
+                return i, (f"GPU {g.index} (NUMA node {g.numa_node}) and GPU {h.index} (NUMA node {h.numa_node}) "
+                           f"have {'different' if same_node else 'overlapping'} CPU Affinity lists: the "
+                           "NUMA and CPU columns disagree")
+    nodes = {g.numa_node for g in gpus if g.numa_node is not None}
+    if len(nodes) < 2 and not any(n > 0 for n in nodes):
+        return None
+    socket_of: dict[int, int] = {}
+    for i, g in enumerate(gpus):
+        if g.numa_node is None or not g.cpu_affinity:
+            continue
+        sockets = sorted({core_of[c] // layout.cores_per_socket for c in g.cpu_affinity})
+        if len(sockets) > 1:
+            return i, (f"GPU {g.index} is on NUMA node {g.numa_node}, but the CPU layout {what} puts its CPU "
+                       f"Affinity on sockets {', '.join(map(str, sockets))}; a NUMA node lies within one socket")
+        socket_of[i] = sockets[0]
+    for i, s in socket_of.items():
+        for j, t in socket_of.items():
+            a, b = gpus[i].numa_node, gpus[j].numa_node
+            if a is not None and b is not None and a > b and s < t:
+                return i, (f"GPU {gpus[i].index} is on NUMA node {a} and GPU {gpus[j].index} on node {b}, but the "
+                           f"CPU layout {what} puts the first on socket {s} and the second on socket {t}")
+    return None
+
+
+def _smt_signature(gpus: Sequence[Gpu]) -> tuple[int, int] | None:
+    """``(first GPU, offset)`` when some affinity list is two equal runs ``offset`` apart, else None."""
+    for i, g in enumerate(gpus):
+        runs: list[list[int]] = []
+        for c in g.cpu_affinity:
+            if runs and c == runs[-1][1] + 1:
+                runs[-1][1] = c
+            else:
+                runs.append([c, c])
+        if len(runs) == 2 and runs[0][1] - runs[0][0] == runs[1][1] - runs[1][0]:
+            return i, runs[1][0] - runs[0][0]
+    return None
+
+
 #: MIG capability device minors, as the driver numbers them in ``/proc/driver/nvidia-caps/mig-minors``:
 #: ``config`` 1, ``monitor`` 2, then per GPU minor 15 GPU instances x (1 access + 8 compute instances).
 #: ``gpu0/gi1/access`` is 12, ``gpu0/gi1/ci0/access`` 13 (NVIDIA MIG user guide, "Device Nodes").
@@ -555,23 +638,50 @@ def mig_cap_minors(gpu_minor: int, gi_id: int, ci_id: int) -> tuple[int, int]:
     return gi, gi + 1 + ci_id
 
 
+#: Words of an NVML product name that name the vendor or a brand, not the GPU: dropped from the type.
+MODEL_BRAND_WORDS = frozenset({"nvidia", "tesla", "geforce", "quadro", "grid"})
+#: Words that name the packaging, the memory or the edition of one GPU model, not another model: dropped.
+#: ``PCIe``/``SXM``/``NVL``/``SFF`` are form factors (NVIDIA's H100 NVL and RTX 4000 SFF Ada are the
+#: H100 and the RTX 4000 Ada in another board), ``Max-Q`` a power limit, ``HBM3`` the memory kind,
+#: ``Generation``, ``Edition``, ``Server``, ``Workstation`` and ``GPU`` fill words of the marketing name.
+MODEL_PACKAGING_WORDS = frozenset({"pcie", "sxm", "nvl", "sff", "max-q", "generation", "edition", "server",
+                                   "workstation", "gpu", "dgxs", "fhhl"})
+_MEMORY_WORD = re.compile(r"\d+(?:\.\d+)?(?:gb|g|mb|tb)|hbm\d*e?|sxm\d*|pcie\d*|gddr\d*x?", re.IGNORECASE)
+
+
 @functools.lru_cache(maxsize=1024)
 def gpu_model(name: str) -> str:
-    """Short lower-case GPU model for GRES ``Type=`` from an NVML product name.
+    """Short lower-case GPU model for GRES ``Type=`` from an NVML product name (``nvmlDeviceGetName``).
 
-    ``NVIDIA H100 80GB HBM3`` -> ``h100``; ``NVIDIA A100-SXM4-80GB`` -> ``a100``;
-    ``NVIDIA GeForce RTX 4090`` -> ``rtx4090``; ``Tesla V100-SXM2-16GB`` -> ``v100``;
-    ``NVIDIA L40S`` -> ``l40s``.
+    The rule (docs/admin-guide.md, "GPU type names"): split the name at white space and ``_``; cut
+    each word at its first ``-`` (``A100-SXM4-80GB`` -> ``A100``: what follows is the board and the
+    memory); drop the brand words (:data:`MODEL_BRAND_WORDS`), memory sizes (``80GB``, ``144G``),
+    memory kinds (``HBM3``) and packaging words (:data:`MODEL_PACKAGING_WORDS`); join what is left in
+    lower case. So one GPU model gets one name whatever its board or memory size, and two models get
+    two names:
+
+    ``NVIDIA H100 80GB HBM3`` -> ``h100``; ``NVIDIA A100-SXM4-80GB`` and ``NVIDIA A100 80GB PCIe`` ->
+    ``a100``; ``NVIDIA GeForce RTX 4090`` -> ``rtx4090``; ``Tesla V100-SXM2-16GB`` -> ``v100``;
+    ``NVIDIA L40S`` -> ``l40s``; ``Quadro RTX 6000`` -> ``rtx6000`` but ``NVIDIA RTX 6000 Ada
+    Generation`` -> ``rtx6000ada``; ``NVIDIA RTX A6000`` -> ``rtxa6000``; ``NVIDIA GeForce RTX 3090
+    Ti`` -> ``rtx3090ti``; ``NVIDIA TITAN V`` -> ``titanv``; ``NVIDIA RTX PRO 6000 Blackwell Server
+    Edition`` -> ``rtxpro6000blackwell``.
+
+    Slurm's own names (``AutoDetect=nvml``, ``gpu_common_underscorify_tolower`` in
+    ``src/plugins/gpu/common/gpu_common.c``) are the whole product name in lower case with ``_`` for
+    spaces (``nvidia_h100_80gb_hbm3``), so they differ by memory size and board as well.
     """
-    words = [w for w in re.split(r"[\s_]+", name.strip()) if w]
-    words = [w for w in words if w.lower() not in ("nvidia", "tesla", "geforce", "quadro")]
-    for i, w in enumerate(words):
-        base = w.split("-")[0].lower()
-        if base in ("rtx", "gtx") and i + 1 < len(words):
-            return base + words[i + 1].split("-")[0].lower()
-        if any(ch.isdigit() for ch in base):
-            return base
-    return (words[0].split("-")[0].lower() if words else "gpu") or "gpu"
+    words = []
+    for raw in re.split(r"[\s_]+", name.strip()):
+        low = raw.lower()
+        if not low or low in MODEL_BRAND_WORDS or low in MODEL_PACKAGING_WORDS:
+            continue
+        word = low.split("-")[0]
+        if not word or word in MODEL_BRAND_WORDS or word in MODEL_PACKAGING_WORDS \
+                or _MEMORY_WORD.fullmatch(word):
+            continue
+        words.append(re.sub(r"[^a-z0-9]", "", word))
+    return "".join(w for w in words if w) or "gpu"
 
 
 def _no_duplicate_keys(pairs: list[tuple[str, Any]], *, source: str) -> dict[str, Any]:

@@ -36,7 +36,16 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from slurm_gpushare.errors import MachineDescriptionError, ParseError
-from slurm_gpushare.hardware.machine import PCIE_LEVELS, CpuLayout, Gpu, Link, Machine, MigProfile, Nic
+from slurm_gpushare.hardware.machine import (
+    PCIE_LEVELS,
+    CpuLayout,
+    Gpu,
+    Link,
+    Machine,
+    MigProfile,
+    Nic,
+    cpu_layout_problem,
+)
 
 #: The most NVLink links one GPU has: 18 on H100/H200 and B200 (NVIDIA H100 Tensor Core GPU
 #: Architecture whitepaper: "18 fourth-generation NVLink links"); A100 has 12, V100 6, P100 4.
@@ -65,11 +74,14 @@ _NIC_LEGEND_ROW = re.compile(r"\s*NIC(\d+):\s*(\S+)\s*")
 
 def parse_topo_matrix(text: str, *, source: str = "<topo>", hostname: str = "node",
                       gpu_name: str | None = None, memory_mib: int | None = None,
-                      cpus: CpuLayout | None = None, nic_names: dict[int, str] | None = None) -> Machine:
+                      cpus: CpuLayout | None = None, nic_names: dict[int, str] | None = None,
+                      section: int | None = None) -> Machine:
     """Build a machine description from ``nvidia-smi topo -m`` output.
 
     Leading ``#`` comment lines, shell prompts and any other text before the header row are skipped;
-    the ``Legend:`` after the matrix is ignored and the ``NIC Legend:`` names the NICs.
+    the ``Legend:`` after the matrix is ignored and the ``NIC Legend:`` names the NICs. A text with
+    several matrices (the outputs of several hosts in one file, see :func:`topo_sections`) is
+    refused unless ``section`` picks one.
 
     What the matrix gives and what is inferred:
 
@@ -93,8 +105,10 @@ def parse_topo_matrix(text: str, *, source: str = "<topo>", hostname: str = "nod
     - NICs: one per NIC column; index is the ``n`` of ``NICn`` (or the column's position among NIC
       columns when the column carries a device name such as ``mlx5_0``); the name comes from
       ``nic_names``, else the ``NIC Legend``, else the column title.
-    - CPU layout: ``cpus`` when given, else inferred from the affinity lists (see
-      :func:`infer_cpu_layout`); None when they do not allow a consistent answer.
+    - CPU layout: ``cpus`` when given, checked against the ``CPU Affinity`` and ``NUMA Affinity``
+      columns (:func:`~slurm_gpushare.hardware.machine.cpu_layout_problem`); else inferred from the
+      affinity lists (see :func:`infer_cpu_layout`); None when they do not tell it (one unbroken
+      range per GPU: :func:`cpu_layout_unknown` says why, for the caller's message).
 
     Args:
         text: the whole output, as recorded.
@@ -105,6 +119,7 @@ def parse_topo_matrix(text: str, *, source: str = "<topo>", hostname: str = "nod
             Required: the matrix does not show it and a machine description needs it.
         cpus: the node's CPU layout (``slurmd -C``), overriding the inference.
         nic_names: NIC index -> device name (``mlx5_0``), overriding the NIC Legend.
+        section: which matrix of a text with several (an index into :func:`topo_sections`).
 
     Returns:
         A validated :class:`Machine` whose ``source`` is ``nvidia-smi topo -m <source>``.
@@ -112,9 +127,24 @@ def parse_topo_matrix(text: str, *, source: str = "<topo>", hostname: str = "nod
     Raises:
         ParseError: no header row, a truncated matrix (missing rows, rows with too few cells), an
             unknown cell token, an asymmetric matrix, a self cell that is not ``X``, a bad CPU list,
-            missing ``memory_mib``, or affinity lists outside the given ``cpus`` layout.
+            missing ``memory_mib``, a given ``cpus`` layout that the affinity columns contradict,
+            several matrices without ``section``, or a ``section`` out of range.
     """
     lines = text.splitlines()
+    sections = topo_sections(text)
+    if section is None and len(sections) > 1:
+        found = ", ".join(f"line {at}" + (f" under {label}" if label else "") for label, at in sections)
+        raise ParseError(f"the text holds {len(sections)} 'nvidia-smi topo -m' matrices ({found}); "
+                         "which host's is meant cannot be told",
+                         hint="give --host NAME to pick the matrix under that host's header (as "
+                              "'clush -b' or 'pdsh ... | dshbak -c' print them), or one host's output "
+                              "per file", source=f"{source}:{sections[1][1]}")
+    if section is not None:
+        if not 0 <= section < max(len(sections), 1):
+            raise ParseError(f"matrix {section} asked for, the text holds {len(sections)}", source=source)
+        if sections:
+            end = sections[section + 1][1] - 1 if section + 1 < len(sections) else len(lines)
+            lines = [""] * (sections[section][1] - 1) + lines[sections[section][1] - 1:end]
     header_at = _find_header(lines, source)
     header = _read_header(lines[header_at], f"{source}:{header_at + 1}")
     if memory_mib is None or isinstance(memory_mib, bool) or not isinstance(memory_mib, int) \
@@ -141,6 +171,13 @@ def parse_topo_matrix(text: str, *, source: str = "<topo>", hostname: str = "nod
     legend = _nic_legend(lines[end_at - 1:])
     nics = tuple(_nic(k, title, header, rows, source, legend, nic_names or {})
                  for k, title in enumerate(header.nics))
+    if cpus is not None:
+        problem = cpu_layout_problem(gpus, cpus)
+        if problem is not None:
+            index, message = problem
+            raise ParseError(message, hint="give --cpus SOCKETSxCORESxTHREADS as 'slurmd -C' (or lscpu: "
+                                           "Socket(s) x Core(s) per socket x Thread(s) per core) prints it "
+                                           "on that node", source=f"{source}:{rows[header.gpus[index]].line}")
     layout = cpus if cpus is not None else infer_cpu_layout(gpus)
     if layout is not None:
         gpus = tuple(g if g.numa_node is not None else replace(g, numa_node=socket_of_cpus(g.cpu_affinity, layout))
@@ -192,6 +229,32 @@ def socket_of_cpus(cpu_ids: Sequence[int], layout: CpuLayout) -> int | None:
     return sockets.pop() if len(sockets) == 1 else None
 
 
+def cpu_layout_unknown(gpus: Sequence[Gpu]) -> str:
+    """Why :func:`infer_cpu_layout` finds no layout in these affinity lists, naming what would fit.
+
+    For the message of a command that needs the layout (``gres-conf``, ``inventory``); the fix is
+    always ``--cpus`` as ``slurmd -C`` or ``lscpu`` prints it on the node.
+    """
+    empty = [g.index for g in gpus if not g.cpu_affinity]
+    if not gpus:
+        return "there are no GPUs"
+    if empty:
+        return (f"the CPU Affinity of GPU {empty[0]} is empty or N/A (the lists were clipped by a cpuset, "
+                "e.g. 'nvidia-smi topo -m' run inside a Slurm job)")
+    shapes = {_runs(g.cpu_affinity) for g in gpus}
+    if all(len(runs) == 1 for runs in shapes):
+        lists = sorted({f"{r[0][0]}-{r[0][1]}" for r in shapes})
+        total = max(r[0][1] for r in shapes) + 1
+        fits = [f"{len(shapes)}x{total // len(shapes)}x1 (no SMT)"] if total % len(shapes) == 0 else []
+        if total % (2 * len(shapes)) == 0:
+            fits.append(f"{len(shapes)}x{total // (2 * len(shapes))}x2 (2 threads per core)")
+        return (f"every CPU Affinity list is one unbroken range ({', '.join(lists)}), which does not show "
+                "how many hardware threads share a core or how many sockets have no GPU"
+                + (f": it fits {' or '.join(fits)}, among others" if fits else ""))
+    return ("the CPU Affinity lists are not all one NUMA node's CPUs in the usual Linux numbering (one run of "
+            "first threads, and one of their SMT siblings a core count above)")
+
+
 def infer_cpu_layout(gpus: Sequence[Gpu]) -> CpuLayout | None:
     """Guess the node's CPU layout from the GPUs' CPU affinity lists.
 
@@ -204,8 +267,11 @@ def infer_cpu_layout(gpus: Sequence[Gpu]) -> CpuLayout | None:
       run is the total core count, so ``sockets = offset / C``. This holds even when GPUs hang off
       one domain only (8x P100, ``0-7,16-23``: 2 sockets x 8 cores x 2 threads, 32 CPUs, although
       no CPU above 23 is listed);
-    - every list is one run of C CPUs -> ``threads_per_core=1``, ``sockets = (max CPU id + 1) / C``
-      (a trailing domain without GPUs cannot be seen here).
+    - every list is one unbroken run -> unknown (None). One range does not show how many hardware
+      threads share a core: a 32-core/64-thread single-socket workstation prints ``0-63`` (its SMT
+      siblings 32-63 follow the first threads 0-31 without a gap), exactly like 64 cores without SMT;
+      POWER and some firmware number a core's threads next to each other (``0-63`` = 16 cores x 4).
+      Nor does it show sockets without GPUs. :func:`cpu_layout_unknown` names the layouts that fit.
 
     A "socket" here is a NUMA domain: on CPUs split into several NUMA nodes per package (AMD NPS,
     Intel SNC) the socket count is too high and the cores per socket too low, but the logical CPU
@@ -214,8 +280,9 @@ def infer_cpu_layout(gpus: Sequence[Gpu]) -> CpuLayout | None:
 
     Returns:
         The layout, or None when it cannot be inferred consistently: a GPU with an empty list (the
-        lists were clipped by a cpuset, e.g. inside a Slurm job), runs of different lengths, lists
-        of other shapes, misaligned runs, or a NUMA node id beyond the inferred domains.
+        lists were clipped by a cpuset, e.g. inside a Slurm job), one unbroken run per GPU, runs of
+        different lengths, lists of other shapes, misaligned runs, or a NUMA node id beyond the
+        inferred domains.
     """
     if not gpus or any(not g.cpu_affinity for g in gpus):
         return None
@@ -226,9 +293,7 @@ def infer_cpu_layout(gpus: Sequence[Gpu]) -> CpuLayout | None:
         return None
     per_domain = lengths.pop()
     threads = run_counts.pop()
-    if threads == 1:
-        total_cores = max(runs[0][1] for runs in shapes) + 1
-    elif threads == 2:
+    if threads == 2:
         offsets = {runs[1][0] - runs[0][0] for runs in shapes}
         if len(offsets) != 1:
             return None
@@ -244,6 +309,34 @@ def infer_cpu_layout(gpus: Sequence[Gpu]) -> CpuLayout | None:
     if numa and max(numa) >= sockets:
         return None
     return CpuLayout(sockets=sockets, cores_per_socket=per_domain, threads_per_core=threads)
+
+
+_DASHES = re.compile(r"\s*-{3,}\s*")
+
+
+def topo_sections(text: str) -> list[tuple[str | None, int]]:
+    """The ``nvidia-smi topo -m`` matrices of a text, as ``(host label, header line)`` pairs.
+
+    A header line (1-based) is a line of column titles starting with ``GPU0`` and holding
+    ``CPU Affinity`` (so the ``nvidia-smi topo -p2p`` table that reports often add is not one). The label is the host
+    name of the block header the matrix stands under, as ``clush -b`` and ``dshbak -c`` print one
+    host's output (a line of dashes, the host name or hostlist, a line of dashes; a trailing
+    ``(2)`` count is dropped), or None when the matrix has none. One matrix without a label is a
+    plain recording; several are the outputs of several hosts.
+    """
+    lines = text.splitlines()
+    out: list[tuple[str | None, int]] = []
+    label: str | None = None
+    for i, line in enumerate(lines):
+        if i >= 2 and _DASHES.fullmatch(line) and _DASHES.fullmatch(lines[i - 2]) and lines[i - 1].strip():
+            label = lines[i - 1].split()[0]
+            continue
+        if not line.lstrip().startswith("#"):
+            tokens = _HEADER_TOKEN.findall(line)
+            if tokens and tokens[0] == "GPU0" and "CPU Affinity" in tokens:
+                out.append((label, i + 1))
+                label = None
+    return out
 
 
 class _Header:
