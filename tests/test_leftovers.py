@@ -50,6 +50,18 @@ def test_what_the_epilog_does_with_each_process_on_the_jobs_gpu(holder, running,
     assert judge(holder, ended=ENDED, running=running, tracked=tracked, daemons=daemons).action == want
 
 
+def test_a_slurm_failure_kills_and_drains_nothing_it_would_need_slurm_for():
+    def verdict(h, running, tracked):
+        return judge(h, ended=ENDED, running=running, tracked=tracked, daemons=set()).action
+
+    assert verdict(_holder(cgroup_job="42"), None, None) == "kill"  # the cgroup alone proves it
+    assert verdict(_holder(cgroup_job="41"), None, {}) == "unknown"  # does job 41 still run? squeue failed
+    assert verdict(_holder(uid=1002), None, {}) == "unknown"
+    assert verdict(_holder(uid=1002), {"43": 1002}, None) == "unknown"  # bob's running job may own it
+    assert verdict(_holder(uid=1002), {}, None) == "drain"  # bob has no job here
+    assert verdict(_holder(), {"43": 1001}, None) == "drain"  # the ended job's user: ambiguous either way
+
+
 def test_doctor_kills_only_what_a_cgroup_proves():
     assert judge(_holder(cgroup_job="41"), ended=None, running={}, tracked={}, daemons=set()).action == "kill"
     assert judge(_holder(cgroup_job="41"), ended=None, running={"41": None}, tracked={},
@@ -208,3 +220,23 @@ def test_doctor_kills_a_process_whose_cgroup_names_a_job_gone(node, table):  # n
             leftovers.read_cgroup = real
     finally:
         app.kill()
+
+
+def test_a_process_in_a_mig_device_is_named_by_the_mig_devices_uuid():
+    from slurm_gpushare.errors import NvmlError
+    from slurm_gpushare.hardware.fake import FakeNvml, ScheduledProcess
+    from slurm_gpushare.node.leftovers import gpu_holders
+    from slurm_gpushare_dev.cluster import packaged_machine
+
+    fake = FakeNvml(packaged_machine("4x-h100-mig-mixed.json"))
+    with fake:
+        gpu = next(g for g in range(fake.device_count()) if fake.gpu_instances(g))
+        inst = fake.gpu_instances(gpu)[-1]
+    fake.add_process(ScheduledProcess(os.getpid(), gpu, start=0.0, steps=((0, 512, None),), gi_id=inst.gi_id))
+    with fake:
+        (h,) = gpu_holders(fake, [gpu])
+    assert (h.pid, h.gi_id, h.uuid, h.uid) == (os.getpid(), inst.gi_id, inst.uuid, os.getuid())
+    # NVML is asked per MIG device handle, and a failure names that device, as in the real port
+    failing = FakeNvml(packaged_machine("4x-h100-mig-mixed.json"), fail={"nvmlDeviceGetComputeRunningProcesses": 15})
+    with failing, pytest.raises(NvmlError, match=rf"nvmlDeviceGetComputeRunningProcesses\(gpu {gpu}, mig 0\)"):
+        failing.processes(gpu)

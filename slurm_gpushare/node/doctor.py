@@ -70,6 +70,8 @@ def _gpu_processes(ctx: HookContext, repair: bool, running_jobs: set[str] | None
             if repair:
                 action = "killed it" if h in result.killed else f"{LEFT_ALONE}: it survives SIGKILL"
             out.append(Finding(h.cgroup_job or "-", f"{h.describe()} holds the GPU, {v.why}", action))
+        elif v.action == "unknown":
+            out.append(Finding("-", f"{h.describe()} holds the GPU: {v.why}", "nothing done"))
         elif v.action == "drain":
             out.append(Finding("-", f"{h.describe()} holds the GPU, {v.why}",
                                f"{LEFT_ALONE}: not provably a job's; kill it or ask its user"))

@@ -92,7 +92,7 @@ def ended_job(ctx: HookContext, env: dict[str, str], start: float | None) -> End
 def sweep_leftovers(ctx: HookContext, env: dict[str, str], *, start: float | None) -> str | None:
     """Kill what the ended job left on its GPUs and return a drain reason for what cannot be resolved
     (:mod:`slurm_gpushare.node.leftovers`); each kill and each unresolved process goes to the node log.
-    NVML or squeue failing is logged and drains nothing (the next Epilog and ``doctor`` look again)."""
+    NVML or Slurm failing is logged and drains nothing (the next Epilog and ``doctor`` look again)."""
     job = ended_job(ctx, env, start)
     try:
         with open_nvml() as port:
@@ -103,6 +103,8 @@ def sweep_leftovers(ctx: HookContext, env: dict[str, str], *, start: float | Non
     for h in result.killed:
         why = next(v.why for v in result.verdicts if v.holder == h)
         log_event(ctx, "epilog", f"job {job.job_id}: killed {h.describe()}, {h.used_mib} MiB: {why}")
+    for v in result.unknown:
+        log_event(ctx, "epilog", f"job {job.job_id}: {v.holder.describe()} holds the GPU, left alone: {v.why}")
     unresolved = result.unresolved
     for v in unresolved:
         log_event(ctx, "epilog", f"job {job.job_id}: {v.holder.describe()} holds the GPU: {v.why}")

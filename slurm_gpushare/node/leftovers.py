@@ -27,6 +27,7 @@ the ended job's user with another job running here (no cgroup says     drain: it
 which)                                                                 live job's process is worse
 the ended job's user, started before the job                           drain (a process outside any job)
 another user, or root                                                  drain
+squeue (or, for a user with a job here, ``scontrol listpids``) failed  unknown: logged, nothing else
 =====================================================================  =======================================
 
 ``doctor`` kills only what a cgroup proves (and reports the rest); the Epilog also kills the ended job's
@@ -192,31 +193,38 @@ def daemon_pids(ctx: HookContext, *, except_job: str | None = None) -> set[int]:
     return out
 
 
-def judge(h: Holder, *, ended: EndedJob | None, running: Mapping[str, int | None],
-          tracked: Mapping[int, str], daemons: set[int]) -> Verdict:
-    """The verdict on one holder (see the module's table).
+def judge(h: Holder, *, ended: EndedJob | None, running: Mapping[str, int | None] | None,
+          tracked: Mapping[int, str] | None, daemons: set[int]) -> Verdict:
+    """The verdict on one holder (see the module's table): ``keep``, ``kill``, ``drain``, or ``unknown``
+    when Slurm could not be asked what the verdict needs (logged; neither killed nor drained for).
 
     Args:
         h: the process.
         ended: the job whose Epilog runs; None for ``doctor`` (then only a cgroup proves a job).
-        running: jobs with an allocation on this node, id -> owner uid (None: unknown), without ``ended``.
-        tracked: pid -> job of Slurm's pid lists (``scontrol listpids``).
+        running: jobs with an allocation on this node, id -> owner uid (None: unknown), without ``ended``;
+            None when ``squeue`` failed.
+        tracked: pid -> job of Slurm's pid lists (``scontrol listpids``); None when it failed.
         daemons: pids of the running jobs' MPS daemons (:func:`daemon_pids`).
     """
     if h.pid in daemons:
         return Verdict(h, "keep", "a process of a running job's MPS daemon")
+    if h.cgroup_job is not None and ended is not None and h.cgroup_job == ended.job_id:
+        return Verdict(h, "kill", f"in the cgroup of ended job {h.cgroup_job}")
+    if running is None:
+        return Verdict(h, "unknown", "squeue failed: which jobs run here is unknown")
     if h.cgroup_job is not None:
         if h.cgroup_job in running:
             return Verdict(h, "keep", f"in the cgroup of running job {h.cgroup_job}")
-        if ended is not None and h.cgroup_job == ended.job_id:
-            return Verdict(h, "kill", f"in the cgroup of ended job {h.cgroup_job}")
         return Verdict(h, "kill", f"in the cgroup of job {h.cgroup_job}, which no longer runs here")
-    job = tracked.get(h.pid)
+    job = (tracked or {}).get(h.pid)
     if job is not None and job in running:
         return Verdict(h, "keep", f"tracked by running job {job}")
+    mine = ended is not None and h.uid is not None and h.uid == ended.uid
+    if tracked is None and not mine and h.uid is not None and h.uid in running.values():
+        return Verdict(h, "unknown", "scontrol listpids failed and a running job of that user may own it")
     if ended is None:
         return Verdict(h, "drain", "no running job here holds it and no cgroup names its job")
-    if h.uid is not None and h.uid == ended.uid:
+    if mine:
         others = sorted(j for j, uid in running.items() if uid == h.uid)
         if others:
             return Verdict(h, "drain", f"no cgroup says whether it is of ended job {ended.job_id} or of the "
@@ -231,6 +239,11 @@ def judge(h: Holder, *, ended: EndedJob | None, running: Mapping[str, int | None
 @dataclass
 class Sweep:
     """What :func:`sweep` did: the verdicts, what was killed, what survived SIGKILL."""
+
+    @property
+    def unknown(self) -> list[Verdict]:
+        """Verdicts Slurm's failure left open."""
+        return [v for v in self.verdicts if v.action == "unknown"]
 
     verdicts: list[Verdict] = field(default_factory=list)
     killed: list[Holder] = field(default_factory=list)
@@ -249,9 +262,10 @@ def sweep(ctx: HookContext, port: NvmlPort, *, ended: EndedJob | None, running: 
     ``kill`` verdicts (SIGKILL, checked to be gone within :data:`KILL_WAIT_S`). Slurm is asked only when a
     holder needs it: ``scontrol listpids`` and ``squeue`` (``running`` None: asked through ``ctx``).
 
+    Slurm failing makes the verdicts that need it ``unknown`` (see :func:`judge`).
+
     Raises:
         NvmlError: an NVML call failed.
-        SlurmError: squeue failed (only when ``running`` is None and a holder needs it).
     """
     gpus = None if ended is None or ended.devices is None else {g for g, _ in ended.devices}
     holders = [h for h in gpu_holders(port, gpus, cgroup_of=cgroup_of) if ended is None or ended.holds(h)]
@@ -259,14 +273,18 @@ def sweep(ctx: HookContext, port: NvmlPort, *, ended: EndedJob | None, running: 
     if not holders:
         return out
     if running is None:
-        running = dict(ctx.job_owners(ctx.node))
-    running = {j: u for j, u in running.items() if ended is None or j != ended.job_id}
-    tracked: dict[int, str] = {}
+        try:
+            running = dict(ctx.job_owners(ctx.node))
+        except GpushareError:
+            running = None
+    if running is not None:
+        running = {j: u for j, u in running.items() if ended is None or j != ended.job_id}
+    tracked: dict[int, str] | None = {}
     if any(h.cgroup_job is None for h in holders):
         try:
             tracked = parse_listpids(ctx.listpids(ctx.node))
         except GpushareError:
-            tracked = {}
+            tracked = None
     daemons = daemon_pids(ctx, except_job=ended.job_id if ended else None)
     for h in holders:
         v = judge(h, ended=ended, running=running, tracked=tracked, daemons=daemons)
