@@ -1,9 +1,12 @@
 """GPU processes left behind by a job: found through NVML, killed when they provably belong to a job that
 ended, otherwise reported (the Epilog drains the node) with a reason that names pid, user and GPU.
 
-Slurm signals a step's processes before it runs the Epilog (slurmd: the step's slurmstepd sends SIGCONT and
-SIGTERM, then SIGKILL after ``KillWait``, to the processes its proctrack plugin tracks; the Epilog follows
-when the job's steps are gone). A process that is still on a GPU then escaped that kill: it left the
+Slurm signals a job's processes before it runs the Epilog: slurmd's ``_rpc_terminate_job`` sends SIGCONT and
+SIGTERM to every active step, waits up to ``KillWait`` (at least 5 s) for them, has the rest killed (SIGKILL,
+to the processes each step's proctrack plugin tracks), waits for the steps to end, then runs the Epilog
+(src/slurmd/slurmd/req.c at slurm-22-05-8-1, slurm-24-11-5-1 and slurm-26-05-3-1; from 24.11
+``PrologFlags=RunInJob`` runs the Epilog in the job's extern step instead, which is not tested here).
+A process that is still on a GPU then escaped that kill: it left the
 tracking (``setsid`` and a double fork leave ``proctrack/linuxproc``'s process tree; under cgroup v1 a user
 cannot leave the job's cgroup, whose ``tasks`` files are root's), or it was never the job's (a user's
 process started outside any job, another job's). :func:`gpu_holders` lists the compute processes of the
