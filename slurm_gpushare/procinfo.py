@@ -56,3 +56,26 @@ def real_uid(proc: psutil.Process) -> int | None:
         return proc.uids().real
     except psutil.Error:
         return None
+
+
+def started_at(proc: psutil.Process) -> float | None:
+    """When the process started, epoch seconds (the kernel's start time in ``/proc/<pid>/stat`` plus the
+    boot time, as psutil computes it), or None when it is gone."""
+    try:
+        return proc.create_time()
+    except psutil.Error:
+        return None
+
+
+def kill_and_wait(proc: psutil.Process, timeout_s: float) -> bool:
+    """Send SIGKILL to the process (psutil checks first that the PID still names the same process) and
+    wait up to ``timeout_s`` seconds for it to be gone. Returns True when it is gone (or already was),
+    False when it outlived SIGKILL (a process stuck in the kernel, state ``D``)."""
+    try:
+        proc.kill()
+    except psutil.NoSuchProcess:
+        return True
+    except psutil.AccessDenied:
+        return not running(proc)
+    _gone, alive = psutil.wait_procs([proc], timeout=timeout_s)
+    return not alive or not running(proc)

@@ -61,9 +61,11 @@ def doctor(config_path, node, repair):
     """Find leftovers of the gpushare hooks on a node, and with --repair fix them.
 
     Job directories and MPS daemons of jobs that no longer run here are stopped and removed; a running
-    job whose MPS daemon died gets a new one with its limits. Exit status 1 when something was found
-    and not repaired.
+    job whose MPS daemon died gets a new one with its limits; a GPU process whose cgroup names a job that
+    no longer runs here is killed, any other GPU process of no running job is reported and left alone.
+    Exit status 1 when something was found and not repaired.
     """
+    from slurm_gpushare.node.doctor import LEFT_ALONE
     from slurm_gpushare.node.doctor import doctor as run_doctor
 
     ctx = _context(config_path, node)
@@ -72,7 +74,7 @@ def doctor(config_path, node, repair):
         click.echo(f"{'job ' + f.job_id + ': ' if f.job_id != '-' else ''}{f.problem}: {f.action}")
     if not findings:
         click.echo(f"{ctx.node}: nothing left over in {ctx.run_dir}")
-    unchecked = any(f.action == "nothing done" for f in findings)
+    unchecked = any(f.action == "nothing done" or f.action.startswith(LEFT_ALONE) for f in findings)
     sys.exit(1 if (findings and not repair) or unchecked else 0)
 
 

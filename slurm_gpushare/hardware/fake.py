@@ -523,8 +523,19 @@ class FakeNvml:
     # --- accounting --------------------------------------------------------------------------------
 
     def processes(self, index: int) -> tuple[GpuProcess, ...]:
-        """The current processes (set, scheduled, and live entries of the process table), sorted by pid."""
-        self._dev("nvmlDeviceGetComputeRunningProcesses", index)
+        """The current processes (set, scheduled, and live entries of the process table: the real pids of
+        live fake-app processes), sorted by pid. On a GPU with MIG devices the calls are those of the real
+        port, one ``nvmlDeviceGetComputeRunningProcesses`` per MIG device handle, and a process reports the
+        GPU instance it registered in."""
+        self._handle(index)
+        state = self._state[index]
+        if state.gpu.mig_enabled and state.instances:
+            for k in range(len(state.instances)):
+                for function in ("nvmlDeviceGetMigDeviceHandleByIndex", "nvmlDeviceGetGpuInstanceId",
+                                 "nvmlDeviceGetComputeRunningProcesses"):
+                    self._nvml(function, index, f"gpu {index}", f"mig {k}")
+        else:
+            self._nvml("nvmlDeviceGetComputeRunningProcesses", index, f"gpu {index}")
         return self._current(index)
 
     def utilization(self, index: int) -> Utilization:

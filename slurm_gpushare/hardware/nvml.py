@@ -296,22 +296,9 @@ class RealNvml:
         device slots answer NOT_FOUND: both mean "no MIG device here".
         """
         handle = self._handle(index)
-        try:
-            count = int(self._call("nvmlDeviceGetMaxMigDeviceCount", (f"gpu {index}",), handle))
-        except NvmlError as e:
-            if e.code == NVML_ERROR_NOT_SUPPORTED:
-                return ()
-            raise
         found = []
-        for k in range(count):
+        for k, mig, gi_id in self._mig_handles(index, handle, no_mig=(NVML_ERROR_NOT_SUPPORTED,)):
             where = (f"gpu {index}", f"mig {k}")
-            try:
-                mig = self._call("nvmlDeviceGetMigDeviceHandleByIndex", where, handle, k)
-            except NvmlError as e:
-                if e.code in _ABSENT:
-                    continue
-                raise
-            gi_id = int(self._call("nvmlDeviceGetGpuInstanceId", where, mig))
             ci_id = int(self._call("nvmlDeviceGetComputeInstanceId", where, mig))
             mig_uuid = _text(self._call("nvmlDeviceGetUUID", where, mig))
             gi_where = (f"gpu {index}", f"gi {gi_id}")
@@ -408,21 +395,57 @@ class RealNvml:
     def processes(self, index: int) -> tuple[GpuProcess, ...]:
         """``nvmlDeviceGetComputeRunningProcesses``; a process whose memory NVML cannot report raises.
 
+        On a GPU with MIG devices the call is made on each MIG device handle
+        (``nvmlDeviceGetMaxMigDeviceCount``, ``nvmlDeviceGetMigDeviceHandleByIndex``,
+        ``nvmlDeviceGetGpuInstanceId``), and ``gi_id`` is that device's GPU instance: NVML answers the
+        parent handle of a GPU in MIG mode with the aggregate only for a privileged caller ("Per-instance
+        information can be queried by using specific MIG device handles", nvml.h), the MIG handle for
+        every caller. Otherwise the parent handle; ``gi_id`` is then ``gpuInstanceId`` where NVML sets one.
+
         ``sm_util`` comes from ``nvmlDeviceGetProcessUtilization`` (the latest sample NVML holds for
         the pid, ``smUtil``), None where NVML has no sample or does not support it (MIG GPUs, older
-        GPUs). ``gi_id`` is the process's GPU instance on a MIG-enabled GPU (``gpuInstanceId``).
+        GPUs).
         """
         out = []
         sm = self._process_sm(index)
-        for p in self._dev("nvmlDeviceGetComputeRunningProcesses", index):
-            if p.usedGpuMemory is None:
-                raise nvml_error(call_source("nvmlDeviceGetComputeRunningProcesses", f"gpu {index}"),
-                                 NVML_ERROR_NOT_SUPPORTED, detail=f"no used-memory figure for pid {p.pid}")
-            gi = getattr(p, "gpuInstanceId", None)
-            out.append(GpuProcess(pid=int(p.pid), used_memory_mib=int(p.usedGpuMemory) // MIB,
-                                  sm_util=sm.get(int(p.pid)),
-                                  gi_id=int(gi) if gi is not None and int(gi) < NO_INSTANCE else None))
+        handle = self._handle(index)
+        migs = self._mig_handles(index, handle)
+        queried = [((f"gpu {index}", f"mig {k}"), mig, gi) for k, mig, gi in migs] if migs else \
+            [((f"gpu {index}",), handle, None)]
+        for where, handle, mig_gi in queried:
+            for p in self._call("nvmlDeviceGetComputeRunningProcesses", where, handle):
+                if p.usedGpuMemory is None:
+                    raise nvml_error(call_source("nvmlDeviceGetComputeRunningProcesses", *where),
+                                     NVML_ERROR_NOT_SUPPORTED, detail=f"no used-memory figure for pid {p.pid}")
+                gi = mig_gi if mig_gi is not None else getattr(p, "gpuInstanceId", None)
+                out.append(GpuProcess(pid=int(p.pid), used_memory_mib=int(p.usedGpuMemory) // MIB,
+                                      sm_util=sm.get(int(p.pid)),
+                                      gi_id=int(gi) if gi is not None and int(gi) < NO_INSTANCE else None))
         return tuple(sorted(out, key=lambda p: p.pid))
+
+    def _mig_handles(self, index: int, handle: Any,
+                     no_mig: tuple[int, ...] = (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_FUNCTION_NOT_FOUND),
+                     ) -> list[tuple[int, Any, int]]:
+        """``(slot, MIG device handle, GPU instance id)`` of the GPU's live MIG devices; empty without MIG
+        (``nvmlDeviceGetMaxMigDeviceCount`` answers one of the codes ``no_mig``, by default NOT_SUPPORTED or
+        FUNCTION_NOT_FOUND from an nvidia-ml-py without the MIG calls; or 0; or every slot NOT_FOUND)."""
+        try:
+            count = int(self._call("nvmlDeviceGetMaxMigDeviceCount", (f"gpu {index}",), handle))
+        except NvmlError as e:
+            if e.code in no_mig:
+                return []
+            raise
+        out = []
+        for k in range(count):
+            where = (f"gpu {index}", f"mig {k}")
+            try:
+                mig = self._call("nvmlDeviceGetMigDeviceHandleByIndex", where, handle, k)
+            except NvmlError as e:
+                if e.code in _ABSENT:
+                    continue
+                raise
+            out.append((k, mig, int(self._call("nvmlDeviceGetGpuInstanceId", where, mig))))
+        return out
 
     def _process_sm(self, index: int) -> dict[int, float]:
         """pid -> latest ``smUtil`` sample (``nvmlDeviceGetProcessUtilization`` with timestamp 0: every

@@ -1,6 +1,6 @@
 """``doctor``: find what the hooks left on a node (job directories and MPS daemons of jobs gone, shared
-daemons listing such jobs, dead daemons of running jobs, GPUs in a non-DEFAULT compute mode) and, with
-``repair``, clean up and restart what can be."""
+daemons listing such jobs, dead daemons of running jobs, GPUs in a non-DEFAULT compute mode, GPU processes
+of no running job) and, with ``repair``, clean up and restart what can be."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from slurm_gpushare.hardware.ports import open_nvml
 from slurm_gpushare.node.context import HookContext
 from slurm_gpushare.node.epilog import by_pipe_dir, cleanup_job, stop_found_daemon
 from slurm_gpushare.node.jobdir import job_daemons, job_lock, read_state
+from slurm_gpushare.node.leftovers import sweep
 from slurm_gpushare.node.plan import JobPlan
 from slurm_gpushare.node.prolog import prepare
 from slurm_gpushare.node.shared_mps import leave_shared, members
@@ -51,14 +52,46 @@ def _compute_modes(ctx: HookContext, repair: bool, port=None) -> list[Finding]:
     return out
 
 
+def _gpu_processes(ctx: HookContext, repair: bool, running_jobs: set[str] | None, port=None) -> list[Finding]:
+    """GPU processes of no running job (:func:`slurm_gpushare.node.leftovers.sweep` with no ended job): one
+    in the cgroup of a job that no longer runs here is killed with ``repair``; any other is reported and
+    left alone (only its user or an administrator knows whose it is)."""
+    try:
+        with (port or open_nvml()) as p:
+            running = None if running_jobs is None else dict.fromkeys(running_jobs)
+            result = sweep(ctx, p, ended=None, running=running, kill=repair)
+    except GpushareError as e:
+        return [Finding("-", f"GPU processes not checked: {e}", "nothing done")]
+    out = []
+    for v in result.verdicts:
+        h = v.holder
+        if v.action == "kill":
+            action = "would kill it"
+            if repair:
+                action = "killed it" if h in result.killed else f"{LEFT_ALONE}: it survives SIGKILL"
+            out.append(Finding(h.cgroup_job or "-", f"{h.describe()} holds the GPU, {v.why}", action))
+        elif v.action == "unknown":
+            out.append(Finding("-", f"{h.describe()} holds the GPU: {v.why}", "nothing done"))
+        elif v.action == "drain":
+            out.append(Finding("-", f"{h.describe()} holds the GPU, {v.why}",
+                               f"{LEFT_ALONE}: not provably a job's; kill it or ask its user"))
+    return out
+
+
+#: How a finding that ``--repair`` does not repair begins its action (the command then exits 1).
+LEFT_ALONE = "left alone"
+
+
 def doctor(ctx: HookContext, *, repair: bool, running_jobs: set[str] | None = None, port=None) -> list[Finding]:
     """Find leftovers on this node: job directories and MPS daemons of jobs no longer running here,
     shared daemons listing such jobs, dead daemons of running jobs, GPUs left in a non-DEFAULT
-    compute mode. With ``repair``, clean up and restart what can be.
+    compute mode, GPU processes of no running job (:mod:`slurm_gpushare.node.leftovers`). With
+    ``repair``, clean up and restart what can be: a GPU process is killed only when its cgroup names a
+    job that no longer runs here.
 
     Args:
         running_jobs: ids of jobs running on this node (default: asks slurmctld with ``squeue``).
-        port: the NVML port for the compute modes (default: :func:`open_nvml`).
+        port: the NVML port for the compute modes and the GPU processes (default: :func:`open_nvml`).
 
     Raises:
         SlurmError: squeue failed (when ``running_jobs`` is not given).
@@ -66,6 +99,7 @@ def doctor(ctx: HookContext, *, repair: bool, running_jobs: set[str] | None = No
     jobs_dir = ctx.run_dir / "jobs"
     shared_root = ctx.run_dir / "shared"
     findings: list[Finding] = _compute_modes(ctx, repair, port)
+    findings += _gpu_processes(ctx, repair, running_jobs, port)
     # found by process: a daemon whose job directory was removed has no other trace
     homeless = [d for d in by_pipe_dir(job_daemons(ctx.run_dir)) if not ctx.job_dir(d.job_id).is_dir()]
     if not jobs_dir.is_dir() and not shared_root.is_dir() and not homeless:

@@ -1,9 +1,14 @@
 """The Epilog: tear down what the Prolog prepared (or half-prepared) and write the job's accounting
 records (slurmd runs it as root, ``slurm-gpushare hook epilog`` from the ``Epilog=`` wrapper in ``etc/``).
 
+Last it looks for GPU processes the job left behind (:mod:`slurm_gpushare.node.leftovers`): a process
+that provably belongs to the ended job is killed and logged; one it cannot attribute (another user's,
+root's, or one that may be a running job's) drains the node with a reason naming pid, user and GPU.
+
 The exit status is non-zero (which drains the node) only when a process of the job's MPS daemon
-survives SIGKILL, or when the node config cannot be read (:func:`epilog_without_config`: the job's
-daemon is stopped all the same); accounting never fails the Epilog.
+survives SIGKILL, when a GPU process is left that the Epilog may not kill or that survives SIGKILL, or
+when the node config cannot be read (:func:`epilog_without_config`: the job's daemon is stopped all the
+same); accounting never fails the Epilog.
 """
 
 from __future__ import annotations
@@ -16,9 +21,19 @@ from dataclasses import replace
 from pathlib import Path
 
 from slurm_gpushare.errors import GpushareError, InputError
+from slurm_gpushare.hardware.ports import open_nvml
 from slurm_gpushare.node.config import NodeConfig
-from slurm_gpushare.node.context import HookContext, job_info, machine_with_uuids, plan_with_machine, stuck_reason
+from slurm_gpushare.node.context import (
+    HookContext,
+    job_info,
+    load_machine,
+    log_event,
+    machine_with_uuids,
+    plan_with_machine,
+    stuck_reason,
+)
 from slurm_gpushare.node.jobdir import JobDaemon, job_daemons, job_lock, read_run, read_state
+from slurm_gpushare.node.leftovers import EndedJob, drain_reason, sweep
 from slurm_gpushare.node.mps import MpsDaemon, MpsSettings
 from slurm_gpushare.node.plan import JobPlan
 from slurm_gpushare.node.shared_mps import leave_shared
@@ -35,17 +50,65 @@ def epilog(ctx: HookContext, env: dict[str, str]) -> int:
     if not job_id:
         raise InputError("SLURM_JOB_ID is not set: run this as slurmd's Epilog")
     job_dir = ctx.job_dir(job_id)
-    if env.get("SLURM_JOB_GPUS") or env.get("CUDA_VISIBLE_DEVICES") or job_dir.exists():
+    gpu_job = bool(env.get("SLURM_JOB_GPUS") or env.get("CUDA_VISIBLE_DEVICES"))
+    if gpu_job or job_dir.exists():
         record_usage(ctx, env, read_state(job_dir) or {})
-    if not job_dir.exists():
-        return 0
+    run = read_run(job_dir)
     problem = None
-    with job_lock(job_dir, remove=True):
-        problem = cleanup_job(ctx, job_id)
+    if job_dir.exists():
+        with job_lock(job_dir, remove=True):
+            problem = cleanup_job(ctx, job_id)
+    if not problem and gpu_job:
+        problem = sweep_leftovers(ctx, env, start=run[1] if run else None)
     if problem:
         ctx.do_drain(problem)
         return 1
     return 0
+
+
+def ended_job(ctx: HookContext, env: dict[str, str], start: float | None) -> EndedJob:
+    """The ended job as the leftover sweep sees it: id and owner from slurmd's environment (``SLURM_JOB_ID``,
+    ``SLURM_JOB_UID``), its start from the Prolog's ``run.json``, its devices from ``SLURM_JOB_GPUS`` (slurmd's
+    GRES device indices, mapped to NVML indices and MIG instances through the node's gres.conf records in
+    slurmd's order, as :func:`~slurm_gpushare.node.plan.plan_job` maps them). Devices None (every GPU) when
+    the indices cannot be mapped."""
+    from slurm_gpushare.slurm.hostlist import parse_id_list
+    from slurm_gpushare.slurm.nodegres import GresOptions, node_gres
+
+    uid_text = env.get("SLURM_JOB_UID", "")
+    devices = None
+    try:
+        records = [r for r in node_gres(load_machine(ctx), ctx.node,
+                                        GresOptions(shard_unit_mib=ctx.config.shard_unit_mib)).records
+                   if r.name == "gpu"]
+        indices = parse_id_list(env.get("SLURM_JOB_GPUS", ""))
+        if indices and all(i < len(records) and records[i].gpu_index is not None for i in indices):
+            devices = frozenset((int(records[i].gpu_index or 0), records[i].mig_gi) for i in indices)
+    except GpushareError:
+        devices = None
+    return EndedJob(env.get("SLURM_JOB_ID", ""), int(uid_text) if uid_text.isdigit() else None, start, devices)
+
+
+def sweep_leftovers(ctx: HookContext, env: dict[str, str], *, start: float | None) -> str | None:
+    """Kill what the ended job left on its GPUs and return a drain reason for what cannot be resolved
+    (:mod:`slurm_gpushare.node.leftovers`); each kill and each unresolved process goes to the node log.
+    NVML or Slurm failing is logged and drains nothing (the next Epilog and ``doctor`` look again)."""
+    job = ended_job(ctx, env, start)
+    try:
+        with open_nvml() as port:
+            result = sweep(ctx, port, ended=job, running=None, kill=True)
+    except GpushareError as e:
+        log_event(ctx, "epilog", f"job {job.job_id}: leftover GPU processes not checked: {e}")
+        return None
+    for h in result.killed:
+        why = next(v.why for v in result.verdicts if v.holder == h)
+        log_event(ctx, "epilog", f"job {job.job_id}: killed {h.describe()}, {h.used_mib} MiB: {why}")
+    for v in result.unknown:
+        log_event(ctx, "epilog", f"job {job.job_id}: {v.holder.describe()} holds the GPU, left alone: {v.why}")
+    unresolved = result.unresolved
+    for v in unresolved:
+        log_event(ctx, "epilog", f"job {job.job_id}: {v.holder.describe()} holds the GPU: {v.why}")
+    return drain_reason(job.job_id, unresolved) if unresolved else None
 
 
 def epilog_without_config(env: dict[str, str], config_path: str | Path | None, error: GpushareError, *,

@@ -104,6 +104,23 @@ def running_jobs(node: str, **kw) -> list[str]:
     return sorted(set(out.split()))
 
 
+def running_job_owners(node: str, **kw) -> dict[str, int]:
+    """The jobs with an allocation on ``node`` and their owners' uids:
+    ``squeue -h -w NODE -t RUNNING,COMPLETING,CONFIGURING -o "%A %U"`` (squeue(1): ``%U`` is the job's user
+    id, written by slurmctld). Rows that are not two numbers are skipped.
+
+    Raises:
+        SlurmError: squeue failed.
+    """
+    out = run(["squeue", "-h", "-w", node, "-t", "RUNNING,COMPLETING,CONFIGURING", "-o", "%A %U"], **kw)
+    owners: dict[str, int] = {}
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit():
+            owners[parts[0]] = int(parts[1])
+    return owners
+
+
 def show_node(node: str, **kw) -> str:
     """``scontrol -d show node NODE`` (scontrol(1)): its GRES, and which device indices are in use
     (``GresUsed=...(IDX:..)``)."""

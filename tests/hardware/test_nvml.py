@@ -291,10 +291,19 @@ class PynvmlShim:
         self._port("destroy_gpu_instance", gh[1], gh[2])
 
     def nvmlDeviceGetComputeRunningProcesses(self, h):
+        # nvml.h: "In MIG mode, if device handle is provided, the API returns aggregate information, only
+        # if the caller has appropriate privileges. Per-instance information can be queried by using
+        # specific MIG device handles." The shim is an unprivileged caller: the parent handle of a GPU
+        # with MIG devices answers nothing, each MIG handle its own processes.
+        procs = self._port("processes", h[1])[::-1]
+        if h[0] == "mig":
+            procs = [p for p in procs if p.gi_id == h[2].gi_id]
+        elif self._port("gpu_instances", h[1]):
+            procs = []
         return [SimpleNamespace(pid=p.pid, usedGpuMemory=p.used_memory_mib * MIB,
                                 gpuInstanceId=0xFFFFFFFF if p.gi_id is None else p.gi_id,
                                 computeInstanceId=0xFFFFFFFF if p.gi_id is None else 0)
-                for p in self._port("processes", h[1])[::-1]]
+                for p in procs]
 
     def nvmlDeviceGetProcessUtilization(self, h, last_seen):
         # NVML keeps a buffer of samples per process; an older sample of a pid comes first
