@@ -265,7 +265,7 @@ def _prepare_topology(ctx: HookContext, info: JobInfo, plan: JobPlan, machine: M
                                           ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "GPUSHARE_GPU_RING")},
                   uid=plan.uid)
         shown = ",".join(map(str, ring or ()))
-        write_note(job_dir / "note", f"slurm-gpushare: CUDA_VISIBLE_DEVICES names GPUs {shown} of {ctx.node} in "
-                   "NVLink ring order, as UUIDs (GPUSHARE_KEEP_GPU_ORDER=1 or --gpu-bind keeps Slurm's);",
-                   uid=plan.uid)
+        write_note(job_dir / "note", f"slurm-gpushare: CUDA_VISIBLE_DEVICES names GPUs {shown} of {ctx.node} as "
+                   "UUIDs, in ring order along their links, NVLink first (GPUSHARE_KEEP_GPU_ORDER=1 or --gpu-bind "
+                   "keeps Slurm's order);", uid=plan.uid)
     write_state(job_dir, state)
