@@ -21,6 +21,7 @@ if [ -r "$d/env" ]; then cat "$d/env"; fi
 forget() {
   while IFS= read -r line; do
     line=${line#export }; name=${line%%=*}
+    case "$name" in ""|[0-9]*|*[!A-Za-z0-9_]*) continue ;; esac
     eval "cur=\${$name-}"
     if [ "$cur" = "${line#*=}" ]; then echo "unset $name"; fi
   done < "$1"
