@@ -138,6 +138,7 @@ class DevCluster:
         extra_partitions: partitions besides ``gpu`` (every node, the default), name -> node names.
         unwaited: nodes ``up`` neither waits for nor resumes: a test's node that the release may
             refuse (set INVAL), to see whether it does.
+        gpu_order: the nodes' node.toml ``gpu_order`` (whose multi-GPU tasks get the NVLink ring).
     """
 
     root: Path
@@ -148,6 +149,7 @@ class DevCluster:
     gres_options: dict[str, GresOptions] = field(default_factory=dict)
     extra_partitions: dict[str, tuple[str, ...]] = field(default_factory=dict)
     unwaited: tuple[str, ...] = ()
+    gpu_order: str = "gpushare"
     _start: _Start | None = field(default=None, init=False, repr=False, compare=False)
 
     @functools.cached_property
@@ -720,7 +722,7 @@ class DevCluster:
                 "version = 1\n"
                 f'run_dir = "{self.node_run_dir}"\nmachine = "{r}/machines/{{node}}.json"\n'
                 f'mps_control = "{self.mps_control}"\nmps_start_timeout = 10.0\nmps_quit_timeout = 3.0\n'
-                f'spool_dir = "{self.accounting_spool}"\n'
+                f'spool_dir = "{self.accounting_spool}"\ngpu_order = "{self.gpu_order}"\n'
                 # short jobs (seconds) must get samples; the listen port and textfile differ per node,
                 # so each monitor gets them on its command line
                 'monitor_interval = 0.5\n'

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 
 from slurm_gpushare.errors import SlurmError
 from slurm_gpushare.slurm.gres import GresItem, parse
@@ -67,6 +68,11 @@ def job_dict(info: JobInfo, release: Release | None = None) -> dict:
            "account": info.account, "partition": info.partition, "nodes": compress_hostlist(nodes) if nodes else "",
            "tres_per_node": tres, "gres_detail": detail, "admin_comment": info.admin_comment,
            "comment": "", "name": ""}
+    if info.cores:
+        job["job_resources"] = _job_resources(info, release)
+    if info.tasks is not None:
+        job["tasks"] = info.tasks if release < DATA_PARSER else _number(info.tasks)
+        job["tasks_per_node"] = (info.tasks_per_node or 0) if release < DATA_PARSER else _number(info.tasks_per_node)
     if release < DATA_PARSER:
         return {**job, "job_state": info.state or "RUNNING", "start_time": info.start_time or 0,
                 "exit_code": (code << 8) | sig, "array_job_id": int(info.array_job_id or 0),
@@ -76,6 +82,30 @@ def job_dict(info: JobInfo, release: Release | None = None) -> dict:
                           "return_code": {"set": not sig, "infinite": False, "number": code},
                           "signal": {"id": _number(sig or None), "name": ""}},
             "array_job_id": _number(int(info.array_job_id or 0)), "array_task_id": _number(info.array_task_id)}
+
+
+def _job_resources(info: JobInfo, release: Release, cores_per_socket: int = 32) -> dict:
+    """``job_resources`` of ``info.cores`` as the real records show it (tests/data/slurm/*/squeue-cores.json,
+    show-job-cores.json): 22.05 only the allocated cores, by socket; later every core of the node's sockets
+    with its status."""
+    if release < DATA_PARSER:
+        nodes = []
+        for node, pairs in info.cores.items():
+            sockets: dict[str, dict] = {}
+            for s, c in pairs:
+                sockets.setdefault(str(s), {"cores": {}})["cores"][str(c)] = "allocated"
+            nodes.append({"sockets": sockets, "nodename": node, "cpus_used": 0, "memory_used": 0,
+                          "memory_allocated": 100})
+        return {"nodes": ",".join(info.cores), "allocated_hosts": len(nodes), "allocated_nodes": nodes}
+    allocation = []
+    for i, (node, pairs) in enumerate(info.cores.items()):
+        used = set(pairs)
+        sockets = [{"index": s, "cores": [{"index": c, "status": ["ALLOCATED"] if (s, c) in used else ["UNALLOCATED"]}
+                                          for c in range(cores_per_socket)]}
+                   for s in range(max(s for s, _ in pairs) + 1)]
+        allocation.append({"index": i, "name": node, "cpus": {"count": len(pairs), "used": 0}, "sockets": sockets})
+    return {"select_type": ["CORE"], "nodes": {"count": len(allocation), "list": ",".join(info.cores),
+                                               "whole": False, "allocation": allocation}}
 
 
 def meta(release: Release) -> dict:
@@ -91,9 +121,10 @@ def meta(release: Release) -> dict:
                       "release": f"{release}.0", "cluster": "test"}}
 
 
-def as_job_json(show_text: str, job_id: str | None = None, release: Release | None = None) -> str:
-    """The structured record (``squeue --json`` on 22.05, ``scontrol show job --json`` later) holding the job
-    of ``show_text`` (``scontrol -d show job`` output), as ``release`` writes it (default: this session's)."""
+def as_job_json(show_text: str, job_id: str | None = None, release: Release | None = None, **fields) -> str:
+    """The structured record (``squeue --json`` on 22.05, ``scontrol -d show job --json`` later) holding the job
+    of ``show_text`` (``scontrol -d show job`` output), as ``release`` writes it (default: this session's);
+    ``fields`` replace :class:`JobInfo` fields the text does not carry (``cores``, ``tasks``)."""
     release = release or session_release()
-    info = parse_show_job(show_text, job_id)
+    info = replace(parse_show_job(show_text, job_id), **fields)
     return json.dumps({"jobs": [job_dict(info, release)], "meta": meta(release), "errors": [], "warnings": []})

@@ -68,7 +68,8 @@ def hw(cluster):
     root = Path(tempfile.mkdtemp(prefix="gpushare-hw-test-", dir="/tmp"))
     os.chmod(root, 0o755)
     c = DevCluster(root, cluster.port_base + 300, _machines(),
-                   gres_options={"a100-nolinks": GresOptions(links=False), **PINNED}, unwaited=tuple(PINNED))
+                   gres_options={"a100-nolinks": GresOptions(links=False), **PINNED}, unwaited=tuple(PINNED),
+                   gpu_order="all")  # the site switch: plain --gres=gpu:N jobs get the ring too
     c.up(out=open(os.devnull, "w"))
     session = SlurmSession(c, root / "out")
     yield session
@@ -204,7 +205,8 @@ def test_all_sys_node_keeps_2gpu_jobs_within_one_numa_node(hw):
 
 
 def test_four_tasks_on_four_gpus_get_a_ring_and_their_nearest_nic(hw):
-    # DGX-1 V100: GPUs 0-3 are one NVLink island on socket 0; mlx5_0 hangs off GPUs 2 and 3 (PIX)
+    # node.toml gpu_order = "all" on this cluster: a plain job gets the ring. DGX-1 V100: GPUs 0-3 are
+    # one NVLink island on socket 0; mlx5_0 hangs off GPUs 2 and 3 (PIX)
     job = hw.wait(hw.sbatch("-w", "dgx1-v100", "--gres=gpu:4", "-n", "4", wrap=(
         "srun -n 4 bash -c 'echo task=$SLURM_LOCALID gpus=$CUDA_VISIBLE_DEVICES ring=$GPUSHARE_GPU_RING "
         "nic=$GPUSHARE_TASK_NIC devices=$GPUSHARE_TASK_DEVICES'")), timeout=90)

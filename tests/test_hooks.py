@@ -241,6 +241,43 @@ def test_taskprolog_prints_the_env_file(node, tmp_path):
     assert epilog(node.ctx, _env("110")) == 0
 
 
+def test_taskprolog_applies_the_ring_only_where_the_task_sees_every_gpu_and_no_binding_was_asked(node, tmp_path):
+    node.jobs["111"] = SHOW.format(job="111", node="a100", gres="gpu:a100:2", detail="gpu:a100:2(IDX:0,2)",
+                                   ac=GPUSHARE_AC)
+    assert prolog(node.ctx, _env("111")) == 0
+    jd = node.ctx.job_dir("111")
+    script = tmp_path / "tp.sh"
+    script.write_text((SITE / "taskprolog.sh").read_text().replace(
+        'RUN_DIR="/run/slurm-gpushare"', f'RUN_DIR="{node.root}/run/{{node}}"'))
+
+    def task(**env: str) -> list[str]:
+        base = {"SLURM_JOB_ID": "111", "SLURMD_NODENAME": "a100", "SLURM_LOCALID": "0", "SLURM_GTIDS": "0,1"}
+        out = subprocess.run(["sh", str(script)], env={**base, **env}, capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        return out.stdout.splitlines()
+
+    ring = (jd / "ring.2").read_text().splitlines()
+    # Slurm gave the task both GPUs (ConstrainDevices numbers them 0,1): the ring, rank 0's hints, the note
+    lines = task(CUDA_VISIBLE_DEVICES="0,1", SLURM_STEP_ID="0")
+    assert lines[:3] == ring and lines[3:-1] == (jd / "task.2.0").read_text().splitlines()
+    assert lines[-1].startswith("print slurm-gpushare: CUDA_VISIBLE_DEVICES names GPUs") and \
+        lines[-1].endswith("Slurm set CUDA_VISIBLE_DEVICES=0,1")
+    assert "print" not in " ".join(task(CUDA_VISIBLE_DEVICES="0,1", SLURM_LOCALID="1"))  # rank 0 says it once
+    # a binding asked (per release: SLURM_GPU_BIND / SLURM_GPUS_PER_TASK on 22.05, SLURM_TRES_* later), or a
+    # task Slurm gave one GPU: Slurm's value stands
+    for asked in ({"SLURM_GPU_BIND": "none"}, {"SLURM_TRES_BIND": "gres/gpu:single:1"},
+                  {"SLURM_GPUS_PER_TASK": "1"}, {"SLURM_TRES_PER_TASK": "gres/gpu:1"},
+                  {"GPUSHARE_KEEP_GPU_ORDER": "1"}, {}):
+        assert task(CUDA_VISIBLE_DEVICES="0,1" if asked else "0", **asked) == []
+    assert task(CUDA_VISIBLE_DEVICES="0,1", SLURM_TRES_PER_TASK="cpu=4") == lines  # CPUs only: no GPU binding
+    # a step's task inherits what the batch step's TaskProlog exported: those values are unset first
+    inherited = dict(line[len("export "):].split("=", 1)
+                     for line in ring + (jd / "task.1.0").read_text().splitlines())
+    bound = task(**{**inherited, "CUDA_VISIBLE_DEVICES": "0", "SLURM_STEP_ID": "1", "SLURM_GTIDS": "0"})
+    assert sorted(bound) == sorted(f"unset {k}" for k in inherited if k != "CUDA_VISIBLE_DEVICES")
+    assert epilog(node.ctx, _env("111")) == 0
+
+
 @pytest.fixture
 def shared(node):
     from dataclasses import replace
@@ -341,17 +378,69 @@ def test_server_orphaned_by_a_killed_daemon_is_stopped_but_the_jobs_tasks_are_no
         task.wait()
 
 
-def test_multi_gpu_job_gets_the_ring_order_nic_hints_and_a_placement_audit(node):
+GPUSHARE_AC = "[gpushare:v1 req=mode=gpu grant=gres:gpu:a100:2 kind=gpu model=a100]"
+
+
+def _exports(path: Path) -> dict[str, str]:
+    return dict(line[len("export "):].split("=", 1) for line in path.read_text().splitlines())
+
+
+def test_a_plain_multi_gpu_job_is_audited_and_its_gpus_left_alone(node):
     # Slurm gave the NVLink pair 0-2 on the idle bridged A100 node: no excess
     node.jobs["501"] = SHOW.format(job="501", node="a100", gres="gpu:a100:2", detail="gpu:a100:2(IDX:0,2)", ac="")
     node.used["a100"] = "GresUsed=gpu:a100:2(IDX:0,2),shard:a100:0(IDX:N/A)"
     assert prolog(node.ctx, _env("501")) == 0
-    state = read_state(node.ctx.job_dir("501"))
+    jd = node.ctx.job_dir("501")
+    state = read_state(jd)
     assert state["placement"]["given"] == [0, 2] and state["placement"]["excess"] == 0
-    env = (node.ctx.job_dir("501") / "env").read_text()
-    assert env.startswith("export CUDA_VISIBLE_DEVICES=GPU-") and "GPUSHARE_GPU_RING=" in env
-    assert (node.ctx.job_dir("501") / "env.0").exists() and (node.ctx.job_dir("501") / "env.1").exists()
-    assert epilog(node.ctx, _env("501")) == 0 and not node.ctx.job_dir("501").exists()
+    # no gpushare request (no AdminComment segment) and gpu_order "gpushare": nothing for the TaskProlog
+    assert sorted(p.name for p in jd.iterdir()) == ["run.json", "state.json"]
+    assert "binding" not in state and state["gpu_order"] == "gpushare"
+    assert epilog(node.ctx, _env("501")) == 0 and not jd.exists()
+
+
+def test_a_gpushare_job_gets_its_ring_and_cpu_hints_from_its_own_cores(node):
+    # the job holds cores 40-43 (socket 1, cores 8-11) and runs 2 tasks; its GPUs 0 and 2 are near socket 0
+    # (CPU affinity 0-31 in the description): the old binding hinted the cores near the GPUs, 0-15 and 16-31
+    node.jobs["504"] = SHOW.format(job="504", node="a100", gres="gpu:a100:2", detail="gpu:a100:2(IDX:0,2)",
+                                   ac=GPUSHARE_AC)
+    node.ctx = replace(node.ctx, job_record=lambda j: as_job_json(node.jobs[str(j)], str(j),
+                                                                   cores={"a100": ((1, 8), (1, 9), (1, 10), (1, 11))},
+                                                                   tasks=2))
+    assert prolog(node.ctx, _env("504")) == 0
+    jd = node.ctx.job_dir("504")
+    assert sorted(p.name for p in jd.iterdir()) == ["note", "ring.2", "run.json", "state.json",
+                                                    "task.1.0", "task.2.0", "task.2.1"]
+    ring = _exports(jd / "ring.2")
+    assert ring["CUDA_VISIBLE_DEVICES"].count("GPU-") == 2 and ring["GPUSHARE_GPU_RING"] in ("0,2", "2,0")
+    cpus = [_exports(jd / f"task.2.{r}")["GPUSHARE_TASK_CPUS"] for r in (0, 1)]
+    assert cpus == ["40-41", "42-43"]  # inside the job's cores, two each
+    assert _exports(jd / "task.1.0")["GPUSHARE_TASK_CPUS"] == "40-43"
+    assert "GPUs 0,2 of a100" in (jd / "note").read_text() or "GPUs 2,0 of a100" in (jd / "note").read_text()
+    assert read_state(jd)["cores"] == [40, 41, 42, 43] and read_state(jd)["binding"]["ntasks"] == 2
+    assert epilog(node.ctx, _env("504")) == 0 and not jd.exists()
+
+
+def test_without_the_jobs_cores_there_are_no_cpu_hints(node):
+    node.jobs["505"] = SHOW.format(job="505", node="a100", gres="gpu:a100:2", detail="gpu:a100:2(IDX:0,2)",
+                                   ac=GPUSHARE_AC)
+    assert prolog(node.ctx, _env("505")) == 0
+    jd = node.ctx.job_dir("505")
+    assert all("GPUSHARE_TASK_CPUS" not in _exports(jd / f"task.2.{r}") for r in (0, 1))
+    assert "GPUSHARE_CPU_BIND" not in _exports(jd / "task.2.0")
+    assert epilog(node.ctx, _env("505")) == 0
+
+
+@pytest.mark.parametrize("order, ac, ring", [("all", "", True), ("none", GPUSHARE_AC, False)])
+def test_the_node_config_decides_whose_gpus_are_ordered(node, order, ac, ring):
+    node.ctx = replace(node.ctx, config=replace(node.ctx.config, gpu_order=order))
+    node.jobs["506"] = SHOW.format(job="506", node="a100", gres="gpu:a100:2", detail="gpu:a100:2(IDX:0,2)", ac=ac)
+    assert prolog(node.ctx, _env("506")) == 0
+    assert (node.ctx.job_dir("506") / "ring.2").exists() == ring
+    assert epilog(node.ctx, _env("506")) == 0
+
+
+def test_multi_gpu_placement_audit_on_a_partly_busy_node(node):
     # a partly busy node: GPU 1 is another job's; Slurm gave 0,3 (SYS) although 0,2 (NV12) was free
     node.jobs["502"] = SHOW.format(job="502", node="a100", gres="gpu:a100:2", detail="gpu:a100:2(IDX:0,3)", ac="")
     node.used["a100"] = "GresUsed=gpu:a100:3(IDX:0-1,3),shard:a100:0(IDX:N/A)"

@@ -155,3 +155,41 @@ def test_identity_comes_from_slurmds_environment():
     assert (lambda i: (i.uid, i.gid, i.user))(with_env_identity(info, env)) == (1002, 1003, "bob")
     with pytest.raises(InputError):
         with_env_identity(info, {"SLURM_JOB_UID": "0x0"})
+
+
+#: the cores each real record with ``job_resources`` says its job holds, as ``scontrol -d show job`` of the same
+#: job printed them at capture: ``Nodes=a100-nvb CPU_IDs=32-35`` (one thread per core: CPU ids are core ids)
+#: and, for 22.05's job 11, ``CPU_IDs=0-5``; the a100-nvb node has 2 sockets of 32 cores.
+CORES = {
+    ("22.05", "squeue-cores.json", "11"): ((0, 1, 2, 3, 4, 5), 2, None),
+    ("22.05", "squeue-cores.json", "12"): ((32, 33, 34, 35), 2, None),
+    ("24.11", "show-job-cores.json", "2"): ((32, 33, 34, 35), 2, 2),  # --ntasks-per-node=2
+    ("26.05", "show-job-cores.json", "2"): ((32, 33, 34, 35), 2, 2),
+}
+
+
+@pytest.mark.parametrize("release, name, job_id", sorted(CORES))
+def test_real_records_give_the_cores_and_tasks_the_job_holds(release, name, job_id):
+    info = parse_job_json((DATA / release / name).read_text(), job_id)
+    cores, tasks, per_node = CORES[(release, name, job_id)]
+    assert info.core_ids_on("a100-nvb", 32) == cores
+    assert (info.tasks, info.tasks_per_node, info.tasks_on("a100-nvb")) == (tasks, per_node, 2)
+    assert info.core_ids_on("h100-nvs", 32) is None  # not a node of the job
+    assert info.core_ids_on("a100-nvb", 2) is None  # a layout the record contradicts: nothing is known
+
+
+def test_a_record_without_job_resources_knows_no_cores():
+    info = parse_job_json(_doc(BASE), "42")
+    assert info.cores == {} and info.core_ids_on("rtx4090-pcie", 56) is None
+    info = parse_job_json(_doc({**BASE_DP, "tasks": {"set": True, "infinite": False, "number": 3}},
+                               release=Release(24, 11)), "42")
+    assert info.tasks_on("rtx4090-pcie") == 3 and info.core_ids_on("rtx4090-pcie", 56) is None
+
+
+def test_job_resources_of_the_wrong_shape_are_refused():
+    with pytest.raises(InputError, match="job_resources"):
+        parse_job_json(_doc({**BASE, "job_resources": {"allocated_nodes": [{"nodename": "x", "sockets": [1]}]}}),
+                       "42")
+    with pytest.raises(InputError, match="job_resources"):
+        parse_job_json(_doc({**BASE_DP, "job_resources": {"nodes": {"allocation": [{"name": "x", "sockets": [
+            {"index": -1, "cores": [{"index": 0, "status": ["ALLOCATED"]}]}]}]}}}, release=Release(24, 11)), "42")

@@ -244,11 +244,11 @@ def test_a_worse_gpu_set_than_was_free_is_written_to_the_node_log(cluster, slurm
     job = slurm.sbatch("-w", "a100-nvb", "-p", "nomig", "--gres=gpu:2", wrap="sleep 5")
     slurm.wait(job, {"RUNNING"})
     run_dir = _jobs_dir(cluster, "a100-nvb").parent
-    env_file = run_dir / "jobs" / job.id / "env"
+    state_file = run_dir / "jobs" / job.id / "state.json"  # written whole, last: the Prolog has finished
     deadline = time.monotonic() + 15
-    while not env_file.exists() and time.monotonic() < deadline:  # the Prolog has finished
+    while not state_file.exists() and time.monotonic() < deadline:
         time.sleep(0.1)
-    placement = json.loads((run_dir / "jobs" / job.id / "state.json").read_text())["placement"]
+    placement = json.loads(state_file.read_text())["placement"]
     assert placement["excess"] > 0, placement  # the setup: Slurm's pair is worse than 0-2
     log = (run_dir / "node.log").read_text()
     line = next(line for line in log.splitlines() if f"job {job.id} " in line)

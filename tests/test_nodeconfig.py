@@ -30,6 +30,7 @@ def test_values_and_templates():
                             '[mps_env]\nLD_LIBRARY_PATH = "/x"\n')
     assert cfg.run_dir_for("gpu01") == Path("/r/gpu01") and cfg.shard_unit_mib == 512
     assert cfg.mps_quit_timeout == 2.0 and cfg.mps_env == (("LD_LIBRARY_PATH", "/x"),)
+    assert cfg.gpu_order == "gpushare" and parse_node_config('version = 1\ngpu_order = "all"\n').gpu_order == "all"
 
 
 @pytest.mark.parametrize("text, message", [
@@ -41,6 +42,7 @@ def test_values_and_templates():
     ("version = 1\n[mps_env]\nCUDA_MPS_PIPE_DIRECTORY = '/x'\n", "not CUDA_MPS_"),
     ("version = 1\ndrain_on_stuck_daemon = 1\n", "wrong type"),
     ("version = [\n", "not valid TOML"),
+    ("version = 1\ngpu_order = 'ring'\n", "gpu_order = 'ring' is not a choice"),
 ])
 def test_bad_files_name_the_problem(text, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):

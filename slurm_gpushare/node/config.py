@@ -14,6 +14,8 @@ Every key is optional::
     drain_on_stuck_daemon = true               # an MPS daemon that survives SIGKILL drains the node
     mps_mode = "per-job"                       # or "per-gpu": one daemon per GPU and user, shared by jobs
     low_priority_partitions = ["scavenger"]    # their jobs' MPS clients run below normal priority
+    gpu_order = "gpushare"                     # whose multi-GPU tasks get NVLink ring order: "gpushare"
+                                               # (jobs that asked for a share), "all" jobs, or "none"
     spool_dir = "/var/spool/slurm-gpushare/accounting"   # the Epilog's per-job GPU usage records
     monitor_interval = 10.0                    # seconds between the node monitor's NVML samples
     monitor_jobs_interval = 60.0               # seconds between its squeue calls (slurmctld load)
@@ -44,6 +46,9 @@ from slurm_gpushare.memsize import format_mib, parse_shard_unit_value
 from slurm_gpushare.slurm.conf import GresConf
 
 NODE_CONFIG_VERSION = 1
+#: ``gpu_order``: whose multi-GPU tasks the TaskProlog may give the GPUs in NVLink ring order (and task
+#: hints): only jobs that asked for a GPU share (their AdminComment has a gpushare segment), every job, none.
+GPU_ORDERS = ("gpushare", "all", "none")
 DEFAULT_PATH = "/etc/slurm/gpushare/node.toml"
 
 
@@ -61,6 +66,7 @@ class NodeConfig:
     mps_env: tuple[tuple[str, str], ...] = ()
     mps_mode: str = "per-job"
     low_priority_partitions: tuple[str, ...] = ()
+    gpu_order: str = "gpushare"
     spool_dir: str = "/var/spool/slurm-gpushare/accounting"
     monitor_interval: float = 10.0
     monitor_jobs_interval: float = 60.0
@@ -81,7 +87,7 @@ class NodeConfig:
 _KEYS: dict[str, type | tuple[type, ...]] = {
     "version": int, "run_dir": str, "machine": str, "mps_control": str, "shard_unit": str,
     "mps_start_timeout": (int, float), "mps_quit_timeout": (int, float), "drain_on_stuck_daemon": bool,
-    "mps_env": dict, "mps_mode": str, "low_priority_partitions": list, "spool_dir": str,
+    "mps_env": dict, "mps_mode": str, "low_priority_partitions": list, "gpu_order": str, "spool_dir": str,
     "monitor_interval": (int, float), "monitor_jobs_interval": (int, float), "monitor_listen": str,
     "monitor_textfile": str,
     "admin_comment_summary": bool, "admin_comment_interval": (int, float),
@@ -182,6 +188,12 @@ def _node_config_from_data(data: dict[str, Any], source: str) -> NodeConfig:
         elif key == "mps_mode":
             if value not in ("per-job", "per-gpu"):
                 raise ConfigError(f"mps_mode = {value!r} is not a mode", hint="use \"per-job\" or \"per-gpu\"",
+                                  source=source)
+            kw[key] = value
+        elif key == "gpu_order":
+            if value not in GPU_ORDERS:
+                raise ConfigError(f"gpu_order = {value!r} is not a choice",
+                                  hint='use "gpushare" (jobs that asked for a GPU share), "all" or "none"',
                                   source=source)
             kw[key] = value
         elif key == "mps_env":

@@ -2,10 +2,13 @@
 
 * ``state.json``: what the Prolog decided and started (kind, GPUs, limits, phase); root's only (0600):
   the Epilog and ``doctor`` trust it, and it names the job's user;
-* ``env`` (and ``env.<local id>`` for one task): ``export NAME=value`` lines that the TaskProlog
-  (``taskprolog.sh`` in ``slurm_gpushare/data/site/``, a few lines of shell, no Python) prints before
-  every task; it runs as the job's user, so these are owned by that user, mode 0600: no other user
-  reads them;
+* ``env``: ``export NAME=value`` lines that the TaskProlog (``taskprolog.sh`` in
+  ``slurm_gpushare/data/site/``, a few lines of shell, no Python) prints before every task; it runs as
+  the job's user, so these are owned by that user, mode 0600: no other user reads them;
+* ``ring.<k>``, ``task.<n>.<local id>``, ``note``: a multi-GPU job's NVLink ring order of its ``k`` GPUs
+  here, the hints of each local rank when ``n`` tasks of a step run here, and the line that tells the
+  job what was changed; the TaskProlog prints them only where they apply (docs/placement.md), same
+  owner and mode;
 * ``mps/pipe``, ``mps/log``: the job's own MPS control daemon's directories (owned by the job's
   user, mode 0700).
 
@@ -118,7 +121,8 @@ def _export_line(name: str, value: str) -> str:
 
 
 def write_env(path: Path, env: Mapping[str, str], *, uid: int | None = None) -> None:
-    """Replace an env file of the job (``env`` or ``env.<local id>``) with ``export`` lines, in order.
+    """Replace an env file of the job (``env``, ``ring.<k>``, ``task.<n>.<local id>``) with ``export``
+    lines, in order.
 
     Args:
         path: the file.
@@ -131,6 +135,21 @@ def write_env(path: Path, env: Mapping[str, str], *, uid: int | None = None) -> 
         OSError: the file could not be written or given to ``uid``.
     """
     write_atomic(path, "".join(_export_line(k, v) for k, v in env.items()), mode=FILE_MODE)
+    if uid is not None and uid >= 0 and uid != os.geteuid():
+        os.chown(path, uid, -1)
+
+
+def write_note(path: Path, text: str, *, uid: int | None = None) -> None:
+    """Replace the job's ``note`` file with one line of ``text``, which the TaskProlog shows the job
+    (``print`` in slurm.conf(5) TaskProlog: the task's standard output). Owner and mode as :func:`write_env`.
+
+    Raises:
+        InputError: ``text`` spans lines.
+        OSError: the file could not be written or given to ``uid``.
+    """
+    if "\n" in text:
+        raise InputError(f"a note spans lines: {text!r}")
+    write_atomic(path, text + "\n", mode=FILE_MODE)
     if uid is not None and uid >= 0 and uid != os.geteuid():
         os.chown(path, uid, -1)
 

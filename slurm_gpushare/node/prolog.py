@@ -34,6 +34,7 @@ from slurm_gpushare.node.jobdir import (
     make_job_dir,
     read_state,
     write_env,
+    write_note,
     write_run,
     write_state,
 )
@@ -189,15 +190,32 @@ def _free_before(ctx: HookContext, gres: NodeGres, plan: JobPlan) -> tuple[int, 
                  if r.gpu_index is not None and r.mig_gi is None and r.gpu_index not in busy)
 
 
+#: The most tasks of one step on one node the Prolog writes hints for (one file per task and count).
+MAX_HINTED_TASKS = 64
+
+
+def gpu_order_applies(order: str, info: JobInfo) -> bool:
+    """Whether node.toml ``gpu_order`` lets the TaskProlog order this job's GPUs: ``all`` jobs, only
+    ``gpushare`` jobs (a gpushare AdminComment segment: job_submit.lua wrote it, users cannot), or ``none``."""
+    return order == "all" or (order == "gpushare" and info.audit is not None)
+
+
 def _prepare_topology(ctx: HookContext, info: JobInfo, plan: JobPlan, machine: Machine, gres: NodeGres,
                       job_dir: Path) -> None:
-    """A multi-GPU whole-GPU job: audit Slurm's choice against the best free set, and bind tasks.
+    """A multi-GPU whole-GPU job: audit Slurm's choice against the best free set, and prepare the ring.
 
     The audit (:func:`slurm_gpushare.topology.placement.audit`) goes to state.json (accounting reads it) and,
     when the job got a worse set than was free, to the node log and syslog
-    (:func:`~slurm_gpushare.node.context.log_event`). The tasks get the GPUs in ring order along NVLink
-    and, per local rank, the nearest NIC and cores (:mod:`slurm_gpushare.topology.binding`):
-    ``env`` for all tasks, ``env.<local id>`` for one (the TaskProlog prints both).
+    (:func:`~slurm_gpushare.node.context.log_event`). Every multi-GPU job is audited.
+
+    Where node.toml ``gpu_order`` lets the product order the job's GPUs (:func:`gpu_order_applies`) and
+    NVML knows every UUID, it writes for the TaskProlog (:mod:`slurm_gpushare.topology.binding`):
+    ``ring.<k>`` (the ``k`` GPUs as UUIDs in NVLink ring order), ``note`` (what it tells the job when it
+    uses them) and, for ``n`` tasks of a step here (1 to ``k``, and the job's own tasks on this node when
+    its record fixes them, at most :data:`MAX_HINTED_TASKS`), ``task.<n>.<local id>``: that rank's
+    devices, NIC and CPUs. The CPUs come from the job's own cores on this node (``job_resources`` of
+    slurmctld's record, :meth:`~slurm_gpushare.slurm.job.JobInfo.core_ids_on`), never from the whole
+    node; without them there are no CPU hints. The TaskProlog decides per task whether they apply.
     """
     from slurm_gpushare.topology.binding import bind
     from slurm_gpushare.topology.hops import hop_matrix
@@ -220,11 +238,34 @@ def _prepare_topology(ctx: HookContext, info: JobInfo, plan: JobPlan, machine: M
     if placement.get("excess", 0) > 1e-9:
         log_event(ctx, "prolog", f"job {plan.job_id} got GPUs {placement['given']} (cost "
                   f"{placement['cost_given']}) while {placement['best']} (cost {placement['cost_best']}) were free")
-    binding = bind(machine, plan.gpu_indices, ntasks=len(plan.gpu_indices))
-    write_env(job_dir / "env", binding.job_environment(), uid=plan.uid)
-    for local in range(len(binding.tasks)):
-        task_env = binding.task_environment(local)
-        extra = {k: v for k, v in task_env.items() if k not in binding.job_environment()}
-        write_env(job_dir / f"env.{local}", extra, uid=plan.uid)
-    write_state(job_dir, {"version": STATE_VERSION, "phase": "ready", "plan": asdict(plan), "placement": placement,
-                          "binding": binding.to_dict()})
+    state: dict[str, Any] = {"version": STATE_VERSION, "phase": "ready", "plan": asdict(plan),
+                             "placement": placement, "gpu_order": ctx.config.gpu_order}
+    k = len(plan.gpu_indices)
+    if gpu_order_applies(ctx.config.gpu_order, info) and all(machine.gpu(g).uuid for g in plan.gpu_indices):
+        layout = machine.cpus
+        cores = info.core_ids_on(ctx.node, layout.cores_per_socket) if layout is not None else None
+        here = info.tasks_on(ctx.node)
+        counts = sorted(set(range(1, k + 1)) | ({here} if here and here <= MAX_HINTED_TASKS else set()))
+        default = here if here in counts else k
+        ring = None
+        for n in counts:
+            b = bind(machine, plan.gpu_indices, ntasks=n, cores=cores if cores is not None else (), ring=ring)
+            ring = b.ring
+            job_env = b.job_environment()
+            for local in range(n):
+                write_env(job_dir / f"task.{n}.{local}",
+                          {key: v for key, v in b.task_environment(local).items()
+                           if key not in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "GPUSHARE_GPU_RING")},
+                          uid=plan.uid)
+            if n == default:
+                state["binding"] = b.to_dict()
+                state["binding"]["ntasks"] = n
+                state["cores"] = list(cores) if cores is not None else None
+        write_env(job_dir / f"ring.{k}", {key: job_env[key] for key in
+                                          ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "GPUSHARE_GPU_RING")},
+                  uid=plan.uid)
+        shown = ",".join(map(str, ring or ()))
+        write_note(job_dir / "note", f"slurm-gpushare: CUDA_VISIBLE_DEVICES names GPUs {shown} of {ctx.node} as "
+                   "UUIDs, in ring order along their links, NVLink first (GPUSHARE_KEEP_GPU_ORDER=1 or --gpu-bind "
+                   "keeps Slurm's order);", uid=plan.uid)
+    write_state(job_dir, state)

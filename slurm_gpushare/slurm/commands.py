@@ -61,11 +61,13 @@ def job_record(job_id: str | int, *, release: Release | None = None, **kw) -> st
     """The job's record as structured text that no user-written field can steer, for
     :func:`slurm_gpushare.slurm.job.parse_job_json` (which reads it in the shape its ``meta`` names).
 
-    * Slurm 23.02 and later: ``scontrol show job ID --json`` (scontrol(1); ``--json`` first in
+    * Slurm 23.02 and later: ``scontrol -d show job ID --json`` (scontrol(1); ``--json`` first in
       src/scontrol/scontrol.c at slurm-23-02-0-1): the job alone, or every task for an array's own id (the
       parser picks ``job_id``). An unknown id prints an empty ``jobs`` list and exits 0 (measured on 24.11.5).
+      ``-d`` (``SHOW_DETAIL``, src/scontrol/info_job.c) adds ``job_resources``: the cores the job holds.
     * Slurm 22.05: ``squeue --json`` (squeue(1); openapi/v0.0.38): ``scontrol`` has no ``--json`` and
-      ``squeue --json`` ignores ``-j`` (measured on 22.05.8), so the whole job table comes back.
+      ``squeue --json`` ignores ``-j`` (measured on 22.05.8), so the whole job table comes back; it loads
+      with ``SHOW_DETAIL`` (src/plugins/openapi/v0.0.38/jobs.c), so ``job_resources`` is there.
 
     Text output cannot serve: ``scontrol -d show job`` embeds JobName, Comment, WorkDir, StdOut verbatim
     (newlines included), and ``squeue -O`` has no AdminComment field on 22.05 (``Invalid job format
@@ -78,7 +80,7 @@ def job_record(job_id: str | int, *, release: Release | None = None, **kw) -> st
         SlurmError: the command failed, or ``sinfo -V`` did not give the release.
     """
     if (release or local_release()) >= SCONTROL_JSON:
-        return run(["scontrol", "show", "job", str(job_id), "--json"], **kw)
+        return run(["scontrol", "-d", "show", "job", str(job_id), "--json"], **kw)
     return run(["squeue", "--json"], **kw)  # 22.05: the table holds every job; the parser picks the job
 
 

@@ -53,6 +53,11 @@ class JobInfo:
     array_job_id: str | None = None
     array_task_id: int | None = None
     exit_code: str = ""  # ``ExitCode=`` (exit:signal), as slurmctld holds it
+    #: node -> the job's cores there as ``(socket, core in socket)`` pairs (``job_resources``); a node
+    #: that is not a key: not known (a record without detail, or a pending job)
+    cores: dict[str, tuple[tuple[int, int], ...]] = field(default_factory=dict)
+    tasks: int | None = None  # ``NumTasks=``: the job's tasks in all
+    tasks_per_node: int | None = None  # ``--ntasks-per-node``, None when not asked
 
     @property
     def audit(self) -> dict[str, str] | None:
@@ -62,6 +67,27 @@ class JobInfo:
     def gres_on(self, node: str) -> tuple[GresItem, ...]:
         """The GRES the job holds on ``node`` (empty when none)."""
         return self.gres.get(node, ())
+
+    def core_ids_on(self, node: str, cores_per_socket: int) -> tuple[int, ...] | None:
+        """The job's Slurm core ids on ``node`` (gres.conf ``Cores=`` numbering: ``socket *
+        cores_per_socket + core``, the order of slurmctld's core bitmap), ascending; None when the
+        record does not say, or names a core beyond ``cores_per_socket`` (a node layout other than
+        the one given: then nothing is known)."""
+        pairs = self.cores.get(node)
+        if pairs is None or cores_per_socket < 1 or any(c >= cores_per_socket for _, c in pairs):
+            return None
+        return tuple(sorted(s * cores_per_socket + c for s, c in pairs))
+
+    def tasks_on(self, node: str) -> int | None:
+        """The job's tasks on ``node`` when the record fixes them: ``--ntasks-per-node``, or every task
+        of a one-node job; None otherwise (slurmctld's record does not keep a per-node task count)."""
+        if node not in self.nodes:
+            return None
+        if self.tasks_per_node:
+            return self.tasks_per_node
+        if len(self.nodes) == 1 and self.tasks:
+            return self.tasks
+        return None
 
 
 def parse_gres_detail(text: str) -> tuple[GresItem, ...]:
@@ -241,7 +267,9 @@ def parse_job_json(text: str, job_id: str | int, *, source: str | None = None) -
     ``user_name``, ``account``, ``partition``, ``job_state``, ``nodes`` (host list), ``tres_per_node`` (the GRES
     after the job_submit rewrite), ``gres_detail`` (one ``shard:10(IDX:0)`` string per node of ``nodes``, in
     host-list order), ``admin_comment`` (SlurmUser and admins only), ``start_time`` (epoch s), ``exit_code``,
-    ``array_job_id``, ``array_task_id``. Free-text fields are never read. The shapes:
+    ``array_job_id``, ``array_task_id``, ``tasks``, ``tasks_per_node`` and, for a running job read with
+    detail, ``job_resources`` (the cores it holds on each node: :func:`_job_cores`). Free-text fields are never
+    read. The shapes:
 
     * 22.05 (openapi/v0.0.38, ``meta.Slurm.version``): plain numbers (``start_time`` 0 and ``array_job_id``
       0 = none), ``job_state`` a string, ``exit_code`` the wait status (``(code << 8) | signal``).
@@ -314,10 +342,54 @@ def parse_job_json(text: str, job_id: str | int, *, source: str | None = None) -
         exit_code = f"{rc or 0}:{sig or 0}"
     if not _STATE.fullmatch(state):
         raise InputError(f"job {want}: job_state {state!r}", source=source)
+    tasks, per_node = (r.number("tasks") if "tasks" in r.job else None,
+                       r.number("tasks_per_node") if "tasks_per_node" in r.job else None)
     return JobInfo(job_id=want, user=r.name("user_name"), uid=r.integer("user_id"), gid=r.integer("group_id"),
                    state=state, partition=r.name("partition"), nodes=nodes, tres_per_node=tres,
                    admin_comment=r.string("admin_comment"), gres=gres, account=r.name("account"), start_time=start,
-                   array_job_id=str(array_id) if array_id else None, array_task_id=task, exit_code=exit_code)
+                   array_job_id=str(array_id) if array_id else None, array_task_id=task, exit_code=exit_code,
+                   cores=_job_cores(r), tasks=tasks or None, tasks_per_node=per_node or None)
+
+
+def _job_cores(r: _Reader) -> dict[str, tuple[tuple[int, int], ...]]:
+    """The ``job_resources`` of a running job read with detail, node -> ``(socket, core)`` pairs.
+
+    * 22.05 (openapi/v0.0.38, ``_dump_node_res`` in src/plugins/openapi/v0.0.38/jobs.c at slurm-22-05-8-1):
+      ``allocated_nodes[]``: ``{"nodename", "sockets": {"1": {"cores": {"0": "allocated", ...}}}}``, only
+      the allocated cores (``allocated`` or ``allocated_and_in_use``); ``squeue --json`` loads with
+      ``SHOW_DETAIL`` (``_op_handler_jobs``, same file).
+    * 23.02 and later (data_parser ``JOB_RES_NODES``, src/plugins/data_parser/v0.0.42/parsers.c at
+      slurm-24-11-5-1): ``nodes.allocation[]``: ``{"name", "sockets": [{"index", "cores": [{"index",
+      "status": ["ALLOCATED", ...]}]}]}``, every core of the node; only ``scontrol -d show job --json``
+      has it (``SHOW_DETAIL``: src/scontrol/info_job.c).
+
+    Missing or empty ``job_resources`` (a pending job, a record without detail): ``{}``.
+
+    Raises:
+        InputError: a ``job_resources`` of the wrong shape.
+    """
+    res = r.job.get("job_resources")
+    if not res:
+        return {}
+    bad = r.bad("job_resources", "...", "the job's allocated cores per node")
+    out: dict[str, tuple[tuple[int, int], ...]] = {}
+    try:
+        if r.release < DATA_PARSER:
+            for n in res.get("allocated_nodes") or ():
+                pairs = [(int(s), int(c)) for s, sock in (n.get("sockets") or {}).items()
+                         for c, status in (sock.get("cores") or {}).items() if str(status).startswith("allocated")]
+                out[str(n["nodename"])] = tuple(sorted(pairs))
+        else:
+            nodes = res.get("nodes") or {}
+            for n in (nodes.get("allocation") or ()) if isinstance(nodes, Mapping) else ():
+                pairs = [(int(sock["index"]), int(core["index"])) for sock in n.get("sockets") or ()
+                         for core in sock.get("cores") or () if "ALLOCATED" in (core.get("status") or ())]
+                out[str(n["name"])] = tuple(sorted(pairs))
+    except (AttributeError, KeyError, TypeError, ValueError):
+        raise bad from None
+    if any(s < 0 or c < 0 for pairs in out.values() for s, c in pairs):
+        raise bad
+    return out
 
 
 def with_env_identity(info: JobInfo, env: Mapping[str, str]) -> JobInfo:

@@ -33,7 +33,8 @@ The environment (:meth:`Binding.job_environment`, :meth:`Binding.task_environmen
       (``LOCAL_RANK``/``SLURM_LOCALID``) uses device ``r``, which is what torchrun, Megatron and
       DeepSpeed do (``torch.cuda.set_device(local_rank)``), and neighbouring ranks are NVLink
       neighbours. The list is the same for every task: NCCL needs to see its peers' GPUs for CUDA
-      IPC / NVLink P2P.
+      IPC / NVLink P2P. The node hooks hand it only to tasks that Slurm gave every one of these GPUs
+      and that asked for no GPU binding of their own (docs/placement.md, "Which jobs and tasks get it").
     - ``CUDA_DEVICE_ORDER=PCI_BUS_ID``: index fallbacks mean bus order, as NVML and Slurm count.
     - ``NCCL_IB_HCA=={nic}:{port}`` (per task): NCCL's exact-match form (a leading ``=``; without it
       ``mlx5_1`` would also match ``mlx5_10``..). ``UCX_NET_DEVICES={nic}:{port}`` (per task), UCX's

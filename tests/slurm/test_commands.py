@@ -52,8 +52,8 @@ def test_update_commands_name_the_job_and_the_node(monkeypatch):
 
 @pytest.mark.parametrize("release, argv", [
     ("22.05", ["squeue", "--json"]),  # no scontrol --json before 23.02; squeue --json ignores -j
-    ("24.11", ["scontrol", "show", "job", "42", "--json"]),
-    ("26.05", ["scontrol", "show", "job", "42", "--json"]),
+    ("24.11", ["scontrol", "-d", "show", "job", "42", "--json"]),
+    ("26.05", ["scontrol", "-d", "show", "job", "42", "--json"]),
 ])
 def test_the_job_record_comes_from_the_structured_command_of_the_release(monkeypatch, release, argv):
     from slurm_gpushare.slurm.release import Release

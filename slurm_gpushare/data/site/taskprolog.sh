@@ -1,14 +1,49 @@
 #!/bin/sh
 # slurm-gpushare TaskProlog: runs as the job's user before every task and prints the
 # "export NAME=value" lines the Prolog prepared for this job (MPS pipe directory and limits,
-# CUDA_VISIBLE_DEVICES for MIG devices, ring order and NIC/core hints for multi-GPU jobs). Plain shell, no Python: a task start must stay cheap.
+# CUDA_VISIBLE_DEVICES for MIG devices; for multi-GPU jobs, where they apply, the NVLink ring order
+# and this task's NIC/core hints). Plain shell, no Python: a task start must stay cheap.
 # RUN_DIR is the node config's run_dir ({node} is replaced by the Slurm node name).
 RUN_DIR="/run/slurm-gpushare"
 case "$RUN_DIR" in
   *"{node}"*) RUN_DIR="${RUN_DIR%%\{node\}*}${SLURMD_NODENAME}${RUN_DIR#*\{node\}}" ;;
 esac
-f="$RUN_DIR/jobs/$SLURM_JOB_ID/env"
-if [ -r "$f" ]; then cat "$f"; fi
-# this task's own part (nearest NIC and cores of its GPU), by local rank
-if [ -r "$f.$SLURM_LOCALID" ]; then cat "$f.$SLURM_LOCALID"; fi
+d="$RUN_DIR/jobs/$SLURM_JOB_ID"
+if [ -r "$d/env" ]; then cat "$d/env"; fi
+# ring.<k>: the job's k GPUs here in NVLink ring order (written only where node.toml gpu_order lets the
+# product order this job). It applies to a task only when nothing asked for a GPU binding (--gpu-bind,
+# --gpus-per-task, --tres-bind, --ntasks-per-gpu: Slurm exports them to the job's tasks) and Slurm gave
+# this task every one of the k GPUs (its CUDA_VISIBLE_DEVICES, set by slurmstepd before the TaskProlog,
+# has k entries): then every named GPU is one the task can open. Otherwise Slurm's value stands.
+# A step's tasks inherit what the batch step's TaskProlog exported (srun passes the environment on):
+# first unset those of our variables that still hold the batch step's values; what applies to this
+# task is exported again below.
+forget() {
+  while IFS= read -r line; do
+    line=${line#export }; name=${line%%=*}
+    case "$name" in ""|[0-9]*|*[!A-Za-z0-9_]*) continue ;; esac
+    eval "cur=\${$name-}"
+    if [ "$cur" = "${line#*=}" ]; then echo "unset $name"; fi
+  done < "$1"
+}
+for r in "$d"/ring.*; do
+  [ -r "$r" ] || break
+  if [ -n "$SLURM_STEP_ID" ]; then
+    forget "$r"
+    if [ -r "$d/task.1.0" ]; then forget "$d/task.1.0"; fi
+  fi
+  [ -z "$GPUSHARE_KEEP_GPU_ORDER$SLURM_GPU_BIND$SLURM_TRES_BIND$SLURM_GPUS_PER_TASK$SLURM_NTASKS_PER_GPU$SLURM_NTASKS_PER_TRES" ] || break
+  case "$SLURM_TRES_PER_TASK" in *gpu*) break ;; esac
+  k=0; n=0; IFS=,
+  for x in $CUDA_VISIBLE_DEVICES; do k=$((k + 1)); done
+  for x in $SLURM_GTIDS; do n=$((n + 1)); done  # this step's tasks on this node (slurmstepd sets it)
+  unset IFS
+  [ "$k" = "${r##*.}" ] || break
+  cat "$r"
+  if [ -r "$d/task.$n.$SLURM_LOCALID" ]; then cat "$d/task.$n.$SLURM_LOCALID"; fi
+  if [ "$SLURM_LOCALID" = 0 ] && [ -r "$d/note" ]; then
+    read -r note < "$d/note"
+    echo "print $note Slurm set CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES"
+  fi
+done
 exit 0
