@@ -19,7 +19,7 @@ from slurm_gpushare.node.epilog import epilog
 from slurm_gpushare.node.prolog import prolog
 from slurm_gpushare_dev.cluster import SITE
 from tests.accounting.test_record import record
-from tests.test_hooks import SHOW, node  # noqa: F401  (the fixture)
+from tests.test_hooks import GPUSHARE_AC, SHOW, node  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("useradd") or not shutil.which("runuser"),
                                 reason="needs root, useradd and runuser (two real users)")
@@ -40,7 +40,7 @@ def test_a_jobs_files_are_its_users_alone(node, users):  # noqa: F811
     assert as_user("gpushare-bob", "ls", str(node.root)).returncode == 0
     uid = users["gpushare-alice"]
     node.jobs["701"] = SHOW.format(job="701", node="a100", gres="gpu:a100:2", detail="gpu:a100:2(IDX:0,2)",
-                                   ac="").replace("UserId=root(0) GroupId=root(0)",
+                                   ac=GPUSHARE_AC).replace("UserId=root(0) GroupId=root(0)",
                                                   f"UserId=gpushare-alice({uid}) GroupId=gpushare-alice({uid})")
     node.used["a100"] = "GresUsed=gpu:a100:2(IDX:0,2),shard:a100:0(IDX:N/A)"
     env = {"SLURM_JOB_ID": "701", "SLURMD_NODENAME": "a100", "SLURM_JOB_GPUS": "0,2",
@@ -53,12 +53,16 @@ def test_a_jobs_files_are_its_users_alone(node, users):  # noqa: F811
     script = node.root / "taskprolog.sh"
     script.write_text((SITE / "taskprolog.sh").read_text()
                       .replace('RUN_DIR="/run/slurm-gpushare"', f'RUN_DIR="{node.root}/run/{{node}}"'))
-    task_env = {"SLURM_JOB_ID": "701", "SLURMD_NODENAME": "a100", "SLURM_LOCALID": "0"}
+    # Slurm gave the task both GPUs (ConstrainDevices numbers them 0,1): the TaskProlog prints the ring
+    task_env = {"SLURM_JOB_ID": "701", "SLURMD_NODENAME": "a100", "SLURM_LOCALID": "0", "SLURM_GTIDS": "0,1",
+                "SLURM_STEP_ID": "0", "CUDA_VISIBLE_DEVICES": "0,1"}
     out = as_user("gpushare-alice", "sh", str(script), env=task_env)
-    assert out.returncode == 0
-    assert out.stdout == (jd / "env").read_text() + (jd / "env.0").read_text()
-    assert "CUDA_VISIBLE_DEVICES=GPU-" in out.stdout
-    for path in (jd / "env", jd / "env.0", jd / "state.json", usage):
+    assert out.returncode == 0, out.stderr
+    ring = (jd / "ring.2").read_text()
+    assert out.stdout.startswith(ring) and "CUDA_VISIBLE_DEVICES=GPU-" in ring
+    files = sorted(p for p in jd.iterdir() if p.is_file())
+    assert {jd / "ring.2", jd / "task.2.0", jd / "state.json"} <= set(files)
+    for path in (*files, usage):
         got = as_user("gpushare-bob", "cat", str(path))
         assert got.returncode != 0 and "Permission denied" in got.stderr, path
     assert as_user("gpushare-bob", "ls", str(jd)).returncode != 0

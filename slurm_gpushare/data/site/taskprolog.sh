@@ -26,24 +26,25 @@ forget() {
     if [ "$cur" = "${line#*=}" ]; then echo "unset $name"; fi
   done < "$1"
 }
-for r in "$d"/ring.*; do
-  [ -r "$r" ] || break
-  if [ -n "$SLURM_STEP_ID" ]; then
-    forget "$r"
-    if [ -r "$d/task.1.0" ]; then forget "$d/task.1.0"; fi
-  fi
-  [ -z "$GPUSHARE_KEEP_GPU_ORDER$SLURM_GPU_BIND$SLURM_TRES_BIND$SLURM_GPUS_PER_TASK$SLURM_NTASKS_PER_GPU$SLURM_NTASKS_PER_TRES" ] || break
-  case "$SLURM_TRES_PER_TASK" in *gpu*) break ;; esac
-  k=0; n=0; IFS=,
-  for x in $CUDA_VISIBLE_DEVICES; do k=$((k + 1)); done
-  for x in $SLURM_GTIDS; do n=$((n + 1)); done  # this step's tasks on this node (slurmstepd sets it)
-  unset IFS
-  [ "$k" = "${r##*.}" ] || break
-  cat "$r"
+# The job directory is not listable by the job's user (mode 0711): every file is opened by its name.
+count() { c=0; IFS=,; for x in $1; do c=$((c + 1)); done; unset IFS; }
+if [ -n "$SLURM_STEP_ID" ] && [ -n "$GPUSHARE_GPU_RING" ]; then
+  count "$GPUSHARE_GPU_RING"  # the batch step's ring names the job's GPUs here: ring.<that many>
+  if [ -r "$d/ring.$c" ]; then forget "$d/ring.$c"; fi
+  if [ -r "$d/task.1.0" ]; then forget "$d/task.1.0"; fi
+fi
+ring() {
+  [ -z "$GPUSHARE_KEEP_GPU_ORDER$SLURM_GPU_BIND$SLURM_TRES_BIND$SLURM_GPUS_PER_TASK$SLURM_NTASKS_PER_GPU$SLURM_NTASKS_PER_TRES" ] || return 0
+  case "$SLURM_TRES_PER_TASK" in *gpu*) return 0 ;; esac
+  count "$CUDA_VISIBLE_DEVICES"; k=$c
+  count "$SLURM_GTIDS"; n=$c  # this step's tasks on this node (slurmstepd sets it)
+  [ -r "$d/ring.$k" ] || return 0
+  cat "$d/ring.$k"
   if [ -r "$d/task.$n.$SLURM_LOCALID" ]; then cat "$d/task.$n.$SLURM_LOCALID"; fi
   if [ "$SLURM_LOCALID" = 0 ] && [ -r "$d/note" ]; then
     read -r note < "$d/note"
     echo "print $note Slurm set CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES"
   fi
-done
+}
+ring
 exit 0
