@@ -27,6 +27,7 @@ from slurm_gpushare.hardware.machine import Machine
 from slurm_gpushare.slurm.job import parse_gres_detail
 from slurm_gpushare_dev.cluster import DevCluster, packaged_machine
 from tests.conftest import TEST_PORT, _skip_or_fail, _slurm_unavailable
+from tests.security.conftest import USERS, users  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.slurm
 
@@ -44,8 +45,9 @@ echo "TASK|step=${SLURM_STEP_ID:-batch}|local=$SLURM_LOCALID|cvd=$CUDA_VISIBLE_D
 
 
 @pytest.fixture(scope="module")
-def cg():
-    """A one-node dev cluster (the NVLink-bridged A100 node) with ConstrainDevices=yes, and its probe script."""
+def cg(users):  # noqa: F811
+    """A one-node dev cluster (the NVLink-bridged A100 node) with ConstrainDevices=yes, and its probe script.
+    Its jobs are an unprivileged user's (what a job's user can read and list differs from root's)."""
     reason = _slurm_unavailable()
     if reason:
         _skip_or_fail(reason)
@@ -53,6 +55,9 @@ def cg():
     os.chmod(root, 0o755)
     c = DevCluster(root / "c", TEST_PORT + 600, {NODE: packaged_machine("8x-a100-nv12-bridge.json")}, cgroup=True)
     c.up(out=open(os.devnull, "w"))
+    os.chmod(c.root, 0o755)
+    (root / "out").mkdir(mode=0o1777)
+    os.chmod(root / "out", 0o1777)
     probe = root / "probe.sh"
     probe.write_text(PROBE)
     os.chmod(probe, 0o755)
@@ -66,9 +71,11 @@ def cg():
 
 
 def _run(c: DevCluster, *args: str, script: str) -> tuple[str, dict[str, str]]:
-    """Submit ``script`` with ``args``, wait for the job to end; its output and ``scontrol -d show job`` fields."""
-    out = Path(c.root) / f"out-{time.monotonic_ns()}.txt"
-    proc = subprocess.run(["sbatch", "--parsable", "-w", NODE, f"--output={out}", *args, "--wrap", script],
+    """Submit ``script`` with ``args`` as the first test user, wait for the job to end; its output and
+    ``scontrol -d show job`` fields."""
+    out = Path(c.root).parent / "out" / f"out-{time.monotonic_ns()}.txt"
+    proc = subprocess.run(["runuser", "-u", USERS[0], "--", "sbatch", "--parsable", "-w", NODE, f"--output={out}",
+                           *args, "--wrap", script],
                           env=c.env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     job = proc.stdout.strip().split(";")[0]
