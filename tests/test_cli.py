@@ -694,3 +694,15 @@ def test_host_finds_its_matrix_under_a_hostlist_header(tmp_path):
     out = run("gres-conf", "--from-topo", str(f), "--host", "gpu02", "--gpu-name", "NVIDIA GeForce RTX 4090",
               "--memory", "24564M", "--slurm-version", "22.05").output
     assert "NodeName=gpu02 Sockets=2 CoresPerSocket=56 ThreadsPerCore=2 Gres=gpu:rtx4090:8," in out
+
+
+def test_a_layout_read_from_numa_nodes_says_so_and_names_the_option():
+    """A DGX A100 in NPS4 shows 8 NUMA nodes of 16 cores: 'nvidia-smi topo -m' cannot show that they are 2
+    sockets (2x AMD EPYC 7742, 64 cores each), so a layout read from it is one socket per NUMA node, and
+    the command says so instead of passing it off as known."""
+    args = [a for a in DGX_A100_NPS4 if a not in ("--cpus", "2x64x2")]
+    r = CliRunner().invoke(main, ["gres-conf", *args, "--hostname", "dgx", "--slurm-version", "22.05"])
+    assert r.exit_code == 0, r.output
+    assert "8 sockets x 16 cores x 2 threads" in r.stderr and "--cpus" in r.stderr and "NUMA" in r.stderr
+    given = CliRunner().invoke(main, ["gres-conf", *DGX_A100_NPS4, "--hostname", "dgx", "--slurm-version", "22.05"])
+    assert given.exit_code == 0 and "NUMA node" not in given.stderr

@@ -158,6 +158,14 @@ def load_machine(path: str | None = None, *, from_topo: str | None = None, gpu_n
                              hint="give --cpus SOCKETSxCORESxTHREADS as 'slurmd -C' prints it on the node (lscpu: "
                                   "Socket(s) x Core(s) per socket x Thread(s) per core): gres.conf Cores= are "
                                   "core ids, which need it")
+        if layout is None and m.cpus is not None and m.cpus.sockets > 2 and not placeholders:
+            # more NUMA nodes than a GPU server's usual two sockets: most likely sub-socket NUMA
+            c = m.cpus
+            click.echo(f"{name}: CPU layout read from the CPU Affinity lists as {c.sockets} sockets x "
+                       f"{c.cores_per_socket} cores x {c.threads_per_core} threads, one socket per NUMA node; "
+                       "the matrix does not show sockets: on a node with several NUMA nodes per socket (AMD "
+                       "NPS2/NPS4, Intel SNC) give --cpus as 'slurmd -C' prints it (Slurm 24.11+ widens "
+                       "Cores= to whole sockets)", err=True)
         if mig_table:
             profiles = parse_mig_profiles(_read(mig_table, "'nvidia-smi mig -lgip' output"),
                                           source=os.path.basename(mig_table))
