@@ -20,12 +20,14 @@ from pathlib import Path
 import pytest
 
 from slurm_gpushare.gresconf.check import lint_gres_conf
+from slurm_gpushare.gresconf.detected import compare_detected
 from slurm_gpushare.gresconf.render import generate_node_gres
 from slurm_gpushare.hardware.machine import CpuLayout
 from slurm_gpushare.hardware.nvidia_smi import parse_topo_matrix
 from slurm_gpushare.slurm.conf import parse_gres_conf, parse_slurm_conf_gres
 from slurm_gpushare.slurm.nodegres import GresOptions
 from slurm_gpushare.slurm.release import Release
+from slurm_gpushare.slurm.slurmd import parse_slurmd_g
 from slurm_gpushare_dev.cluster import DevCluster, packaged_machine
 from tests.conftest import SlurmSession
 
@@ -176,6 +178,20 @@ def _running_pairs(hw, node: str, jobs: int = 4, audits: list | None = None) -> 
     for job in ids:
         hw.wait(job)
     return pairs
+
+
+def test_slurmd_g_of_the_mig_node_matches_the_real_print_and_the_generated_gres_conf(hw):
+    # what this release's slurmd -G prints for the MIG node, read back and compared device by device
+    proc = hw.run(["slurmd", "-G", "-N", "h100-mig"])
+    records = parse_slurmd_g(proc.stdout + proc.stderr, source="slurmd -G")
+    machine = hw.cluster.nodes["h100-mig"]
+    devices, problems = compare_detected(records, generate_node_gres(machine, "h100-mig"))
+    assert problems == [] and len(devices) == 10, (problems, devices)
+    # the GPU instance capability devices slurmd reads are those of the real H100 node's print
+    real = parse_slurmd_g((DATA.parent / "slurmd" / "h100-sxm5-mig-mixed-slurmd-G.txt").read_text())
+    caps = sorted(f for r in records if r.name == "gpu" for f in r.files if "nvidia-cap" in f)
+    real_caps = sorted(f for r in real for f in r.files if "nvidia-cap" in f)
+    assert {c.rsplit("/", 1)[1] for c in real_caps} <= {c.rsplit("/", 1)[1] for c in caps}
 
 
 def test_generated_links_give_2gpu_jobs_nvlink_pairs(hw):

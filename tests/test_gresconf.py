@@ -25,6 +25,6 @@ def test_mig_node_records_in_slurm_device_order():
     node = generate_node_gres(packaged_machine("4x-h100-mig-mixed.json"), "h100-mig")
     gpu = [(r.type, r.gpu_index, r.mig_gi) for r in node.records if r.name == "gpu"]
     assert gpu == [("h100", 0, None), ("h100", 1, None),
-                   ("h100_4g.40gb", 2, 1), ("h100_4g.40gb", 3, 1),
+                   ("h100_4g.40gb", 2, 2), ("h100_4g.40gb", 3, 1),
                    ("h100_1g.10gb", 2, 7), ("h100_1g.10gb", 2, 8), ("h100_1g.10gb", 2, 9),
-                   ("h100_1g.10gb", 3, 7), ("h100_1g.10gb", 3, 8), ("h100_1g.10gb", 3, 9)]
+                   ("h100_1g.10gb", 3, 11), ("h100_1g.10gb", 3, 12), ("h100_1g.10gb", 3, 13)]

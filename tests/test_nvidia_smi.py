@@ -496,7 +496,7 @@ def test_a100_40gb_lgip():
     assert by_name["4g.20gb"].placements == ((0, 4),)
 
 
-@pytest.mark.parametrize("name", sorted(p.name for p in MIG.glob("*.txt")))
+@pytest.mark.parametrize("name", sorted(p.name for p in MIG.glob("*.txt") if "GPU instance profiles:" in p.read_text()))
 def test_placements_agree_with_instance_counts(name):
     for profiles in lgip(name).values():
         for p in profiles:

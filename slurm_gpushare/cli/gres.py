@@ -93,15 +93,24 @@ def _output_dir(path: str) -> tuple[Path, bool]:
               help="installed gres.conf for --check (default: next to $SLURM_CONF, else /etc/slurm)")
 @click.option("--slurm-conf", "slurm_conf", type=click.Path(),
               help="installed slurm.conf for --check (default: $SLURM_CONF, else /etc/slurm/slurm.conf)")
+@click.option("--slurmd-g", "slurmd_g", type=click.Path(allow_dash=True),
+              help="'sudo slurmd -G' output of the node: compare what slurmd detected with the generated "
+                   "gres.conf, device by device (one machine only; with or without --check)")
 def gres_conf(machine_files, from_topo, gpu_name, memory, mig_table, cpus, topo_host, hostname, node_name, device_dir,
               shard_unit, no_links, no_shards, slurm_version, mig_multiple_files, output_dir, check, gres_conf,
-              slurm_conf):
+              slurm_conf, slurmd_g):
     """Generate gres.conf and the matching slurm.conf lines from machine descriptions.
 
     Give one or more MACHINE.json files (one node each), or --from-topo FILE, or nothing to probe
     NVML on this host. gres.conf gets one line per GPU (File=, Type=, Cores= as core ids, Links=
     from the hop matrix), one per MIG device, and Name=shard Count=<memory in --shard-unit> per
     whole GPU; the slurm.conf text has GresTypes=, AccountingStorageTRES= and NodeName=... Gres=.
+
+    With --slurmd-g FILE (what 'sudo slurmd -G' printed on the node) nothing is written either: each
+    GPU and MIG device slurmd detected is matched with the generated gres.conf by its device files
+    (/dev/nvidiaN, the GPU instance's /dev/nvidia-caps/nvidia-capM) and its type (Slurm's
+    nvidia_h100_80gb_hbm3_1g.10gb and the product's h100_1g.10gb agree); exit status 1 when any
+    device or count differs.
 
     With --check nothing is written: the installed files are compared with what would be generated
     and linted; the exit status is 1 when they differ or have errors. Only the installed lines that
@@ -144,6 +153,16 @@ def gres_conf(machine_files, from_topo, gpu_name, memory, mig_table, cpus, topo_
               "Check it against the hardware with: slurm-gpushare gres-conf --check")
     gres_text = render_gres_conf(nodes, header=header)
 
+    if slurmd_g:
+        if len(nodes) != 1:
+            raise InputError("--slurmd-g compares one node's 'slurmd -G' print: give one machine",
+                             hint="run it once per node, with that node's MACHINE.json")
+        status = _check_detected(slurmd_g, nodes[0])
+        if check:
+            status = max(status, _check(gres_text, nodes, _installed_path(gres_conf, "gres.conf"),
+                                        Path(slurm_conf) if slurm_conf else _installed_path(None, "slurm.conf"),
+                                        release))
+        sys.exit(status)
     if check:
         sys.exit(_check(gres_text, nodes, _installed_path(gres_conf, "gres.conf"),
                         Path(slurm_conf) if slurm_conf else _installed_path(None, "slurm.conf"), release))
@@ -255,4 +274,33 @@ def _check(gres_text: str, nodes, gres_path: Path, slurm_path: Path, release: Re
                    "and install the files, then 'scontrol reconfigure' (drain nodes whose GPU count changes)")
         return 1
     click.echo(f"{gres_path} and {slurm_path} match the hardware ({len(names)} node(s), Slurm {release})")
+    return 0
+
+
+def _check_detected(path: str, node) -> int:
+    """Print the per-device comparison of a ``slurmd -G`` print with the node's generated records.
+
+    Returns:
+        The exit status: 0 when every device and count agrees, 1 otherwise.
+    """
+    from slurm_gpushare.cli.hardware import _read, _read_stdin
+    from slurm_gpushare.gresconf.detected import compare_detected
+    from slurm_gpushare.slurm.slurmd import parse_slurmd_g
+
+    what = "'slurmd -G' output"
+    name = "<stdin>" if path == "-" else Path(path).name
+    text = _read_stdin(what) if path == "-" else _read(path, what)
+    devices, problems = compare_detected(parse_slurmd_g(text, source=name), node, detected_source=name)
+    for d in devices:
+        click.echo(f"{'ok' if d.ok else 'DIFFERS'}: {d.device}: {d.detail}")
+    for p in problems:
+        if not any(p.startswith(d.device + ":") for d in devices):
+            click.echo(f"DIFFERS: {p}")
+    if problems:
+        click.echo(f"{len(problems)} problem(s) between {name} and the gres.conf generated for {node.node_name}: "
+                   "if the MIG layout changed, re-run 'slurm-gpushare inventory' on the node, regenerate "
+                   "gres.conf and 'scontrol reconfigure'; then 'scontrol update nodename=... state=resume'")
+        return 1
+    click.echo(f"{name}: all {len(devices)} GPU device(s) slurmd detected on {node.node_name} match the generated "
+               "gres.conf")
     return 0

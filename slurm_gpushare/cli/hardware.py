@@ -25,7 +25,7 @@ import click
 
 from slurm_gpushare.atomicfile import write_all_atomic
 from slurm_gpushare.cli import main
-from slurm_gpushare.errors import InputError, MachineDescriptionError
+from slurm_gpushare.errors import InputError, MachineDescriptionError, ParseError
 from slurm_gpushare.hardware.machine import MAX_MEMORY_MIB, NODE_NAME_RULE, CpuLayout, Machine, node_name_problem
 
 #: GPU name ``topology --from-topo`` uses when none is given (the hop matrix does not need one).
@@ -135,11 +135,7 @@ def load_machine(path: str | None = None, *, from_topo: str | None = None, gpu_n
         return m
     host = hostname or topo_host or socket.gethostname().split(".")[0]
     if from_topo:
-        from slurm_gpushare.hardware.nvidia_smi import (
-            cpu_layout_unknown,
-            parse_mig_profiles,
-            parse_topo_matrix,
-        )
+        from slurm_gpushare.hardware.nvidia_smi import cpu_layout_unknown, parse_topo_matrix
         from slurm_gpushare.memsize import parse_mib
 
         if placeholders:
@@ -167,9 +163,7 @@ def load_machine(path: str | None = None, *, from_topo: str | None = None, gpu_n
                        "NPS2/NPS4, Intel SNC) give --cpus as 'slurmd -C' prints it (Slurm 24.11+ widens "
                        "Cores= to whole sockets)", err=True)
         if mig_table:
-            profiles = parse_mig_profiles(_read(mig_table, "'nvidia-smi mig -lgip' output"),
-                                          source=os.path.basename(mig_table))
-            m = replace(m, gpus=tuple(replace(g, mig_profiles=profiles.get(g.index, ())) for g in m.gpus))
+            m = _with_mig_tables(m, _read(mig_table, "'nvidia-smi mig -lgip' output"), os.path.basename(mig_table))
         return m
     from slurm_gpushare.hardware.hostcpu import read_cpu_layout
     from slurm_gpushare.hardware.ports import ENV, open_nvml
@@ -216,6 +210,47 @@ def _topo_section(text: str, name: str, host: str | None) -> int | None:
     raise InputError(f"--host {host}: {name} has no 'nvidia-smi topo -m' output under a header naming it"
                      + (f" (hosts: {', '.join(labels)})" if labels else " (its matrices have no host headers)"),
                      hint="give one of the hosts of the file, or leave --host out for a file of one matrix")
+
+
+def _with_mig_tables(m: Machine, text: str, source: str) -> Machine:
+    """Add what a ``--mig-table`` file holds to a machine parsed from ``nvidia-smi topo -m``.
+
+    The file holds ``nvidia-smi mig -lgip`` (the profiles), and may go on with ``-lgi`` and ``-lci``
+    (the live GPU and compute instances: each compute instance becomes a MIG device, its GPU marked
+    MIG-enabled, its ``nvidia-caps`` minors numbered as the driver does from the GPU's minor) and
+    ``nvidia-smi -L`` (checked: the MIG devices it lists per GPU must be the ones ``-lci`` gives).
+
+    Raises:
+        ParseError: a table that does not parse, ``-lgi`` without ``-lci`` or the reverse, instances
+            of a GPU the matrix does not have, or a ``-L`` listing that disagrees with ``-lci``.
+    """
+    from slurm_gpushare.hardware.nvidia_smi import mig_devices, parse_gpu_list, parse_mig_instances, parse_mig_profiles
+
+    profiles = parse_mig_profiles(text, source=source)
+    tables = parse_mig_instances(text, source=source)
+    gpus = []
+    known = {g.index for g in m.gpus}
+    used = {r.gpu for r in tables.gpu_instances} | {r.gpu for r in tables.compute_instances}
+    strays = sorted(used - known)
+    if strays:
+        raise ParseError(f"MIG instances on GPU {strays[0]}, which the topology matrix does not have",
+                         hint="record the tables and 'nvidia-smi topo -m' on the same node", source=source)
+    for g in m.gpus:
+        g = replace(g, mig_profiles=profiles.get(g.index, ()))
+        if tables.has_gpu_instances or tables.has_compute_instances:
+            devices = mig_devices(tables, g.index, g.minor, source=source)
+            if devices:
+                g = replace(g, mig_enabled=True, mig_instances=devices)
+        gpus.append(g)
+    if "(UUID: GPU-" in text:
+        listed = {lg.index: sorted(x.profile for x in lg.migs) for lg in parse_gpu_list(text, source=source)}
+        for g in gpus:
+            lci = sorted(i.profile for i in g.mig_instances)
+            if g.index in listed and (tables.has_compute_instances or listed[g.index]) and listed[g.index] != lci:
+                raise ParseError(f"GPU {g.index}: 'nvidia-smi -L' lists MIG devices {listed[g.index]}, "
+                                 f"'nvidia-smi mig -lci' gives {lci}", source=source,
+                                 hint="record all the outputs at the same moment (MIG devices changed between them?)")
+    return replace(m, gpus=tuple(gpus))
 
 
 def _require_topo_options(gpu_name: str | None, memory: str | None) -> None:

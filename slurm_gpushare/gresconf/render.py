@@ -17,7 +17,9 @@ What is written, per node, for one Slurm release (``GresOptions.release``; gres.
 * one ``Name=gpu Type=<model>_<profile>`` line per live MIG device. Two forms:
 
   - before 23.11 (22.05): ``File=<caps>/nvidia-cap<M>``, the GPU instance's access device alone (the
-    device real 22.05 autodetection reports as the MIG GRES's ``File=``).
+    ``File=`` of the MIG GRES in the recorded real ``slurmd -G`` print, ``tests/data/slurmd``; Slurm's
+    own autodetection, ``src/plugins/gpu/nvml/gpu_nvml.c`` ``_handle_mig``, builds the list parent
+    ``/dev/nvidiaN``, GPU instance cap, compute instance cap at 22.05.8, 24.11.5 and 26.05.3 alike).
     Measured on slurmd 22.05.8: ``MultipleFiles=`` next to shard lines is expanded into one GRES per
     file (the node then reports more GPUs than slurm.conf, falls back to count-only tracking, and jobs
     get no device at all; fixed in 23.02.7, "Do not split GRES with MultipleFiles in

@@ -616,9 +616,15 @@ def _smt_signature(gpus: Sequence[Gpu]) -> tuple[int, int] | None:
     return None
 
 
-#: MIG capability device minors, as the driver numbers them in ``/proc/driver/nvidia-caps/mig-minors``:
-#: ``config`` 1, ``monitor`` 2, then per GPU minor 15 GPU instances x (1 access + 8 compute instances).
-#: ``gpu0/gi1/access`` is 12, ``gpu0/gi1/ci0/access`` 13 (NVIDIA MIG user guide, "Device Nodes").
+#: MIG capability device minors, as the driver numbers them in ``/proc/driver/nvidia-caps/mig-minors``
+#: (NVIDIA MIG user guide, "Device Nodes and Capabilities": the file lists ``config 1``, ``monitor 2``,
+#: then ``gpu0/gi0/access 3``, ``gpu0/gi0/ci0/access 4`` ..): per GPU 15 GPU instances (ids 0-14),
+#: each its ``access`` minor followed by the ``access`` minors of compute instances 0-7, GPU by GPU.
+#: ``gpu<G>`` is the GPU's minor number (``nvmlDeviceGetMinorNumber``, the N of ``/dev/nvidiaN``):
+#: Slurm's gpu_nvml.c looks the file up with ``minor_number`` from 22.05 on (21.08 used the NVML
+#: index, and logged ``/dev/nvidia1`` next to ``gpu0`` capabilities, NVIDIA/deepops#1214).
+#: Checked against every MIG ``Index=`` of the real ``slurmd -G`` print in ``tests/data/slurmd``:
+#: 291, 336, 345, 354 (GPU 2: GPU instances 2, 7, 8, 9) and 417, 507, 516, 525 (GPU 3: 1, 11, 12, 13).
 MIG_CAPS_FIRST = 3
 MIG_CAPS_PER_GI = 9
 MIG_CAPS_PER_GPU = 15 * MIG_CAPS_PER_GI
@@ -627,9 +633,12 @@ MIG_CAPS_PER_GPU = 15 * MIG_CAPS_PER_GI
 def mig_cap_minors(gpu_minor: int, gi_id: int, ci_id: int) -> tuple[int, int]:
     """The ``nvidia-capN`` minors that grant access to a GPU instance and one of its compute instances.
 
-    Follows the driver's ``/proc/driver/nvidia-caps/mig-minors`` table (``gpu<G>/gi<I>/access`` and
-    ``gpu<G>/gi<I>/ci<C>/access``). It matches the real ``slurmd -G`` print in
-    ``tests/data/slurmd`` (GPU 2, GPU instance 2 -> ``nvidia-cap291``).
+    The numbering of the driver's ``/proc/driver/nvidia-caps/mig-minors`` table (``gpu<G>/gi<I>/access``
+    = ``3 + 135 G + 9 I``, ``gpu<G>/gi<I>/ci<C>/access`` = that + 1 + C; see :data:`MIG_CAPS_FIRST`).
+    On a node the product reads the table itself (:mod:`slurm_gpushare.hardware.nvml`), as Slurm and
+    NVIDIA's container tools do: the driver documents the table, not the formula. This is for
+    descriptions without a node to read it on (recorded ``nvidia-smi mig -lgi``/``-lci``, the fake
+    NVML, generated test machines).
 
     Returns:
         ``(gi_access_minor, ci_access_minor)``.
@@ -647,6 +656,20 @@ MODEL_BRAND_WORDS = frozenset({"nvidia", "tesla", "geforce", "quadro", "grid"})
 MODEL_PACKAGING_WORDS = frozenset({"pcie", "sxm", "nvl", "sff", "max-q", "generation", "edition", "server",
                                    "workstation", "gpu", "dgxs", "fhhl"})
 _MEMORY_WORD = re.compile(r"\d+(?:\.\d+)?(?:gb|g|mb|tb)|hbm\d*e?|sxm\d*|pcie\d*|gddr\d*x?", re.IGNORECASE)
+
+
+def mig_cap_owner(minor: int) -> tuple[int, int, int | None] | None:
+    """What a ``nvidia-capN`` minor grants, in the numbering of :func:`mig_cap_minors`.
+
+    Returns:
+        ``(gpu_minor, gi_id, None)`` for a GPU instance's access minor, ``(gpu_minor, gi_id, ci_id)``
+        for a compute instance's, None for ``config`` (1), ``monitor`` (2) and anything below.
+    """
+    if minor < MIG_CAPS_FIRST:
+        return None
+    gpu, rest = divmod(minor - MIG_CAPS_FIRST, MIG_CAPS_PER_GPU)
+    gi, slot = divmod(rest, MIG_CAPS_PER_GI)
+    return gpu, gi, (slot - 1 if slot else None)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -6,9 +6,13 @@ a bug report, a CI fixture, a node we cannot log in to):
 - ``nvidia-smi topo -m`` (the GPU/NIC "topology matrix") becomes a
   :class:`~slurm_gpushare.hardware.machine.Machine` (:func:`parse_topo_matrix`);
 - ``nvidia-smi mig -lgip`` (the GPU instance profile table) becomes
-  :class:`~slurm_gpushare.hardware.machine.MigProfile` tuples by GPU index (:func:`parse_mig_profiles`).
+  :class:`~slurm_gpushare.hardware.machine.MigProfile` tuples by GPU index (:func:`parse_mig_profiles`);
+- ``nvidia-smi mig -lgi`` and ``-lci`` (the live GPU and compute instances) become rows
+  (:func:`parse_mig_instances`) and MIG devices (:func:`mig_devices`);
+- ``nvidia-smi -L`` (GPUs and their MIG devices with UUIDs) becomes :class:`ListedGpu` tuples
+  (:func:`parse_gpu_list`).
 
-Both are pure functions of text: they open no file and run no command. Every error is a
+All are pure functions of text: they open no file and run no command. Every error is a
 :class:`~slurm_gpushare.errors.ParseError` whose ``source`` is ``<file>:<line>`` and whose message
 quotes the token that could not be read.
 
@@ -33,7 +37,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from slurm_gpushare.errors import MachineDescriptionError, ParseError
 from slurm_gpushare.hardware.machine import (
@@ -42,9 +46,11 @@ from slurm_gpushare.hardware.machine import (
     Gpu,
     Link,
     Machine,
+    MigInstance,
     MigProfile,
     Nic,
     cpu_layout_problem,
+    mig_cap_minors,
 )
 
 #: The most NVLink links one GPU has: 18 on H100/H200 and B200 (NVIDIA H100 Tensor Core GPU
@@ -657,7 +663,11 @@ def parse_mig_profiles(text: str, *, source: str = "<lgip>") -> dict[int, tuple[
 
     Each profile is a table row ``| GPU  MIG <name>  ID  Free/Total  Memory  P2P  SM  DEC  ENC |``
     followed by a row of ``CE JPEG OFA`` counts, which is not needed. Lines outside the table (shell
-    prompts, other command output) are skipped. The memory column is GiB with two decimals and is
+    prompts, other command output) are skipped, and so are the other ``nvidia-smi mig`` tables a
+    recording often holds after it: the rows under a ``GPU instances:`` (``-lgi``), ``Compute
+    instance profiles:`` (``-lcip``) or ``Compute instances:`` (``-lci``) title, up to the next
+    table title, belong to those tables (:func:`parse_mig_instances` reads ``-lgi`` and ``-lci``).
+    Rows before any title are read as profile rows. The memory column is GiB with two decimals and is
     converted with ``round(GiB * 1024)`` (9.75 GiB -> 9984 MiB), so it can be a few MiB below
     NVML's exact ``memorySizeMB``; a header that says ``MiB`` is read as MiB.
 
@@ -679,9 +689,9 @@ def parse_mig_profiles(text: str, *, source: str = "<lgip>") -> dict[int, tuple[
     lines = text.splitlines()
     unit_mib = 1024
     found: dict[int, list[MigProfile]] = {}
-    for at, line in enumerate(lines, start=1):
+    for at, (table, line) in enumerate(_mig_table_lines(lines), start=1):
         stripped = line.strip()
-        if not stripped.startswith("|"):
+        if table != "profiles" or not stripped.startswith("|"):
             continue
         if "Free/Total" in stripped and "MiB" in stripped and "GiB" not in stripped:
             unit_mib = 1
@@ -723,3 +733,256 @@ def _with_placements(profiles: list[MigProfile]) -> tuple[MigProfile, ...]:
             p = replace(p, placements=placements)
         out.append(p)
     return tuple(out)
+
+
+#: Titles of the ``nvidia-smi mig`` tables (the first row inside the box), and the table each opens.
+MIG_TABLE_TITLES = {
+    "GPU instance profiles:": "profiles",
+    "GPU instances:": "gpu_instances",
+    "Compute instance profiles:": "ci_profiles",
+    "Compute instances:": "compute_instances",
+}
+
+
+def _mig_table_lines(lines: Sequence[str]) -> list[tuple[str, str]]:
+    """Each line with the table it belongs to: the last table title seen (``profiles`` before any)."""
+    table = "profiles"
+    out = []
+    for line in lines:
+        stripped = line.strip().strip("|").strip()
+        table = MIG_TABLE_TITLES.get(stripped, table)
+        out.append((table, line))
+    return out
+
+
+# --- nvidia-smi mig -lgi / -lci ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GpuInstanceRow:
+    """One row of ``nvidia-smi mig -lgi`` (NVML ``nvmlGpuInstanceGetInfo``: ``id``, ``profileId``,
+    ``placement.start``/``placement.size``).
+
+    Attributes:
+        gpu: the GPU's NVML index (``GPU`` column).
+        profile: GPU instance profile name without ``MIG``, e.g. ``4g.40gb``.
+        profile_id: GPU instance profile id (``Profile ID``).
+        gi_id: GPU instance id (``Instance ID``), as the driver assigned it at creation.
+        start: first memory slice (``Placement Start``).
+        size: memory slices (``Placement Size``).
+    """
+
+    gpu: int
+    profile: str
+    profile_id: int
+    gi_id: int
+    start: int
+    size: int
+
+
+@dataclass(frozen=True)
+class ComputeInstanceRow:
+    """One row of ``nvidia-smi mig -lci`` (NVML ``nvmlComputeInstanceGetInfo``).
+
+    Attributes:
+        gpu: the GPU's NVML index.
+        gi_id: the GPU instance the compute instance lives in (``GPU Instance ID``).
+        profile: the MIG device name, e.g. ``1g.10gb`` for a compute instance spanning its GPU
+            instance, ``1c.3g.20gb`` for one compute slice of a ``3g.20gb``.
+        profile_id: compute instance profile id.
+        ci_id: compute instance id (``Instance ID``).
+        start: placement start within the GPU instance, None when the driver prints no
+            ``Placement`` column (R450-R460 drivers).
+    """
+
+    gpu: int
+    gi_id: int
+    profile: str
+    profile_id: int
+    ci_id: int
+    start: int | None = None
+
+
+@dataclass(frozen=True)
+class MigTables:
+    """The live-instance tables of a recording: ``-lgi`` rows and ``-lci`` rows, in printed order.
+
+    ``has_gpu_instances`` / ``has_compute_instances`` tell whether the recording holds that table at
+    all (an empty table, "No GPU instances found", still counts as present).
+    """
+
+    gpu_instances: tuple[GpuInstanceRow, ...] = ()
+    compute_instances: tuple[ComputeInstanceRow, ...] = ()
+    has_gpu_instances: bool = False
+    has_compute_instances: bool = False
+
+
+_LGI_ROW = re.compile(r"\|\s*(?P<gpu>\d+)\s+MIG\s+(?P<name>\S+)\s+(?P<pid>\d+)\s+(?P<gi>\d+)\s+"
+                      r"(?P<start>\d+):(?P<size>\d+)\s*\|")
+_LCI_ROW = re.compile(r"\|\s*(?P<gpu>\d+)\s+(?P<gi>\d+)\s+MIG\s+(?P<name>\S+)\s+(?P<pid>\d+)\s+"
+                      r"(?P<ci>\d+)(?:\s+(?P<start>\d+):(?P<size>\d+))?\s*\|")
+
+
+def parse_mig_instances(text: str, *, source: str = "<lgi>") -> MigTables:
+    """Read the ``nvidia-smi mig -lgi`` and ``-lci`` tables of a recording.
+
+    The tables are found by their titles (``GPU instances:``, ``Compute instances:``), wherever they
+    are in the text, so one file can hold ``-lgip``, ``-lgipp``, ``-cgi`` messages, ``-lgi`` and
+    ``-lci`` in any order. Format (R450 and later drivers, recorded in ``tests/data/mig``):
+
+    - ``-lgi``: ``| GPU  MIG <name>  Profile ID  Instance ID  Start:Size |``;
+    - ``-lci``: ``| GPU  GPU-instance ID  MIG <name>  Profile ID  Instance ID  [Start:Size] |``
+      (R470 and later add the placement column).
+
+    GPU instance ids are the driver's, not a function of the placement: the recorded H100 ``-cgi``
+    output creates ids 13, 11, 12, 7, 8, 9, 10 in that order, and ``nvidia-smi mig -lgi`` in the
+    MIG user guide shows GPU instance 2 at ``0:4`` and 1 at ``4:4``. They come from ``-lgi`` /
+    NVML, never from a formula.
+
+    Raises:
+        ParseError: a row of either table that cannot be read, or a GPU instance listed twice, or a
+            compute instance of a GPU instance that ``-lgi`` (when present) does not list.
+    """
+    gis: list[GpuInstanceRow] = []
+    cis: list[ComputeInstanceRow] = []
+    seen: set[str] = set()
+    for at, (table, line) in enumerate(_mig_table_lines(text.splitlines()), start=1):
+        stripped = line.strip()
+        where = f"{source}:{at}"
+        if table in ("gpu_instances", "compute_instances"):
+            seen.add(table)
+        if not stripped.startswith("|") or " MIG " not in f" {stripped} ":
+            continue
+        if table == "gpu_instances":
+            m = _row(_LGI_ROW, stripped, where, "GPU instance",
+                     "| GPU  MIG <name>  Profile ID  Instance ID  Start:Size |", "-lgi")
+            row = GpuInstanceRow(int(m["gpu"]), m["name"], int(m["pid"]), int(m["gi"]), int(m["start"]),
+                                 int(m["size"]))
+            if any(g.gpu == row.gpu and g.gi_id == row.gi_id for g in gis):
+                raise ParseError(f"GPU {row.gpu}: GPU instance {row.gi_id} is listed twice", source=where,
+                                 hint="record one 'nvidia-smi mig -lgi' output")
+            gis.append(row)
+        elif table == "compute_instances":
+            m = _row(_LCI_ROW, stripped, where, "compute instance",
+                     "| GPU  GPU-instance ID  MIG <name>  Profile ID  Instance ID  Start:Size |", "-lci")
+            cis.append(ComputeInstanceRow(int(m["gpu"]), int(m["gi"]), m["name"], int(m["pid"]), int(m["ci"]),
+                                          int(m["start"]) if m["start"] is not None else None))
+    if "gpu_instances" in seen:
+        known = {(g.gpu, g.gi_id) for g in gis}
+        for c in cis:
+            if (c.gpu, c.gi_id) not in known:
+                raise ParseError(f"GPU {c.gpu}: compute instance {c.ci_id} is in GPU instance {c.gi_id}, which "
+                                 "'nvidia-smi mig -lgi' does not list", source=source,
+                                 hint="record -lgi and -lci of the same moment")
+    return MigTables(tuple(gis), tuple(cis), "gpu_instances" in seen, "compute_instances" in seen)
+
+
+def _row(pattern: re.Pattern[str], row: str, where: str, what: str, shape: str, option: str) -> re.Match[str]:
+    """The match of a table row, or a ParseError naming the row and the shape expected."""
+    m = pattern.fullmatch(row)
+    if m is None:
+        raise ParseError(f"cannot read {what} row {row!r}",
+                         hint=f"expected '{shape}' as 'nvidia-smi mig {option}' prints it", source=where)
+    return m
+
+
+def mig_devices(tables: MigTables, gpu: int, gpu_minor: int, *, source: str = "<lgi>") -> tuple[MigInstance, ...]:
+    """The MIG devices (one per compute instance) of GPU ``gpu`` from ``-lgi`` + ``-lci`` tables.
+
+    ``profile`` is the compute instance's name (the MIG device name, which is the GPU instance
+    profile for a compute instance spanning its GPU instance), ``start`` the GPU instance's
+    placement start, ``uuid`` empty (neither table shows it), and ``caps`` the driver's
+    ``mig-minors`` numbering (:func:`~slurm_gpushare.hardware.machine.mig_cap_minors`) from the
+    GPU's minor number: a recording has no ``/proc/driver/nvidia-caps/mig-minors`` to read.
+
+    Raises:
+        ParseError: ``-lgi`` is there without ``-lci`` (a MIG device is a compute instance; which
+            ones exist only ``-lci`` says), or the other way round.
+    """
+    if tables.has_gpu_instances != tables.has_compute_instances:
+        have, need = (("-lgi", "-lci") if tables.has_gpu_instances else ("-lci", "-lgi"))
+        raise ParseError(f"the recording has 'nvidia-smi mig {have}' but not '{need}': both are needed to know "
+                         "the MIG devices (GPU instance ids and placements from -lgi, compute instances from "
+                         "-lci)", hint=f"append 'nvidia-smi mig {need}' output to the file", source=source)
+    starts = {g.gi_id: g.start for g in tables.gpu_instances if g.gpu == gpu}
+    out = []
+    for c in tables.compute_instances:
+        if c.gpu != gpu:
+            continue
+        out.append(MigInstance(profile=c.profile, gi_id=c.gi_id, ci_id=c.ci_id, start=starts.get(c.gi_id, 0),
+                               uuid="", caps=mig_cap_minors(gpu_minor, c.gi_id, c.ci_id)))
+    return tuple(sorted(out, key=lambda i: (i.gi_id, i.ci_id)))
+
+
+# --- nvidia-smi -L -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ListedMig:
+    """A MIG device line of ``nvidia-smi -L``: ``MIG 1g.10gb  Device  0: (UUID: MIG-...)``.
+
+    Attributes:
+        profile: the MIG device name, e.g. ``1g.10gb``.
+        device: the MIG device index on its GPU (``nvmlDeviceGetMigDeviceHandleByIndex`` order).
+        uuid: ``MIG-<uuid>`` (R470 and later) or ``MIG-GPU-<uuid>/<gi>/<ci>`` (R450-R465).
+    """
+
+    profile: str
+    device: int
+    uuid: str
+
+
+@dataclass(frozen=True)
+class ListedGpu:
+    """A GPU line of ``nvidia-smi -L`` (``GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-...)``) and the MIG
+    device lines under it."""
+
+    index: int
+    name: str
+    uuid: str
+    migs: tuple[ListedMig, ...] = ()
+
+
+_L_GPU = re.compile(r"GPU (?P<index>\d+): (?P<name>.+?) \(UUID: (?P<uuid>GPU-[0-9A-Fa-f-]+)\)")
+_L_MIG = re.compile(r"MIG (?P<profile>\S+)\s+Device\s+(?P<device>\d+): \(UUID: (?P<uuid>MIG-[^)\s]+)\)")
+
+
+def parse_gpu_list(text: str, *, source: str = "<nvidia-smi -L>") -> tuple[ListedGpu, ...]:
+    """Read ``nvidia-smi -L``: one ``GPU n: <name> (UUID: GPU-...)`` line per GPU, each followed by
+    its ``  MIG <profile>  Device  k: (UUID: MIG-...)`` lines when MIG devices exist.
+
+    ``#`` comment lines, shell prompts and other text are skipped.
+
+    Raises:
+        ParseError: a line that starts like a GPU or MIG line but cannot be read, a MIG line before
+            any GPU line, a GPU index listed twice, or no GPU line at all.
+    """
+    gpus: list[ListedGpu] = []
+    for at, line in enumerate(text.splitlines(), start=1):
+        stripped = line.strip()
+        where = f"{source}:{at}"
+        if stripped.startswith("#"):
+            continue
+        if stripped.startswith("GPU ") and re.match(r"GPU \d+:", stripped):
+            m = _L_GPU.fullmatch(stripped)
+            if m is None:
+                raise ParseError(f"cannot read GPU line {stripped!r}", source=where,
+                                 hint="expected 'GPU <n>: <name> (UUID: GPU-...)' as 'nvidia-smi -L' prints it")
+            if any(g.index == int(m["index"]) for g in gpus):
+                raise ParseError(f"GPU {m['index']} is listed twice", source=where,
+                                 hint="record one 'nvidia-smi -L' output")
+            gpus.append(ListedGpu(int(m["index"]), m["name"], m["uuid"]))
+        elif stripped.startswith("MIG ") and "Device" in stripped:
+            m = _L_MIG.fullmatch(stripped)
+            if m is None:
+                raise ParseError(f"cannot read MIG device line {stripped!r}", source=where,
+                                 hint="expected 'MIG <profile> Device <k>: (UUID: MIG-...)'")
+            if not gpus:
+                raise ParseError("a MIG device line comes before any GPU line", source=where,
+                                 hint="record the whole 'nvidia-smi -L' output")
+            g = gpus[-1]
+            gpus[-1] = replace(g, migs=(*g.migs, ListedMig(m["profile"], int(m["device"]), m["uuid"])))
+    if not gpus:
+        raise ParseError("no 'GPU <n>: ...' line found", source=f"{source}:1",
+                         hint="record the output of 'nvidia-smi -L'")
+    return tuple(gpus)

@@ -8,6 +8,7 @@
 - :mod:`~slurm_gpushare.slurm.job`: job records as slurmctld reports them;
 - :mod:`~slurm_gpushare.slurm.admincomment`: the tagged segments the product keeps in AdminComment;
 - :mod:`~slurm_gpushare.slurm.commands`: the Slurm commands (``sinfo``, ``squeue``, ``scontrol``).
+- :mod:`~slurm_gpushare.slurm.slurmd`: what ``slurmd -G`` prints (the GRES slurmd detected).
 
 Importing this package does nothing.
 """

@@ -216,7 +216,7 @@ def test_overlapping_instance_is_refused():
         fake.create_gpu_instance(2, 19, start=4)
     text = str(err.value)
     assert "GPU 2" in text and "1g.10gb (profile 19)" in text and "overlaps" in text
-    assert "0-3 4g.40gb (GI 1)" in text and "4 1g.10gb (GI 11)" in text
+    assert "0-3 4g.40gb (GI 2)" in text and "4 1g.10gb (GI 7)" in text
 
 
 def test_start_outside_the_placements_is_refused():
@@ -265,16 +265,16 @@ def test_full_gpu_has_no_free_placement():
 def test_create_then_destroy_frees_slices():
     m = load(H100_MIG)
     fake = opened(H100_MIG)
-    fake.destroy_gpu_instance(2, 13)  # 1g.10gb at slice 6
-    assert [inst.gi_id for inst in fake.gpu_instances(2)] == [1, 11, 12]
+    fake.destroy_gpu_instance(2, 9)  # 1g.10gb at slice 6
+    assert [inst.gi_id for inst in fake.gpu_instances(2)] == [2, 7, 8]
     created = fake.create_gpu_instance(2, 15, start=6)  # 1g.20gb over slices 6-7
-    assert (created.profile, created.gi_id, created.ci_id, created.start) == ("1g.20gb", 2, 0, 6)
-    assert created.caps == (291, 292)
+    assert (created.profile, created.gi_id, created.ci_id, created.start) == ("1g.20gb", 1, 0, 6)
+    assert created.caps == (282, 283)  # gpu2/gi1/access = 3 + 135*2 + 9*1
     assert created.uuid.startswith("MIG-")
     assert created in fake.gpu_instances(2)
     with pytest.raises(MigPlacementError, match="overlaps"):
         fake.create_gpu_instance(2, 9, start=4)
-    for gi in (11, 12, 2):
+    for gi in (7, 8, 1):
         fake.destroy_gpu_instance(2, gi)
     assert fake.create_gpu_instance(2, 9).start == 4  # (0, 4) is held by the 4g.40gb
     # the other MIG GPU is untouched

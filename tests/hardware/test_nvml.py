@@ -396,11 +396,12 @@ def test_real_port_creates_and_destroys_through_nvml(tmp_path):
             real.create_gpu_instance(2, 19, start=5)
         with pytest.raises(MigPlacementError, match="GPU 0: MIG mode is not enabled"):
             real.create_gpu_instance(0, 19)
-        real.destroy_gpu_instance(2, 13)
+        real.destroy_gpu_instance(2, 9)   # the 1g.10gb at slice 6 (GPU instances 2, 7, 8, 9 on GPU 2)
         created = real.create_gpu_instance(2, 15, start=6)
-        assert (created.profile, created.gi_id, created.start, created.caps) == ("1g.20gb", 2, 6, (291, 292))
+        # the fake gives the lowest free id (1); its minors are the table's gpu2/gi1: 3 + 270 + 9
+        assert (created.profile, created.gi_id, created.start, created.caps) == ("1g.20gb", 1, 6, (282, 283))
         assert fake.gpu_instances(2) == real.gpu_instances(2)
-        real.destroy_gpu_instance(2, 2)
+        real.destroy_gpu_instance(2, 1)
         assert real.create_gpu_instance(2, 19).start == 6
 
 
@@ -439,6 +440,19 @@ def test_missing_mig_minors_file_is_a_hardware_error(tmp_path):
     with real:
         with pytest.raises(HardwareError, match="cannot read the MIG capability minors"):
             real.gpu_instances(2)
+
+
+def test_real_port_takes_the_minors_from_the_drivers_table(tmp_path):
+    # the table is the source on a node (as for Slurm's gpu_nvml.c and NVIDIA's nvcaps): a number the
+    # formula would not give is taken as written
+    m = load("h100-sxm5-4gpu-mig-mixed.json")
+    path = mig_minors(m, tmp_path / "mig-minors")
+    path.write_text(path.read_text().replace("gpu2/gi2/access 291", "gpu2/gi2/access 4000")
+                    .replace("gpu2/gi2/ci0/access 292", "gpu2/gi2/ci0/access 4001"))
+    real = RealNvml(lib=PynvmlShim(FakeNvml(m)), mig_minors_path=path)
+    with real:
+        caps = {i.gi_id: i.caps for i in real.gpu_instances(2)}
+    assert caps == {2: (4000, 4001), 7: (336, 337), 8: (345, 346), 9: (354, 355)}
 
 
 # --- error mapping ------------------------------------------------------------------------------------
