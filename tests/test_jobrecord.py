@@ -193,3 +193,14 @@ def test_job_resources_of_the_wrong_shape_are_refused():
     with pytest.raises(InputError, match="job_resources"):
         parse_job_json(_doc({**BASE_DP, "job_resources": {"nodes": {"allocation": [{"name": "x", "sockets": [
             {"index": -1, "cores": [{"index": 0, "status": ["ALLOCATED"]}]}]}]}}}, release=Release(24, 11)), "42")
+
+
+def test_a_2205_record_without_a_task_count_reads_as_unknown():
+    """22.05 writes ``"tasks": null`` for a job whose task count is unset (NO_VAL or INFINITE:
+    ``data_set_null`` in src/plugins/openapi/v0.0.38/jobs.c at slurm-22-05-8-1; seen on the two-user
+    cluster): no task count, not a refused record."""
+    doc = json.loads((DATA / "22.05" / "squeue-cores.json").read_text())
+    for job in doc["jobs"]:
+        job["tasks"] = None
+    info = parse_job_json(json.dumps(doc), "11")
+    assert info.tasks is None and info.core_ids_on("a100-nvb", 32) == (0, 1, 2, 3, 4, 5)

@@ -342,8 +342,9 @@ def parse_job_json(text: str, job_id: str | int, *, source: str | None = None) -
         exit_code = f"{rc or 0}:{sig or 0}"
     if not _STATE.fullmatch(state):
         raise InputError(f"job {want}: job_state {state!r}", source=source)
-    tasks, per_node = (r.number("tasks") if "tasks" in r.job else None,
-                       r.number("tasks_per_node") if "tasks_per_node" in r.job else None)
+    # 22.05 writes null for an unset count (NO_VAL/INFINITE: data_set_null, openapi/v0.0.38 jobs.c)
+    tasks, per_node = (r.number("tasks") if r.job.get("tasks") is not None else None,
+                       r.number("tasks_per_node") if r.job.get("tasks_per_node") is not None else None)
     return JobInfo(job_id=want, user=r.name("user_name"), uid=r.integer("user_id"), gid=r.integer("group_id"),
                    state=state, partition=r.name("partition"), nodes=nodes, tres_per_node=tres,
                    admin_comment=r.string("admin_comment"), gres=gres, account=r.name("account"), start_time=start,
