@@ -12,13 +12,13 @@ import time
 
 import pytest
 
-from tests.conftest import bare
+from tests.conftest import DEADLINE, bare
 from tests.security.conftest import USERS
 
 pytestmark = pytest.mark.slurm
 
 
-def as_user(cluster, user: str, argv: list[str], timeout: float = 60, **kw) -> subprocess.CompletedProcess:
+def as_user(cluster, user: str, argv: list[str], timeout: float = DEADLINE, **kw) -> subprocess.CompletedProcess:
     env = ["env", *(f"{k}={v}" for k, v in cluster.env.items() if k in ("PATH", "SLURM_CONF"))]
     return subprocess.run(["runuser", "-u", user, "--", *env, *argv], capture_output=True, text=True,
                           timeout=timeout, cwd="/tmp", **kw)
