@@ -367,7 +367,7 @@ class DevCluster:
 
     # --- lifecycle ----------------------------------------------------------------------------
 
-    def up(self, *, timeout: float = 90.0, out=sys.stdout) -> None:
+    def up(self, *, timeout: float = 120.0, out=sys.stdout) -> None:
         """Bring the cluster up (idempotent) and wait until every node is in service (idle, or running
         jobs when only some daemons were missing).
 
@@ -405,7 +405,7 @@ class DevCluster:
                 # slurmctld keeps each node's registered GRES in its saved state, and a node whose GRES
                 # changed is not re-read from the new gres.conf: start clean (-c) after a config change.
                 self._spawn("slurmctld", ["slurmctld", "-c"] if changed else ["slurmctld"])
-            self._wait(lambda: self._slurm_ok(["scontrol", "ping"], "UP"), 30, "slurmctld answering ping",
+            self._wait(lambda: self._slurm_ok(["scontrol", "ping"], "UP"), 60, "slurmctld answering ping",
                        log="log/slurmctld.log", daemon="slurmctld")
             self.start_filterd()
             for name in self.nodes:
@@ -865,7 +865,7 @@ class DevCluster:
         for d in (self.lib_dir, dest):
             os.chmod(d, 0o755)
 
-    def start_filterd(self, *, timeout: float = 20.0) -> None:
+    def start_filterd(self, *, timeout: float = 60.0) -> None:
         """Start ``slurm-gpushare filterd`` for this cluster (if not running) and wait for its socket.
 
         Raises:
@@ -875,7 +875,7 @@ class DevCluster:
             return
         self._start_step(lambda: self._start_filterd(timeout))
 
-    def start_monitors(self, *, timeout: float = 20.0) -> None:
+    def start_monitors(self, *, timeout: float = 60.0) -> None:
         """Start ``slurm-gpushare monitor`` for each node whose monitor is not running, and wait until
         each answers at :meth:`monitor_url` (or has written its textfile since).
 

@@ -20,6 +20,7 @@ from slurm_gpushare.slurm.nodegres import node_gres
 from slurm_gpushare.submit.policyfile import SitePolicy
 from slurm_gpushare.submit.service import MAGIC, FilterService, InventoryCache, Limits, Log, frame, serve
 from slurm_gpushare_dev.cluster import DEFAULT_NODES, SITE, packaged_machine
+from tests.conftest import DEADLINE
 
 LUA = shutil.which("lua5.1")
 
@@ -218,11 +219,11 @@ def _serve_in_thread(machines_dir: Path, limits: Limits, controller: bool):
                          kwargs={"slurm_source": fake_slurm(nodes, PARTS), "ready": ready, "log_stream": log,
                                  "limits": limits, "stop": stop, "controller_socket_path": ctl}, daemon=True)
     t.start()
-    assert ready.wait(10)
+    assert ready.wait(DEADLINE)
 
     def finish():
         stop.set()
-        t.join(10)
+        t.join(DEADLINE)
         shutil.rmtree(d, ignore_errors=True)
     return sock, ctl, log, finish
 
@@ -245,8 +246,8 @@ def live2(machines_dir):
 
 def run_lua(sock: Path, body: str) -> list[dict]:
     script = (f'local c = dofile("{SITE / "gpushare_client.lua"}")\n'
-              f'c.settings.socket = "{sock}"\nc.settings.timeout = 1.0\n{body}')
-    proc = subprocess.run([LUA, "-"], input=script, capture_output=True, text=True, timeout=30)
+              f'c.settings.socket = "{sock}"\nc.settings.timeout = {DEADLINE}\n{body}')
+    proc = subprocess.run([LUA, "-"], input=script, capture_output=True, text=True, timeout=2 * DEADLINE)
     assert proc.returncode == 0, proc.stderr
     return [json.loads(line) for line in proc.stdout.splitlines()]
 
@@ -384,8 +385,8 @@ sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})
 from tests.test_filterd import _served
 conns, ok = _served(__import__("pathlib").Path({str(live)!r}), 10)
 for s in conns: s.close()
-s = socket.socket(socket.AF_UNIX); s.connect({str(live)!r}); time.sleep(2.5)
-s.settimeout(2)
+s = socket.socket(socket.AF_UNIX); s.connect({str(live)!r})
+s.settimeout({DEADLINE})  # the service closes it once idle for idle_s
 closed = s.recv(1) == b""
 print(json.dumps({{"ok": ok, "closed": closed}}))
 """
@@ -503,9 +504,12 @@ print(json.dumps(times))
 def test_the_controller_socket_answers_in_milliseconds_while_a_user_floods_the_public_one(live2):
     """The flood of benchmarks/submit_overhead --hostile phase (d), by uid 65534 on the public socket:
     slurmctld's requests on its own socket (a fresh connection each, the worst case) are all answered,
-    half of them within 5 ms, 90 % within the shim's 20 ms timeout."""
+    half of them within 5 ms, 90 % within the shim's 20 ms timeout, as they are without the flood. On a
+    machine whose CPUs other work keeps busy (scripts/test --stress) the same requests without the flood,
+    measured first, are the measure: the flood may not make them more than 3 times slower."""
     public, ctl, _log = live2
     os.chmod(public.parent, 0o755)
+    calm = sorted(_timed_requests(ctl, 200))
     flood = subprocess.Popen(_as_nobody(sys.executable, "-c", FLOODER, str(public), "6"),
                              stdout=subprocess.PIPE, text=True)
     try:
@@ -517,7 +521,10 @@ def test_the_controller_socket_answers_in_milliseconds_while_a_user_floods_the_p
     assert len(times) == 200  # every one answered (on the public socket, some connects fail: EAGAIN)
     times.sort()
     # measured (2 shared cores): median 1-1.5 ms, p90 2-9 ms; on the public socket 16-28 of 200 failed, p90 48-87 ms
-    assert times[len(times) // 2] < 0.005 and times[int(0.9 * len(times))] < 0.02, times[-20:]
+    median, p90 = times[len(times) // 2], times[int(0.9 * len(times))]
+    calm_median, calm_p90 = calm[len(calm) // 2], calm[int(0.9 * len(calm))]
+    assert median < max(0.005, 3 * calm_median) and p90 < max(0.02, 3 * calm_p90), (median, p90, calm_median,
+                                                                                    calm_p90, times[-20:])
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to connect as another uid")
