@@ -93,7 +93,7 @@ def test_a_connection_flood_by_one_user_changes_nothing_for_another(slurm, users
     opens 2,000 (the service keeps its per-uid share and closes the rest) while bob submits."""
     alice, bob = users
     flood = subprocess.Popen(["runuser", "-u", alice, "--", "python3", "-c", FLOOD,
-                              str(slurm.cluster.filterd_socket), "2000", "20"],
+                              str(slurm.cluster.filterd_socket), "2000", str(DEADLINE)],  # killed after
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         ready = flood.stdout.readline().split()
