@@ -17,7 +17,7 @@ Environment:
 
 Every wait in the tests is :func:`wait_until` (or :meth:`SlurmSession.wait`, built on it): it polls for the
 event and returns as soon as it happened, with a deadline generous enough for a loaded machine
-(``scripts/test --stress``); never a fixed sleep.
+(``scripts/test --stress``); never a fixed sleep standing for an event.
 """
 
 from __future__ import annotations
