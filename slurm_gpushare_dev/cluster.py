@@ -74,6 +74,10 @@ DEFAULT_PARTITIONS = {"nomig": ("h100-nvs", "a100-nvb", "rtx4090-pcie"), "pcie":
 #: simulated nodes run a copy of it, ``<dir>/bin/nvidia-cuda-mps-control``.
 _STANDIN = resources.files("slurm_gpushare_dev") / "fake_mps" / "nvidia-cuda-mps-control"
 MPS_STANDIN = Path(str(_STANDIN))
+#: Seconds the cluster's gpushare_client.lua waits for filterd's answer, when set (else the shipped 20 ms,
+#: slurmctld's bound on a real controller): the test session sets it (tests/conftest.py), whose tests wait for
+#: the service's answer on a machine that other work may keep too busy to answer within 20 ms.
+FILTER_TIMEOUT_ENV = "GPUSHARE_DEV_FILTER_TIMEOUT"
 NVIDIA_MAJOR = 195
 #: nvidia-caps has a dynamic major on real nodes; any free major serves the fake devices.
 NVIDIA_CAPS_MAJOR = 239
@@ -358,6 +362,8 @@ class DevCluster:
             if lua == "gpushare_client.lua":
                 text = _set_lua_setting(text, "socket", f'"{self.filterd_socket}"')
                 text = _set_lua_setting(text, "controller_socket", f'"{self.controller_socket}"')
+                if os.environ.get(FILTER_TIMEOUT_ENV):
+                    text = _set_lua_setting(text, "timeout", str(float(os.environ[FILTER_TIMEOUT_ENV])))
             files[f"etc/{lua}"] = text
         for name, m in self.nodes.items():
             files[f"machines/{name}.json"] = m.to_json()

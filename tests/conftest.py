@@ -12,6 +12,7 @@ Environment:
     GPUSHARE_TEST_KEEP=1: leave the cluster running after the session (it is reused next time).
     GPUSHARE_REQUIRE_SLURM=1: fail instead of skipping when Slurm cannot be run (set by .ci/run).
     GPUSHARE_TEST_DEADLINE: seconds a test waits for an event of the daemons (default 120, see :data:`DEADLINE`).
+    GPUSHARE_DEV_FILTER_TIMEOUT: the dev clusters' shim timeout for filterd's answer (set to 10 s here).
     GPUSHARE_TEST_LOADED=1: the machine is loaded on purpose (set by ``scripts/test --stress``): ``timing`` tests,
         whose claim is a latency bound, are skipped.
 
@@ -34,7 +35,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_gpushare_dev.cluster import DevCluster
+from slurm_gpushare_dev.cluster import FILTER_TIMEOUT_ENV, DevCluster
 
 #: The release whose root this session runs in (scripts/test --slurm), or None on the host's Slurm.
 IN_RELEASE = os.environ.get("GPUSHARE_SLURM_RELEASE") or None
@@ -44,6 +45,9 @@ TEST_PORT = int(os.environ.get("GPUSHARE_TEST_PORT", str(17817 + _RELEASE_PORT_O
 #: Seconds a test waits for an event that depends on the daemons (Slurm, the hooks, the MPS stand-in, the
 #: monitor): generous, for a machine loaded by other work; a wait ends as soon as its event happened.
 DEADLINE = float(os.environ.get("GPUSHARE_TEST_DEADLINE", "120"))
+#: the dev clusters' shim waits this long for filterd's answer (the shipped 20 ms is a real controller's bound,
+#: which a loaded test machine misses; then the shim refuses gpushare jobs for 5 s): slurm_gpushare_dev.cluster
+os.environ.setdefault(FILTER_TIMEOUT_ENV, "10")
 FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
                 "DEADLINE", "PREEMPTED"}
 
