@@ -74,6 +74,10 @@ DEFAULT_PARTITIONS = {"nomig": ("h100-nvs", "a100-nvb", "rtx4090-pcie"), "pcie":
 #: simulated nodes run a copy of it, ``<dir>/bin/nvidia-cuda-mps-control``.
 _STANDIN = resources.files("slurm_gpushare_dev") / "fake_mps" / "nvidia-cuda-mps-control"
 MPS_STANDIN = Path(str(_STANDIN))
+#: Seconds the cluster's gpushare_client.lua waits for filterd's answer, when set (else the shipped 20 ms,
+#: slurmctld's bound on a real controller): the test session sets it (tests/conftest.py), whose tests wait for
+#: the service's answer on a machine that other work may keep too busy to answer within 20 ms.
+FILTER_TIMEOUT_ENV = "GPUSHARE_DEV_FILTER_TIMEOUT"
 NVIDIA_MAJOR = 195
 #: nvidia-caps has a dynamic major on real nodes; any free major serves the fake devices.
 NVIDIA_CAPS_MAJOR = 239
@@ -360,6 +364,8 @@ class DevCluster:
             if lua == "gpushare_client.lua":
                 text = _set_lua_setting(text, "socket", f'"{self.filterd_socket}"')
                 text = _set_lua_setting(text, "controller_socket", f'"{self.controller_socket}"')
+                if os.environ.get(FILTER_TIMEOUT_ENV):
+                    text = _set_lua_setting(text, "timeout", str(float(os.environ[FILTER_TIMEOUT_ENV])))
             files[f"etc/{lua}"] = text
         for name, m in self.nodes.items():
             files[f"machines/{name}.json"] = m.to_json()
@@ -369,7 +375,7 @@ class DevCluster:
 
     # --- lifecycle ----------------------------------------------------------------------------
 
-    def up(self, *, timeout: float = 90.0, out=sys.stdout) -> None:
+    def up(self, *, timeout: float = 120.0, out=sys.stdout) -> None:
         """Bring the cluster up (idempotent) and wait until every node is in service (idle, or running
         jobs when only some daemons were missing).
 
@@ -407,7 +413,7 @@ class DevCluster:
                 # slurmctld keeps each node's registered GRES in its saved state, and a node whose GRES
                 # changed is not re-read from the new gres.conf: start clean (-c) after a config change.
                 self._spawn("slurmctld", ["slurmctld", "-c"] if changed else ["slurmctld"])
-            self._wait(lambda: self._slurm_ok(["scontrol", "ping"], "UP"), 30, "slurmctld answering ping",
+            self._wait(lambda: self._slurm_ok(["scontrol", "ping"], "UP"), 60, "slurmctld answering ping",
                        log="log/slurmctld.log", daemon="slurmctld")
             self.start_filterd()
             for name in self.nodes:
@@ -867,7 +873,7 @@ class DevCluster:
         for d in (self.lib_dir, dest):
             os.chmod(d, 0o755)
 
-    def start_filterd(self, *, timeout: float = 20.0) -> None:
+    def start_filterd(self, *, timeout: float = 60.0) -> None:
         """Start ``slurm-gpushare filterd`` for this cluster (if not running) and wait for its socket.
 
         Raises:
@@ -877,7 +883,7 @@ class DevCluster:
             return
         self._start_step(lambda: self._start_filterd(timeout))
 
-    def start_monitors(self, *, timeout: float = 20.0) -> None:
+    def start_monitors(self, *, timeout: float = 60.0) -> None:
         """Start ``slurm-gpushare monitor`` for each node whose monitor is not running, and wait until
         each answers at :meth:`monitor_url` (or has written its textfile since).
 

@@ -11,7 +11,6 @@ import re
 import shlex
 import subprocess
 import sys
-import time
 import urllib.request
 import uuid
 from pathlib import Path
@@ -20,7 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from slurm_gpushare_dev.cluster import packaged_machine
-from tests.conftest import Job, push_usage_summary
+from tests.conftest import DEADLINE, Job, push_usage_summary, wait_until
 
 pytestmark = pytest.mark.slurm
 
@@ -50,24 +49,26 @@ def users(cluster):
 def _submit_as(cluster, user: str, out: Path, *args: str, wrap: str) -> str:
     cmd = ["runuser", "-u", user, "--", "env", f"SLURM_CONF={cluster.slurm_conf}", "sbatch", "--parsable",
            f"--output={out}/job-%j.out", *args, "--wrap", wrap]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=DEADLINE)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.strip().split(";")[0]
 
 
-def _ingest_until(cluster, db: Path, job_ids: set[str], timeout: float = 60) -> dict[str, dict]:
+def _ingest_until(cluster, db: Path, job_ids: set[str], timeout: float = DEADLINE) -> dict[str, dict]:
     """Ingest the cluster's spool until every job has its records; the per-job report rows."""
-    deadline = time.monotonic() + timeout
     rows: dict[str, dict] = {}
-    while time.monotonic() < deadline:
+
+    def ingested() -> bool:
+        nonlocal rows
         ingest = subprocess.run([*CLI, "accounting", "ingest", "--spool", str(cluster.accounting_spool),
                                  "--db", str(db)], capture_output=True, text=True)
         assert ingest.returncode == 0, ingest.stdout + ingest.stderr
         rows = {str(r["job"]): r for r in _report(db, "--by", "job")["rows"]}
-        if job_ids <= set(rows):
-            return rows
-        time.sleep(0.5)
-    raise AssertionError(f"records of {sorted(job_ids - set(rows))} never reached the spool")
+        return job_ids <= set(rows)
+
+    wait_until(ingested, f"the records of jobs {sorted(job_ids)} in the spool", timeout,
+               describe=lambda: f"missing {sorted(job_ids - set(rows))}")
+    return rows
 
 
 def _report(db: Path, *args: str) -> dict:
@@ -101,7 +102,7 @@ def test_two_users_requested_vs_peak_and_per_user_totals(cluster, slurm, users, 
             (bob, 20480),
     }
     submitted.extend(jobs)
-    finals = {j: slurm.wait(Job(j), timeout=90) for j in jobs}
+    finals = {j: slurm.wait(Job(j)) for j in jobs}
     for j, job in finals.items():
         assert job.state == "COMPLETED", (j, job.fields, (out / f"job-{j}.out").read_text())
 
@@ -141,7 +142,7 @@ def test_two_users_requested_vs_peak_and_per_user_totals(cluster, slurm, users, 
 
 
 def _scrape(url: str) -> dict[str, list]:
-    with urllib.request.urlopen(url, timeout=5) as r:
+    with urllib.request.urlopen(url, timeout=DEADLINE) as r:
         text = r.read().decode()
     out: dict[str, list] = {}
     for fam in text_string_to_metric_families(text):
@@ -156,37 +157,29 @@ def test_monitor_endpoint_flags_two_processes_over_the_share(cluster, slurm):
     job = slurm.sbatch("-p", "pcie", "--gres=gpushare:mem=10G",
                        wrap=f"{app} --mem 6G --seconds 8 & {app} --mem 6G --seconds 8; wait")
     url = cluster.monitor_url("rtx4090-pcie")
-    deadline = time.monotonic() + 60
-    flagged = None
-    while time.monotonic() < deadline:
+
+    def over() -> dict | None:
         fams = _scrape(url)
         mine = [s for s in fams.get("gpushare_job_gpu_over_limit", []) if s.labels["job_id"] == job.id]
-        if mine and mine[0].value == 1:
-            flagged = fams
-            break
-        time.sleep(0.3)
-    assert flagged is not None, f"job {job.id} was never flagged over its share at {url}"
+        return fams if mine and mine[0].value == 1 else None
+
+    flagged = wait_until(over, f"job {job.id} flagged over its share at {url}")
     labels = {s.labels["job_id"]: s for s in flagged["gpushare_job_gpu_memory_used_bytes"]}[job.id].labels
     assert labels["mode"] == "mps" and labels["share"] == "shard:10" and labels["node"] == "rtx4090-pcie"
     used = {s.labels["job_id"]: s.value for s in flagged["gpushare_job_gpu_memory_used_bytes"]}
     reserved = {s.labels["job_id"]: s.value for s in flagged["gpushare_job_gpu_memory_reserved_bytes"]}
     procs = {s.labels["job_id"]: s.value for s in flagged["gpushare_job_gpu_processes"]}
     assert (used[job.id], reserved[job.id], procs[job.id]) == (12 << 30, 10 << 30, 2)
-    assert slurm.wait(job, timeout=60).state == "COMPLETED"
+    assert slurm.wait(job).state == "COMPLETED"
     # once the job is gone its series go too
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        if not [s for s in _scrape(url).get("gpushare_job_gpu_over_limit", []) if s.labels["job_id"] == job.id]:
-            break
-        time.sleep(0.3)
-    else:
-        raise AssertionError(f"job {job.id} still has series after it ended")
+    wait_until(lambda: not [s for s in _scrape(url).get("gpushare_job_gpu_over_limit", [])
+                            if s.labels["job_id"] == job.id], f"job {job.id}'s series gone after it ended")
 
 
 def test_monitor_puts_the_usage_summary_into_a_running_jobs_admin_comment(cluster, slurm, tmp_path):
     app = shlex.quote(str(cluster.fake_gpu_app))
     job = slurm.sbatch("-p", "pcie", "--gres=gpushare:mem=10G", wrap=f"{app} --mem 3G --sm 30 --seconds 30")
-    slurm.wait(job, states={"RUNNING"}, timeout=60)
+    slurm.wait(job, states={"RUNNING"})
     node = "rtx4090-pcie"
     # the SM mean may include a sample taken before the app started (0 %, the share was idle); the peaks are exact
     want = re.compile(rf"\[gpushare-usage:v1 node={node} mode=mps gpus=1 peak=3072/10240MiB sm=[0-9.]+/30\.0\]$")
@@ -194,7 +187,7 @@ def test_monitor_puts_the_usage_summary_into_a_running_jobs_admin_comment(cluste
     ac = slurm.show_job(job.id)["AdminComment"]
     assert ac.startswith("[gpushare:v1 ") and want.search(ac), ac  # the request audit is kept
     slurm.run(["scancel", job.id])
-    done = slurm.wait(job, timeout=60)
+    done = slurm.wait(job)
     assert want.search(done.fields["AdminComment"])  # slurmctld keeps it after the job ends
 
 
@@ -202,8 +195,7 @@ def test_monitor_puts_the_usage_summary_into_a_running_jobs_admin_comment(cluste
                                                 (("--gpus-per-node=1",), 1)])
 def test_gres_gpus_and_gpus_per_node_are_all_recorded_with_their_use(cluster, slurm, tmp_path, request_args, gpus):
     app = shlex.quote(str(cluster.fake_gpu_app))
-    job = slurm.wait(slurm.sbatch("-p", "pcie", *request_args, wrap=f"{app} --mem 5G --sm 50 --seconds 3"),
-                     timeout=60)
+    job = slurm.wait(slurm.sbatch("-p", "pcie", *request_args, wrap=f"{app} --mem 5G --sm 50 --seconds 3"))
     assert job.state == "COMPLETED", job.fields
     rows = _ingest_until(cluster, tmp_path / "acct.db", {job.id})
     r = rows[job.id]

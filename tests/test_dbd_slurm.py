@@ -27,6 +27,7 @@ from tests.conftest import (
     _skip_or_fail,
     _slurm_unavailable,
     push_usage_summary,
+    wait_until,
 )
 
 pytestmark = pytest.mark.slurm
@@ -75,37 +76,44 @@ def _sacct(slurm: SlurmSession, job_id: str) -> tuple[str, str]:
     return state, admin_comment
 
 
-def _sacct_until_recorded(slurm: SlurmSession, job_id: str, timeout: float = 30) -> tuple[str, str]:
+def _sacct_until_recorded(slurm: SlurmSession, job_id: str) -> tuple[str, str]:
     """Poll sacct until slurmdbd has the job's end record (a final state and an AdminComment)."""
-    deadline = time.monotonic() + timeout
-    state, ac = "", ""
-    while time.monotonic() < deadline:
-        state, ac = _sacct(slurm, job_id)
-        if state.split(" ")[0] in FINAL_STATES and ac:
-            return state, ac
-        time.sleep(0.5)
-    raise AssertionError(f"sacct has no end record with an AdminComment for job {job_id} after {timeout} s: "
-                         f"State={state!r} AdminComment={ac!r}")
+    row = ("", "")
+
+    def recorded() -> bool:
+        nonlocal row
+        row = _sacct(slurm, job_id)
+        return row[0].split(" ")[0] in FINAL_STATES and bool(row[1])
+
+    wait_until(recorded, f"sacct's end record with an AdminComment for job {job_id}",
+               describe=lambda: f"State={row[0]!r} AdminComment={row[1]!r}")
+    return row
 
 
 def test_sacct_shows_the_usage_summary_the_monitor_wrote_while_the_job_ran(dbd, tmp_path):
     c = dbd.cluster
     app = shlex.quote(str(c.fake_gpu_app))
-    job = dbd.sbatch("--gres=gpushare:mem=10G", wrap=f"{app} --mem 3G --sm 30 --seconds 12")
-    dbd.wait(job, states={"RUNNING"}, timeout=60)
+    # the app runs until the test has checked the running job (the file ``go`` appears), then the job ends
+    go = c.root / "test-output" / f"go-{time.monotonic_ns()}"
+    job = dbd.sbatch("--gres=gpushare:mem=10G", wrap=f"{app} --mem 3G --sm 30 --seconds 600 & "
+                                                     f"until [ -e {go} ]; do sleep 0.2; done; kill $!; wait")
+    dbd.wait(job, states={"RUNNING"})
     # the SM mean depends on when the samples fell (one taken as the app starts lowers it); the peaks do not
     want = re.compile(rf"\[gpushare-usage:v1 node={NODE} mode=mps gpus=1 peak=3072/10240MiB sm=[0-9.]+/30\.0\]$")
     fields = push_usage_summary(c, dbd, job.id, NODE, tmp_path, want)
     assert fields["JobState"] == "RUNNING" and want.search(fields.get("AdminComment", "")), fields
     # slurmdbd has only the job's start record (which reaches it a moment after slurmctld starts the job):
     # no AdminComment yet, not even the audit from submit
-    deadline = time.monotonic() + 15
-    while (row := _sacct(dbd, job.id))[0] != "RUNNING" and time.monotonic() < deadline:
+    def started_in_sacct() -> bool:
+        row = _sacct(dbd, job.id)
         assert row[1] == "", f"sacct shows an AdminComment before the job ends: {row}"
-        time.sleep(0.2)
-    assert row == ("RUNNING", ""), f"sacct while the job runs: {row}"
+        return row[0] == "RUNNING"
 
-    done = dbd.wait(job, timeout=60)  # ends by itself (COMPLETED), as a real job would
+    wait_until(started_in_sacct, f"sacct showing job {job.id} RUNNING")
+    assert _sacct(dbd, job.id) == ("RUNNING", ""), "sacct while the job runs"
+
+    go.touch()
+    done = dbd.wait(job)  # ends by itself (COMPLETED), as a real job would
     assert done.state == "COMPLETED", done.fields
     state, ac = _sacct_until_recorded(dbd, job.id)
     assert state == "COMPLETED"

@@ -34,7 +34,7 @@ from slurm_gpushare_dev.cluster import (
     packaged_machine,
     pid_alive,
 )
-from tests.conftest import Job
+from tests.conftest import DEADLINE, Job, wait_until
 
 
 def test_render_has_one_node_line_and_gres_per_machine(tmp_path):
@@ -132,9 +132,7 @@ def _fake(argv0: str, *args: str, env: dict | None = None) -> subprocess.Popen:
     proc = subprocess.Popen([argv0, "-c", "import time; time.sleep(120)", *args], executable=sys.executable,
                             env=env, stdin=subprocess.DEVNULL)
     # Popen returns once exec has begun; the kernel sets the new command line a moment later
-    deadline = time.monotonic() + 10
-    while not Path(f"/proc/{proc.pid}/cmdline").read_bytes() and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: Path(f"/proc/{proc.pid}/cmdline").read_bytes(), f"the command line of pid {proc.pid}")
     return proc
 
 
@@ -605,9 +603,7 @@ def test_cgroup_option_confines_a_job_to_its_own_fake_gpu(cluster):
         proc = subprocess.run(["sbatch", "--parsable", "-w", "cgnode", "--gres=gpu:1", f"--output={out}",
                                "--wrap", script], env=c.env, capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr
-        deadline = time.monotonic() + 60
-        while not (out.exists() and "devices" in out.read_text()) and time.monotonic() < deadline:
-            time.sleep(0.2)
+        wait_until(lambda: out.exists() and "devices" in out.read_text(), f"the job's output in {out}")
         text = out.read_text()
         assert "nvidia0" in text and "No such device or address" in text  # its own GPU: no driver behind it
         assert "nvidia1" in text and "Operation not permitted" in text  # another GPU: the cgroup says no
@@ -704,16 +700,14 @@ def test_fake_gpu_app_registers_on_the_jobs_gpus_from_the_lib_copy(tmp_path):
                            cwd=tmp_path, stderr=subprocess.PIPE, text=True)
     try:
         with FakeNvml(Machine.load(c.root / "machines" / "n1.json"), process_table=table) as nvml:
-            deadline = time.monotonic() + 20
-            while not nvml.processes(3) and app.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.05)
+            wait_until(lambda: nvml.processes(3) or app.poll() is not None, "the app in the fake GPU table")
             got = [(p.pid, p.used_memory_mib, p.sm_util) for p in nvml.processes(3)]
             assert got == [(app.pid, 3072, 30.0)], \
                 app.stderr.read() if app.poll() is not None else "not registered in time"
             assert nvml.processes(2) == ()
     finally:
         app.terminate()
-        app.wait(10)
+        app.wait(DEADLINE)
     assert not list(table.glob("*.json")), "the app left its table entry behind"
 
 
@@ -736,7 +730,7 @@ def test_a_monitor_that_dies_at_start_is_a_cluster_error_with_its_log(tmp_path):
             c.port_base = s.getsockname()[1] - 41
             _write_rendered(c)
             with pytest.raises(ClusterError) as e:
-                c.start_monitors(timeout=30)
+                c.start_monitors(timeout=DEADLINE)  # it dies first: the wait ends then
         text = str(e.value)
         assert text.startswith(f"monitor-n1 died while waiting for its metrics at {c.monitor_url('n1')}; "
                                f"{c.root}/log/monitor-n1.log says:"), text
@@ -763,7 +757,7 @@ def _spool_records(c: DevCluster, job_id: str) -> list[dict]:
 
 @pytest.mark.slurm
 def _metrics(url: str) -> str:
-    return urllib.request.build_opener(urllib.request.ProxyHandler({})).open(url, timeout=5).read().decode()
+    return urllib.request.build_opener(urllib.request.ProxyHandler({})).open(url, timeout=DEADLINE).read().decode()
 
 
 @pytest.mark.slurm
@@ -775,34 +769,36 @@ def test_an_unprivileged_jobs_fake_gpu_use_reaches_the_monitor_and_the_accountin
     out_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(out_dir, 0o1777)
     out = out_dir / f"job-{time.monotonic_ns()}.out"
+    # the app runs until the test has seen it in the monitor's metrics (the file ``go`` appears), then ends on
+    # SIGTERM as it would at a job's end (exit 143, its own handler)
+    go = out_dir / f"go-{time.monotonic_ns()}"
     proc = slurm.run(["runuser", "-u", user, "--", "sbatch", "--parsable", "-D", str(out_dir), f"--output={out}",
                       "-w", "a100-nvb", "--gres=gpu:1", "--wrap",
-                      f"{cluster.fake_gpu_app} --mem 6G --sm 40 --seconds 4; echo app exited $?"])
+                      f"{cluster.fake_gpu_app} --mem 6G --sm 40 --seconds 600 & app=$!; "
+                      f"until [ -e {go} ]; do sleep 0.2; done; kill $app; wait $app; echo app exited $?"])
     job = proc.stdout.strip().split(";")[0]
     slurm.submitted.append(job)
-    used = None
-    deadline = time.monotonic() + 60
-    while used != 6 * GIB and time.monotonic() < deadline:
+    metrics = ""
+
+    def used() -> float | None:
+        nonlocal metrics
         metrics = _metrics(cluster.monitor_url("a100-nvb"))
         found = [float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
                  if line.startswith("gpushare_job_gpu_memory_used_bytes{") and f'job_id="{job}"' in line]
-        used = found[0] if found else None
-        if used != 6 * GIB:
-            time.sleep(0.2)
-    assert used == 6 * GIB, (job, metrics)
+        return found[0] if found else None
+
+    wait_until(lambda: used() == 6 * GIB, f"job {job}'s 6 GiB in the monitor's metrics", describe=lambda: metrics)
     assert f'user="{user}"' in metrics
     # the node's own table only: GPU 0 of another node shows nothing of it
     other = _metrics(cluster.monitor_url("h100-nvs"))
     gpu0 = [line for line in other.splitlines() if line.startswith("gpushare_gpu_memory_used_bytes{")
             and 'gpu="0"' in line]
     assert len(gpu0) == 1 and gpu0[0].endswith(" 0.0"), other
+    go.touch()
     done = slurm.wait(Job(job, output_path=out))
     assert done.state == "COMPLETED", (done.fields, done.output())
-    assert "app exited 0" in done.output()
-    deadline = time.monotonic() + 10
-    while not _spool_records(cluster, job) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    [rec] = _spool_records(cluster, job)
+    assert "app exited 143" in done.output()
+    [rec] = wait_until(lambda: _spool_records(cluster, job), f"the accounting record of job {job}")
     assert (rec["user"], rec["node"], rec["mem_peak_mib"]) == (user, "a100-nvb", 6144), rec
 
 
@@ -810,13 +806,12 @@ def test_an_unprivileged_jobs_fake_gpu_use_reaches_the_monitor_and_the_accountin
 def test_up_restarts_a_stopped_monitor_while_jobs_run(cluster, slurm):
     # found in a trial: up waited for every node to be IDLE, so it timed out while a job ran, and then
     # stopped the monitor it had just started
-    job = slurm.sbatch("-p", "pcie", "--gres=gpu:1", wrap="sleep 60")
-    slurm.wait(job, states={"RUNNING"}, timeout=60)
+    job = slurm.sbatch("-p", "pcie", "--gres=gpu:1", wrap="sleep 600")
+    slurm.wait(job, states={"RUNNING"})
     _stop_pid(cluster.pid("monitor-rtx4090-pcie"))
     assert not cluster.alive("monitor-rtx4090-pcie")
-    t0 = time.monotonic()
-    cluster.up(timeout=30, out=DEVNULL)
-    assert cluster.alive("monitor-rtx4090-pcie") and time.monotonic() - t0 < 30
+    cluster.up(out=DEVNULL)  # waiting for IDLE it would time out: the job runs for 10 minutes
+    assert cluster.alive("monitor-rtx4090-pcie")
     assert slurm.show_job(job.id)["JobState"] == "RUNNING"
 
 

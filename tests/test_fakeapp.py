@@ -13,6 +13,7 @@ from slurm_gpushare.errors import InputError
 from slurm_gpushare.hardware.fake import FakeNvml, ProcessTable
 from slurm_gpushare_dev.cluster import packaged_machine
 from slurm_gpushare_dev.fakeapp import EXIT_OOM, EXIT_USAGE, mps_limits, parse_schedule, resolve_devices
+from tests.conftest import DEADLINE, wait_until
 
 
 def test_schedule_syntax():
@@ -52,21 +53,19 @@ def _run(tmp_path, *args, env=None):
 def test_the_app_is_on_the_gpu_while_it_runs_and_gone_after(tmp_path):
     proc = _run(tmp_path, "--mem", "3G", "--sm", "30", "--seconds", "3", env={"CUDA_VISIBLE_DEVICES": "4,5"})
     fake = FakeNvml(packaged_machine("8x-a100-nv12-bridge.json"), process_table=tmp_path / "t")
-    deadline = time.time() + 10
     with fake:
-        while not fake.processes(5) and time.time() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: fake.processes(5) or proc.poll() is not None, "the app in the fake GPU table")
         assert [(p.pid, p.used_memory_mib, p.sm_util) for p in fake.processes(4)] == [(proc.pid, 3072, 30.0)]
-        assert proc.wait(timeout=10) == 0
+        assert proc.wait(timeout=DEADLINE) == 0
         assert fake.processes(4) == () and not list((tmp_path / "t").glob("*.json"))
 
 
 def test_above_the_mps_limit_the_app_fails_like_cudamalloc(tmp_path):
-    proc = _run(tmp_path, "--schedule", "0:2G:10,0.5:12G:80", "--seconds", "5",
+    proc = _run(tmp_path, "--schedule", "0:2G:10,0.5:12G:80", "--seconds", "120",
                 env={"CUDA_VISIBLE_DEVICES": "0", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=10G"})
     t0 = time.time()
-    assert proc.wait(timeout=10) == EXIT_OOM
-    assert time.time() - t0 < 4  # it failed when the step came, not at the end
+    assert proc.wait(timeout=2 * DEADLINE) == EXIT_OOM
+    assert time.time() - t0 < 60  # it failed when the step came (0.5 s in), not at the end (120 s)
     assert "out of memory" in proc.stderr.read() and not ProcessTable(tmp_path / "t").live()
 
 

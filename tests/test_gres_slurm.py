@@ -14,7 +14,6 @@ import os
 import re
 import shutil
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -29,7 +28,7 @@ from slurm_gpushare.slurm.nodegres import GresOptions
 from slurm_gpushare.slurm.release import Release
 from slurm_gpushare.slurm.slurmd import parse_slurmd_g
 from slurm_gpushare_dev.cluster import DevCluster, packaged_machine
-from tests.conftest import SlurmSession
+from tests.conftest import SlurmSession, wait_until
 
 DATA = Path(__file__).parent / "data" / "topo"
 #: node name -> (topo file, GPU name, memory MiB)
@@ -122,11 +121,14 @@ def test_check_flags_the_cores_a_release_refuses_exactly_when_slurmd_does(hw):
     c = hw.cluster
     release = Release.parse(c.slurm_release)
     node = "dgxa100-2205"
-    deadline = time.monotonic() + 30
-    fields = _node_fields(hw, node)
-    while "INVAL" not in fields["State"] and "IDLE" not in fields["State"] and time.monotonic() < deadline:
-        time.sleep(1)
+    fields: dict[str, str] = {}
+
+    def registered() -> bool:  # slurmctld judged the node's registration: refused (INVAL) or in service
+        nonlocal fields
         fields = _node_fields(hw, node)
+        return "INVAL" in fields["State"] or "IDLE" in fields["State"]
+
+    wait_until(registered, f"{node} INVAL or IDLE", describe=lambda: fields)
     installed = (c.root / "etc" / "gres.conf").read_text()
     findings = [f for f in lint_gres_conf(parse_gres_conf(installed, source="gres.conf"),
                                           parse_slurm_conf_gres((c.root / "etc" / "slurm.conf").read_text(),
@@ -149,13 +151,13 @@ def test_mig_slice_job_runs_on_the_mig_node(hw):
 
 
 def _placements(hw, node: str, ids) -> list[dict]:
-    """The Prolog's placement audit of each job (its state.json on the node)."""
+    """The Prolog's placement audit of each job (its state.json on the node), once its Prolog has finished:
+    the job is RUNNING while its Prolog runs (:meth:`SlurmSession.wait_started`)."""
     out = []
     for job in ids:
+        hw.wait_started(job)
         state = hw.cluster.root / "run" / "gpushare" / node / "jobs" / job.id / "state.json"
-        deadline = time.monotonic() + 15
-        while not state.exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
+        assert state.exists(), f"the Prolog of job {job.id} finished without writing {state}"
         out.append(json.loads(state.read_text())["placement"])
     return out
 
@@ -225,7 +227,7 @@ def test_four_tasks_on_four_gpus_get_a_ring_and_their_nearest_nic(hw):
     # one NVLink island on socket 0; mlx5_0 hangs off GPUs 2 and 3 (PIX)
     job = hw.wait(hw.sbatch("-w", "dgx1-v100", "--gres=gpu:4", "-n", "4", wrap=(
         "srun -n 4 bash -c 'echo task=$SLURM_LOCALID gpus=$CUDA_VISIBLE_DEVICES ring=$GPUSHARE_GPU_RING "
-        "nic=$GPUSHARE_TASK_NIC devices=$GPUSHARE_TASK_DEVICES'")), timeout=90)
+        "nic=$GPUSHARE_TASK_NIC devices=$GPUSHARE_TASK_DEVICES'")))
     assert job.state == "COMPLETED", (job.fields, job.output())
     rows = [dict(kv.split("=", 1) for kv in line.split()) for line in job.output().splitlines()
             if line.startswith("task=")]

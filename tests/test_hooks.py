@@ -8,7 +8,6 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from slurm_gpushare.node.jobdir import read_state
 from slurm_gpushare.node.prolog import prolog
 from slurm_gpushare.node.shared_mps import shared_dir
 from slurm_gpushare_dev.cluster import MPS_STANDIN, SITE, packaged_machine, pid_alive
+from tests.conftest import DEADLINE, wait_until
 from tests.jobjson import as_job_json
 
 SHOW = """\
@@ -47,7 +47,7 @@ def node(monkeypatch):
     monkeypatch.setenv("GPUSHARE_NVML", f"fake:{root}/machines/a100.json")
     mode = root / "mps-mode"
     cfg = NodeConfig(run_dir=f"{root}/run/{{node}}", machine=f"{root}/machines/{{node}}.json",
-                     mps_control=str(MPS_STANDIN), mps_start_timeout=5.0, mps_quit_timeout=1.0,
+                     mps_control=str(MPS_STANDIN), mps_start_timeout=DEADLINE, mps_quit_timeout=1.0,
                      mps_env=(("GPUSHARE_FAKE_MPS_MODE_FILE", str(mode)),))
     drained: list[tuple[str, str]] = []
     jobs: dict[str, str] = {}
@@ -212,9 +212,7 @@ def test_doctor_restarts_a_dead_daemon_and_removes_leftovers(node):
     assert prolog(node.ctx, _env("108")) == 0 and prolog(node.ctx, _env("109")) == 0
     dead = node.ctx.mps("108").pid()
     os.kill(dead, signal.SIGKILL)
-    deadline = time.monotonic() + 5
-    while pid_alive(dead) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: not pid_alive(dead), f"the killed daemon {dead} gone")
     leftover = node.ctx.mps("109").pid()
     report = doctor(node.ctx, repair=False, running_jobs={"108"})
     assert sorted(f.job_id for f in report) == ["108", "109"] and node.ctx.job_dir("109").exists()
@@ -366,9 +364,7 @@ def test_server_orphaned_by_a_killed_daemon_is_stopped_but_the_jobs_tasks_are_no
     task = subprocess.Popen(["sleep", "60"], env=env)  # one of the job's tasks: same variable, not MPS
     try:
         os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + 5
-        while pid_alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: not pid_alive(pid), f"the killed daemon {pid} gone")
         assert all(pid_alive(c) for c in children)  # orphaned
         assert epilog(node.ctx, _env("401")) == 0
         assert not any(pid_alive(c) for c in children)
@@ -605,9 +601,7 @@ def test_an_epilog_whose_node_config_is_broken_still_stops_the_jobs_daemon(node,
     out = CliRunner().invoke(main, ["hook", "epilog", "--config", str(broken)], env=_env("801"))
     assert out.exit_code == 1, out.output
     assert "node config not usable" in out.output and "mps_controll" in out.output
-    deadline = time.monotonic() + 5
-    while pid_alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: not pid_alive(pid), f"the daemon {pid} of job 801 stopped by the Epilog")
     assert not pid_alive(pid) and not node.ctx.job_dir("801").exists()
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import socket
 import threading
-import time
 import urllib.request
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from slurm_gpushare.hardware.fake import FakeNvml, ScheduledProcess
 from slurm_gpushare.node.config import NodeConfig
 from slurm_gpushare.node.monitor import Monitor, job_of_cgroup, parse_listen, parse_listpids, serve
 from slurm_gpushare_dev.cluster import packaged_machine
+from tests.conftest import DEADLINE, wait_until
 from tests.jobjson import as_job_json
 
 GIB = 1 << 30
@@ -194,20 +194,18 @@ def test_the_endpoint_is_prometheus_text_with_job_labels(node):
         t = threading.Thread(target=serve, args=(mon,), kwargs=dict(
             interval_s=0.1, listen=f"127.0.0.1:{port}", textfile=None, stop=stop.is_set), daemon=True)
         t.start()
-        deadline = time.time() + 10
-        while True:
+
+        def scraped() -> tuple[str, str] | None:
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
-                    text = r.read().decode()
-                    ctype = r.headers["Content-Type"]
-                if "gpushare_job_gpu_memory_used_bytes{" in text:
-                    break
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=DEADLINE) as r:
+                    body, kind = r.read().decode(), r.headers["Content-Type"]
             except OSError:
-                pass
-            assert time.time() < deadline, "the monitor did not serve metrics"
-            time.sleep(0.05)
+                return None
+            return (body, kind) if "gpushare_job_gpu_memory_used_bytes{" in body else None
+
+        text, ctype = wait_until(scraped, "the monitor serving the job's metrics")
         stop.set()
-        t.join(5)
+        t.join(DEADLINE)
     assert ctype.startswith("text/plain")
     fams = _families(text)
     labels = dict(node="a100", job_id="201", user="alice", account="physics", partition="gpu", gpu="0",

@@ -33,12 +33,15 @@ from slurm_gpushare.node.mps import (
 )
 from slurm_gpushare.procinfo import pid_alive
 from slurm_gpushare_dev.cluster import MPS_STANDIN
+from tests.conftest import DEADLINE, wait_until
 
 FAKE = MPS_STANDIN
 #: A PATH every user can search, so that ``#!/usr/bin/env python3`` also works as an unprivileged user.
 SYSTEM_PATH = "/usr/bin:/bin"
-SETTINGS = MpsSettings(control_binary=str(FAKE), start_timeout_s=5.0, quit_timeout_s=1.0, kill_timeout_s=1.0,
-                       command_timeout_s=2.0)
+#: Waits for what a working daemon does (start, answer, quit, exit on a signal) are generous: they end when it
+#: happened. A test of a timeout that expires (a hung or stubborn daemon) sets that timeout short itself.
+SETTINGS = MpsSettings(control_binary=str(FAKE), start_timeout_s=DEADLINE, quit_timeout_s=DEADLINE,
+                       kill_timeout_s=DEADLINE, command_timeout_s=DEADLINE)
 GPU = "GPU-5f0d6a3e-9c1b-4b7e-8a51-2d3c4e5f6a7b"
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root")
 
@@ -72,13 +75,6 @@ def logged_pids(log_dir: Path) -> set[int]:
     text = (log_dir / "control.log").read_text()
     return {int(p) for p in re.findall(r"Control +(\d+)\]", text)} | \
         {int(p) for p in re.findall(r"Starting new server (\d+)", text)}
-
-
-def wait_for(predicate, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
 
 
 class Env:
@@ -268,8 +264,8 @@ def test_slow_start_within_the_timeout_is_fine(env):
 def test_slow_start_beyond_the_timeout_fails_and_leaves_nothing_running(env):
     mode_file = env.base / "mode"
     mode_file.write_text("slow-start\n")  # the mode file wins over GPUSHARE_FAKE_MPS_MODE
-    d = env.daemon(settings=MpsSettings(control_binary=str(FAKE), start_timeout_s=0.8, quit_timeout_s=1.0,
-                                        kill_timeout_s=1.0),
+    d = env.daemon(settings=MpsSettings(control_binary=str(FAKE), start_timeout_s=0.8, quit_timeout_s=DEADLINE,
+                                        kill_timeout_s=DEADLINE),
                    mode="normal", env={"GPUSHARE_FAKE_MPS_MODE_FILE": str(mode_file)})
     with pytest.raises(MpsError, match=r"not ready within 0.8 s \(pid \d+ runs but has no control socket yet\)"):
         d.start()
@@ -281,7 +277,9 @@ def test_slow_start_beyond_the_timeout_fails_and_leaves_nothing_running(env):
 
 
 def test_ignore_quit_escalates_to_sigkill_and_reports_it(env):
-    d = env.daemon(mode="ignore-quit")
+    # quit and SIGTERM are ignored: both waits expire (1 s, 5 s); the server stand-in has the 5 s to exit
+    d = env.daemon(settings=MpsSettings(control_binary=str(FAKE), start_timeout_s=DEADLINE, quit_timeout_s=1.0,
+                                        kill_timeout_s=5.0, command_timeout_s=DEADLINE), mode="ignore-quit")
     pid = d.start()
     server = int(d.command("get_server_list"))
     result = d.stop()
@@ -295,12 +293,12 @@ def test_ignore_quit_escalates_to_sigkill_and_reports_it(env):
 
 def test_a_hung_daemon_times_out_commands_and_is_stopped_by_signal(env):
     d = env.daemon(settings=MpsSettings(control_binary=str(FAKE), start_timeout_s=2.0, quit_timeout_s=0.5,
-                                        kill_timeout_s=1.0, command_timeout_s=0.5), mode="hang")
+                                        kill_timeout_s=DEADLINE, command_timeout_s=0.5), mode="hang")
     for path in (d.pipe_dir, d.log_dir):
         path.mkdir(parents=True, mode=0o700)
     # started by hand: start() itself would fail its readiness check, which the next test covers
-    subprocess.run([str(FAKE), "-d"], env=d.env(), check=True, timeout=10)
-    wait_for(lambda: (d.pipe_dir / CONTROL_SOCKET).exists())
+    subprocess.run([str(FAKE), "-d"], env=d.env(), check=True, timeout=DEADLINE)
+    wait_until(lambda: (d.pipe_dir / CONTROL_SOCKET).exists(), "the control socket")
     pid = d.pid()
     assert pid is not None
     with pytest.raises(MpsError) as err:
@@ -315,7 +313,7 @@ def test_a_hung_daemon_times_out_commands_and_is_stopped_by_signal(env):
 
 def test_a_hung_daemon_fails_start(env):
     d = env.daemon(settings=MpsSettings(control_binary=str(FAKE), start_timeout_s=1.0, quit_timeout_s=0.5,
-                                        kill_timeout_s=1.0, command_timeout_s=0.5), mode="hang")
+                                        kill_timeout_s=DEADLINE, command_timeout_s=0.5), mode="hang")
     with pytest.raises(MpsError, match="not ready within 1 s .*got no answer"):
         d.start()
     assert not any(running(p) for p in logged_pids(d.log_dir))
@@ -476,7 +474,7 @@ def test_stand_in_front_end_speaks_the_protocol(env):
     d.start()
 
     def front_end(text: str) -> subprocess.CompletedProcess:
-        return subprocess.run([str(FAKE)], input=text, env=d.env(), capture_output=True, text=True, timeout=10)
+        return subprocess.run([str(FAKE)], input=text, env=d.env(), capture_output=True, text=True, timeout=DEADLINE)
 
     proc = front_end("get_default_device_pinned_mem_limit 0\nbogus 1\nset_default_device_pinned_mem_limit 0 10T\n"
                      "get_default_active_thread_percentage\n")
@@ -484,10 +482,10 @@ def test_stand_in_front_end_speaks_the_protocol(env):
     assert proc.stdout.splitlines() == ["0", "Invalid command: bogus 1",
                                         "Invalid command: set_default_device_pinned_mem_limit 0 10T", "100.0"]
     assert front_end("quit -t 5\n").returncode == 0
-    wait_for(lambda: not d.alive())
+    wait_until(lambda: not d.alive(), "the daemon gone after quit")
     proc = front_end("get_server_list\n")
     assert proc.returncode == 1 and "Cannot find MPS control daemon process" in proc.stdout
-    usage = subprocess.run([str(FAKE), "-x"], env=d.env(), capture_output=True, text=True, timeout=10)
+    usage = subprocess.run([str(FAKE), "-x"], env=d.env(), capture_output=True, text=True, timeout=DEADLINE)
     assert usage.returncode == 2
 
 
@@ -497,10 +495,10 @@ def test_stand_in_runs_in_the_foreground(env):
         path.mkdir(parents=True, mode=0o700)
     proc = subprocess.Popen([str(FAKE), "-f"], env=d.env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_for(lambda: (d.pipe_dir / CONTROL_SOCKET).exists())
+        wait_until(lambda: (d.pipe_dir / CONTROL_SOCKET).exists(), "the control socket")
         assert d.pid() == proc.pid
         assert d.command("quit") == ""
-        assert proc.wait(timeout=10) == 0
+        assert proc.wait(timeout=DEADLINE) == 0
         assert not (d.pipe_dir / PID_FILE).exists() and not (d.pipe_dir / CONTROL_SOCKET).exists()
     finally:
         if proc.poll() is None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from slurm_gpushare_dev.cluster import pid_alive
-from tests.conftest import Job
+from tests.conftest import Job, wait_until
 
 pytestmark = pytest.mark.slurm
 
@@ -25,6 +25,21 @@ PROBE = ('env | grep -E "^(CUDA_|SLURM_SHARDS)" | sort; echo "PID=$(cat $CUDA_MP
 
 def _jobs_dir(cluster, node):
     return cluster.root / "run" / "gpushare" / node / "jobs"
+
+
+def _wait_cleaned(jobdir: Path, pids: list[int]) -> None:
+    """Wait until the Epilog removed the job's directory and every one of ``pids`` is gone."""
+    wait_until(lambda: not jobdir.exists() and not any(pid_alive(p) for p in pids),
+               f"the Epilog to remove {jobdir} and stop pids {pids}",
+               describe=lambda: f"directory there: {jobdir.exists()}, alive: {[p for p in pids if pid_alive(p)]}")
+
+
+def _prolog_state(cluster, slurm, job, node: str) -> dict:
+    """The job's state.json once its Prolog has finished (slurmctld says so: :meth:`SlurmSession.wait_started`)."""
+    slurm.wait_started(job)
+    state = _jobs_dir(cluster, node) / job.id / "state.json"
+    assert state.exists(), f"the Prolog of job {job.id} finished without writing {state}"
+    return json.loads(state.read_text())
 
 
 def _env_and_commands(output: str):
@@ -50,10 +65,7 @@ def test_mps_job_gets_its_limits_and_leaves_nothing_behind(cluster, slurm):
     assert all(c["cuda_visible_devices"] == env["CUDA_VISIBLE_DEVICES"] for c in commands)
     # after the job: the daemon is gone and its directories removed (the Epilog ran)
     pid = int(env["PID"])
-    deadline = time.monotonic() + 15
-    while (jobdir.exists() or pid_alive(pid)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not jobdir.exists() and not pid_alive(pid)
+    _wait_cleaned(jobdir, [pid])
 
 
 def test_mig_job_sees_its_mig_device_and_no_mps(cluster, slurm):
@@ -70,14 +82,14 @@ def test_twenty_concurrent_10g_jobs_on_one_node(cluster, slurm):
             for _ in range(20)]
     pids = []
     for job in jobs:
-        slurm.wait(job, timeout=180)
+        slurm.wait(job, timeout=300)
         assert job.state == "COMPLETED", (job.id, job.fields.get("Reason"), job.output())
         pids.append(int(job.output().split("PID=")[1].split()[0]))
     assert len(set(pids)) == 20  # one daemon per job
     jobs_dir = _jobs_dir(cluster, "a100-nvb")
-    deadline = time.monotonic() + 30
-    while (any(jobs_dir.iterdir()) or any(pid_alive(p) for p in pids)) and time.monotonic() < deadline:
-        time.sleep(0.2)
+    wait_until(lambda: not any(jobs_dir.iterdir()) and not any(pid_alive(p) for p in pids),
+               "every Epilog of the 20 jobs done", describe=lambda: (list(jobs_dir.iterdir()),
+                                                                     [p for p in pids if pid_alive(p)]))
     assert [p for p in pids if pid_alive(p)] == []  # no daemon leaked
     assert list(jobs_dir.iterdir()) == []  # every Epilog ran: no job directory, no lock file left
     state = slurm.run(["sinfo", "-h", "-n", "a100-nvb", "-o", "%T"]).stdout.strip()
@@ -85,13 +97,10 @@ def test_twenty_concurrent_10g_jobs_on_one_node(cluster, slurm):
 
 
 def test_daemon_killed_mid_job_is_restarted_by_doctor_and_cleaned_by_the_epilog(cluster, slurm):
-    job = slurm.sbatch("-p", "pcie", "--gres=gpushare:mem=5G", wrap="sleep 60")
-    slurm.wait(job, {"RUNNING"})
+    job = slurm.sbatch("-p", "pcie", "--gres=gpushare:mem=5G", wrap="sleep 300")
+    assert _prolog_state(cluster, slurm, job, "rtx4090-pcie")["phase"] == "ready"
     jobdir = _jobs_dir(cluster, "rtx4090-pcie") / job.id
     pidfile = jobdir / "mps" / "pipe" / "nvidia-cuda-mps-control.pid"
-    deadline = time.monotonic() + 15
-    while not (jobdir / "env").exists() and time.monotonic() < deadline:  # the Prolog has finished
-        time.sleep(0.1)
     first = int(pidfile.read_text())
     os.kill(first, signal.SIGKILL)
     doctor = [sys.executable, "-m", "slurm_gpushare", "doctor", "--node", "rtx4090-pcie",
@@ -105,10 +114,7 @@ def test_daemon_killed_mid_job_is_restarted_by_doctor_and_cleaned_by_the_epilog(
     assert second != first and pid_alive(second)
     slurm.run(["scancel", job.id])
     slurm.wait(job)
-    deadline = time.monotonic() + 15
-    while (jobdir.exists() or pid_alive(second)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not jobdir.exists() and not pid_alive(second)
+    _wait_cleaned(jobdir, [second])
 
 
 def test_daemon_ignoring_quit_is_killed_and_the_node_stays_up(cluster, slurm):
@@ -120,10 +126,7 @@ def test_daemon_ignoring_quit_is_killed_and_the_node_stays_up(cluster, slurm):
         cluster.fake_mps_mode_file.unlink()
     pid = int(job.output().split("PID=")[1].split()[0])
     jobdir = _jobs_dir(cluster, "rtx4090-pcie") / job.id
-    deadline = time.monotonic() + 20
-    while (jobdir.exists() or pid_alive(pid)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not pid_alive(pid) and not jobdir.exists()
+    _wait_cleaned(jobdir, [pid])
     state = slurm.run(["sinfo", "-h", "-n", "rtx4090-pcie", "-o", "%T"]).stdout.strip()
     assert state in ("idle", "mixed"), state
 
@@ -140,18 +143,20 @@ def test_daemon_that_cannot_start_fails_the_job_not_the_node(cluster, slurm):
         cluster.fake_mps_mode_file.unlink(missing_ok=True)
         slurm.run(["scancel", job.id], check=False)
         # slurmd's own report of the Prolog failure can reach slurmctld after our drain reason, and drain the
-        # node again after a resume: resume until it stays in service
-        deadline = time.monotonic() + 30
-        steady = 0
-        while time.monotonic() < deadline and steady < 5:
+        # node again after a resume: resume until it stays in service (2 s in a row)
+        since: list[float] = []
+
+        def in_service() -> bool:
             st = slurm.run(["sinfo", "-h", "-n", "rtx4090-pcie", "-o", "%T"]).stdout.strip()
-            if st in ("idle", "mixed"):
-                steady += 1
-            else:
-                steady = 0
+            if st not in ("idle", "mixed"):
+                since.clear()
                 if st.startswith("drain"):
                     slurm.run(["scontrol", "update", "nodename=rtx4090-pcie", "state=resume"], check=False)
-            time.sleep(0.3)
+                return False
+            since[:] = since or [time.monotonic()]
+            return time.monotonic() - since[0] >= 2.0
+
+        wait_until(in_service, "rtx4090-pcie in service again")
 
 
 def test_epilogs_spool_records_that_ingest_and_report_show(cluster, slurm, tmp_path):
@@ -160,9 +165,10 @@ def test_epilogs_spool_records_that_ingest_and_report_show(cluster, slurm, tmp_p
     assert mps.state == whole.state == "COMPLETED"
     db = tmp_path / "acct.db"
     cli = [sys.executable, "-m", "slurm_gpushare"]
-    deadline = time.monotonic() + 20
     rows = {}
-    while time.monotonic() < deadline and not ({mps.id, whole.id} <= set(rows)):
+
+    def ingested() -> bool:
+        nonlocal rows
         ingest = subprocess.run([*cli, "accounting", "ingest", "--spool", str(cluster.accounting_spool),
                                  "--db", str(db)], capture_output=True, text=True)
         assert ingest.returncode == 0, ingest.stdout + ingest.stderr
@@ -171,7 +177,9 @@ def test_epilogs_spool_records_that_ingest_and_report_show(cluster, slurm, tmp_p
         assert out.returncode == 0, out.stderr
         data = json.loads(out.stdout)
         rows = {str(r["job"]): r for r in data["rows"]}
-        time.sleep(0.5)
+        return {mps.id, whole.id} <= set(rows)
+
+    wait_until(ingested, f"the records of jobs {mps.id} and {whole.id} in the report", describe=lambda: rows.keys())
     assert mps.id in rows and whole.id in rows, rows.keys()
     assert rows[mps.id]["mode"] == "mps" and rows[whole.id]["mode"] == "gpu"
     assert rows[mps.id]["mem_asked_mib"] == 10240 and rows[mps.id]["mem_granted_mib"] == 10240
@@ -187,19 +195,24 @@ def test_array_tasks_on_one_node_get_their_own_mig_slices(cluster, slurm):
     # (scontrol -d show job <array id> prints every task), and two tasks ran on one MIG slice
     out = Path(cluster.root) / "test-output"
     out.mkdir(parents=True, exist_ok=True)
+    # every task runs until the test has seen all three run together (the file ``go`` appears)
+    go = out / f"array-go-{time.monotonic_ns()}"
     proc = slurm.run(["sbatch", "--parsable", "--hold", "--array=0-2", "-w", "h100-mig", "--gres=gpushare:mem=10G",
-                      f"--output={out}/array-%A_%a.out", "--wrap", "echo CVD=$CUDA_VISIBLE_DEVICES; sleep 6"])
+                      f"--output={out}/array-%A_%a.out", "--wrap",
+                      f"echo CVD=$CUDA_VISIBLE_DEVICES; until [ -e {go} ]; do sleep 0.2; done"])
     array_id = proc.stdout.strip().split(";")[0]
     slurm.submitted.append(array_id)
     # the task that keeps the array's own id (the last one) starts while the others run, so that
     # `scontrol -d show job <array id>` lists their GRES too
     slurm.run(["scontrol", "release", f"{array_id}_0", f"{array_id}_1"])
     for task in (0, 1):
-        slurm.wait(Job(f"{array_id}_{task}"), states={"RUNNING"}, timeout=60)
+        slurm.wait(Job(f"{array_id}_{task}"), states={"RUNNING"})
     slurm.run(["scontrol", "release", f"{array_id}_2"])
+    slurm.wait_started(Job(f"{array_id}_2"))
+    go.touch()
     seen = {}
     for task in range(3):
-        job = slurm.wait(Job(f"{array_id}_{task}"), timeout=90)
+        job = slurm.wait(Job(f"{array_id}_{task}"))
         assert job.state == "COMPLETED", job.fields
         seen[task] = (out / f"array-{array_id}_{task}.out").read_text().strip()
     assert all(v.startswith("CVD=MIG-") for v in seen.values()), seen
@@ -241,14 +254,10 @@ def test_a_worse_gpu_set_than_was_free_is_written_to_the_node_log(cluster, slurm
     filler = slurm.sbatch("-w", "a100-nvb", "-p", "nomig", "-c", str(32 - sum(c < 32 for c in held_cores)),
                           wrap="sleep 120")
     slurm.wait(filler, {"RUNNING"})
-    job = slurm.sbatch("-w", "a100-nvb", "-p", "nomig", "--gres=gpu:2", wrap="sleep 5")
-    slurm.wait(job, {"RUNNING"})
+    job = slurm.sbatch("-w", "a100-nvb", "-p", "nomig", "--gres=gpu:2", wrap="sleep 120")
     run_dir = _jobs_dir(cluster, "a100-nvb").parent
-    state_file = run_dir / "jobs" / job.id / "state.json"  # written whole, last: the Prolog has finished
-    deadline = time.monotonic() + 15
-    while not state_file.exists() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    placement = json.loads(state_file.read_text())["placement"]
+    # wait for the Prolog's end, as slurmctld reports it (state.json is written last)
+    placement = _prolog_state(cluster, slurm, job, "a100-nvb")["placement"]
     assert placement["excess"] > 0, placement  # the setup: Slurm's pair is worse than 0-2
     log = (run_dir / "node.log").read_text()
     line = next(line for line in log.splitlines() if f"job {job.id} " in line)

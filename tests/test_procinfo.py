@@ -5,11 +5,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 
 import psutil
 
 from slurm_gpushare.procinfo import pid_alive, process, real_uid, running, session_id
+from tests.conftest import wait_until
 
 
 def test_this_process_is_alive_with_its_uid_and_session():
@@ -28,10 +28,7 @@ def test_a_zombie_is_not_alive_and_a_reaped_process_is_gone():
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     proc = process(child.pid)
     assert proc is not None
-    deadline = time.monotonic() + 10
-    while proc.status() != psutil.STATUS_ZOMBIE:  # exited, not reaped yet
-        assert time.monotonic() < deadline, "the child did not exit"
-        time.sleep(0.01)
+    wait_until(lambda: proc.status() == psutil.STATUS_ZOMBIE, "the child exited, not reaped yet")
     try:
         assert not pid_alive(child.pid) and not running(proc)
     finally:

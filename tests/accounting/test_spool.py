@@ -6,7 +6,7 @@ import fcntl
 import json
 import multiprocessing
 import os
-import time
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +14,7 @@ from slurm_gpushare.accounting.record import UsageRecord
 from slurm_gpushare.accounting.spool import Spool, SpoolError, append_lines, complete_size, spool_files
 from slurm_gpushare.errors import InputError
 from tests.accounting.test_record import record
+from tests.conftest import DEADLINE, wait_until
 
 DAY = 1_764_547_200  # 2025-12-01T00:00:00Z
 
@@ -84,6 +85,17 @@ def test_a_writer_that_died_mid_line_costs_only_its_own_line(tmp_path):
     assert len(lines[1]) == 100
 
 
+def _blocked_on(path: Path, pid: int) -> bool:
+    """``pid`` waits for a lock on ``path``: a ``->`` line of /proc/locks (proc(5)) with its pid and the
+    file's ``MAJOR:MINOR:INODE``."""
+    inode = path.stat().st_ino
+    for line in Path("/proc/locks").read_text().splitlines():
+        f = line.split()
+        if len(f) > 6 and f[1] == "->" and f[5] == str(pid) and f[6].rsplit(":", 1)[-1] == str(inode):
+            return True
+    return False
+
+
 def test_complete_size_waits_for_a_writer(tmp_path):
     path = tmp_path / "x.jsonl"
     append_lines(path, b'{"a":1}\n')
@@ -94,12 +106,13 @@ def test_complete_size_waits_for_a_writer(tmp_path):
     q = ctx.Queue()
     p = ctx.Process(target=lambda: q.put(complete_size(path)))
     p.start()
-    time.sleep(0.3)  # the reader is waiting now
+    # the reader is waiting for the lock now: /proc/locks shows its request blocked ("->") on the file
+    wait_until(lambda: _blocked_on(path, p.pid), "the reader blocked on the writer's lock")
     os.write(fd, b'{"b":2}\n')  # the "writer" finishes its line, then lets go
     fcntl.flock(fd, fcntl.LOCK_UN)
     os.close(fd)
-    assert q.get(timeout=10) == 16
-    p.join(10)
+    assert q.get(timeout=DEADLINE) == 16
+    p.join(DEADLINE)
     assert json.loads(path.read_text().splitlines()[1]) == {"b": 2}
 
 

@@ -17,6 +17,7 @@ from slurm_gpushare.accounting.record import UsageRecord
 from slurm_gpushare.accounting.spool import Spool
 from slurm_gpushare.accounting.store import Store, StoreError
 from tests.accounting.test_record import record
+from tests.conftest import DEADLINE
 
 ROOT = Path(__file__).resolve().parents[2]
 DAY = 1_764_547_200
@@ -201,7 +202,7 @@ def test_parse_workers_die_with_a_killed_ingest(tmp_path):
         assert len(workers) >= 2
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
-        _gone, alive = psutil.wait_procs(workers, timeout=5)
+        _gone, alive = psutil.wait_procs(workers, timeout=30)  # seconds, not the minutes they used to idle
         assert alive == []
     finally:
         if proc.poll() is None:
@@ -246,7 +247,7 @@ def test_an_ingest_killed_half_way_then_rerun_is_exact(tmp_path):
         assert all(line.strip().isdigit() for line in seen), seen
     finally:
         os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(10)
+        proc.wait(DEADLINE)
         proc.stdout.close()
     with Store(db, create=False) as st:
         before = st.count()

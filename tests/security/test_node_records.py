@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Job
+from tests.conftest import DEADLINE, Job, wait_until
 from tests.security.conftest import USERS
 
 pytestmark = pytest.mark.slurm
@@ -34,7 +34,7 @@ def sbatch_as(slurm, user: str, outdir: Path, *args: str | bytes, wrap: str = PR
     out = outdir / f"job-{time.monotonic_ns()}.out"
     argv: list[str | bytes] = ["runuser", "-u", user, "--", "sbatch", "--parsable", f"--output={out}", *args,
                                "--wrap", wrap]
-    proc = subprocess.run(argv, env=slurm.cluster.env, capture_output=True, timeout=60)
+    proc = subprocess.run(argv, env=slurm.cluster.env, capture_output=True, timeout=DEADLINE)
     assert proc.returncode == 0, proc.stderr.decode(errors="replace")
     job_id = proc.stdout.decode().strip().split(";")[0]
     slurm.submitted.append(job_id)
@@ -53,16 +53,13 @@ def drained(slurm) -> list[str]:
     return bad
 
 
-def record_of(cluster, job_id: str, timeout: float = 20) -> list[dict]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+def record_of(cluster, job_id: str, timeout: float = DEADLINE) -> list[dict]:
+    def mine() -> list[dict]:
         rows = [json.loads(line) for f in sorted(Path(cluster.accounting_spool).glob("*.jsonl"))
                 for line in f.read_text(errors="replace").splitlines() if line.strip()]
-        mine = [r for r in rows if str(r.get("job_id")) == job_id]
-        if mine:
-            return mine
-        time.sleep(0.2)
-    raise AssertionError(f"no accounting record of job {job_id}")
+        return [r for r in rows if str(r.get("job_id")) == job_id]
+
+    return wait_until(mine, f"the accounting record of job {job_id}", timeout)
 
 
 def check_mps_job(slurm, cluster, job: Job, user: str, uid: int, limit: str, sm: str | None = None):

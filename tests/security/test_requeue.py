@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Job
+from tests.conftest import DEADLINE, Job, wait_until
 from tests.security.conftest import USERS
 from tests.security.test_node_records import drained
 
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slurm
 CLI = [sys.executable, "-m", "slurm_gpushare"]
 #: the first run waits to be requeued; the second ends after 2 s; each prints its restart count and start
 SCRIPT = ('echo "run=${SLURM_RESTART_COUNT:-0} t=$(date +%s)"; '
-          'if [ "${SLURM_RESTART_COUNT:-0}" = 0 ]; then sleep 60; else sleep 2; fi')
+          'if [ "${SLURM_RESTART_COUNT:-0}" = 0 ]; then sleep 600; else sleep 2; fi')
 
 
 def _records(cluster, job_id: str) -> list[dict]:
@@ -36,15 +36,13 @@ def test_a_requeued_jobs_two_runs_are_both_recorded_and_reported(cluster, slurm,
     out = out_dir / "job.out"
     proc = subprocess.run(["runuser", "-u", USERS[0], "--", "sbatch", "--parsable", "-p", "pcie",
                            "--gres=gpushare:mem=4G", f"--output={out}", "--open-mode=append", "--wrap", SCRIPT],
-                          env=cluster.env, capture_output=True, text=True, timeout=60)
+                          env=cluster.env, capture_output=True, text=True, timeout=DEADLINE)
     assert proc.returncode == 0, proc.stderr
     job = Job(proc.stdout.strip().split(";")[0], output_path=out)
     slurm.submitted.append(job.id)
     slurm.wait(job, states={"RUNNING"})
-    deadline = time.monotonic() + 30
-    while "run=0" not in job.output() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    time.sleep(2)  # the first run lasts at least 2 s
+    wait_until(lambda: "run=0" in job.output(), f"job {job.id}'s first run started", describe=job.output)
+    time.sleep(2)  # not a wait for an event: the first run is to last at least 2 s
     requeue = subprocess.run(["runuser", "-u", USERS[0], "--", "scontrol", "requeue", job.id], env=cluster.env,
                              capture_output=True, text=True)
     assert requeue.returncode == 0, requeue.stderr
@@ -53,20 +51,17 @@ def test_a_requeued_jobs_two_runs_are_both_recorded_and_reported(cluster, slurm,
     slurm.wait(job, states={"PENDING"})
     # release it only once the first run's Epilog is done (its record is spooled): slurmd refuses to
     # launch a job whose previous run it is still killing ("already killed, do not launch batch job")
-    deadline = time.monotonic() + 30
-    while not _records(cluster, job.id) and time.monotonic() < deadline:
-        time.sleep(0.2)
+    wait_until(lambda: _records(cluster, job.id), f"the record of job {job.id}'s first run")
     slurm.run(["scontrol", "update", f"jobid={job.id}", "StartTime=now"])
-    done = slurm.wait(job, timeout=90)
+    done = slurm.wait(job)
     assert done.state == "COMPLETED", done.fields
     runs = {int(k.split("=")[1]): int(v.split("=")[1]) for k, v in
             (line.split() for line in job.output().splitlines() if line.startswith("run="))}
     assert sorted(runs) == [0, 1], job.output()
     assert drained(slurm) == []
 
-    deadline = time.monotonic() + 20
-    while len(recs := _records(cluster, job.id)) < 2 and time.monotonic() < deadline:
-        time.sleep(0.3)
+    recs = wait_until(lambda: r if len(r := _records(cluster, job.id)) >= 2 else None,
+                      f"the records of both runs of job {job.id}", describe=lambda: _records(cluster, job.id))
     by_run = {r["restart"]: r for r in recs}
     assert sorted(by_run) == [0, 1] and len(recs) == 2, recs
     assert all(r["user"] == USERS[0] for r in recs)

@@ -12,13 +12,13 @@ import time
 
 import pytest
 
-from tests.conftest import bare
+from tests.conftest import DEADLINE, bare
 from tests.security.conftest import USERS
 
 pytestmark = pytest.mark.slurm
 
 
-def as_user(cluster, user: str, argv: list[str], timeout: float = 60, **kw) -> subprocess.CompletedProcess:
+def as_user(cluster, user: str, argv: list[str], timeout: float = DEADLINE, **kw) -> subprocess.CompletedProcess:
     env = ["env", *(f"{k}={v}" for k, v in cluster.env.items() if k in ("PATH", "SLURM_CONF"))]
     return subprocess.run(["runuser", "-u", user, "--", *env, *argv], capture_output=True, text=True,
                           timeout=timeout, cwd="/tmp", **kw)
@@ -93,7 +93,7 @@ def test_a_connection_flood_by_one_user_changes_nothing_for_another(slurm, users
     opens 2,000 (the service keeps its per-uid share and closes the rest) while bob submits."""
     alice, bob = users
     flood = subprocess.Popen(["runuser", "-u", alice, "--", "python3", "-c", FLOOD,
-                              str(slurm.cluster.filterd_socket), "2000", "20"],
+                              str(slurm.cluster.filterd_socket), "2000", str(DEADLINE)],  # killed after
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         ready = flood.stdout.readline().split()

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from slurm_gpushare.slurm.job import JobInfo, parse_job_json
+from tests.conftest import DEADLINE, wait_until
 from tests.security.conftest import USERS
 from tests.security.test_node_records import PROBE, drained, record_of
 
@@ -110,7 +111,7 @@ _SEEN: dict[str, JobInfo] = {}
 def _squeue(cluster) -> dict[str, JobInfo]:
     """Every job of ``squeue --json``, read by the hooks' own parser in the release's shape, and every job seen
     before that slurmctld has forgotten since."""
-    out = subprocess.run(["squeue", "--json"], env=cluster.env, capture_output=True, timeout=60, check=True)
+    out = subprocess.run(["squeue", "--json"], env=cluster.env, capture_output=True, timeout=DEADLINE, check=True)
     text = out.stdout.decode(errors="replace")
     _SEEN.update({str(j["job_id"]): parse_job_json(text, j["job_id"], source="squeue --json")
                   for j in json.loads(text)["jobs"]})
@@ -169,14 +170,13 @@ def submitted(cluster, users):  # noqa: F811
         shutil.rmtree(base, ignore_errors=True)
 
 
-def _wait_final(cluster, job_id: str, timeout: float = 180) -> JobInfo:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+def _wait_final(cluster, job_id: str, timeout: float = 3 * DEADLINE) -> JobInfo:
+    """The job once it ended (every case's job was submitted at once: the last may wait for the others)."""
+    def ended() -> JobInfo | None:
         job = _squeue(cluster).get(job_id)
-        if job and job.state not in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING"):
-            return job
-        time.sleep(0.5)
-    raise AssertionError(f"job {job_id} did not end in {timeout} s: {job}")
+        return job if job and job.state not in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING") else None
+
+    return wait_until(ended, f"job {job_id} ended", timeout, describe=lambda: _squeue(cluster).get(job_id))
 
 
 @pytest.mark.parametrize("how, field, cls", CASES + OTHER, ids=["-".join(c) for c in CASES + OTHER])
