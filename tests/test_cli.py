@@ -706,3 +706,20 @@ def test_a_layout_read_from_numa_nodes_says_so_and_names_the_option():
     assert "8 sockets x 16 cores x 2 threads" in r.stderr and "--cpus" in r.stderr and "NUMA" in r.stderr
     given = CliRunner().invoke(main, ["gres-conf", *DGX_A100_NPS4, "--hostname", "dgx", "--slurm-version", "22.05"])
     assert given.exit_code == 0 and "NUMA node" not in given.stderr
+
+
+def test_one_host_under_two_headers_is_refused_not_the_first_taken(tmp_path):
+    """Two collections of one host in one file (the second header renamed from gpu02): nothing says which
+    output is current, so neither is taken; the same for a hostlist header that overlaps a plain one."""
+    text = Path(TWO_HOSTS_TOPO).read_text()
+    again = tmp_path / "again.txt"
+    again.write_text(text.replace("\ngpu02\n", "\ngpu01\n"))
+    assert again.read_text() != text
+    r = CliRunner().invoke(main, ["gres-conf", "--from-topo", str(again), "--host", "gpu01", "--gpu-name",
+                                  "NVIDIA L40S", "--memory", "46068M", "--slurm-version", "22.05"])
+    one_line_error(r, "--host gpu01: again.txt has 2 'nvidia-smi topo -m' outputs for it (at lines 14, 39)")
+    overlap = tmp_path / "overlap.txt"
+    overlap.write_text(text.replace("\ngpu01\n", "\ngpu[01-02]\n"))
+    r = CliRunner().invoke(main, ["gres-conf", "--from-topo", str(overlap), "--host", "gpu02", "--gpu-name",
+                                  "NVIDIA L40S", "--memory", "46068M", "--slurm-version", "22.05"])
+    one_line_error(r, "--host gpu02: overlap.txt has 2 'nvidia-smi topo -m' outputs for it")

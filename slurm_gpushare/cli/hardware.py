@@ -188,7 +188,7 @@ def _topo_section(text: str, name: str, host: str | None) -> int | None:
     """The matrix ``--host`` asks for (an index into ``topo_sections``), or None without ``--host``.
 
     Raises:
-        InputError: ``--host`` with no matrix under a header naming it.
+        InputError: ``--host`` with no matrix under a header naming it, or with several.
     """
     from slurm_gpushare.errors import ParseError
     from slurm_gpushare.hardware.nvidia_smi import topo_sections
@@ -197,6 +197,7 @@ def _topo_section(text: str, name: str, host: str | None) -> int | None:
     if host is None:
         return None
     sections = topo_sections(text)
+    found: list[int] = []
     for i, (label, _at) in enumerate(sections):
         if not label:
             continue
@@ -205,7 +206,13 @@ def _topo_section(text: str, name: str, host: str | None) -> int | None:
         except ParseError:
             hosts = (label,)
         if host in hosts:
-            return i
+            found.append(i)
+    if len(found) > 1:
+        raise InputError(f"--host {host}: {name} has {len(found)} 'nvidia-smi topo -m' outputs for it (at lines "
+                         f"{', '.join(str(sections[i][1]) for i in found)}), and nothing says which is current",
+                         hint="keep one output per host in the file (collect again into a new file)")
+    if found:
+        return found[0]
     labels = [label for label, _at in sections if label]
     raise InputError(f"--host {host}: {name} has no 'nvidia-smi topo -m' output under a header naming it"
                      + (f" (hosts: {', '.join(labels)})" if labels else " (its matrices have no host headers)"),
