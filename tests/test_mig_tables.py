@@ -87,6 +87,23 @@ def test_lci_of_an_unlisted_gpu_instance_is_refused():
         parse_mig_instances(text)
 
 
+def test_a_compute_instance_listed_twice_is_refused():
+    # one -lci row copied: GPU instance 12 holds one compute instance 0, not two MIG devices
+    row = "|   0     12       MIG 1g.10gb          0         0          0:1     |\n"
+    text = LGI.read_text()
+    assert row in text
+    with pytest.raises(ParseError, match="compute instance 0 of GPU instance 12 is listed twice"):
+        parse_mig_instances(text.replace(row, row + row))
+
+
+def test_gpu_instances_with_overlapping_placements_are_refused():
+    # GPU instance 12 moved onto slice 4, which instance 11 holds (a 1g profile is one slice)
+    text = LGI.read_text().replace("|   0  MIG 1g.10gb         19       12          5:1     |",
+                                   "|   0  MIG 1g.10gb         19       12          4:1     |")
+    with pytest.raises(ParseError, match="GPU instance 12 at 4:1 overlaps GPU instance 11 at 4:1"):
+        parse_mig_instances(text)
+
+
 # --- nvidia-smi -L ----------------------------------------------------------------------------
 
 

@@ -840,8 +840,9 @@ def parse_mig_instances(text: str, *, source: str = "<lgi>") -> MigTables:
     NVML, never from a formula.
 
     Raises:
-        ParseError: a row of either table that cannot be read, or a GPU instance listed twice, or a
-            compute instance of a GPU instance that ``-lgi`` (when present) does not list.
+        ParseError: a row of either table that cannot be read, a GPU instance or compute instance
+            listed twice, GPU instances of one GPU whose placements overlap, or a compute instance of a
+            GPU instance that ``-lgi`` (when present) does not list.
     """
     gis: list[GpuInstanceRow] = []
     cis: list[ComputeInstanceRow] = []
@@ -861,12 +862,22 @@ def parse_mig_instances(text: str, *, source: str = "<lgi>") -> MigTables:
             if any(g.gpu == row.gpu and g.gi_id == row.gi_id for g in gis):
                 raise ParseError(f"GPU {row.gpu}: GPU instance {row.gi_id} is listed twice", source=where,
                                  hint="record one 'nvidia-smi mig -lgi' output")
+            clash = next((g for g in gis if g.gpu == row.gpu and g.start < row.start + row.size
+                          and row.start < g.start + g.size), None)
+            if clash is not None:
+                raise ParseError(f"GPU {row.gpu}: GPU instance {row.gi_id} at {row.start}:{row.size} overlaps GPU "
+                                 f"instance {clash.gi_id} at {clash.start}:{clash.size}; GPU instances of one GPU "
+                                 "hold disjoint slices", source=where, hint="record one 'nvidia-smi mig -lgi' output")
             gis.append(row)
         elif table == "compute_instances":
             m = _row(_LCI_ROW, stripped, where, "compute instance",
                      "| GPU  GPU-instance ID  MIG <name>  Profile ID  Instance ID  Start:Size |", "-lci")
-            cis.append(ComputeInstanceRow(int(m["gpu"]), int(m["gi"]), m["name"], int(m["pid"]), int(m["ci"]),
-                                          int(m["start"]) if m["start"] is not None else None))
+            ci = ComputeInstanceRow(int(m["gpu"]), int(m["gi"]), m["name"], int(m["pid"]), int(m["ci"]),
+                                    int(m["start"]) if m["start"] is not None else None)
+            if any((c.gpu, c.gi_id, c.ci_id) == (ci.gpu, ci.gi_id, ci.ci_id) for c in cis):
+                raise ParseError(f"GPU {ci.gpu}: compute instance {ci.ci_id} of GPU instance {ci.gi_id} is listed "
+                                 "twice", source=where, hint="record one 'nvidia-smi mig -lci' output")
+            cis.append(ci)
     if "gpu_instances" in seen:
         known = {(g.gpu, g.gi_id) for g in gis}
         for c in cis:
