@@ -309,3 +309,14 @@ def test_cli_mig_table_checks_an_nvidia_smi_L_listing(tmp_path):
     r = _cli(*args, "--mig-table", str(disagreeing))
     assert r.exit_code == 2
     assert "GPU 0: 'nvidia-smi -L' lists MIG devices ['3g.40gb', '3g.40gb']" in r.output
+
+
+def test_compare_names_a_print_of_another_node_and_a_device_printed_twice():
+    node = generate_node_gres(Machine.load(TEST_MACHINE), "h100-mig")
+    text = PRINT.read_text()
+    _devices, problems = compare_detected(parse_slurmd_g(text), node)
+    assert problems == ["slurmd -G was printed on gpu-node-02 (its 'slurmd-gpu-node-02:' prefix), not on h100-mig"]
+    mine = generate_node_gres(Machine.load(TEST_MACHINE), "gpu-node-02")
+    first = next(line for line in text.splitlines() if "Index=0 " in line)
+    _devices, problems = compare_detected(parse_slurmd_g(text + first + "\n"), mine)
+    assert len(problems) == 1 and "/dev/nvidia0 is printed twice" in problems[0], problems

@@ -123,14 +123,25 @@ def compare_detected(detected: Sequence[DetectedGres], node: NodeGres, *,
         ``(devices, problems)``: one :class:`DeviceReport` per device of either side, whole GPUs
         first (by minor), then MIG devices (by capability minor); and the problems as lines, one
         per device that does not agree, plus one per GRES type whose count differs (the
-        "count reported lower than configured" of a drained node).
+        "count reported lower than configured" of a drained node), one per device printed twice,
+        and one when the print's ``slurmd-<host>:`` prefix names another node than ``node``.
     """
     seen: dict[tuple[str, int], _Device] = {}
+    problems: list[str] = []
+    hosts = sorted({r.host for r in detected if r.host})
+    if len(hosts) > 1:
+        problems.append(f"{detected_source} holds the prints of several nodes ({', '.join(hosts)}): give one node's")
+    elif hosts and hosts[0] != node.node_name:
+        problems.append(f"{detected_source} was printed on {hosts[0]} (its 'slurmd-{hosts[0]}:' prefix), not on "
+                        f"{node.node_name}")
     for r in detected:
         if r.name != "gpu":
             continue
         d = _device(r.name, r.type, r.files)
         if d is not None:
+            if d.key in seen:
+                problems.append(f"{detected_source}:{r.line}: {_label(d)} is printed twice: a print holds each "
+                                "device once; record 'slurmd -G' again")
             seen[d.key] = d
     want: dict[tuple[str, int], _Device] = {}
     for rec in node.records:
@@ -140,7 +151,6 @@ def compare_detected(detected: Sequence[DetectedGres], node: NodeGres, *,
         if d is not None:
             want[d.key] = d
     reports: list[DeviceReport] = []
-    problems: list[str] = []
     for key in sorted(set(seen) | set(want), key=lambda k: (k[0] != "gpu", k[1])):
         got, exp = seen.get(key), want.get(key)
         label = _label(got or exp)  # type: ignore[arg-type]

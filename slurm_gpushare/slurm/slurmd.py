@@ -26,11 +26,12 @@ refused with the line named.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from slurm_gpushare.errors import ParseError
 
-_RECORD = re.compile(r"^(?:\[[^\]]*\]\s*)?(?:slurmd(?:-[^\s:]+)?:\s+)?(?:\[[^\]]*\]\s*)?Gres\s+(?P<rest>Name=.*)$")
+_RECORD = re.compile(r"^(?:\[[^\]]*\]\s*)?(?:slurmd(?:-(?P<host>[^\s:]+))?:\s+)?(?:\[[^\]]*\]\s*)?"
+                     r"Gres\s+(?P<rest>Name=.*)$")
 _KEYS = ("Name", "Type", "Count", "Index", "ID", "File", "Cores", "CoreCnt", "Links", "Flags")
 _TRAILING_NUMBER = re.compile(r"(\d+)$")
 
@@ -51,6 +52,7 @@ class DetectedGres:
         links: ``Links=`` as printed, ``""`` for ``(null)`` or absent.
         flags: ``Flags=`` items (23.02 and later), empty when not printed.
         line: the line number (1-based) where the record starts.
+        host: the node name of the ``slurmd-<host>:`` log prefix, ``""`` when the line has none.
     """
 
     name: str
@@ -62,6 +64,7 @@ class DetectedGres:
     links: str
     flags: tuple[str, ...]
     line: int
+    host: str = ""
 
 
 def _join(record: str, more: str) -> str:
@@ -86,6 +89,7 @@ def parse_slurmd_g(text: str, *, source: str = "<slurmd -G>") -> tuple[DetectedG
             or no record at all.
     """
     pending: list[tuple[int, str]] = []
+    hosts: dict[int, str] = {}
     lines = text.splitlines()
     for at, raw in enumerate(lines, start=1):
         line = raw.strip()
@@ -94,6 +98,7 @@ def parse_slurmd_g(text: str, *, source: str = "<slurmd -G>") -> tuple[DetectedG
         m = _RECORD.match(line)
         if m is not None:
             pending.append((at, m["rest"]))
+            hosts[at] = m["host"] or ""
             continue
         if pending and " " not in line and (at - 1 == pending[-1][0] or _continues(lines, pending[-1][0], at)):
             start, rest = pending[-1]
@@ -102,7 +107,7 @@ def parse_slurmd_g(text: str, *, source: str = "<slurmd -G>") -> tuple[DetectedG
         raise ParseError("no 'Gres Name=...' line found", source=f"{source}:1",
                          hint="record what 'sudo slurmd -G' prints on the node (it needs root to read NVML "
                               "and the nvidia-caps devices)")
-    return tuple(_record(rest, f"{source}:{at}", at) for at, rest in pending)
+    return tuple(replace(_record(rest, f"{source}:{at}", at), host=hosts[at]) for at, rest in pending)
 
 
 def _continues(lines: list[str], start: int, at: int) -> bool:
