@@ -723,3 +723,11 @@ def test_one_host_under_two_headers_is_refused_not_the_first_taken(tmp_path):
     r = CliRunner().invoke(main, ["gres-conf", "--from-topo", str(overlap), "--host", "gpu02", "--gpu-name",
                                   "NVIDIA L40S", "--memory", "46068M", "--slurm-version", "22.05"])
     one_line_error(r, "--host gpu02: overlap.txt has 2 'nvidia-smi topo -m' outputs for it")
+
+
+@pytest.mark.parametrize("name", ["NVIDIA", "NVIDIA 80GB", "GPU \u00c4\u00d6"])
+def test_a_gpu_name_that_names_no_model_is_refused(name):
+    # each would have become the bare Type=gpu, shared by every other unnamed model
+    r = CliRunner().invoke(main, ["gres-conf", "--from-topo", str(DATA / "topo/dgx-h100-8gpu-nv18-no-nic.txt"),
+                                  "--gpu-name", name, "--memory", "80G", "--slurm-version", "22.05"])
+    one_line_error(r, "names no GPU model")

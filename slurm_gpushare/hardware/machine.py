@@ -493,6 +493,11 @@ def _validate_gpu(g: Gpu, path: str, source: str) -> None:
         raise MachineDescriptionError(f"{path}.name is empty",
                                       hint="give the product name as nvidia-smi prints it, "
                                            "e.g. 'NVIDIA A100 80GB PCIe'", source=source)
+    if gpu_model(g.name) == "gpu":  # nothing but brand, memory and packaging words (or no ASCII letters)
+        raise MachineDescriptionError(f"{path}.name {g.name!r} names no GPU model: its GRES type would be the "
+                                      "bare 'gpu', which any other unnamed model would share",
+                                      hint="give the product name as nvidia-smi prints it, "
+                                           "e.g. 'NVIDIA A100 80GB PCIe'", source=source)
     for c in g.cpu_affinity:
         _limit("gpu.cpu_affinity", c, f"{path}.cpu_affinity", source)
     if g.numa_node is not None:
