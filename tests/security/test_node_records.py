@@ -5,6 +5,7 @@ Each: the job gets the limit and identity Slurm granted, no node drains, the acc
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import tempfile
 import time
@@ -26,7 +27,8 @@ PROBE = ('env | grep -E "^CUDA_MPS_(PINNED|ACTIVE)" | sort; P=$(cat $CUDA_MPS_PI
 def outdir():
     d = Path(tempfile.mkdtemp(prefix="gps-sec-"))
     d.chmod(0o1777)
-    return d
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
 
 
 def sbatch_as(slurm, user: str, outdir: Path, *args: str | bytes, wrap: str = PROBE) -> Job:

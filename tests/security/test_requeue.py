@@ -4,6 +4,7 @@ both runs are recorded (restart 0 and 1, each with its own start and end) and th
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -30,9 +31,16 @@ def _records(cluster, job_id: str) -> list[dict]:
             for r in [json.loads(line)] if str(r.get("job_id")) == job_id]
 
 
-def test_a_requeued_jobs_two_runs_are_both_recorded_and_reported(cluster, slurm, users, tmp_path):  # noqa: F811
-    out_dir = Path(tempfile.mkdtemp(prefix="gps-requeue-", dir="/tmp"))
-    out_dir.chmod(0o1777)
+@pytest.fixture
+def out_dir():
+    """A directory the job's user can write its output in (pytest's tmp_path lies under a 0700 directory)."""
+    d = Path(tempfile.mkdtemp(prefix="gps-requeue-", dir="/tmp"))
+    d.chmod(0o1777)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def test_a_requeued_jobs_two_runs_are_both_recorded_and_reported(cluster, slurm, users, out_dir, tmp_path):  # noqa: F811, E501
     out = out_dir / "job.out"
     proc = subprocess.run(["runuser", "-u", USERS[0], "--", "sbatch", "--parsable", "-p", "pcie",
                            "--gres=gpushare:mem=4G", f"--output={out}", "--open-mode=append", "--wrap", SCRIPT],
