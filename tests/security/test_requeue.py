@@ -60,6 +60,11 @@ def test_a_requeued_jobs_two_runs_are_both_recorded_and_reported(cluster, slurm,
     # release it only once the first run's Epilog is done (its record is spooled): slurmd refuses to
     # launch a job whose previous run it is still killing ("already killed, do not launch batch job")
     wait_until(lambda: _records(cluster, job.id), f"the record of job {job.id}'s first run")
+    # and only in a later second than the one slurmd revoked the first run's credential in (before that
+    # Epilog): slurmd refuses a credential whose whole-second ctime is <= the revoke time ("Job credential
+    # revoked", cred_revoked() in src/slurmd/slurmd/cred_context.c at slurm-24-11-5-1; seen on 24.11)
+    seen = int(time.time())
+    wait_until(lambda: int(time.time()) > seen, "the next second")
     slurm.run(["scontrol", "update", f"jobid={job.id}", "StartTime=now"])
     done = slurm.wait(job)
     assert done.state == "COMPLETED", done.fields
