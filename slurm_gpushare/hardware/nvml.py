@@ -104,6 +104,15 @@ class RealNvml:
 
     # --- plumbing -------------------------------------------------------------------------------
 
+    def _call_present(self, function: str, where: tuple[str, ...], *args: Any) -> Any:
+        """:meth:`_call`, or None where NVML answers that the thing asked about does not exist (``_ABSENT``)."""
+        try:
+            return self._call(function, where, *args)
+        except NvmlError as e:
+            if e.code in _ABSENT:
+                return None
+            raise
+
     def _call(self, function: str, where: tuple[str, ...], *args: Any) -> Any:
         """Call ``lib.<function>(*args)``; NVML errors become NvmlError naming ``function(where)``."""
         source = call_source(function, *where)
@@ -210,13 +219,8 @@ class RealNvml:
         peers = []
         for link in range(NVML_NVLINK_MAX_LINKS):
             where = (f"gpu {index}", f"link {link}")
-            try:
-                state = self._call("nvmlDeviceGetNvLinkState", where, handle, link)
-            except NvmlError as e:
-                if e.code in _ABSENT:
-                    continue
-                raise
-            if int(state) != 1:  # NVML_FEATURE_ENABLED: the link is up
+            state = self._call_present("nvmlDeviceGetNvLinkState", where, handle, link)
+            if state is None or int(state) != 1:  # NVML_FEATURE_ENABLED: the link is up
                 continue
             pci = self._call("nvmlDeviceGetNvLinkRemotePciInfo", where, handle, link)
             kind = int(self._call("nvmlDeviceGetNvLinkRemoteDeviceType", where, handle, link))
@@ -438,12 +442,9 @@ class RealNvml:
         out = []
         for k in range(count):
             where = (f"gpu {index}", f"mig {k}")
-            try:
-                mig = self._call("nvmlDeviceGetMigDeviceHandleByIndex", where, handle, k)
-            except NvmlError as e:
-                if e.code in _ABSENT:
-                    continue
-                raise
+            mig = self._call_present("nvmlDeviceGetMigDeviceHandleByIndex", where, handle, k)
+            if mig is None:
+                continue
             out.append((k, mig, int(self._call("nvmlDeviceGetGpuInstanceId", where, mig))))
         return out
 
