@@ -24,6 +24,7 @@ event and returns as soon as it happened, with a deadline generous enough for a 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -72,6 +73,30 @@ def wait_until(cond, what: str, timeout: float = DEADLINE, *, describe=None):
             raise AssertionError(f"timed out after {timeout:g} s waiting for {what}{seen}")
         time.sleep(delay)
         delay = min(delay * 1.5, 1.0)
+
+
+def job_trail(cluster: DevCluster, job_id: str, lines: int = 12) -> str:
+    """What the daemons said about one job, for a failed wait's message: ``scontrol show job -o`` (state and
+    Reason), then the last ``lines`` lines naming the job in slurmctld's log, each slurmd's log and each node's
+    hook log (``node.log``). Reads only; never raises (a log may be missing or being rotated)."""
+    parts = []
+    try:
+        proc = subprocess.run(["scontrol", "show", "job", "-o", job_id], env=cluster.env, capture_output=True,
+                              text=True, errors="replace", timeout=30)
+        parts.append("scontrol: " + (proc.stdout.strip() or proc.stderr.strip()))
+    except (OSError, subprocess.SubprocessError) as e:
+        parts.append(f"scontrol: {e}")
+    pattern = re.compile(rf"(?<![0-9]){re.escape(job_id)}(?![0-9])")
+    logs = [*sorted((cluster.root / "log").glob("slurm*.log")),
+            *sorted((cluster.root / "run" / "gpushare").glob("*/node.log"))]
+    for log in logs:
+        try:
+            hits = [line for line in log.read_text(errors="replace").splitlines() if pattern.search(line)]
+        except OSError:
+            continue
+        if hits:
+            parts.append(f"{log.relative_to(cluster.root)}:\n  " + "\n  ".join(hits[-lines:]))
+    return "\n".join(parts)
 
 
 def _slurm_unavailable() -> str | None:

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from slurm_gpushare.slurm.job import JobInfo, parse_job_json
-from tests.conftest import DEADLINE, wait_until
+from tests.conftest import DEADLINE, job_trail, wait_until
 from tests.security.conftest import USERS
 from tests.security.test_node_records import PROBE, drained, record_of
 
@@ -62,6 +62,9 @@ class Case:
     result: Path
     account: str
     start_after: float
+    #: ``time.monotonic()`` by which every case's job should have ended: one deadline for the module, so that
+    #: jobs stuck together fail their tests together, not one full wait after another
+    ends_by: float
 
 
 def _text(value: bytes, limit: int) -> bytes:
@@ -162,27 +165,32 @@ def submitted(cluster, users):  # noqa: F811
     try:
         for case in CASES + OTHER:
             ids[case] = _submit(cluster, base, *case)
-        table = _squeue(cluster)
-        yield {case: Case(j, base / f"{'-'.join(case)}.result", table[j].account, before)
+            # read each job while slurmctld still has it: an early one may end and be forgotten
+            # (MinJobAge) before the last is submitted (seen on a loaded machine)
+            table = _squeue(cluster)
+        ends_by = time.monotonic() + 3 * DEADLINE
+        yield {case: Case(j, base / f"{'-'.join(case)}.result", table[j].account, before, ends_by)
                for case, j in ids.items()}
     finally:
         subprocess.run(["scancel", *ids.values()], env=cluster.env, capture_output=True)
         shutil.rmtree(base, ignore_errors=True)
 
 
-def _wait_final(cluster, job_id: str, timeout: float = 3 * DEADLINE) -> JobInfo:
-    """The job once it ended (every case's job was submitted at once: the last may wait for the others)."""
+def _wait_final(cluster, case: Case) -> JobInfo:
+    """The case's job once it ended, by the module's one deadline (every case's job was submitted at once: the
+    last may wait for the others); a timeout says what slurmctld, slurmd and the hooks logged about the job."""
     def ended() -> JobInfo | None:
-        job = _squeue(cluster).get(job_id)
+        job = _squeue(cluster).get(case.job_id)
         return job if job and job.state not in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING") else None
 
-    return wait_until(ended, f"job {job_id} ended", timeout, describe=lambda: _squeue(cluster).get(job_id))
+    return wait_until(ended, f"job {case.job_id} ended", max(1.0, case.ends_by - time.monotonic()),
+                      describe=lambda: f"{_squeue(cluster).get(case.job_id)}\n{job_trail(cluster, case.job_id)}")
 
 
 @pytest.mark.parametrize("how, field, cls", CASES + OTHER, ids=["-".join(c) for c in CASES + OTHER])
 def test_a_user_field_changes_no_limit_identity_or_record(cluster, users, submitted, how, field, cls):  # noqa: F811
     case = submitted[(how, field, cls)]
-    job = _wait_final(cluster, case.job_id)
+    job = _wait_final(cluster, case)
     got = case.result.read_text(errors="replace") if case.result.exists() else ""
     assert job.state == "COMPLETED", (job.state, got)
     env = dict(line.split("=", 1) for line in got.splitlines() if "=" in line)
