@@ -53,6 +53,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
 
+import psutil
+
 from slurm_gpushare.atomicfile import write_atomic
 from slurm_gpushare.errors import InputError, MachineDescriptionError, MigPlacementError, NvmlError
 from slurm_gpushare.hardware.machine import Gpu, GpuProcess, Link, Machine, MigInstance, MigProfile
@@ -73,7 +75,7 @@ from slurm_gpushare.hardware.port import (
     nvml_error,
     plan_gpu_instance,
 )
-from slurm_gpushare.procinfo import pid_alive
+from slurm_gpushare.procinfo import pid_alive, process
 
 #: Namespace of the fake's derived UUIDs.
 FAKE_UUID_NAMESPACE = uuidlib.UUID("5f0d6a3e-9c1b-4b7e-8a51-2d3c4e5f6a7b")
@@ -692,9 +694,12 @@ class ScheduledProcess:
 
 class ProcessTable:
     """A directory through which processes tell a :class:`FakeNvml` (in another process) that they
-    "run" on its GPUs: one ``<pid>.json`` file per process (a list of :class:`ScheduledProcess`),
-    written atomically. An entry counts while its pid is alive; dead entries are ignored and removed
-    by :meth:`prune`.
+    "run" on its GPUs: one ``<pid>.json`` file per process (a list of :class:`ScheduledProcess`, each
+    with the registering process's start, ``born``: ``psutil.Process.create_time``, epoch seconds),
+    written atomically. An entry counts while its pid is alive and is still the process that registered
+    (same start: a pid the kernel gave to another process after the registrant was killed with SIGKILL
+    has no CUDA context, which is all real NVML reports); other entries are ignored and removed by
+    :meth:`prune`.
 
     Args:
         path: the directory (created on :meth:`register`; mode 1777 there, so that every job's user can
@@ -718,8 +723,10 @@ class ProcessTable:
             os.chmod(self.path, 0o1777)
         except PermissionError:
             pass
-        target = self.path / f"{pids.pop()}.json"
-        return write_atomic(target, json.dumps([p.to_dict() for p in processes]), fsync=False)
+        pid = pids.pop()
+        born = _born(pid)
+        target = self.path / f"{pid}.json"
+        return write_atomic(target, json.dumps([{**p.to_dict(), "born": born} for p in processes]), fsync=False)
 
     def unregister(self, pid: int) -> None:
         """Remove the entry of ``pid``."""
@@ -748,14 +755,48 @@ class ProcessTable:
                 raise MachineDescriptionError(f"unreadable fake process entry: {e}", source=str(f)) from None
             if not isinstance(data, list):
                 raise MachineDescriptionError("a fake process entry is a JSON list", source=str(f))
+            if not self._same_process(int(pid), data):
+                continue
             out.extend(ScheduledProcess.from_dict(d, source=str(f)) for d in data)
         return out
 
+    @staticmethod
+    def _same_process(pid: int, data: list) -> bool:
+        """The entry's ``born`` is the start of the process that has ``pid`` now (an entry written without
+        one, by hand in a test, counts while the pid lives)."""
+        borns = {d.get("born") for d in data if isinstance(d, dict)}
+        if borns in (set(), {None}):
+            return True
+        now = _born(pid)
+        return now is not None and all(isinstance(b, (int, float)) and abs(b - now) < BORN_SLACK_S for b in borns)
+
     def prune(self) -> list[int]:
-        """Remove entries of pids that are gone. Returns those pids."""
+        """Remove entries of pids that are gone or that now name another process. Returns those pids."""
         gone = []
         for f in self.path.glob("*.json"):
-            if f.stem.isdigit() and not pid_alive(int(f.stem)):
+            if not f.stem.isdigit():
+                continue
+            pid = int(f.stem)
+            try:
+                data = json.loads(f.read_text())
+            except (OSError, ValueError):
+                data = []
+            if not pid_alive(pid) or not self._same_process(pid, data if isinstance(data, list) else []):
                 f.unlink(missing_ok=True)
-                gone.append(int(f.stem))
+                gone.append(pid)
         return sorted(gone)
+
+
+#: Seconds two reads of one process's start may differ by (the kernel counts it in clock ticks, 0.01 s).
+BORN_SLACK_S = 0.05
+
+
+def _born(pid: int) -> float | None:
+    """The start of the process ``pid`` (``psutil.Process.create_time``, epoch seconds), None when gone."""
+    proc = process(pid)
+    if proc is None:
+        return None
+    try:
+        return proc.create_time()
+    except psutil.Error:
+        return None

@@ -118,3 +118,28 @@ def test_one_table_entry_is_one_pid(tmp_path):
     with pytest.raises(InputError, match="one pid"):
         ProcessTable(tmp_path).register([ScheduledProcess(1, 0, 0.0, ((0, 1, 1),)),
                                          ScheduledProcess(2, 0, 0.0, ((0, 1, 1),))])
+
+
+def test_an_entry_whose_pid_now_names_another_process_is_not_served(a100, tmp_path):
+    """A fake app killed with SIGKILL leaves its entry; once the kernel gives its pid to another process (pid_max
+    is 32768 on a default Debian host: a long test session wraps around), that process must not "hold" a GPU:
+    real NVML reports only processes with a CUDA context. The entry keeps the registering process's start time
+    (``psutil.Process.create_time``) and counts only while the pid's process started then."""
+    table = ProcessTable(tmp_path / "procs")
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        entry = table.register([ScheduledProcess(child.pid, 2, start=0.0, steps=((0, 3000, 40),))])
+        with FakeNvml(a100, process_table=tmp_path / "procs") as fake:
+            assert [p.pid for p in fake.processes(2)] == [child.pid]
+        # the same file as an earlier process of that pid would have left it: born 100 s before this one
+        data = json.loads(entry.read_text())
+        for d in data:
+            d["born"] -= 100.0
+        entry.write_text(json.dumps(data))
+        with FakeNvml(a100, process_table=tmp_path / "procs") as fake:
+            assert fake.processes(2) == ()
+        assert table.prune() == [child.pid]
+        assert not entry.exists()
+    finally:
+        child.kill()
+        child.wait()
