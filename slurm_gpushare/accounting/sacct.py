@@ -28,10 +28,12 @@ SlurmUser and slurmdbd Operators may set AdminComment; users set Comment, which 
 Other tools' text in AdminComment stays (:func:`merge_final`): Princeton jobstats' ``JS1:<base64 of a
 gzip stream>``, which its reader expects at the very start of the field (``startswith('JS1:')``) and
 decodes with everything after it (``base64.b64decode(data[4:])``, which skips characters outside the
-alphabet and stops at a complete padding). So the merged field keeps ``JS1:`` first, and when its base64
-ends without padding (a stream of 3k bytes), one NUL byte is appended to the gzip stream before
-re-encoding: gzip readers skip NUL bytes after a member (RFC 1952 readers; Python's ``gzip``), the
-decoded JSON is the same, and the padding makes the decoder stop before the gpushare segments.
+alphabet; Python 3.11 stops at a complete padding, Python 3.13 reads on: measured). So the merged field
+keeps ``JS1:`` first, and when its base64 ends without padding (a stream of 3k bytes), one NUL byte is
+appended to the gzip stream before re-encoding: gzip readers skip NUL bytes after a member (Python's
+``gzip``), the decoded JSON is the same, and where the decoder stops at the padding it stops before the
+gpushare segments. Under Python 3.13 jobstats' reader fails on any text after its segment (it then asks
+Prometheus again, as for a job without one).
 """
 
 from __future__ import annotations
