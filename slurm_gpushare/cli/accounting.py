@@ -141,6 +141,12 @@ def report(db_path, by, since, until, fmt, waste, from_sacct, sacct_args):
     click.echo(render(rep, fmt), nl=False)
 
 
+#: sacct options that change the shape of its output (sacct(1)): --from-sacct sets the fields and the format.
+_SACCT_SHAPING = frozenset({"-o", "--format", "-p", "--parsable", "-P", "--parsable2", "--json", "--yaml", "-l",
+                            "--long", "-b", "--brief", "-X", "--allocations", "-D", "--duplicates", "-n",
+                            "--noheader", "-e", "--helpformat", "--delimiter", "--usage"})
+
+
 def _store_from_sacct(args: list[str], since: str | None, until: str | None):
     """An in-memory store of the records that sacct's rows describe (``report --from-sacct``)."""
     from slurm_gpushare.accounting.sacct import parse_sacct, records_from_sacct
@@ -148,6 +154,10 @@ def _store_from_sacct(args: list[str], since: str | None, until: str | None):
     from slurm_gpushare.slurm import commands
 
     flags = {a.split("=", 1)[0] for a in args}
+    shaping = sorted(flags & _SACCT_SHAPING)
+    if shaping:
+        raise click.UsageError(f"sacct option {shaping[0]} changes sacct's output, which --from-sacct reads itself: "
+                               "give only options that select jobs (-S, -E, -u, -A, -r, -j, -s ...)")
     if since and not flags & {"-S", "--starttime"}:
         args += ["-S", _sacct_time(since, "--since")]
     if until and not flags & {"-E", "--endtime"}:

@@ -203,6 +203,10 @@ def test_report_from_sacct_command_line_passes_sacct_options_and_the_period(monk
     assert r.output.splitlines()[1].startswith("42,,alice,physics,gpu,a100,mps,shard:10,1,")
     r = CliRunner().invoke(main, ["report", "-u", "alice"])
     assert r.exit_code == 2 and "need --from-sacct" in r.output
+    for shaping in (["-o", "JobID"], ["--json"], ["-p"], ["--delimiter=,"]):
+        r = CliRunner().invoke(main, ["report", "--from-sacct", *shaping])
+        assert r.exit_code == 2 and "changes sacct's output" in r.output, r.output
+    assert len(seen) == 1
 
 
 def test_final_job_from_epilog_slurmctld_environment():
