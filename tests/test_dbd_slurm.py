@@ -8,21 +8,31 @@ sends then is the value the job holds at that moment: the audit plus the monitor
 
 from __future__ import annotations
 
+import base64
+import gzip
+import json
 import os
 import re
 import shlex
 import shutil
+import subprocess
 import sys
 import time
+import urllib.request
+import uuid
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
+from slurm_gpushare.slurm.release import SACCTMGR_KEEPS_CASE, Release
 from slurm_gpushare_dev.cluster import DEFAULT_NODES, DevCluster, packaged_machine
 from tests.conftest import (
+    DEADLINE,
     FINAL_STATES,
     TEST_DIR,
     TEST_PORT,
+    Job,
     SlurmSession,
     _skip_or_fail,
     _slurm_unavailable,
@@ -90,6 +100,29 @@ def _sacct_until_recorded(slurm: SlurmSession, job_id: str) -> tuple[str, str]:
     return row
 
 
+def _sacct_until_segment(slurm: SlurmSession, job_id: str) -> str:
+    """Poll sacct until the job's AdminComment holds the final usage segment (EpilogSlurmctld wrote it)."""
+    row = ("", "")
+
+    def written() -> bool:
+        nonlocal row
+        row = _sacct(slurm, job_id)
+        return "[gpushare:u1 " in row[1]
+
+    wait_until(written, f"the [gpushare:u1 ...] segment in sacct's AdminComment of job {job_id}",
+               describe=lambda: f"State={row[0]!r} AdminComment={row[1]!r}")
+    return row[1]
+
+
+def _case(c: DevCluster, admin_comment: str) -> int:
+    """``re`` flags for matching what sacctmgr stored: before Slurm 23.02 it lowercases the whole field
+    (SACCTMGR_KEEPS_CASE), which the test then checks."""
+    if Release.parse(c.slurm_release or "") >= SACCTMGR_KEEPS_CASE:
+        return 0
+    assert admin_comment == admin_comment.lower(), admin_comment
+    return re.IGNORECASE
+
+
 def test_sacct_shows_the_usage_summary_the_monitor_wrote_while_the_job_ran(dbd, tmp_path):
     c = dbd.cluster
     app = shlex.quote(str(c.fake_gpu_app))
@@ -117,9 +150,16 @@ def test_sacct_shows_the_usage_summary_the_monitor_wrote_while_the_job_ran(dbd, 
     assert done.state == "COMPLETED", done.fields
     state, ac = _sacct_until_recorded(dbd, job.id)
     assert state == "COMPLETED"
-    # exactly what slurmctld held when the job ended: the request audit written at submit, then the summary
-    assert ac == done.fields["AdminComment"].strip(), (ac, done.fields["AdminComment"])
-    assert re.match(r"\[gpushare:v1 req=mem=10G grant=gres[:/]shard:10 kind=mps ", ac) and want.search(ac), ac
+    # slurmctld's end record holds what the job held (the audit, then the monitor's summary); then the
+    # EpilogSlurmctld step replaces the running summary with the final usage segment
+    ac = _sacct_until_segment(dbd, job.id)
+    flags = _case(dbd.cluster, ac)
+    assert re.match(r"\[gpushare:v1 req=mem=10G grant=gres[:/]shard:10 kind=mps ", ac, flags), ac
+    audit = done.fields["AdminComment"].strip().split(" [gpushare-usage:")[0]
+    assert ac.startswith(audit if not flags else audit.lower()), ac
+    assert "gpushare-usage" not in ac and re.search(r" \[gpushare:u1 run=0 node=rtx4090-pcie t=\d+\+\d+ "
+                                                   r"exit=COMPLETED/0:0 gpu=\d+/rtx4090/\d+/mps/shard:10/10240/-/10240/"
+                                                   r"3072/[0-9.]+/30\.0/\d+\]$", ac, flags), ac
 
 
 def test_mariadb_root_needs_the_random_password_kept_in_the_cluster_dir(dbd):
@@ -144,3 +184,151 @@ def test_mariadb_root_needs_the_random_password_kept_in_the_cluster_dir(dbd):
     conf = (r / "etc" / "slurmdbd.conf").read_text()
     assert "StoragePass=gpushare-dev" not in conf
     assert f"StoragePass={(r / 'db' / 'slurm.password').read_text().strip()}" in conf
+
+
+#: What the jobstats-like step stores: the JSON that jobstats' JS1: segment holds for a GPU job (jobstats.py
+#: reads ``t["nodes"]``).
+JOBSTATS_INFO = {"gpus": 1, "nodes": {NODE: {"cpus": 1, "gpu_total_memory": {"0": 25757220864},
+                                             "gpu_used_memory": {"0": 3221225472}, "gpu_utilization": {"0": 30.0},
+                                             "total_memory": 104857600, "total_time": 2.5, "used_memory": 1048576}},
+                 "total_time": 3}
+
+
+def _jobstats_like_step(c: DevCluster) -> str:
+    """A slurmctld epilog step that writes AdminComment the way Princeton jobstats' slurm/slurmctldepilog.sh does:
+    once slurmdbd has the job (jobstats sleeps 5 s; this polls sacct), ``sacctmgr -i update job where
+    jobid=ID set AdminComment=JS1:<base64 of gzipped JSON>``, replacing the whole field."""
+    encode = ("import base64, gzip, json, sys; print(base64.b64encode(gzip.compress(json.dumps("
+              "json.loads(sys.argv[1]), sort_keys=True, indent=4).encode())).decode())")
+    return (
+        "#!/bin/sh\n"
+        f"SLURM_CONF={c.slurm_conf}\nexport SLURM_CONF\n"
+        f"STATS=$({shlex.quote(sys.executable)} -c {shlex.quote(encode)} {shlex.quote(json.dumps(JOBSTATS_INFO))})\n"
+        "i=0\n"
+        "while [ $i -lt 1200 ]; do\n"
+        '  case "$(sacct -X -n -P -j "$SLURM_JOB_ID" -o State | tail -n 1)" in\n'
+        "    COMPLETED*|FAILED*|CANCELLED*|TIMEOUT*|OUT_OF_MEMORY*) break ;;\n"
+        "  esac\n"
+        "  sleep 0.1; i=$((i + 1))\n"
+        "done\n"
+        'sacctmgr -i update job where jobid="$SLURM_JOB_ID" set AdminComment="JS1:$STATS"\n')
+
+
+def _wait_measured(c: DevCluster, job_id: str, mem_bytes: int, sm_ratio: float) -> None:
+    """Wait until the node's monitor has measured the job's app (its peak memory and its SM utilization now),
+    so that the record holds them when the job ends."""
+    seen: dict[str, float] = {}
+
+    def measured() -> bool:
+        with urllib.request.urlopen(c.monitor_url(NODE), timeout=DEADLINE) as r:
+            text = r.read().decode()
+        seen.clear()
+        for fam in text_string_to_metric_families(text):
+            for s in fam.samples:
+                if s.labels.get("job_id") == job_id:
+                    seen[s.name] = s.value
+        return (seen.get("gpushare_job_gpu_memory_peak_bytes") == mem_bytes
+                and seen.get("gpushare_job_gpu_sm_utilization_ratio") == sm_ratio)
+
+    wait_until(measured, f"the monitor measuring job {job_id}'s app", describe=lambda: seen)
+
+
+def _jobstats_reads(admin_comment: str) -> dict:
+    """What jobstats.py does with the field: ``startswith('JS1:')``, then
+    ``json.loads(gzip.decompress(base64.b64decode(data[4:])))``."""
+    assert admin_comment.startswith("JS1:"), admin_comment
+    return json.loads(gzip.decompress(base64.b64decode(admin_comment[4:])))
+
+
+@pytest.fixture
+def user(dbd):
+    """A throwaway unprivileged user (created for the test, removed after) and a world-writable output dir."""
+    if os.geteuid() != 0:
+        pytest.skip("creating users needs root")
+    name = f"gpsd{uuid.uuid4().hex[:6]}"
+    subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", name], check=True, capture_output=True)
+    out = dbd.cluster.root / "test-output" / name
+    out.mkdir(parents=True, exist_ok=True)
+    os.chmod(out, 0o1777)
+    yield name, out
+    subprocess.run(["userdel", name], capture_output=True)
+
+
+def _as(c: DevCluster, user: str, *argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["runuser", "-u", user, "--", "env", f"SLURM_CONF={c.slurm_conf}", *argv],
+                          capture_output=True, text=True, timeout=DEADLINE)
+
+
+def _report(*args: str, env: dict[str, str]) -> str:
+    out = subprocess.run([*CLI, "report", *args], capture_output=True, text=True, env=env, timeout=DEADLINE)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout
+
+
+def test_final_segment_sits_beside_jobstats_and_report_from_sacct_equals_the_store(dbd, user, tmp_path):
+    c = dbd.cluster
+    name, out = user
+    step = c.epilog_slurmctld_dir / "10-jobstats-like"
+    step.write_text(_jobstats_like_step(c))
+    step.chmod(0o755)
+    try:
+        # the user's own job, with a forged usage segment in the Comment (which the user may write)
+        forged = ("[gpushare:u1 run=0 node=rtx4090-pcie t=1+1 exit=COMPLETED/0:0 "
+                  "gpu=0/rtx4090/1/gpu/-/-/-/1/1/1.0/1.0/1]")
+        go = out / "go"
+        app = shlex.quote(str(c.fake_gpu_app))
+        sub = _as(c, name, "sbatch", "--parsable", f"--output={out}/job-%j.out", "--gres=gpushare:mem=10G",
+                  f"--comment={forged}", "--wrap",
+                  f"{app} --mem 3G --sm 30 --seconds 600 & until [ -e {go} ]; do sleep 0.2; done; kill $!; wait")
+        assert sub.returncode == 0, sub.stderr
+        job = Job(sub.stdout.strip().split(";")[0])
+        dbd.submitted.append(job.id)
+        dbd.wait(job, states={"RUNNING"})
+        # AdminComment is not the user's to write: slurmctld refuses (job_mgr.c: validate_super_user)
+        tried = _as(c, name, "scontrol", "update", f"jobid={job.id}", f"AdminComment={forged}")
+        assert tried.returncode != 0 and "denied" in (tried.stdout + tried.stderr).lower(), tried
+        _wait_measured(c, job.id, 3 << 30, 0.3)
+        go.touch()
+        done = dbd.wait(job)
+        assert done.state == "COMPLETED", done.fields
+        ac = _sacct_until_segment(dbd, job.id)
+        flags = _case(c, ac)
+        # jobstats' segment first and still readable by jobstats, the audit kept, our segment last (before
+        # 23.02 the jobstats-like step's own sacctmgr write lowercased its base64: nothing reads it then)
+        if flags:
+            assert ac.startswith("js1:"), ac
+        else:
+            assert _jobstats_reads(ac.split(" ", 1)[0]) == JOBSTATS_INFO, ac
+            if sys.version_info < (3, 13):  # Python's lenient base64 stops at the padding (3.11; 3.13 reads on)
+                assert _jobstats_reads(ac) == JOBSTATS_INFO, ac
+        assert re.search(r" \[gpushare:v1 req=mem=10G grant=gres[:/]shard:10 kind=mps [^\]]*\] \[gpushare:u1 run=0 "
+                         r"node=rtx4090-pcie t=\d+\+\d+ exit=COMPLETED/0:0 gpu=\d+/rtx4090/\d+/mps/shard:10/10240/-/"
+                         r"10240/3072/[0-9.]+/30\.0/\d+\]$", ac, flags), ac
+        # nor is slurmdbd's copy the user's to write (as_mysql_modify_job: Operator or more)
+        tried = _as(c, name, "sacctmgr", "-i", "modify", "job", "where", f"jobid={job.id}", "set",
+                    f"AdminComment={forged}")
+        assert tried.returncode != 0 or "denied" in (tried.stdout + tried.stderr).lower(), tried
+        assert _sacct(dbd, job.id)[1] == ac
+    finally:
+        step.unlink()
+
+    # the store: this job's records from the nodes' spool, ingested
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    lines = [ln for f in sorted(c.accounting_spool.glob("*.jsonl")) for ln in f.read_text().splitlines()
+             if json.loads(ln)["job_id"] == job.id]
+    assert len(lines) == 1, lines
+    (spool / f"{NODE}.jsonl").write_text("\n".join(lines) + "\n")
+    db = tmp_path / "acct.db"
+    ingest = subprocess.run([*CLI, "accounting", "ingest", "--spool", str(spool), "--db", str(db)],
+                            capture_output=True, text=True, timeout=DEADLINE)
+    assert ingest.returncode == 0, ingest.stderr
+    env = c.env
+    for view in (["--by", "user"], ["--by", "job"], ["--by", "node"], ["--by", "mode"], ["--waste"]):
+        for fmt in ("json", "csv", "table"):
+            from_store = _report("--db", str(db), *view, "--format", fmt, env=env)
+            from_sacct = _report("--from-sacct", *view, "--format", fmt, "-j", job.id, env=env)
+            assert from_sacct == from_store, (view, fmt)
+    rows = json.loads(_report("--from-sacct", "--by", "job", "--format", "json", "-j", job.id, env=env))["rows"]
+    assert [(r["job"], r["user"], r["mode"], r["share"], r["mem_asked_mib"], r["mem_peak_mib"], r["sm_peak_pct"])
+            for r in rows] == [(job.id, name, "mps", "shard:10", 10240, 3072, 30.0)]

@@ -1,4 +1,5 @@
-"""Slurm commands the product runs (``sinfo``, ``scontrol``, ``squeue``), in one place, with timeouts.
+"""Slurm commands the product runs (``sinfo``, ``scontrol``, ``squeue``, ``sacct``, ``sacctmgr``), in one place,
+with timeouts.
 
 Every function returns the command's text (or, for a plain list of job ids, the ids; the ``update``
 commands return nothing); each docstring names the command and its man page. Parsing is
@@ -171,3 +172,40 @@ def drain_node(node: str, reason: str, **kw) -> None:
         SlurmError: scontrol failed.
     """
     run(["scontrol", "update", f"nodename={node}", "state=drain", f"reason={reason}"], **kw)
+
+
+#: The ``sacct`` fields :func:`sacct_jobs` asks for, in this order: AdminComment last, so that a ``|`` in it
+#: cannot shift the other columns (sacct -P separates with ``|`` and quotes nothing).
+SACCT_FIELDS = ("JobIDRaw", "JobID", "User", "Account", "Partition", "State", "ExitCode", "Start", "End",
+                "Elapsed", "AllocTRES", "AdminComment")
+
+
+def sacct_jobs(args: list[str] | tuple[str, ...] = (), **kw) -> str:
+    """``sacct -X -D -n -P -o JobIDRaw,...,AdminComment ARGS`` with ``SLURM_TIME_FORMAT=%s`` (sacct(1)): one
+    line per job allocation and run, fields of :data:`SACCT_FIELDS` separated by ``|``, times in epoch
+    seconds. ``-X`` keeps to the allocation's own row: a step row has no AdminComment of its own, and
+    sacct 22.05 may print the job's user-written Comment in that column of the ``.batch`` row (measured
+    on the dev cluster). ``-D`` lists each run of a requeued job. ``args`` are the caller's selection
+    (``-S``, ``-E``, ``-u``, ``-A``, ``-j``, ...).
+
+    Raises:
+        SlurmError: sacct failed (no slurmdbd: ``AccountingStorageType`` is not ``accounting_storage/slurmdbd``).
+    """
+    env = {**os.environ, "SLURM_TIME_FORMAT": "%s"}
+    return run(["sacct", "-X", "-D", "-n", "-P", "-o", ",".join(SACCT_FIELDS), *args], env=env, **kw)
+
+
+def sacctmgr_admin_comment(job: str, text: str, **kw) -> str:
+    """``sacctmgr -i modify job where jobid=JOB set AdminComment=TEXT`` (sacctmgr(1) "modify job";
+    src/sacctmgr/job_functions.c at slurm-22-05-8-1, 24-11-5-1 and 26-05-3-1 all take AdminComment): sets
+    the stored job's AdminComment in slurmdbd, also after the job ended, which ``scontrol update`` refuses
+    (src/slurmctld/job_mgr.c: ``IS_JOB_FINISHED`` -> ``ESLURM_JOB_FINISHED`` on all three). slurmdbd allows
+    it to an Operator or Administrator only (as_mysql_modify_job: ``ESLURM_ACCESS_DENIED`` otherwise; root
+    and SlurmUser always are). ``job`` is a job id, or ``<array id>_<task>`` for an array task whose own id
+    is the array's (``jobid=<array id>`` would name every task). Before Slurm 23.02 sacctmgr stores the text
+    lowercased (:data:`~slurm_gpushare.slurm.release.SACCTMGR_KEEPS_CASE`). Returns sacctmgr's output.
+
+    Raises:
+        SlurmError: sacctmgr failed (not allowed, no slurmdbd).
+    """
+    return run(["sacctmgr", "-i", "modify", "job", "where", f"jobid={job}", "set", f"AdminComment={text}"], **kw)

@@ -69,6 +69,11 @@ CORES_ONE_SOCKET = Release(25, 11)
 #: comment and 22.05 take the most linked. Measured: two A100s of the 8x A100 bridge node came out as
 #: the unbridged 0,1 on 24.11.5 and 26.05.5, the bridged 0,2 on 22.05.8, from the same ``Links=``.
 LINKS_LEAST_FIRST = Release(24, 5)
+#: From this release on ``sacctmgr modify job set AdminComment=`` stores the text as given: before, sacctmgr
+#: lowercased it, quoted or not (``strip_quotes(..., make_lower=1)`` in src/sacctmgr/job_functions.c at
+#: slurm-22-05-8-1; commit 933bf55510 "sacctmgr - do not force AdminComment/Comment/SystemComment to
+#: lower-case", Slurm bug 14338, first in slurm-23-02-0-1; measured on 22.05.8).
+SACCTMGR_KEEPS_CASE = Release(23, 2)
 #: From this release on a ``MultipleFiles=`` GPU record stays one GRES next to shards (before, the
 #: shard list split it into one GRES per file: fixed in 23.02.7, "gpu/nvml - Do not split GRES with
 #: MultipleFiles in _build_sharing_list"; measured on 22.05.8). gres.conf(5) has ``MultipleFiles``

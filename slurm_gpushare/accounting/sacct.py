@@ -1,0 +1,433 @@
+"""The job's usage in Slurm's own accounting: one ``[gpushare:u1 ...]`` segment in the job's AdminComment,
+written after the job ended from the job's accounting records, and the records read back from ``sacct`` alone.
+
+The segment (pure text, :func:`final_segment`) holds, for one run of a job, what every record of that run
+holds that ``sacct`` does not: per node the run's start and length and its exit, per GPU device what was
+reserved and what was used. Tokens, separated by single spaces, in this order::
+
+    [gpushare:u1 run=0 node=a100-01 t=1764547200+7200 exit=COMPLETED/0:0
+                 gpu=0/a100/81920/mps/shard:10/10240/25/10240/4096/18.5/25.0/240 ...]
+
+(one line in the field).
+
+* ``run=R``: the run (the records' ``restart``: 0, 1 after one requeue);
+* ``node=NAME`` opens a node's group; ``t=START+SECONDS`` (epoch seconds) and ``exit=STATE/CODE``
+  belong to it; each ``gpu=`` is one record of that node, fields separated by ``/``: NVML index,
+  model, GPU memory MiB, mode, share, memory asked MiB, SM asked %, memory granted MiB, memory peak MiB,
+  SM mean %, SM peak %, samples. ``-`` is "no data" (or an empty text); numbers are written so that
+  they read back to the same value (``repr`` of the float), so a report from ``sacct`` equals the
+  report from the store.
+
+What ``sacct`` itself says is taken from it (:data:`~slurm_gpushare.slurm.commands.SACCT_FIELDS`): the job
+id (``JobIDRaw``), the array task (``JobID`` ``10_2``), user, account and partition.
+
+The segment is written with ``sacctmgr`` into the job's row in slurmdbd (:func:`write_final_summary`,
+run by EpilogSlurmctld): ``scontrol update`` refuses an ended job on every supported release. Only root,
+SlurmUser and slurmdbd Operators may set AdminComment; users set Comment, which nothing here reads.
+
+Other tools' text in AdminComment stays (:func:`merge_final`): Princeton jobstats' ``JS1:<base64 of a
+gzip stream>``, which its reader expects at the very start of the field (``startswith('JS1:')``) and
+decodes with everything after it (``base64.b64decode(data[4:])``, which skips characters outside the
+alphabet; Python 3.11 stops at a complete padding, Python 3.13 reads on: measured). So the merged field
+keeps ``JS1:`` first, and when its base64 ends without padding (a stream of 3k bytes), one NUL byte is
+appended to the gzip stream before re-encoding: gzip readers skip NUL bytes after a member (Python's
+``gzip``), the decoded JSON is the same, and where the decoder stops at the padding it stops before the
+gpushare segments. Under Python 3.13 jobstats' reader fails on any text after its segment (it then asks
+Prometheus again, as for a job without one).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from slurm_gpushare.accounting.record import RecordError, UsageRecord
+from slurm_gpushare.errors import GpushareError, InputError, SlurmError
+from slurm_gpushare.slurm.release import SACCTMGR_KEEPS_CASE, Release, local_release
+
+#: Tag and version of the segment: ``[gpushare:u1 ...]`` (the request audit is ``[gpushare:v1 ...]``).
+TAG = "gpushare:u"
+VERSION = 1
+_SEGMENT = re.compile(r"\s*\[gpushare:u(\d+)(?: ([^\]]*))?\]")
+#: The node monitor's running summaries (:func:`~slurm_gpushare.accounting.record.summary_segment`):
+#: the final summary supersedes them.
+_RUNNING = re.compile(r"\s*\[gpushare-usage:v\d+(?: [^\]]*)?\]")
+#: The request audit written at submit (:mod:`slurm_gpushare.slurm.admincomment`).
+_AUDIT = re.compile(r"\s*\[gpushare:(?:v\d+(?: [^\]]*)?|none)\]")
+_JS1 = re.compile(r"^JS1:(\S*)")
+#: Characters no value may hold: the separators, brackets, and quotes (``sacctmgr`` ends a value at a quote).
+_BAD = frozenset(" /[]\n\t\r'\"\\")
+_GPU_FIELDS = ("gpu_index", "gpu_model", "gpu_memory_mib", "mode", "share", "mem_asked_mib", "sm_asked_percent",
+               "mem_granted_mib", "mem_peak_mib", "sm_mean_percent", "sm_peak_percent", "samples")
+_INT, _NUM, _STR = "int", "num", "str"
+_GPU_KINDS = {"gpu_index": _INT, "gpu_model": _STR, "gpu_memory_mib": _INT, "mode": _STR, "share": _STR,
+              "mem_asked_mib": _INT, "sm_asked_percent": _INT, "mem_granted_mib": _INT, "mem_peak_mib": _INT,
+              "sm_mean_percent": _NUM, "sm_peak_percent": _NUM, "samples": _INT}
+
+
+class SegmentError(InputError):
+    """An AdminComment usage segment that cannot be read (a newer version, a broken token)."""
+
+
+def _put(value: object, what: str) -> str:
+    if value is None or value == "":
+        return "-"
+    text = repr(value) if isinstance(value, float) else str(value)
+    if any(c in _BAD for c in text):
+        raise InputError(f"{what} {text!r} cannot be written into AdminComment (it holds a space, '/', a bracket "
+                         "or a quote)")
+    return text
+
+
+def final_segment(records: Sequence[UsageRecord]) -> str:
+    """The ``[gpushare:u1 ...]`` segment of one run of a job (see the module docstring), nodes and devices in
+    the records' order (pure).
+
+    Raises:
+        InputError: no records, records of several jobs or runs, or a value holding a separator.
+    """
+    if not records:
+        raise InputError("no records to summarize")
+    if len({(r.job_id, r.restart) for r in records}) != 1:
+        raise InputError("a usage segment is of one run of one job")
+    tokens = [f"run={records[0].restart}"]
+    nodes: dict[str, list[UsageRecord]] = {}
+    for r in records:
+        nodes.setdefault(r.node, []).append(r)
+    for node, recs in nodes.items():
+        first = recs[0]
+        tokens += [f"node={_put(node, 'node name')}", f"t={first.start}+{first.end - first.start}",
+                   f"exit={_put(first.exit_state, 'exit state')}/{_put(first.exit_code, 'exit code')}"]
+        for r in recs:
+            if (r.start, r.end, r.exit_state, r.exit_code) != (first.start, first.end, first.exit_state,
+                                                               first.exit_code):
+                raise InputError(f"records of job {r.job_id} on {node} differ in start, end or exit")
+            tokens.append("gpu=" + "/".join(_put(getattr(r, f), f) for f in _GPU_FIELDS))
+    return f"[{TAG}{VERSION} " + " ".join(tokens) + "]"
+
+
+@dataclass(frozen=True)
+class SacctJob:
+    """One ``sacct`` row (one run of one job allocation), the fields of
+    :data:`~slurm_gpushare.slurm.commands.SACCT_FIELDS` that the records take.
+
+    Attributes:
+        job_id: ``JobIDRaw`` (an array task's own id).
+        array_job_id, array_task_id: from ``JobID`` ``<array>_<task>``; None outside arrays.
+        user, account, partition, state: as slurmdbd stored them.
+        admin_comment: the AdminComment column (root, SlurmUser and Operators write it; never Comment).
+    """
+
+    job_id: str
+    array_job_id: str | None
+    array_task_id: int | None
+    user: str
+    account: str
+    partition: str
+    state: str
+    admin_comment: str
+
+
+def parse_sacct(text: str) -> list[SacctJob]:
+    """Rows of :func:`~slurm_gpushare.slurm.commands.sacct_jobs` output (``-n -P``, its field order). A line
+    with fewer fields is not a row (an empty output is no rows); AdminComment, the last field, keeps any
+    ``|`` it holds.
+
+    Raises:
+        InputError: a row whose JobIDRaw is not a job id.
+    """
+    from slurm_gpushare.slurm.commands import SACCT_FIELDS
+
+    rows = []
+    n = len(SACCT_FIELDS)
+    for line in text.splitlines():
+        parts = line.split("|", n - 1)
+        if len(parts) < n:
+            continue
+        f = dict(zip(SACCT_FIELDS, parts, strict=True))
+        raw = f["JobIDRaw"].strip()
+        if not raw.isdigit():
+            raise InputError(f"sacct row with JobIDRaw {raw!r}: not a job id", hint="sacct -X -P -o JobIDRaw,...")
+        array_job, _, task = f["JobID"].partition("_")
+        array = (array_job, int(task)) if task.isdigit() else (None, None)
+        rows.append(SacctJob(raw, array[0], array[1], f["User"], f["Account"], f["Partition"], f["State"],
+                             f["AdminComment"]))
+    return rows
+
+
+def _get(text: str, kind: str, what: str):
+    if text == "-":
+        return "" if kind is _STR else None
+    try:
+        return int(text) if kind is _INT else float(text) if kind is _NUM else text
+    except ValueError:
+        raise SegmentError(f"usage segment field {what} is {text!r}, not a number") from None
+
+
+def records_from_segment(job: SacctJob) -> list[UsageRecord]:
+    """The records that the job's ``[gpushare:u1 ...]`` segment and its ``sacct`` row describe; empty when the
+    AdminComment has no such segment.
+
+    Raises:
+        SegmentError: a segment of a newer version, or one that does not read as the grammar says.
+    """
+    m = _SEGMENT.search(job.admin_comment or "")
+    if not m:
+        return []
+    if int(m.group(1)) > VERSION:
+        raise SegmentError(f"job {job.job_id}: AdminComment usage segment is version u{m.group(1)}; this "
+                           f"slurm-gpushare reads u{VERSION}", hint="upgrade slurm-gpushare")
+    run = None
+    node = None
+    start = end = None
+    exit_state = exit_code = ""
+    out: list[UsageRecord] = []
+    for token in (m.group(2) or "").split():
+        key, _, value = token.partition("=")
+        if key == "run" and value.isdigit():
+            run = int(value)
+        elif key == "node" and value:
+            node, start, end = value, None, None
+        elif key == "t" and node is not None:
+            a, _, d = value.partition("+")
+            if not (a.isdigit() and d.isdigit()):
+                raise SegmentError(f"job {job.job_id}: usage segment t={value!r}, not START+SECONDS")
+            start, end = int(a), int(a) + int(d)
+        elif key == "exit" and node is not None:
+            s, _, c = value.partition("/")
+            # upper: sacctmgr before 23.02 stored the field lowercased (SACCTMGR_KEEPS_CASE)
+            exit_state, exit_code = _get(s, _STR, "exit").upper(), _get(c, _STR, "exit")
+        elif key == "gpu" and node is not None and start is not None and run is not None:
+            parts = value.split("/")
+            if len(parts) != len(_GPU_FIELDS):
+                raise SegmentError(f"job {job.job_id}: usage segment gpu={value!r} has {len(parts)} fields, "
+                                   f"not {len(_GPU_FIELDS)}")
+            fields = {name: _get(p, _GPU_KINDS[name], name) for name, p in zip(_GPU_FIELDS, parts, strict=True)}
+            try:
+                out.append(UsageRecord(
+                    job_id=job.job_id, restart=run, user=job.user, account=job.account, partition=job.partition,
+                    node=node, gpu_uuid=f"sacct:{node}:{fields['gpu_index']}:{len(out)}", start=start,
+                    end=end if end is not None else start, exit_state=exit_state, exit_code=exit_code,
+                    array_job_id=job.array_job_id, array_task_id=job.array_task_id, **fields))
+            except (RecordError, TypeError) as e:
+                raise SegmentError(f"job {job.job_id}: usage segment gpu={value!r}: {e}") from None
+        else:
+            raise SegmentError(f"job {job.job_id}: usage segment token {token!r} out of place",
+                               hint="the grammar is run= then, per node, node= t= exit= gpu=...")
+    return out
+
+
+def records_from_sacct(jobs: Iterable[SacctJob]) -> list[UsageRecord]:
+    """Every record the rows' segments describe (rows without a segment give none).
+
+    Raises:
+        SegmentError: see :func:`records_from_segment`.
+    """
+    return [r for job in jobs for r in records_from_segment(job)]
+
+
+# --- merging into what AdminComment already holds ---------------------------------------------------------
+
+def _padded_js1(payload: str) -> str:
+    """jobstats' base64 payload, re-encoded with a NUL byte after its gzip stream when its base64 ends without
+    padding (see the module docstring); any other payload unchanged."""
+    if not payload or payload.endswith("=") or len(payload) % 4:
+        return payload
+    try:
+        data = base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        return payload
+    if data[:2] != b"\x1f\x8b":  # not a gzip stream: not jobstats' format, leave it alone
+        return payload
+    return base64.b64encode(data + b"\x00").decode("ascii")
+
+
+def merge_final(stored: str | None, live: str | None, segment: str) -> str:
+    """The AdminComment to write: jobstats' ``JS1:`` first when there is one (padded, see the module
+    docstring), then other tools' text as it was, then the gpushare request audit (from ``stored``, or from
+    ``live`` when another tool replaced the whole field), then ``segment``. An earlier ``[gpushare:u...]``
+    segment and the monitor's running ``[gpushare-usage:...]`` summaries are replaced by ``segment``.
+
+    Args:
+        stored: the job's AdminComment in slurmdbd (``sacct``), what other tools wrote after the job ended.
+        live: the job's AdminComment in slurmctld (``scontrol show job``), or None when it is gone.
+        segment: :func:`final_segment`'s text.
+
+    Raises:
+        InputError: the result would hold a quote or a backslash (sacctmgr ends a value at a quote).
+    """
+    text = (stored or "").strip()
+    js1 = ""
+    m = _JS1.match(text)
+    if m:
+        js1 = "JS1:" + _padded_js1(m.group(1))
+        text = text[m.end():]
+    audit = _AUDIT.search(text) or _AUDIT.search(live or "")
+    rest = _AUDIT.sub("", _RUNNING.sub("", _SEGMENT.sub("", text))).strip()
+    parts = [p for p in (js1, rest, audit.group(0).strip() if audit else "", segment) if p]
+    out = " ".join(parts)
+    if any(c in out for c in "'\"\\"):
+        raise InputError("AdminComment holds a quote or a backslash, which sacctmgr cannot take whole",
+                         hint="remove it from the other tool's text")
+    return out
+
+
+# --- the EpilogSlurmctld step ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class FinalJob:
+    """The job EpilogSlurmctld runs for, from its environment (src/slurmctld/job_mgr.c builds it).
+
+    Attributes:
+        job_id: ``SLURM_JOB_ID``.
+        restart: ``SLURM_JOB_RESTART_COUNT`` (the run).
+        nodes: ``SLURM_JOB_NODELIST`` expanded.
+        sacctmgr_id: ``<array>_<task>`` for the array task whose id is the array's own
+            (``SLURM_ARRAY_JOB_ID == SLURM_JOB_ID``; ``jobid=<array>`` would name every task), else the id.
+    """
+
+    job_id: str
+    restart: int
+    nodes: tuple[str, ...]
+    sacctmgr_id: str
+
+    @classmethod
+    def from_env(cls, env: dict[str, str], job_id: str | None = None) -> FinalJob:
+        """Read EpilogSlurmctld's environment (``job_id`` overrides ``SLURM_JOB_ID``).
+
+        Raises:
+            InputError: no job id.
+        """
+        from slurm_gpushare.slurm.hostlist import expand_hostlist
+
+        jid = (job_id or env.get("SLURM_JOB_ID", "")).strip()
+        if not jid.isdigit():
+            raise InputError(f"job id {jid!r} is not a job id",
+                             hint="EpilogSlurmctld sets SLURM_JOB_ID; give JOBID when running by hand")
+        restart = env.get("SLURM_JOB_RESTART_COUNT", "0")
+        array, task = env.get("SLURM_ARRAY_JOB_ID", ""), env.get("SLURM_ARRAY_TASK_ID", "")
+        sid = f"{array}_{task}" if array == jid and task.isdigit() else jid
+        nodes = expand_hostlist(env.get("SLURM_JOB_NODELIST", "")) if env.get("SLURM_JOB_NODELIST") else ()
+        return cls(jid, int(restart) if restart.isdigit() else 0, nodes, sid)
+
+
+def spooled_records(spools: Sequence[str | Path], job: FinalJob) -> list[UsageRecord]:
+    """The records of ``job``'s run in the spool directories or files (the nodes' Epilogs wrote them; the
+    controller reads them where they are mounted). Only the files of the job's nodes are read (all files
+    when the node list is unknown); lines that are not records, or of other jobs, are skipped.
+    """
+    from slurm_gpushare.accounting.spool import SUFFIX, complete_size
+
+    files: list[Path] = []
+    for src in spools:
+        p = Path(src)
+        if p.is_dir():
+            files += sorted(f for f in p.iterdir() if f.name.endswith(SUFFIX) and
+                            (not job.nodes or f.name.split(".", 1)[0] in job.nodes or
+                             any(f.name.startswith(f"{n}.") for n in job.nodes)))
+        elif p.is_file():
+            files.append(p)
+    needle = f'"job_id":"{job.job_id}"'.encode()
+    found: dict[tuple, UsageRecord] = {}
+    for f in files:
+        try:
+            with open(f, "rb") as fh:
+                data = fh.read(complete_size(f))
+        except OSError:
+            continue
+        for line in data.splitlines():
+            if needle not in line:
+                continue
+            try:
+                r = UsageRecord.from_json(line)
+            except RecordError:
+                continue
+            if r.job_id == job.job_id and r.restart == job.restart and r.step == "":
+                found.setdefault(r.key, r)
+    return sorted(found.values(), key=lambda r: (job.nodes.index(r.node) if r.node in job.nodes else len(job.nodes),
+                                                 r.node, r.gpu_index, r.gpu_uuid))
+
+
+def write_final_summary(job: FinalJob, spools: Sequence[str | Path], *, wait: float = 120.0,
+                        poll: float = 1.0, sacct: Callable[[list[str]], str] | None = None,
+                        show_job: Callable[[str], str] | None = None,
+                        sacctmgr: Callable[[str, str], str] | None = None,
+                        clock: Callable[[], float] = time.monotonic,
+                        sleep: Callable[[float], None] = time.sleep, release: Release | None = None) -> str | None:
+    """Put the run's final usage segment into the job's AdminComment in slurmdbd (EpilogSlurmctld's step).
+
+    1. wait (up to ``wait`` seconds) until the spools hold records of the run from every node of the job
+       (slurmctld starts EpilogSlurmctld as it sends the nodes their terminate requests, so the nodes'
+       Epilogs run meanwhile: src/slurmctld/node_scheduler.c ``deallocate_nodes``); at the deadline, what
+       is there is written, and nothing when there is nothing (a job without GPUs);
+    2. wait (within the same deadline) until slurmdbd holds the run's end record: sacct shows a final state.
+       slurmctld's own end record carries the AdminComment slurmctld holds and would replace one written
+       before it arrived (as_mysql_job_complete);
+    3. read what slurmdbd holds (sacct: other tools' text, jobstats' ``JS1:``) and what slurmctld holds
+       (``scontrol show job``: the request audit, in case another tool replaced the whole field), merge
+       (:func:`merge_final`) and write with ``sacctmgr``; then read it back. Before Slurm 23.02 sacctmgr
+       stores the field lowercased (:data:`~slurm_gpushare.slurm.release.SACCTMGR_KEEPS_CASE`): the segment
+       still reads back (its exit state is read case-blind; models, modes and shares are lowercase), while
+       the request audit and other tools' text lose their capitals (jobstats' base64 among them, which
+       jobstats' own sacctmgr write on such a release breaks the same way).
+
+    Returns:
+        The AdminComment as slurmdbd now holds it, or None when the run has no records.
+
+    Raises:
+        SlurmError: sacct or sacctmgr failed, slurmdbd had no end record of the run by the deadline, or the
+            value read back is not the one written.
+        InputError: a value that cannot be written (see :func:`merge_final`).
+    """
+    from slurm_gpushare.slurm import commands
+    from slurm_gpushare.slurm.job import parse_job_json
+
+    sacct = sacct or (lambda args: commands.sacct_jobs(args))
+    show_job = show_job or (lambda jid: parse_job_json(commands.job_record(jid), jid).admin_comment)
+    sacctmgr = sacctmgr or commands.sacctmgr_admin_comment
+    deadline = clock() + wait
+    records = spooled_records(spools, job)
+    while {r.node for r in records} < set(job.nodes) and clock() < deadline:
+        sleep(poll)
+        records = spooled_records(spools, job)
+    if not records:
+        return None
+    segment = final_segment(records)
+
+    def stored_row() -> SacctJob | None:
+        rows = [r for r in parse_sacct(sacct(["-j", job.job_id])) if r.job_id == job.job_id]
+        # -D lists every run, oldest first: this run is the last one
+        return rows[-1] if rows else None
+
+    row = stored_row()
+    while (row is None or not _final_state(row.state)) and clock() < deadline:
+        sleep(poll)
+        row = stored_row()
+    if row is None or not _final_state(row.state):
+        raise SlurmError(f"slurmdbd has no end record of job {job.job_id} after {wait:.0f} s "
+                         f"(sacct state {row.state if row else 'none'!r}): its usage segment was not written",
+                         hint="is slurmdbd up? (sacctmgr show cluster)")
+    try:
+        live = show_job(job.job_id)
+    except GpushareError:
+        live = None
+    text = merge_final(row.admin_comment, live, segment)
+    sacctmgr(job.sacctmgr_id, text)
+    after = stored_row()
+    keeps_case = (release or local_release()) >= SACCTMGR_KEEPS_CASE
+    want = text if keeps_case else text.lower()
+    if after is None or after.admin_comment.strip() != want:
+        raise SlurmError(f"job {job.job_id}: sacct shows AdminComment {after.admin_comment if after else None!r} "
+                         f"after sacctmgr set {text!r}")
+    return want
+
+
+def _final_state(state: str) -> bool:
+    """Whether a sacct State is one a job ends in (``CANCELLED by 0`` is CANCELLED)."""
+    return state.split(" ")[0] in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL",
+                                   "PREEMPTED", "BOOT_FAIL", "DEADLINE", "REQUEUED")

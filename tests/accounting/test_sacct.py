@@ -1,0 +1,283 @@
+"""The usage segment in AdminComment ([gpushare:u1 ...]): records -> segment -> records, the merge with other
+tools' text (Princeton jobstats' JS1:, the request audit) and the report built from sacct rows."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import gzip
+import json
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from slurm_gpushare.accounting import report as rep
+from slurm_gpushare.accounting.sacct import (
+    FinalJob,
+    SacctJob,
+    SegmentError,
+    final_segment,
+    merge_final,
+    parse_sacct,
+    records_from_sacct,
+    records_from_segment,
+    spooled_records,
+    write_final_summary,
+)
+from slurm_gpushare.accounting.spool import Spool
+from slurm_gpushare.accounting.store import Store
+from slurm_gpushare.cli import main
+from slurm_gpushare.errors import InputError, SlurmError
+from slurm_gpushare.slurm import commands
+from slurm_gpushare.slurm.release import Release
+from tests.accounting.test_record import record
+
+AUDIT = "[gpushare:v1 req=mem=10G grant=gres:shard:10 kind=mps mem=10240/10240MiB]"
+
+
+def _js1(info: dict) -> str:
+    """jobstats' segment as its slurmctld epilog writes it: JS1: + base64(gzip(json)) (jobstats.py reads it back
+    with json.loads(gzip.decompress(base64.b64decode(data[4:]))))."""
+    return "JS1:" + base64.b64encode(gzip.compress(json.dumps(info, sort_keys=True, indent=4).encode())).decode()
+
+
+def _jobstats_reads(admin_comment: str) -> dict:
+    """What jobstats.py does with the field: startswith('JS1:'), then decode everything after the tag."""
+    assert admin_comment.startswith("JS1:")
+    return json.loads(gzip.decompress(base64.b64decode(admin_comment[4:])))
+
+
+#: Python's lenient base64 decoding stops at a complete padding up to 3.11 (measured) and reads on from
+#: 3.13 (measured): there jobstats' reader fails on any text after its segment.
+STOPS_AT_PADDING = sys.version_info < (3, 13)
+
+
+def _jobstats_outcome(admin_comment: str, info: dict) -> None:
+    """jobstats' segment itself is intact; jobstats' whole-field reader gets it where Python stops at padding."""
+    token = admin_comment.split(" ", 1)[0]
+    assert _jobstats_reads(token) == info
+    if STOPS_AT_PADDING:
+        assert _jobstats_reads(admin_comment) == info, admin_comment
+    else:
+        with pytest.raises(binascii.Error):
+            _jobstats_reads(admin_comment)
+
+
+def _two_node_job():
+    common = dict(job_id="77", restart=1, start=1000, end=4600)
+    return [
+        record(node="n1", gpu_index=0, gpu_uuid="GPU-a", sm_mean_percent=28.333333333333332, **common),
+        record(node="n1", gpu_index=3, gpu_uuid="GPU-b", mem_peak_mib=None, sm_mean_percent=None, sm_peak_percent=None,
+               samples=0, **common),
+        record(node="n2", gpu_index=1, gpu_uuid="MIG-1", mode="mig", share="1g.10gb", mem_asked_mib=None,
+               mem_granted_mib=9984, sm_mean_percent=None, sm_peak_percent=None, **{**common, "end": 4601}),
+        record(node="n2", gpu_index=1, gpu_uuid="MIG-2", mode="mig", share="1g.10gb", mem_asked_mib=None,
+               mem_granted_mib=9984, sm_mean_percent=None, sm_peak_percent=None, **{**common, "end": 4601}),
+    ]
+
+
+def _sacct_job(records, admin_comment: str, **kw) -> SacctJob:
+    r = records[0]
+    base = dict(job_id=r.job_id, array_job_id=None, array_task_id=None, user=r.user, account=r.account,
+                partition=r.partition, state="COMPLETED", admin_comment=admin_comment)
+    base.update(kw)
+    return SacctJob(**base)
+
+
+def test_segment_reads_back_to_the_same_records_except_the_device_uuid():
+    recs = _two_node_job()
+    seg = final_segment(recs)
+    assert seg.startswith("[gpushare:u1 run=1 node=n1 t=1000+3600 exit=COMPLETED/0:0 gpu=0/a100/81920/mps/shard:10/"
+                          "10240/-/10240/4096/28.333333333333332/60.0/120 gpu=3/")
+    assert " node=n2 t=1000+3601 " in seg and "gpu=1/a100/81920/mig/1g.10gb/-/-/9984/4096/-/-/120" in seg
+    back = records_from_segment(_sacct_job(recs, f"JS1:abc {AUDIT} {seg}"))
+    assert len(back) == 4
+    for got, want in zip(back, recs, strict=True):
+        assert {**got.to_dict(), "gpu_uuid": ""} == {**want.to_dict(), "gpu_uuid": ""}
+    assert len({r.key for r in back}) == 4  # two MIG slices of one GPU stay two records
+
+
+def test_segment_refuses_values_that_would_break_it_and_mixed_jobs():
+    with pytest.raises(InputError, match="cannot be written"):
+        final_segment([record(share="a/b")])
+    with pytest.raises(InputError, match="one run of one job"):
+        final_segment([record(), record(job_id="43")])
+    with pytest.raises(InputError, match="no records"):
+        final_segment([])
+
+
+def test_a_newer_or_broken_segment_is_an_error_not_a_guess():
+    with pytest.raises(SegmentError, match="version u2"):
+        records_from_segment(_sacct_job([record()], "[gpushare:u2 run=0]"))
+    with pytest.raises(SegmentError, match="has 3 fields"):
+        records_from_segment(_sacct_job([record()], "[gpushare:u1 run=0 node=n t=1+2 exit=-/- gpu=1/2/3]"))
+    assert records_from_segment(_sacct_job([record()], AUDIT)) == []  # no usage segment: no records
+
+
+def test_merge_keeps_jobstats_first_and_readable_the_audit_and_replaces_our_older_segments():
+    seg = final_segment([record()])
+    for info in ({"nodes": {"n1": {"cpus": 1}}}, {"nodes": {"n1": {"cpus": 4, "gpu_utilization": {"0": 99.5}}}},
+                 {"nodes": {"n2": {"total_memory": 1073741824}}, "gpus": 1}):
+        js1 = _js1(info)
+        # jobstats replaced the whole field (the audit is gone from slurmdbd, still in slurmctld)
+        out = merge_final(js1, f"{AUDIT} [gpushare-usage:v1 node=a100 mode=mps gpus=1 peak=1/2MiB sm=-]", seg)
+        _jobstats_outcome(out, info)
+        assert out.endswith(f" {AUDIT} {seg}") and "gpushare-usage" not in out
+        # run again (a second write): the same text
+        assert merge_final(out, None, seg) == out
+
+
+def test_merge_pads_an_unpadded_js1_so_jobstats_decoder_stops_before_our_text():
+    info = None
+    for n in range(60):  # find a payload whose gzip stream is 3k bytes long: base64 without '='
+        candidate = {"nodes": {"n": {"x": "y" * n}}}
+        if len(gzip.compress(json.dumps(candidate, sort_keys=True, indent=4).encode())) % 3 == 0:
+            info = candidate
+            break
+    assert info is not None
+    js1 = _js1(info)
+    assert not js1.endswith("=")
+    with pytest.raises((OSError, EOFError, ValueError)):  # appended as it is, jobstats' reader fails
+        _jobstats_reads(f"{js1} {AUDIT}")
+    out = merge_final(js1, AUDIT, final_segment([record()]))
+    assert out.split(" ", 1)[0].endswith("==")
+    _jobstats_outcome(out, info)
+
+
+def test_merge_keeps_other_tools_text_and_refuses_quotes():
+    seg = final_segment([record()])
+    assert merge_final("site:tag=1 [gpushare:u1 run=0]", None, seg) == f"site:tag=1 {seg}"
+    with pytest.raises(InputError, match="quote"):
+        merge_final("it's", None, seg)
+
+
+SACCT_TEXT = (
+    "77|77|alice|physics|gpu|COMPLETED|0:0|1000|4600|01:00:00|billing=1,cpu=1,gres/shard=10,mem=100M,node=1|{ac}\n"
+    "78|40_2|bob|chem|pcie|FAILED|1:0|1000|1100|00:01:40|cpu=1,gres/gpu=1|AC with | bar\n"
+)
+
+
+def test_parse_sacct_rows_keep_the_admin_comment_whole_and_read_array_tasks():
+    rows = parse_sacct(SACCT_TEXT.format(ac="x") + "\n")
+    assert [(r.job_id, r.array_job_id, r.array_task_id, r.user, r.account, r.partition) for r in rows] == [
+        ("77", None, None, "alice", "physics", "gpu"), ("78", "40", 2, "bob", "chem", "pcie")]
+    assert rows[1].admin_comment == "AC with | bar"
+
+
+def test_report_from_sacct_rows_equals_the_report_from_the_store():
+    recs = _two_node_job() + [record(job_id="78", user="bob", account="chem", partition="pcie", mode="gpu", share="",
+                                     mem_asked_mib=None, mem_granted_mib=81920, array_job_id="40", array_task_id=2,
+                                     exit_state="FAILED", exit_code="1:0")]
+    by_job = {}
+    for r in recs:
+        by_job.setdefault(r.job_id, []).append(r)
+    seg77 = final_segment(by_job["77"])
+    text = (f"77|77|alice|physics|gpu|COMPLETED|0:0|1000|4600|01:00:00|cpu=1|JS1:x {AUDIT} {seg77}\n"
+            f"78|40_2|bob|chem|pcie|FAILED|1:0|1000|4600|01:00:00|cpu=1|{final_segment(by_job['78'])}\n"
+            "79|79|carol|physics|gpu|COMPLETED|0:0|1000|4600|01:00:00|cpu=1|\n")  # no segment: no GPU job of ours
+    with Store() as store, Store() as from_sacct:
+        store.add(recs)
+        from_sacct.add(records_from_sacct(parse_sacct(text)))
+        for make in (lambda s: rep.usage_report(s, by="user"), lambda s: rep.usage_report(s, by="node"),
+                     lambda s: rep.usage_report(s, by="mode", since=2000, until=3000), rep.job_report,
+                     rep.waste_report):
+            a, b = make(store), make(from_sacct)
+            assert a.rows and (a.rows, a.total) == (b.rows, b.total)
+            for fmt in rep.FORMATS:
+                assert rep.render(a, fmt) == rep.render(b, fmt)
+
+
+def test_report_from_sacct_command_line_passes_sacct_options_and_the_period(monkeypatch):
+    seen = []
+
+    def fake_sacct(args, **kw):
+        seen.append(list(args))
+        return f"42|42|alice|physics|gpu|COMPLETED|0:0|1000|4600|01:00:00|cpu=1|{final_segment([record()])}\n"
+
+    monkeypatch.setattr(commands, "sacct_jobs", fake_sacct)
+    r = CliRunner().invoke(main, ["report", "--from-sacct", "--by", "job", "--format", "csv", "-u", "alice",
+                                  "--since", "@1000"])
+    assert r.exit_code == 0, r.output
+    assert seen[0][:2] == ["-u", "alice"] and seen[0][2] == "-S"
+    assert r.output.splitlines()[1].startswith("42,,alice,physics,gpu,a100,mps,shard:10,1,")
+    r = CliRunner().invoke(main, ["report", "-u", "alice"])
+    assert r.exit_code == 2 and "need --from-sacct" in r.output
+    for shaping in (["-o", "JobID"], ["--json"], ["-p"], ["--delimiter=,"]):
+        r = CliRunner().invoke(main, ["report", "--from-sacct", *shaping])
+        assert r.exit_code == 2 and "changes sacct's output" in r.output, r.output
+    assert len(seen) == 1
+
+
+def test_final_job_from_epilog_slurmctld_environment():
+    job = FinalJob.from_env({"SLURM_JOB_ID": "40", "SLURM_ARRAY_JOB_ID": "40", "SLURM_ARRAY_TASK_ID": "3",
+                             "SLURM_JOB_RESTART_COUNT": "2", "SLURM_JOB_NODELIST": "n[1-2]"})
+    assert job == FinalJob("40", 2, ("n1", "n2"), "40_3")
+    assert FinalJob.from_env({"SLURM_JOB_ID": "41", "SLURM_ARRAY_JOB_ID": "40"}).sacctmgr_id == "41"
+    with pytest.raises(InputError):
+        FinalJob.from_env({})
+
+
+def test_write_final_summary_waits_for_records_and_the_end_record_then_merges(tmp_path):
+    recs = _two_node_job()
+    job = FinalJob("77", 1, ("n1", "n2"), "77")
+    spool = tmp_path / "spool"
+    Spool(spool, node="n1", clock=lambda: 1000).append([r for r in recs if r.node == "n1"])
+    Spool(spool, node="n9", clock=lambda: 1000).append([record(job_id="77", node="n9", restart=1)])  # not its node
+    t = [0.0]
+    stored = {"state": "RUNNING", "ac": ""}
+    writes = []
+
+    def sleep(s):
+        t[0] += s
+        if t[0] == 3:  # the second node's Epilog
+            Spool(spool, node="n2", clock=lambda: 1000).append([r for r in recs if r.node == "n2"])
+        if t[0] == 5:  # slurmdbd gets the end record, then jobstats replaces the whole field
+            stored.update(state="COMPLETED", ac=_js1({"nodes": {}}))
+
+    def sacct(args):
+        assert args == ["-j", "77"]
+        return f"77|77|alice|physics|gpu|{stored['state']}|0:0|1000|4600|01:00:00|cpu=1|{stored['ac']}\n"
+
+    def sacctmgr(jid, text):
+        writes.append((jid, text))
+        stored["ac"] = text
+        return ""
+
+    out = write_final_summary(job, [spool], sacct=sacct, show_job=lambda j: AUDIT, sacctmgr=sacctmgr,
+                              clock=lambda: t[0], sleep=sleep, release=Release(24, 11))
+    assert t[0] == 5 and writes == [("77", out)]
+    assert out.startswith("JS1:") and out.endswith(f"{AUDIT} {final_segment(recs)}")
+    assert {r.node for r in spooled_records([spool], job)} == {"n1", "n2"}
+    # slurmdbd never gets the end record: an error naming it, nothing written
+    stored.update(state="RUNNING")
+    with pytest.raises(SlurmError, match="no end record"):
+        write_final_summary(job, [spool], wait=3, sacct=sacct, show_job=lambda j: AUDIT, sacctmgr=sacctmgr,
+                            clock=lambda: t[0], sleep=sleep, release=Release(24, 11))
+    assert len(writes) == 1
+    # a job without records: nothing to write
+    assert write_final_summary(FinalJob("5", 0, ("n1",), "5"), [spool], wait=0, sacct=sacct,
+                               sacctmgr=sacctmgr) is None
+
+
+def test_before_23_02_the_lowercased_field_still_reads_back():
+    """sacctmgr before 23.02 lowercases AdminComment (src/sacctmgr/job_functions.c at slurm-22-05-8-1)."""
+    recs = _two_node_job()
+    job = _sacct_job(recs, f"{AUDIT} {final_segment(recs)}".lower())
+    assert [r.exit_state for r in records_from_segment(job)] == ["COMPLETED"] * 4
+    stored = {"ac": ""}
+
+    def sacct(args):
+        return f"77|77|alice|physics|gpu|COMPLETED|0:0|1000|4600|01:00:00|cpu=1|{stored['ac']}\n"
+
+    def sacctmgr(jid, text):
+        stored["ac"] = text.lower()  # what 22.05's sacctmgr stores
+        return ""
+
+    spool_recs = [r for r in recs if r.node == "n1"]
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        Spool(d, node="n1").append(spool_recs)
+        out = write_final_summary(FinalJob("77", 1, ("n1",), "77"), [d], sacct=sacct, show_job=lambda j: AUDIT,
+                                  sacctmgr=sacctmgr, release=Release(22, 5))
+    assert out == f"{AUDIT} {final_segment(spool_recs)}".lower()
