@@ -179,7 +179,9 @@ def user(billing):
     if submitted:
         billing.run(["scancel", *submitted], check=False)
     billing.run([*mgr, "delete", "user", name], check=False)
-    subprocess.run(["userdel", name], capture_output=True)
+    # userdel refuses while a process of the user runs (its jobs' steps end a moment after scancel)
+    wait_until(lambda: subprocess.run(["userdel", name], capture_output=True).returncode == 0,
+               f"userdel {name} once its jobs' processes are gone")
 
 
 def _submit_as(session: SlurmSession, user: str, *args: str, wrap: str) -> str:
