@@ -336,9 +336,10 @@ def test_check_one_node_still_sees_lines_without_nodename_and_shared_hostlists(t
 def test_check_without_slurmdbd_does_not_demand_accounting_tres(tmp_path):
     for head in ("", "AccountingStorageType=accounting_storage/none\n"):
         gres_conf, slurm_conf = _cluster_files(tmp_path, slurm_head=head)
-        # without slurmdbd the line must go: slurmctld 22.05 refuses GRES TRES without it
+        # without slurmdbd the line must go: slurmctld 22.05 refuses GRES TRES without it, and with it the
+        # GRES billing weights, which name those TRES
         slurm_conf.write_text("".join(ln for ln in slurm_conf.read_text().splitlines(keepends=True)
-                                      if not ln.startswith("AccountingStorageTRES=")))
+                                      if not ln.startswith(("AccountingStorageTRES=", "PartitionName="))))
         r = _check(A100_JSON, gres_conf, slurm_conf)
         assert r.exit_code == 0, r.output
         assert "AccountingStorageTRES" not in r.output

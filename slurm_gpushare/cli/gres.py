@@ -88,6 +88,17 @@ def _output_dir(path: str) -> tuple[Path, bool]:
 @click.option("--output-dir", type=click.Path(),
               help="write DIR/gres.conf and DIR/slurm.conf.gres instead of printing both (DIR is created "
                    "if its parent exists)")
+@click.option("--partition", "partitions", multiple=True, metavar="NAME=NODES",
+              help="write TRESBillingWeights for partition NAME of NODES (a hostlist of the given machines' "
+                   "node names); repeat for several (default: one partition 'gpu' of every given node)")
+@click.option("--billing-gpu-weight", "gpu_weight", type=float, default=1.0, show_default=True,
+              help="TRESBillingWeights weight of one whole GPU: a shard bills this / the GPU's shard count, a "
+                   "MIG device its fraction of it (the billing TRES is an integer: weigh a GPU by its shard "
+                   "count, e.g. 80, for QOS billing= limits)")
+@click.option("--billing-mig-by", "mig_by", type=click.Choice(["memory", "slices"]), default="memory",
+              show_default=True,
+              help="weigh a MIG device by its share of the GPU's memory slices (1g.10gb: 1/8) or compute "
+                   "slices (1/7)")
 @click.option("--check", is_flag=True, help="compare with the installed gres.conf/slurm.conf and lint them")
 @click.option("--gres-conf", "gres_conf", type=click.Path(),
               help="installed gres.conf for --check (default: next to $SLURM_CONF, else /etc/slurm)")
@@ -97,14 +108,18 @@ def _output_dir(path: str) -> tuple[Path, bool]:
               help="'sudo slurmd -G' output of the node: compare what slurmd detected with the generated "
                    "gres.conf, device by device (one machine only; with or without --check)")
 def gres_conf(machine_files, from_topo, gpu_name, memory, mig_table, cpus, topo_host, hostname, node_name, device_dir,
-              shard_unit, no_links, no_shards, slurm_version, mig_multiple_files, output_dir, check, gres_conf,
-              slurm_conf, slurmd_g):
+              shard_unit, no_links, no_shards, slurm_version, mig_multiple_files, output_dir, partitions,
+              gpu_weight, mig_by, check, gres_conf, slurm_conf, slurmd_g):
     """Generate gres.conf and the matching slurm.conf lines from machine descriptions.
 
     Give one or more MACHINE.json files (one node each), or --from-topo FILE, or nothing to probe
     NVML on this host. gres.conf gets one line per GPU (File=, Type=, Cores= as core ids, Links=
     from the hop matrix), one per MIG device, and Name=shard Count=<memory in --shard-unit> per
-    whole GPU; the slurm.conf text has GresTypes=, AccountingStorageTRES= and NodeName=... Gres=.
+    whole GPU; the slurm.conf text has GresTypes=, AccountingStorageTRES= (gres/gpu, gres/shard and
+    every typed gres/gpu:<type>, MIG types included), NodeName=... Gres= and one
+    PartitionName=... TRESBillingWeights= line per --partition: a whole GPU bills
+    --billing-gpu-weight, a shard:N job N/Count of it (Count: its GPU's shards), a MIG device its
+    share of the GPU (--billing-mig-by). See docs/accounting.md, "Billing and QOS limits".
 
     With --slurmd-g FILE (what 'sudo slurmd -G' printed on the node) nothing is written either: each
     GPU and MIG device slurmd detected is matched with the generated gres.conf by its device files
@@ -161,12 +176,12 @@ def gres_conf(machine_files, from_topo, gpu_name, memory, mig_table, cpus, topo_
         if check:
             status = max(status, _check(gres_text, nodes, _installed_path(gres_conf, "gres.conf"),
                                         Path(slurm_conf) if slurm_conf else _installed_path(None, "slurm.conf"),
-                                        release))
+                                        release, mig_by))
         sys.exit(status)
     if check:
         sys.exit(_check(gres_text, nodes, _installed_path(gres_conf, "gres.conf"),
-                        Path(slurm_conf) if slurm_conf else _installed_path(None, "slurm.conf"), release))
-    slurm_text = render_slurm_conf(nodes)
+                        Path(slurm_conf) if slurm_conf else _installed_path(None, "slurm.conf"), release, mig_by))
+    slurm_text = render_slurm_conf(nodes, partitions=_partitions(partitions, nodes, gpu_weight, mig_by))
     if output_dir:
         out, created = _output_dir(output_dir)
         write_files_atomically({out / "gres.conf": gres_text,
@@ -178,6 +193,41 @@ def gres_conf(machine_files, from_topo, gpu_name, memory, mig_table, cpus, topo_
     click.echo(gres_text, nl=False)
     click.echo("# ===== slurm.conf (merge these lines) =====")
     click.echo(slurm_text, nl=False)
+
+
+def _partitions(given: tuple[str, ...], nodes, gpu_weight: float, mig_by: str):
+    """The ``--partition NAME=NODES`` options as billing weights (default: ``gpu`` of every node).
+
+    Raises:
+        InputError: a value without ``=``, a bad name or hostlist, a node that is not among the given
+            machines, or a bad weight (:class:`~slurm_gpushare.gresconf.billing.BillingOptions`).
+    """
+    import re
+
+    from slurm_gpushare.errors import ParseError
+    from slurm_gpushare.gresconf.billing import BillingOptions, partition_billing
+    from slurm_gpushare.slurm.hostlist import expand_hostlist
+
+    opts = BillingOptions(gpu_weight=gpu_weight, mig_by=mig_by)
+    by_name = {n.node_name: n for n in nodes}
+    if not given:
+        return [partition_billing("gpu", nodes, opts)]
+    out = []
+    for item in given:
+        name, eq, hosts = item.partition("=")
+        if not eq or not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or not hosts:
+            raise InputError(f"--partition {item!r} is not NAME=NODES",
+                             hint="e.g. --partition a100=gpu-a[01-04] (a partition name, '=', a hostlist)")
+        try:
+            names = expand_hostlist(hosts)
+        except ParseError as e:
+            raise InputError(f"--partition {item!r}: {e}", hint="NODES is a Slurm hostlist, e.g. gpu[01-04]") from None
+        unknown = [n for n in names if n not in by_name]
+        if unknown:
+            raise InputError(f"--partition {item!r}: {', '.join(unknown)} is not among the given machines "
+                             f"({', '.join(by_name)})", hint="give each node's MACHINE.json too")
+        out.append(partition_billing(name, [by_name[n] for n in names], opts))
+    return out
 
 
 def _release(given: str | None) -> Release:
@@ -235,14 +285,16 @@ def _read_installed(path: Path, what: str, option: str) -> str:
         raise ConfigError(f"{path} is not text (UTF-8)", hint=f"point {option} at the installed {what}") from None
 
 
-def _check(gres_text: str, nodes, gres_path: Path, slurm_path: Path, release: Release) -> int:
+def _check(gres_text: str, nodes, gres_path: Path, slurm_path: Path, release: Release, mig_by: str = "memory") -> int:
     """Compare and lint; print one line per problem. Returns the exit status (0 clean, 1 problems).
 
     Only the installed lines that apply to the checked nodes count (see ``compare(nodes=...)``), and
     ``AccountingStorageTRES`` is expected only with slurmdbd: slurmctld 22.05 refuses GRES TRES without
     it, so a slurm.conf without ``AccountingStorageType=accounting_storage/slurmdbd`` must not have it.
+    The partitions holding the nodes are checked for their ``TRESBillingWeights`` (``lint_billing``, MIG
+    shares by ``mig_by``).
     """
-    from slurm_gpushare.gresconf.check import compare, lint_gres_conf
+    from slurm_gpushare.gresconf.check import compare, lint_billing, lint_gres_conf
     from slurm_gpushare.gresconf.render import render_slurm_conf
     from slurm_gpushare.slurm.conf import parse_gres_conf, parse_slurm_conf_gres
 
@@ -264,6 +316,8 @@ def _check(gres_text: str, nodes, gres_path: Path, slurm_path: Path, release: Re
     else:
         problems.append(f"slurm.conf: {slurm_path} not found (Gres= counts not checked)")
     findings = lint_gres_conf(gres, slurm, {n.node_name: n.machine for n in nodes}, nodes=names, release=release)
+    if slurm is not None:
+        findings += lint_billing(slurm, nodes, mig_by=mig_by)
     for f in findings:
         line = f"{f.severity}: {f.where}: {f.message}" + (f" ({f.hint})" if f.hint else "")
         problems.append(line) if f.severity == "error" else click.echo(line)

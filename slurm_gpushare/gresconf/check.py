@@ -39,6 +39,11 @@ h. One ``Type=`` for GPUs of two models (with machine descriptions: the GPU behi
    ``File=/dev/nvidiaN`` line, by minor number, and its model by
    :func:`~slurm_gpushare.hardware.machine.gpu_model`): ``--gres=gpu:<type>`` would be granted
    either model (a type collision, e.g. ``rtx6000`` for both a Quadro RTX 6000 and an RTX 6000 Ada).
+i. ``TRESBillingWeights`` (:func:`lint_billing`): an item that is not ``<TRES>=<number>`` or names a
+   TRES that is not tracked stops slurmctld at start (an error); a partition of the checked GPU nodes
+   without weights, or whose weights bill a shard or a MIG device another share of a GPU than
+   :mod:`slurm_gpushare.gresconf.billing` gives it (a MIG slice billed as a whole GPU, a shard billed
+   nothing), is a warning.
 
 Device numbers (the positions of ``Links=``) are the order of the node's ``Name=gpu`` device lines,
 which is how :mod:`slurm_gpushare.gresconf.render` writes them (ascending NVML index = PCI bus order).
@@ -46,11 +51,19 @@ which is how :mod:`slurm_gpushare.gresconf.render` writes them (ascending NVML i
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from slurm_gpushare.errors import InputError
+from slurm_gpushare.gresconf.billing import (
+    DEFAULT_TRES,
+    BillingOptions,
+    format_weight,
+    parse_weights,
+    partition_billing,
+)
 from slurm_gpushare.hardware.machine import CpuLayout, Machine, gpu_model
 from slurm_gpushare.slurm.conf import (
     GresConf,
@@ -72,6 +85,7 @@ from slurm_gpushare.slurm.gresrules import (
     links_for_release,
 )
 from slurm_gpushare.slurm.hostlist import compress_hostlist, format_ranges
+from slurm_gpushare.slurm.nodegres import NodeGres
 from slurm_gpushare.slurm.release import OLDEST, Release
 from slurm_gpushare.topology.hops import slurm_links
 
@@ -986,3 +1000,71 @@ def _compare_slurm(expected: SlurmGresConf, installed: SlurmGresConf) -> list[st
                 report.add(node.name, "diff", f"{key} differs: installed {have if have is not None else '(none)'} "
                                               f"expected {want}")
     return report.lines()
+
+
+# --- billing weights --------------------------------------------------------------------------
+
+
+def lint_billing(slurm: SlurmGresConf, nodes: Iterable[NodeGres], *, mig_by: str = "memory") -> list[Finding]:
+    """Lint (i): the ``TRESBillingWeights`` of every partition, and the shares they give the GPUs of
+    ``nodes`` (the generated nodes being checked).
+
+    A partition's GPU weight ``W`` is read from it: the weight of a whole-GPU type
+    (``GRES/gpu:<model>``) plus the untyped ``GRES/gpu`` (a job is allocated both). The expected
+    weights are :func:`~slurm_gpushare.gresconf.billing.partition_billing` of the checked nodes it
+    holds with that ``W`` (nodes it holds that are not checked do not count, also for the shard count).
+
+    Returns:
+        Findings: errors for what stops slurmctld, warnings for shares that differ.
+    """
+    tracked = set(DEFAULT_TRES) | {t.lower() for t in slurm.accounting_tres or ()}
+    checked = list(nodes)
+    out: list[Finding] = []
+    man = "slurm.conf(5) TRESBillingWeights"
+    for part in slurm.partitions:
+        items = parse_weights(part.billing_weights or "")
+        for tres, weight, item in items:
+            if weight is None:
+                out.append(Finding("error", part.where,
+                                   f"partition {part.name}: TRESBillingWeights item {item!r} is not <TRES>=<number>: "
+                                   "slurmctld stops ('failed to parse tres weights str')",
+                                   f"write a decimal, e.g. GRES/shard=0.0125 for 1/80; {man}"))
+            elif tres not in tracked:
+                out.append(Finding("error", part.where,
+                                   f"partition {part.name}: TRESBillingWeights names {item.partition('=')[0]}, "
+                                   "which is not tracked: slurmctld stops "
+                                   "('TRES weight ... is not a configured TRES type')",
+                                   f"add {tres} to AccountingStorageTRES (gres-conf prints it); {man}"))
+        mine = [n for n in checked if part.has_node(n.node_name) and n.counts]
+        if not mine:
+            continue
+        expected = partition_billing(part.name, mine)
+        if not items:
+            out.append(Finding("warning", part.where,
+                               f"partition {part.name} has no TRESBillingWeights: its jobs are billed their CPUs, a "
+                               "shard job or a MIG device as much as a whole GPU with as many CPUs",
+                               f"add TRESBillingWeights={expected.value} (gres-conf --partition "
+                               f"{part.name}=NODES); {man}"))
+            continue
+        weights = {t: w for t, w, _i in items if w is not None}
+        untyped = weights.get("gres/gpu", 0.0)
+        whole = [t.lower() for t in expected.whole if t.lower() in weights]
+        gpu_weight = weights[whole[0]] + untyped if whole else untyped
+        if gpu_weight <= 0:
+            out.append(Finding("warning", part.where, f"partition {part.name}: TRESBillingWeights gives a GPU no "
+                               f"weight ({part.billing_weights}): GPU jobs are billed nothing for their GPUs",
+                               f"e.g. TRESBillingWeights={expected.value}; {man}"))
+            continue
+        expected = partition_billing(part.name, mine, BillingOptions(gpu_weight=gpu_weight, mig_by=mig_by))
+        for tres, want in expected.weights:
+            have = weights.get(tres.lower(), 0.0) + (untyped if tres.lower().startswith("gres/gpu:") else 0.0)
+            if not math.isclose(have, want, rel_tol=1e-6, abs_tol=1e-12):
+                what = "a shard" if tres == "GRES/shard" else f"one {tres.split(':', 1)[1]} device"
+                out.append(Finding("warning", part.where,
+                                   f"partition {part.name}: {what} bills {format_weight(have)}, expected "
+                                   f"{format_weight(want)} ({format_weight(want / gpu_weight)} of a GPU, which bills "
+                                   f"{format_weight(gpu_weight)})",
+                                   f"TRESBillingWeights={expected.value} (gres-conf --partition {part.name}=NODES "
+                                   f"--billing-gpu-weight {format_weight(gpu_weight)}); {man}"))
+    return out
+

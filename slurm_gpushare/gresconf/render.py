@@ -41,14 +41,19 @@ What is written, per node, for one Slurm release (``GresOptions.release``; gres.
   lines get no ``Cores=`` because the facts are missing (an empty ``CPU Affinity`` cell inside a
   Slurm job's cpuset, a layout that cannot be inferred), so that the gap is visible, not silent.
 
-The slurm.conf side is ``GresTypes=``, ``AccountingStorageTRES=`` and one ``NodeName=... Gres=...``
-line per node whose counts equal the gres.conf records.
+The slurm.conf side is ``GresTypes=``, ``AccountingStorageTRES=`` (every ``gres/<name>`` and typed
+``gres/gpu:<type>``, MIG types included), one ``NodeName=... Gres=...`` line per node whose counts equal
+the gres.conf records and, when asked, one ``PartitionName=... TRESBillingWeights=...`` line per
+partition (:mod:`slurm_gpushare.gresconf.billing`).
 """
 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from slurm_gpushare.errors import InputError
+from slurm_gpushare.gresconf.billing import PartitionBilling, truncation_note
 from slurm_gpushare.hardware.machine import Machine
 from slurm_gpushare.memsize import format_mib
 from slurm_gpushare.slurm.gresrules import links_for_release
@@ -106,8 +111,10 @@ def render_gres_conf(nodes: list[NodeGres], *, header: str = "") -> str:
 
 
 def render_slurm_conf(nodes: list[NodeGres], *, node_params: dict[str, str] | None = None,
-                      accounting_tres: bool = True, gpushare: bool = True) -> str:
-    """The slurm.conf lines that must match the gres.conf: GresTypes, AccountingStorageTRES, NodeName.
+                      accounting_tres: bool = True, gpushare: bool = True,
+                      partitions: Sequence[PartitionBilling] = ()) -> str:
+    """The slurm.conf lines that must match the gres.conf: GresTypes, AccountingStorageTRES, NodeName
+    and, for ``partitions``, PartitionName with TRESBillingWeights.
 
     Args:
         nodes: the generated nodes.
@@ -117,6 +124,9 @@ def render_slurm_conf(nodes: list[NodeGres], *, node_params: dict[str, str] | No
             GRES TRES but no slurmdbd: "slurmdbd is required to run with TRES gres/gpu").
         gpushare: add ``gpushare`` to ``GresTypes``: sbatch/salloc/srun refuse a GRES name that is
             not in GresTypes before anything reaches job_submit.lua, which rewrites it away.
+        partitions: the partitions to write ``TRESBillingWeights`` for (their GRES weights need the
+            TRES of ``AccountingStorageTRES``: only with ``accounting_tres``), each preceded by its
+            notes and a truncation note (:func:`~slurm_gpushare.gresconf.billing.truncation_note`).
     """
     names = dict.fromkeys(["gpu"] + [n for node in nodes for (n, _t) in node.counts])
     if gpushare:
@@ -137,4 +147,12 @@ def render_slurm_conf(nodes: list[NodeGres], *, node_params: dict[str, str] | No
         if node.counts:
             parts.append(f"Gres={node.gres_value}")
         lines.append(" ".join(parts))
+    if partitions and accounting_tres:
+        lines.append("# TRESBillingWeights: merge into each partition's PartitionName= line; TRES not listed "
+                     "(CPU, memory) weigh 0")
+        for part in partitions:
+            note = truncation_note(part)
+            if note:
+                lines.append(f"# {note}")
+            lines.append(part.render())
     return "\n".join(lines) + "\n"

@@ -402,6 +402,27 @@ class SlurmNode:
 
 
 @dataclass(frozen=True)
+class SlurmPartition:
+    """One ``PartitionName=`` line of slurm.conf, as far as billing goes.
+
+    Attributes:
+        name: the partition's name.
+        nodes: its ``Nodes=`` names, hostlists expanded (``("ALL",)`` as written for every node).
+        billing_weights: ``TRESBillingWeights=`` as written (quotes removed), or None when not set.
+        where: ``file:line`` of the line.
+    """
+
+    name: str
+    nodes: tuple[str, ...]
+    billing_weights: str | None
+    where: str
+
+    def has_node(self, name: str) -> bool:
+        """Whether the partition holds node ``name`` (``Nodes=ALL`` holds every node)."""
+        return name in self.nodes or any(n.upper() == "ALL" for n in self.nodes)
+
+
+@dataclass(frozen=True)
 class SlurmGresConf:
     """The GRES part of a slurm.conf.
 
@@ -416,6 +437,8 @@ class SlurmGresConf:
         accounting_storage_type: ``AccountingStorageType=`` as written (``accounting_storage/slurmdbd``),
             or None when not set.
         accounting_storage_type_line: its line number, or None.
+        partitions: the ``PartitionName=`` lines (not ``DEFAULT``, whose values they inherit), in file
+            order.
     """
 
     source: str
@@ -427,6 +450,7 @@ class SlurmGresConf:
     accounting_storage_type: str | None = None
     accounting_storage_type_line: int | None = None
     origins: dict[str, str] = field(default_factory=dict, compare=False)
+    partitions: tuple[SlurmPartition, ...] = ()
 
     def where(self, key: str) -> str:
         """``file:line`` of ``GresTypes``, ``AccountingStorageTRES`` or ``AccountingStorageType`` (the
@@ -476,13 +500,14 @@ def parse_gres_value(text: str) -> tuple[GresItem, ...]:
 
 
 def parse_slurm_conf_gres(text: str, *, source: str, include: IncludeLoader | None = None) -> SlurmGresConf:
-    """Read ``GresTypes``, ``AccountingStorageTRES``, ``AccountingStorageType`` and every node's ``Gres=``
-    and CPU layout.
+    """Read ``GresTypes``, ``AccountingStorageTRES``, ``AccountingStorageType``, every node's ``Gres=``
+    and CPU layout, and every partition's ``Nodes=`` and ``TRESBillingWeights=``.
 
     Key names are case insensitive (slurm.conf(5): real files write ``gres=``). Lines with other
     keys are skipped. ``Include`` lines are followed with ``include`` (see the module doc) and
     skipped without it. ``NodeName=DEFAULT`` lines add to the defaults of the lines after them
-    (slurm.conf(5) "NODE CONFIGURATION").
+    (slurm.conf(5) "NODE CONFIGURATION"), ``PartitionName=DEFAULT`` lines likewise for partitions
+    (slurm.conf(5) "PARTITION CONFIGURATION").
 
     Args:
         text: the slurm.conf text (a whole file or a snippet).
@@ -499,6 +524,8 @@ def parse_slurm_conf_gres(text: str, *, source: str, include: IncludeLoader | No
     defaults: dict[str, str] = {}
     nodes: dict[str, SlurmNode] = {}
     origins: dict[str, str] = {}
+    part_defaults: dict[str, str] = {}
+    partitions: list[SlurmPartition] = []
     for src, number, line in _expanded_lines(text, source, include):
         pairs = [(k, v) for k, v in _tokens(line) if k is not None]
         if not pairs:
@@ -519,6 +546,17 @@ def parse_slurm_conf_gres(text: str, *, source: str, include: IncludeLoader | No
                     if name not in nodes:
                         nodes[name] = _slurm_node(name, merged, src, number)
                 continue
+            if first == "partitionname":
+                values = {k.lower(): v.strip('"') for k, v in pairs}
+                if values["partitionname"].upper() == "DEFAULT":
+                    part_defaults.update({k: v for k, v in values.items() if k != "partitionname"})
+                    continue
+                merged = {**part_defaults, **values}
+                hosts = merged.get("nodes", "")
+                names = (hosts,) if hosts.upper() == "ALL" else expand_hostlist(hosts) if hosts else ()
+                partitions.append(SlurmPartition(values["partitionname"], names, merged.get("tresbillingweights"),
+                                                 f"{src}:{number}"))
+                continue
             for key, value in pairs:
                 if key.lower() == "grestypes":
                     gres_types, gres_types_line = tuple(v for v in value.split(",") if v), number
@@ -533,7 +571,7 @@ def parse_slurm_conf_gres(text: str, *, source: str, include: IncludeLoader | No
             raise _at(src, number, e) from None
     return SlurmGresConf(source, gres_types, gres_types_line, tres, tres_line, tuple(nodes.values()),
                          accounting_storage_type=storage_type, accounting_storage_type_line=storage_type_line,
-                         origins=origins)
+                         origins=origins, partitions=tuple(partitions))
 
 
 def _slurm_node(name: str, values: dict[str, str], source: str, number: int) -> SlurmNode:
