@@ -5,7 +5,15 @@
 -- It asks on filterd's private controller_socket (SlurmUser and root only), so that no user flooding
 -- the public socket (cli_filter.lua's) can refuse or delay slurmctld; on `socket` where it is unset.
 -- Jobs whose GRES do not mention gpushare, shard or mps never touch the socket: they cost one
--- string search per field. See docs/request-syntax.md and docs/admin-guide.md.
+-- string search per field. Beside the GRES it sends the job's other per-task, per-socket and per-GPU
+-- fields (--gpus-per-task, --tres-per-task, --gpus-per-socket, --mem-per-gpu, --cpus-per-gpu,
+-- --ntasks-per-gpu), which the service refuses beside a share. See docs/request-syntax.md and
+-- docs/admin-guide.md.
+--
+-- slurmctld loads this file again when its own mtime changes (checked at each submission; a change
+-- within the second of the last load is missed), not when gpushare_client.lua changes: after editing
+-- gpushare_client.lua, touch this file (from Slurm 23.11 on, `scontrol reconfigure` restarts slurmctld
+-- and reloads both).
 
 local dir = string.match(debug.getinfo(1, "S").source, "^@(.*/)") or "./"
 local client = dofile(dir .. "gpushare_client.lua")
@@ -62,6 +70,8 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
   local answer, why = client.ask({
     op = "submit", tres_per_node = tpn or "", tres_per_job = tpj or "",
     tres_per_task = job_desc.tres_per_task or "", tres_per_socket = job_desc.tres_per_socket or "",
+    mem_per_tres = job_desc.mem_per_tres or "", cpus_per_tres = job_desc.cpus_per_tres or "",
+    ntasks_per_tres = num(job_desc.ntasks_per_tres),
     partition = job_desc.partition or "", admin_comment = job_desc.admin_comment or "",
     min_nodes = num(job_desc.min_nodes), num_tasks = num(job_desc.num_tasks),
     ntasks_per_node = num(job_desc.ntasks_per_node), cli_request = cli_request,
@@ -93,6 +103,8 @@ function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
   local answer, why = client.ask({
     op = "modify", tres_per_node = tpn or "", tres_per_job = job_desc.tres_per_job or "",
     tres_per_task = job_desc.tres_per_task or "", tres_per_socket = job_desc.tres_per_socket or "",
+    mem_per_tres = job_desc.mem_per_tres or "", cpus_per_tres = job_desc.cpus_per_tres or "",
+    ntasks_per_tres = num(job_desc.ntasks_per_tres),
     partition = job_desc.partition or job_rec.partition or "", min_nodes = num(job_desc.min_nodes),
     admin_comment = job_rec.admin_comment or "", uid = modify_uid or -1,
     job_id = tostring(job_rec.job_id or ""),
