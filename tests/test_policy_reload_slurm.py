@@ -81,3 +81,28 @@ def test_policy_check_shows_the_change_against_the_running_file(slurm, tmp_path)
     bad = subprocess.run(argv, env=c.env, capture_output=True, text=True, timeout=DEADLINE)
     assert bad.returncode == 2 and bad.stdout == ""
     assert bad.stderr.startswith(f"slurm-gpushare: error: {new}: mode_order must list some of mig, mps, gpu")
+
+
+def test_an_edited_gpushare_client_lua_applies_without_touching_job_submit_lua(slurm):
+    """slurmctld loads job_submit.lua again only when its own mtime changes, so an edit of the settings in
+    gpushare_client.lua changed nothing until then: the shim now reads the client file before each GPU-share
+    job and loads a changed one (a broken one keeps the settings in force)."""
+    c = slurm.cluster
+    client, shim = c.root / "etc" / "gpushare_client.lua", c.root / "etc" / "job_submit.lua"
+    original, shim_mtime = client.read_text(), shim.stat().st_mtime_ns
+    assert str(c.controller_socket) in original
+    try:
+        client.write_text(original.replace(str(c.controller_socket), "/nonexistent/gpushare.sock"))
+        refused = slurm.sbatch("-H", "-p", "gpu", "--gres=gpushare:mem=10G", wrap="true", check=False)
+        assert refused.returncode != 0
+        assert "cannot connect to /nonexistent/gpushare.sock" in refused.stderr, refused.stderr
+        client.write_text(original)
+        assert _granted(slurm) == "gpu:h100_1g.10gb:1"
+        client.write_text("this is not Lua\n")
+        assert _granted(slurm) == "gpu:h100_1g.10gb:1"  # the settings in force stay
+        log = (c.root / "log" / "slurmctld.log").read_text()
+        assert f"gpushare: {client} changed but does not load" in log
+    finally:
+        client.write_text(original)
+    assert shim.stat().st_mtime_ns == shim_mtime
+    assert _granted(slurm) == "gpu:h100_1g.10gb:1"

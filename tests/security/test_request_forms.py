@@ -56,7 +56,7 @@ def test_each_form_beside_gpushare_is_refused_saying_what_works(slurm, users, fo
     if "gpushare:" not in proc.stderr and "Batch job submission failed" not in proc.stderr:
         pytest.skip(f"this Slurm's sbatch refuses {' '.join(options)} beside {GPUSHARE} itself, before submitting: "
                     f"{proc.stderr.strip()}")
-    assert f"gpushare: {message}" in proc.stderr, proc.stderr
+    assert "sbatch: error: gpushare: " in proc.stderr and message in proc.stderr, proc.stderr
     assert any(w in proc.stderr for w in WORKS), proc.stderr
     assert "Invalid generic resource (gres) specification" in proc.stderr, proc.stderr
 
