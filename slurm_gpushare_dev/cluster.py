@@ -185,6 +185,11 @@ class DevCluster:
         return self.root / "etc" / "gpushare-node.toml"
 
     @property
+    def policy_file(self) -> Path:
+        """The site policy filterd reads (``etc/gpushare.toml``; the shipped example when first started)."""
+        return self.root / "etc" / "gpushare.toml"
+
+    @property
     def filterd_socket(self) -> Path:
         """The filter service's public unix socket (cli_filter.lua's)."""
         return self.root / "run" / "filterd.sock"
@@ -950,13 +955,14 @@ class DevCluster:
 
     def _start_filterd(self, timeout: float) -> None:
         r = self.root
-        policy = r / "etc" / "gpushare.toml"
+        policy = self.policy_file
+        if not policy.exists():  # the shipped example (the built-in defaults), for an admin to edit and SIGHUP
+            policy.parent.mkdir(parents=True, exist_ok=True)
+            policy.write_text((SITE / "gpushare.toml.example").read_text())
         argv = [sys.executable, "-m", "slurm_gpushare", "filterd", f"--socket={self.filterd_socket}",
                 f"--controller-socket={self.controller_socket}",
                 f"--machines={r / 'machines'}", f"--log={r / 'log' / 'filterd.log'}",
-                f"--pid-file={self.pidfile('filterd')}"]
-        if policy.exists():
-            argv.append(f"--policy={policy}")
+                f"--pid-file={self.pidfile('filterd')}", f"--policy={policy}"]
         self._mark_log("log/filterd.stderr")
         with open(r / "log" / "filterd.stderr", "ab") as err:
             proc = subprocess.Popen(argv, env=self.env, stdin=subprocess.DEVNULL, stdout=err, stderr=err,

@@ -117,9 +117,9 @@ def test_the_controller_path_loads_no_numpy_scipy_or_networkx(tmp_path):
         "sinfo = json.dumps({'meta': meta, 'nodes': [{'name': n, 'gres': fmt(node_gres(m, n).counts),\n"
         "                    'state': 'idle', 'partitions': ['gpu']} for n, m in ms.items()]})\n"
         "parts = 'PartitionName=gpu Default=YES Nodes=' + ','.join(ms)\n"
-        "cache = InventoryCache(d, shard_unit_mib=1024, slurm_source=lambda: (sinfo, parts), log=Log(io.StringIO()))\n"
+        "cache = InventoryCache(d, slurm_source=lambda: (sinfo, parts), log=Log(io.StringIO()))\n"
         "cache.refresh('test')\n"
-        "svc = FilterService(cache, SitePolicy(), Log(io.StringIO()))\n"
+        "svc = FilterService(cache, Log(io.StringIO()))\n"
         "a = svc.handle_line(json.dumps({'op': 'submit', 'tres_per_node': 'gres:gpushare:mem=10G'}))\n"
         "assert a['action'] == 'rewrite', a\n"
     )

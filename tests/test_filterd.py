@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 
 from slurm_gpushare.slurm.nodegres import node_gres
-from slurm_gpushare.submit.policyfile import SitePolicy
 from slurm_gpushare.submit.service import MAGIC, FilterService, InventoryCache, Limits, Log, frame, serve
 from slurm_gpushare_dev.cluster import DEFAULT_NODES, SITE, packaged_machine
 from tests.conftest import DEADLINE
@@ -62,9 +61,9 @@ PARTS = {"gpu": tuple(DEFAULT_NODES), "pcie": ("rtx4090-pcie",)}
 def service(machines_dir):
     log = io.StringIO()
     nodes = {n: packaged_machine(f) for n, f in DEFAULT_NODES.items()}
-    cache = InventoryCache(machines_dir, shard_unit_mib=1024, slurm_source=fake_slurm(nodes, PARTS), log=Log(log))
+    cache = InventoryCache(machines_dir, slurm_source=fake_slurm(nodes, PARTS), log=Log(log))
     cache.refresh("test")
-    svc = FilterService(cache, SitePolicy(), Log(log))
+    svc = FilterService(cache, Log(log))
     svc.log_text = log
     return svc
 
@@ -89,7 +88,8 @@ def test_refusal_has_message_and_gres_errno(service):
 
 @pytest.mark.parametrize("field, tres", [
     ("tres_per_task", "gres/shard:2"), ("tres_per_task", "gres:mps:50"), ("tres_per_socket", "gres/shard:4"),
-    ("tres_per_task", "cpu=2,gres/gpushare:mem=10G"),
+    ("tres_per_task", "cpu=2,gres/gpushare:mem=10G"), ("tres_per_task", "gres/shard=4"),
+    ("tres_per_task", "cpu=1,gres/shard:rtx4090=8"),
 ])
 def test_a_share_per_task_or_socket_is_refused_not_passed_unpoliced(service, field, tres):
     # sbatch --tres-per-task=gres/shard:2 (24.11+) reaches job_submit as tres_per_task: a share the per-node
@@ -190,11 +190,11 @@ def test_stale_description_is_reported_and_not_used(machines_dir):
                 n["gres"] = "gpu:h100:4,shard:h100:316"
         return json.dumps(data), parts
     log = io.StringIO()
-    cache = InventoryCache(machines_dir, shard_unit_mib=1024, slurm_source=stale, log=Log(log))
+    cache = InventoryCache(machines_dir, slurm_source=stale, log=Log(log))
     cache.refresh("test")
     inv = cache.current()
     assert not inv.nodes["h100-mig"].usable and "h100-mig" in inv.problems[0]
-    svc = FilterService(cache, SitePolicy(), Log(log))
+    svc = FilterService(cache, Log(log))
     a = ask(svc, tres_per_node="gres:gpushare:mem=10G", partition="gpu")
     assert a["tres_per_node"] == "gres:shard:10"  # no usable MIG slice left
     assert '"event": "inventory"' in log.getvalue() and "stale" in log.getvalue()
@@ -628,3 +628,46 @@ def test_cli_filter_on_22_05_srun_takes_the_decision(tmp_path, live):
     out = run_cli_filter(tmp_path, [{"type": "srun", "gres": "gres:gpushare:mem=10G", "partition": "pcie",
                                      "comment": "mine"}], client_socket=live)
     assert out == ["0\tshard:10\tmine gpushare-request=gres:gpushare:mem=10G"]
+
+
+#: job_submit.lua's fields for each option beside --gres=gpushare, as sbatch fills them (src/common/slurm_opt.c,
+#: slurm_opt_create_job_desc: "gres:gpu" on 22.05, "gres/gpu" from 23.11; --gpus-per-task from 23.11 through
+#: tres_per_task "gres/gpu:N"), and the option the refusal must name
+BESIDE = [
+    ({"tres_per_task": "gres:gpu:1"}, "--gpus-per-task"),
+    ({"tres_per_task": "cpu=2,gres/gpu:2"}, "--gpus-per-task"),
+    ({"tres_per_task": "gres/gpu=1"}, "--gpus-per-task"),  # what 24.11's sbatch --gpus-per-task=1 sends (measured)
+    ({"tres_per_task": "cpu=2,gres/gpu:a100=1"}, "--gpus-per-task"),
+    ({"tres_per_socket": "gres:gpu:1"}, "--gpus-per-socket"),
+    ({"tres_per_socket": "gres/gpu:a100:1"}, "--gpus-per-socket"),
+    ({"mem_per_tres": "gres:gpu:4096"}, "--mem-per-gpu (4096M)"),
+    ({"mem_per_tres": "gres/gpu:4096"}, "--mem-per-gpu (4096M)"),
+    ({"cpus_per_tres": "gres/gpu:4"}, "--cpus-per-gpu (4 CPUs)"),
+    ({"ntasks_per_tres": 2}, "--ntasks-per-gpu (2)"),
+]
+
+
+@pytest.mark.parametrize("fields, option", BESIDE)
+def test_per_gpu_and_per_task_options_beside_gpushare_are_refused_saying_what_works(service, fields, option):
+    """Issue #15 item 8: ``--gpus-per-task`` (and the other per-task, per-socket and per-GPU options) beside
+    ``--gres=gpushare`` passed: Slurm would allocate whole GPUs on top of the decided share, or count host
+    memory and CPUs per whole GPU of a share that may be a MIG slice or part of one GPU."""
+    a = ask(service, tres_per_node="gres:gpushare:mem=10G", partition="gpu", **fields)
+    assert a["action"] == "reject" and a["errno"] == 2072, a
+    assert a["message"].startswith("gpushare: ") and option in a["message"], a["message"]
+    assert "does not combine with --gres=gpushare" in a["message"] or "do not combine with --gres=gpushare" in \
+        a["message"]
+    assert "--ntasks-per" in a["message"] or "--mem" in a["message"] or "--cpus-per-task" in a["message"]
+
+
+def test_unset_per_gpu_fields_and_plain_gpu_jobs_are_left_alone(service):
+    # what job_submit.lua sends when the options are not given: "" and Slurm's NO_VAL16 (or -1 for nil)
+    for unset in (65534, 65535, -1):
+        a = ask(service, tres_per_node="gres:gpushare:mem=10G", partition="pcie", ntasks_per_tres=unset,
+                mem_per_tres="", cpus_per_tres="", tres_per_task="cpu=2")
+        assert a["action"] == "rewrite" and a["tres_per_node"] == "gres:shard:10", a
+    # a direct shard request and a plain GPU job with per-GPU options are Slurm's own business
+    assert ask(service, tres_per_node="gres:gpu:1", tres_per_task="gres:gpu:1", mem_per_tres="gres:gpu:4096",
+               ntasks_per_tres=2)["action"] == "pass"
+    assert ask(service, tres_per_node="gres:shard:4", mem_per_tres="gres:gpu:4096",
+               partition="pcie")["action"] == "rewrite"

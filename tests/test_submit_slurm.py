@@ -170,10 +170,14 @@ def test_plain_jobs_never_reach_the_service(cluster, slurm):
 
 def test_sighup_reloads_the_inventory(cluster):
     log = cluster.root / "log" / "filterd.log"
-    before = log.read_text().count('"reason": "SIGHUP"')
+
+    def reloads() -> list[str]:  # the inventory line of each reload (the policy's line follows it)
+        return [ln for ln in log.read_text().splitlines() if '"event": "inventory", "reason": "SIGHUP"' in ln]
+
+    before = len(reloads())
     os.kill(cluster.pid("filterd"), signal.SIGHUP)
-    wait_until(lambda: log.read_text().count('"reason": "SIGHUP"') > before, "filterd's reload on SIGHUP logged")
-    lines = [ln for ln in log.read_text().splitlines() if '"reason": "SIGHUP"' in ln]
+    wait_until(lambda: len(reloads()) > before, "filterd's reload on SIGHUP logged")
+    lines = reloads()
     assert len(lines) == before + 1 and '"usable": 4' in lines[-1], lines[-1:]
 
 

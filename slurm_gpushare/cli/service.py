@@ -26,7 +26,8 @@ DEFAULT_POLICY = "/etc/slurm/gpushare/gpushare.toml"
 @click.option("--machines", "machines_dir", default=DEFAULT_MACHINES, show_default=True,
               type=click.Path(file_okay=False), help="directory of <node>.json machine descriptions")
 @click.option("--policy", "policy_path", type=click.Path(dir_okay=False),
-              help=f"site policy TOML (default: {DEFAULT_POLICY} when it exists, else built-in defaults)")
+              help=f"site policy TOML (default: {DEFAULT_POLICY} when it exists, else built-in defaults; "
+                   "read again on SIGHUP)")
 @click.option("--refresh", default=30.0, show_default=True, type=click.FloatRange(min=1.0),
               help="seconds between refreshes of Slurm's view (sinfo --json)")
 @click.option("--socket-mode", default="0666", show_default=True,
@@ -40,16 +41,16 @@ def filterd(socket_path, controller_socket, machines_dir, policy_path, refresh, 
     job_submit.lua (on the private --controller-socket, which users can neither connect to nor fill)
     and cli_filter.lua (on the public --socket) send each GPU-share request and get the
     rewritten TRES, the AdminComment audit, or a refusal. The cluster inventory (machine
-    descriptions joined with sinfo --json) is reloaded on SIGHUP, when the directory changes, and
-    every --refresh seconds.
+    descriptions joined with sinfo --json) is reloaded when the directory changes and every
+    --refresh seconds. SIGHUP (systemctl reload) reloads the site policy and the inventory together:
+    a policy file that is not valid keeps the policy in force and logs why (policy_rejected); check a
+    file first with 'slurm-gpushare policy check FILE'.
     """
     from slurm_gpushare.submit.service import serve
 
     if not Path(machines_dir).is_dir():
         raise InputError(f"--machines {machines_dir} is not a directory",
                          hint="collect the nodes' 'slurm-gpushare inventory' files there")
-    if policy_path is None and Path(DEFAULT_POLICY).exists():
-        policy_path = DEFAULT_POLICY
     try:
         mode = int(socket_mode, 8)
     except ValueError:
@@ -65,6 +66,7 @@ def filterd(socket_path, controller_socket, machines_dir, policy_path, refresh, 
     stream = open(log_path, "a", buffering=1) if log_path else sys.stderr
     try:
         sys.exit(serve(Path(socket_path), Path(machines_dir), policy_path=Path(policy_path) if policy_path else None,
+                       default_policy_path=Path(DEFAULT_POLICY),
                        refresh_s=refresh, socket_mode=mode, log_stream=stream,
                        controller_socket_path=Path(controller_socket) if controller_socket else None))
     finally:

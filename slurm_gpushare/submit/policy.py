@@ -33,6 +33,7 @@ most 100 (one GPU).
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,15 +81,8 @@ def nodes_needed(min_nodes: object = None, num_tasks: object = None, ntasks_per_
     >>> nodes_needed(2), nodes_needed(4294967294), nodes_needed(None, 8, 2), nodes_needed("x")
     (2, 1, 4, 1)
     """
-    def num(v: object) -> int | None:
-        try:
-            n = int(float(v))  # type: ignore[arg-type]  # Lua numbers arrive as JSON floats or strings
-        except (TypeError, ValueError, OverflowError):
-            return None
-        return None if n <= 0 or n in _UNSET else n
-
-    n = num(min_nodes) or 1
-    tasks, per = num(num_tasks), num(ntasks_per_node)
+    n = _number(min_nodes) or 1
+    tasks, per = _number(num_tasks), _number(ntasks_per_node)
     if tasks and per:
         n = max(n, -(-tasks // per))
     return n
@@ -97,7 +91,25 @@ def nodes_needed(min_nodes: object = None, num_tasks: object = None, ntasks_per_
 MESSAGES: dict[str, tuple[str, str]] = {
     "per-task": ("'{item}': GPU shares per task or per socket are not supported",
                  "ask for the share per node, --gres=shard:N or --gres=gpushare:mem=10G (with --ntasks-per-node "
-                 "for the tasks), not --tres-per-task or --gres-per-socket"),
+                 "for the tasks), not --tres-per-task"),
+    "gpus-per-task": ("GPUs per task ('{item}', from --gpus-per-task or --tres-per-task) do not combine with "
+                      "--gres=gpushare: a GPU share is decided per node",
+                      "ask for the share per node, --gres=gpushare:mem=10G (or gpushare:mode=gpu:N for N whole GPUs), "
+                      "with --ntasks-per-node for the tasks; or drop gpushare and keep --gpus-per-task"),
+    "gpus-per-socket": ("GPUs per socket ('{item}', from --gpus-per-socket) do not combine with --gres=gpushare: "
+                        "a GPU share is decided per node",
+                        "ask for the share per node, --gres=gpushare:mem=10G (or gpushare:mode=gpu:N for N whole "
+                        "GPUs), with --ntasks-per-socket for the tasks; or drop gpushare and keep --gpus-per-socket"),
+    "mem-per-gpu": ("--mem-per-gpu ({item}) does not combine with --gres=gpushare: it sets host memory per whole "
+                    "GPU, and a share may be a MIG slice or part of a GPU",
+                    "give the share's GPU memory as gpushare:mem=SIZE and the job's host memory with --mem "
+                    "(per node) or --mem-per-cpu"),
+    "cpus-per-gpu": ("--cpus-per-gpu ({item}) does not combine with --gres=gpushare: it counts CPUs per whole GPU, "
+                     "and a share may be a MIG slice or part of a GPU",
+                     "give the CPUs with --cpus-per-task (-c) and the tasks with --ntasks-per-node"),
+    "ntasks-per-gpu": ("--ntasks-per-gpu ({item}) does not combine with --gres=gpushare: it counts tasks per whole "
+                       "GPU, and a share may be a MIG slice or part of a GPU",
+                       "give the tasks with --ntasks-per-node; the tasks of a node share its GPU share"),
     "per-job": ("'{item}' must be asked for per node with --gres",
                 "write --gres=gpushare:mem=10G (or --gres=shard:N), not --gpus or --tres-per-job"),
     "gpus-per-job": ("gpushare cannot be combined with --gpus ('{item}') in one job",
@@ -640,7 +652,8 @@ def _refusal(req: GpushareRequest, kinds: tuple[str, ...], pool: _Pool, policy: 
 
 def decide(tres_per_node: str | None, tres_per_job: str | None, *, partitions: tuple[str, ...] | None,
            inventory: ClusterInventory, policy: SitePolicy, nodes: int = 1, tres_per_task: str | None = None,
-           tres_per_socket: str | None = None) -> Decision:
+           tres_per_socket: str | None = None, mem_per_tres: str | None = None, cpus_per_tres: str | None = None,
+           ntasks_per_tres: object = None) -> Decision:
     """Decide what to do with one job's GRES request (job_submit / job_modify). Pure; never raises
     for a bad request.
 
@@ -660,7 +673,18 @@ def decide(tres_per_node: str | None, tres_per_job: str | None, *, partitions: t
         tres_per_socket: ``job_desc.tres_per_socket`` (``--gres-per-socket``), or None. A share in
             either is refused (``per-task``): the per-node policy cannot judge it, and passed it would
             hold a share no limit was checked for. ``shard``/``mps`` there pass when
-            ``police_direct`` is off, like direct ones per node.
+            ``police_direct`` is off, like direct ones per node. Beside a ``gpushare`` request, GPUs
+            there (``--gpus-per-task``: ``gres:gpu:1`` on 22.05, ``gres/gpu:1`` from 23.11;
+            ``--gpus-per-socket``) are refused too (``gpus-per-task``, ``gpus-per-socket``): Slurm
+            would allocate them on top of the decided share.
+        mem_per_tres: ``job_desc.mem_per_tres`` (``--mem-per-gpu``: ``gres:gpu:<MB>`` on 22.05,
+            ``gres/gpu:<MB>`` from 23.11, src/common/slurm_opt.c at slurm-22-05-8-1 and
+            slurm-24-11-5-1), or None.
+        cpus_per_tres: ``job_desc.cpus_per_tres`` (``--cpus-per-gpu``, same forms), or None.
+        ntasks_per_tres: ``job_desc.ntasks_per_tres`` (``--ntasks-per-gpu``; Slurm's NO_VAL16
+            sentinel when unset), or None. Beside ``gpushare`` each of these three is refused
+            (``mem-per-gpu``, ``cpus-per-gpu``, ``ntasks-per-gpu``): they count per whole GPU, and
+            a share may become a MIG slice or part of one GPU.
 
     Returns:
         ``pass`` for jobs without ``gpushare``/``shard``/``mps`` items (and direct ones when
@@ -668,8 +692,8 @@ def decide(tres_per_node: str | None, tres_per_job: str | None, *, partitions: t
         audit record; ``reject`` with a ``gpushare: ...`` message and ``ESLURM_INVALID_GRES``.
     """
     for other in (tres_per_task, tres_per_socket):
-        share = [t for t in (other or "").split(",") if item_name(t) in SHARE_NAMES]
-        if share and (policy.police_direct or any(item_name(t) == "gpushare" for t in share)):
+        share = [t for t in (other or "").split(",") if tres_name(t) in SHARE_NAMES]
+        if share and (policy.police_direct or any(tres_name(t) == "gpushare" for t in share)):
             e = _error("per-task", item=unescape_knobs(share[0]) or share[0])
             text = f"gpushare: {e.message}; {e.hint}"
             refused = {"version": AUDIT_VERSION, "original": tres_per_node or "", "request": share[0],
@@ -687,11 +711,56 @@ def decide(tres_per_node: str | None, tres_per_job: str | None, *, partitions: t
         if not 1 <= nodes <= MAX_NODES:
             raise _error("nodes-bad", nodes=nodes, max=MAX_NODES)
         audit["nodes"] = nodes
+        if any(item_name(t) == "gpushare" for t in (tres_per_node or "").split(",")):
+            _refuse_per_gpu_options(tres_per_task, tres_per_socket, mem_per_tres, cpus_per_tres, ntasks_per_tres)
         return _decide(tres_per_node or "", tres_per_job or "", partitions, inventory, policy, audit)
     except InputError as e:
         text = f"gpushare: {e.message}" + (f"; {e.hint}" if e.hint else "")
         audit.update(action="reject", reason=text[len("gpushare: "):])
         return Decision("reject", tres_per_node, audit, text, ESLURM_INVALID_GRES)
+
+
+def _refuse_per_gpu_options(tres_per_task: str | None, tres_per_socket: str | None, mem_per_tres: str | None,
+                            cpus_per_tres: str | None, ntasks_per_tres: object) -> None:
+    """Refuse the options beside a ``gpushare`` request that count GPUs or per GPU (see :func:`decide`).
+
+    Raises:
+        InputError: the first such option, naming it and what to write instead.
+    """
+    for message_id, tres in (("gpus-per-task", tres_per_task), ("gpus-per-socket", tres_per_socket)):
+        gpus = [t for t in (tres or "").split(",") if tres_name(t) == "gpu"]
+        if gpus:
+            raise _error(message_id, item=gpus[0][len(prefix_of(gpus[0])):])
+    for message_id, tres, unit in (("mem-per-gpu", mem_per_tres, "M"), ("cpus-per-gpu", cpus_per_tres, " CPUs")):
+        per_gpu = [t for t in (tres or "").split(",") if tres_name(t) == "gpu"]
+        if per_gpu:
+            value = re.split("[:=]", per_gpu[0])[-1]
+            raise _error(message_id, item=f"{value}{unit}" if value.isdigit() else per_gpu[0])
+    n = _number(ntasks_per_tres)
+    if n is not None:
+        raise _error("ntasks-per-gpu", item=n)
+
+
+def tres_name(text: str) -> str:
+    """The name of one TRES item of a ``tres_per_task``/``tres_per_socket``/``*_per_tres`` string, whose count
+    follows ``:`` (``gres:gpu:1`` on 22.05, ``gres/gpu:1`` as ``--tres-per-task`` takes it) or ``=``: from
+    23.11 the clients write ``--gpus-per-task=1`` as ``gres/gpu=1`` and ``-c 2`` as ``cpu=2``
+    (``slurm_option_update_tres_per_task`` in src/common/slurm_opt.c at slurm-24-11-5-1).
+
+    >>> tres_name("gres/gpu=1"), tres_name("gres:gpu:a100:2"), tres_name("cpu=2"), tres_name("gres/shard=4")
+    ('gpu', 'gpu', 'cpu', 'shard')
+    """
+    body = text.strip()[len(prefix_of(text.strip())):]
+    return re.split("[:=]", body, maxsplit=1)[0]
+
+
+def _number(v: object) -> int | None:
+    """A job_desc number as job_submit.lua sends it, or None when unset (NO_VAL sentinels, 0, missing)."""
+    try:
+        n = int(float(v))  # type: ignore[arg-type]  # Lua numbers arrive as JSON floats or strings
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return None if n <= 0 or n in _UNSET else n
 
 
 def _request_text(*tres: str | None) -> str:

@@ -98,7 +98,8 @@ class SitePolicy:
     def __post_init__(self):
         problems = _check(self)
         if problems:
-            raise ConfigError(problems[0], source=self.source)
+            message, key = problems[0]
+            raise ConfigError(message, hint=_hint(key), source=self.source)
 
     def allowed_kinds(self, partitions: tuple[str, ...] | list[str]) -> tuple[str, ...]:
         """The kinds a job in all of ``partitions`` may get, in :data:`KINDS` order.
@@ -112,26 +113,60 @@ class SitePolicy:
         return tuple(allowed)
 
 
-def _check(p: SitePolicy) -> list[str]:
+def _check(p: SitePolicy) -> list[tuple[str, str]]:
+    """Each problem of ``p`` as (message, the key it is about)."""
     out = []
     if not p.mode_order or len(set(p.mode_order)) != len(p.mode_order) or any(k not in KINDS for k in p.mode_order):
-        out.append(f"mode_order must list some of {', '.join(KINDS)}, each once, not {list(p.mode_order)}")
+        out.append((f"mode_order must list some of {', '.join(KINDS)}, each once, not {list(p.mode_order)}",
+                    "mode_order"))
     if p.mig_fit not in FITS:
-        out.append(f"mig.fit must be one of {', '.join(FITS)}, not {p.mig_fit!r}")
+        out.append((f"mig.fit must be one of {', '.join(FITS)}, not {p.mig_fit!r}", "mig.fit"))
     if p.gpu_fit not in FITS:
-        out.append(f"whole_gpu.fit must be one of {', '.join(FITS)}, not {p.gpu_fit!r}")
+        out.append((f"whole_gpu.fit must be one of {', '.join(FITS)}, not {p.gpu_fit!r}", "whole_gpu.fit"))
     if not 0 <= p.mig_max_waste <= 1:
-        out.append(f"mig.max_waste must be between 0 and 1, not {p.mig_max_waste}")
+        out.append((f"mig.max_waste must be between 0 and 1, not {p.mig_max_waste}", "mig.max_waste"))
     if not 0 < p.whole_gpu_threshold <= 1:
-        out.append(f"whole_gpu.threshold must be more than 0 and at most 1, not {p.whole_gpu_threshold}")
+        out.append((f"whole_gpu.threshold must be more than 0 and at most 1, not {p.whole_gpu_threshold}",
+                    "whole_gpu.threshold"))
     if p.max_count < 1:
-        out.append(f"max_count must be at least 1, not {p.max_count}")
+        out.append((f"max_count must be at least 1, not {p.max_count}", "max_count"))
     if p.shard_unit_mib < 1:
-        out.append(f"shard_unit must be at least 1 MiB, not {p.shard_unit_mib} MiB")
+        out.append((f"shard_unit must be at least 1 MiB, not {p.shard_unit_mib} MiB", "shard_unit"))
     for name, modes in p.partitions.items():
         if not modes or any(k not in KINDS for k in modes):
-            out.append(f"partitions.{name}.modes must list some of {', '.join(KINDS)}, not {list(modes)}")
+            out.append((f"partitions.{name}.modes must list some of {', '.join(KINDS)}, not {list(modes)}",
+                        f"partitions.{name}.modes"))
     return out
+
+
+#: What a valid line of each key looks like (the shipped defaults, or an example), for hints.
+_EXAMPLES = {
+    "version": f"version = {POLICY_VERSION}",
+    "mode_order": 'mode_order = ["mig", "mps", "gpu"]',
+    "model_preference": 'model_preference = ["h100", "a100"]',
+    "max_count": "max_count = 8",
+    "police_direct": "police_direct = true",
+    "shard_unit": 'shard_unit = "1G"',
+    "mig": "[mig] with enabled = true, fit = \"nominal\", max_waste = 0.5",
+    "mig.enabled": "enabled = true under [mig]",
+    "mig.fit": 'fit = "nominal" (or "exact") under [mig]',
+    "mig.max_waste": "max_waste = 0.5 under [mig]",
+    "whole_gpu": "[whole_gpu] with fit = \"nominal\", threshold = 1.0",
+    "whole_gpu.fit": 'fit = "nominal" (or "exact") under [whole_gpu]',
+    "whole_gpu.threshold": "threshold = 1.0 under [whole_gpu]",
+    "partitions": '[partitions.NAME] with modes = ["mps", "gpu"]',
+}
+
+
+def _hint(key: str) -> str:
+    """What would work for ``key``: a valid line, and where every key is described."""
+    if key.startswith("partitions."):
+        name = key.split(".")[1]
+        example = f'modes = ["mps", "gpu"] (some of {", ".join(KINDS)}) under [partitions.{name}]'
+    else:
+        example = _EXAMPLES.get(key, "")
+    where = "gpushare.toml.example (shipped in slurm_gpushare/data/site/) describes every key"
+    return f"write e.g. {example}; {where}" if example else where
 
 
 # The keys each table may hold; anything else is an error.
@@ -156,7 +191,8 @@ def parse_policy(text: str, *, source: str = "<policy>") -> SitePolicy:
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"not valid TOML: {e}", source=source) from None
+        raise ConfigError(f"not valid TOML: {e}", hint="fix the line named (strings are quoted, lists are in "
+                          "[...], each key once); gpushare.toml.example shows every key", source=source) from None
     return policy_from_dict(data, source=source)
 
 
@@ -187,7 +223,7 @@ def policy_from_dict(data: dict[str, Any], *, source: str = "<policy>") -> SiteP
         try:
             kw["shard_unit_mib"] = parse_shard_unit_value(data["shard_unit"])
         except InputError as e:
-            raise ConfigError(e.message, hint=e.hint, source=source) from None
+            raise ConfigError(e.message, hint=e.hint or _hint("shard_unit"), source=source) from None
     mig = _table(data.get("mig", {}), "mig", source)
     _unknown(mig, _MIG, "mig.", source)
     if "enabled" in mig:
@@ -225,7 +261,9 @@ def load_policy(path: str | Path) -> SitePolicy:
     try:
         text = p.read_text()
     except OSError as e:
-        raise ConfigError(f"cannot read the policy file: {e.strerror}", source=str(p)) from None
+        raise ConfigError(f"cannot read the policy file: {e.strerror}",
+                          hint="give the path of a policy file; gpushare.toml.example is one to start from",
+                          source=str(p)) from None
     return parse_policy(text, source=str(p))
 
 
@@ -238,7 +276,8 @@ def _unknown(table: dict[str, Any], known: set[str], where: str, source: str) ->
 
 
 def _wrong(value: Any, key: str, expected: str, source: str) -> ConfigError:
-    return ConfigError(f"{key} must be {expected}, not {type(value).__name__} {value!r}", source=source)
+    return ConfigError(f"{key} must be {expected}, not {type(value).__name__} {value!r}", hint=_hint(key),
+                       source=source)
 
 
 def _table(value: Any, key: str, source: str) -> dict[str, Any]:

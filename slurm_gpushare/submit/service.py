@@ -4,7 +4,9 @@ Runs on the controller as SlurmUser and listens on a unix socket (:class:`Framed
 from a cluster snapshot held in memory (:mod:`slurm_gpushare.submit.inventory`: machine descriptions
 from a directory joined with ``sinfo --json``), refreshed in the background, on a change of the
 directory, and on SIGHUP, so that a request costs a dictionary lookup and the pure policy, never a
-Slurm command. It never imports NVML or node-side code (import-linter contract).
+Slurm command. SIGHUP also reads the site policy again; the policy and the inventory built for it are
+one :class:`Snapshot`, replaced whole (:func:`reload`). It never imports NVML or node-side code
+(import-linter contract).
 
 Protocol 2: every message, both ways, is a header line ``GPS2 <id> <length>`` (``id`` decimal, at
 most 20 digits, chosen by the client; ``length`` in bytes) and then exactly ``length`` bytes of one
@@ -14,8 +16,9 @@ past and refused as one request; a malformed header is answered once (id ``0``) 
 closed. Request (strings and numbers; missing = empty)::
 
     {"v": 2, "op": "submit" | "modify" | "cli", "tres_per_node": "gres:gpushare:mem=10G",
-     "tres_per_job": "", "partition": "gpu", "admin_comment": "", "min_nodes": 2, "num_tasks": 8,
-     "ntasks_per_node": 4, "cli_request": "", "uid": 1000, "job_id": ""}
+     "tres_per_job": "", "tres_per_task": "", "tres_per_socket": "", "mem_per_tres": "",
+     "cpus_per_tres": "", "ntasks_per_tres": 65534, "partition": "gpu", "admin_comment": "",
+     "min_nodes": 2, "num_tasks": 8, "ntasks_per_node": 4, "cli_request": "", "uid": 1000, "job_id": ""}
 
 Answer::
 
@@ -63,6 +66,9 @@ ERRNO_INVALID_GRES = 2072  # ESLURM_INVALID_GRES: "Invalid generic resource (gre
 #: slurm-24-11-5-1 and slurm-26-05-3-1): what slurmctld itself answers a user's update that sets AdminComment.
 ERRNO_ACCESS_DENIED = 2002
 CLI_MARK = "gpushare-request="
+#: The job_desc TRES fields beside tres_per_node/tres_per_job that job_submit.lua sends (strings;
+#: ``ntasks_per_tres`` comes as a number): what :func:`~slurm_gpushare.submit.policy.decide` refuses beside a share.
+BESIDE_TRES = ("tres_per_task", "tres_per_socket", "mem_per_tres", "cpus_per_tres")
 #: Longest request body the service decides (bytes); job_submit.lua sends only short fields.
 MAX_REQUEST = 65536
 #: Longest message header line (bytes, without the newline).
@@ -84,32 +90,69 @@ class Log:
             self.stream.flush()
 
 
-@dataclass
+@dataclass(frozen=True)
 class Snapshot:
-    """One built inventory and the machine directory's stamp then."""
+    """What requests are decided on: one site policy, the inventory built for it, and the machine
+    directory's stamp then. Replaced whole (one attribute store), so a request sees one policy with the
+    inventory built for that policy, never a new policy with an old inventory or part of a policy."""
 
     inventory: ClusterInventory
     machines_stamp: tuple
+    policy: SitePolicy
+
+
+def load_inventory(machines_dir: Path, sinfo: str, partitions: str, *, shard_unit_mib: int) -> ClusterInventory:
+    """The cluster inventory from a directory of ``<node>.json`` machine descriptions and Slurm's view.
+
+    Args:
+        machines_dir: machine descriptions, one ``<node>.json`` per node (a file that does not load
+            is one of the inventory's ``problems``).
+        sinfo: ``sinfo --json`` text; partitions: ``scontrol -o show partition`` text.
+        shard_unit_mib: GPU memory per shard (the site policy's ``shard_unit``), with which each
+            node's expected GRES are computed.
+
+    Raises:
+        GpushareError: Slurm's text cannot be read (see :func:`~slurm_gpushare.submit.inventory.build_inventory`).
+    """
+    machines: dict[str, Machine] = {}
+    problems = []
+    for p in sorted(Path(machines_dir).glob("*.json")):
+        try:
+            machines[p.stem] = Machine.load(p)
+        except GpushareError as e:
+            problems.append(str(e))
+    opts = GresOptions(shard_unit_mib=shard_unit_mib)
+    inv = build_inventory(machines, sinfo, partitions, shard_unit_mib=shard_unit_mib,
+                          expected_gres=lambda m, n: node_gres(m, n, opts).counts)
+    if problems:
+        inv = ClusterInventory(inv.nodes, inv.partitions, inv.default_partition,
+                               inv.problems + tuple(problems), inv.shard_unit_mib)
+    return inv
 
 
 class InventoryCache:
-    """Holds the current :class:`ClusterInventory`; rebuilds it when asked or when the directory changed.
+    """Holds the current :class:`Snapshot` (policy and inventory); rebuilds it when asked or when the
+    directory changed.
 
     Args:
         machines_dir: directory of ``<node>.json`` machine descriptions.
-        shard_unit_mib: GPU memory per shard (as given to the gres.conf generator).
         slurm_source: callable returning ``(sinfo --json text, scontrol -o show partition text)``.
         log: structured logger.
+        policy: the site policy decided with until :meth:`refresh` is given another (default: the
+            built-in defaults). Its ``shard_unit`` is the GPU memory per shard the inventory is built with.
     """
 
-    def __init__(self, machines_dir: Path, *, shard_unit_mib: int, slurm_source, log: Log):
+    def __init__(self, machines_dir: Path, *, slurm_source, log: Log, policy: SitePolicy | None = None):
         self.machines_dir = Path(machines_dir)
-        self.shard_unit_mib = shard_unit_mib
         self.slurm_source = slurm_source
         self.log = log
         self.lock = threading.Lock()
         self.snapshot: Snapshot | None = None
         self.error: str | None = None
+        self._initial = policy or SitePolicy()
+        #: a policy read by a reload whose inventory could not be built yet: the next refresh that
+        #: builds one puts both in force together
+        self.pending: SitePolicy | None = None
 
     def _stamp(self) -> tuple:
         try:
@@ -117,38 +160,62 @@ class InventoryCache:
         except OSError:
             return ()
 
-    def refresh(self, reason: str) -> None:
-        """Rebuild the snapshot; on failure keep the previous one and remember the error."""
+    @property
+    def policy(self) -> SitePolicy:
+        """The policy in force (the current snapshot's), or the one the first snapshot will have."""
+        snap = self.snapshot
+        return snap.policy if snap else self._initial
+
+    @property
+    def shard_unit_mib(self) -> int:
+        """GPU memory per shard of the policy the next refresh builds with (MiB)."""
+        return (self.pending or self.policy).shard_unit_mib
+
+    def refresh(self, reason: str, policy: SitePolicy | None = None) -> bool:
+        """Rebuild the snapshot; on failure keep the previous one and remember the error.
+
+        Args:
+            reason: logged with the outcome (``start``, ``SIGHUP``, ``periodic`` ...).
+            policy: a new site policy: the inventory is built for it (its ``shard_unit``) and both
+                replace the snapshot at once. When the inventory cannot be built, the old snapshot stays
+                in force and the new policy waits (``pending``) for the next refresh that succeeds.
+                None: the pending policy, else the one in force.
+
+        Returns:
+            Whether a new snapshot is in force.
+        """
+        old = self.policy
+        target = policy or self.pending or old
         stamp = self._stamp()
-        machines: dict[str, Machine] = {}
-        problems = []
-        for p in sorted(self.machines_dir.glob("*.json")):
-            try:
-                machines[p.stem] = Machine.load(p)
-            except GpushareError as e:
-                problems.append(str(e))
         try:
             sinfo, parts = self.slurm_source()
-            opts = GresOptions(shard_unit_mib=self.shard_unit_mib)
-            inv = build_inventory(machines, sinfo, parts, shard_unit_mib=self.shard_unit_mib,
-                                  expected_gres=lambda m, n: node_gres(m, n, opts).counts)
+            inv = load_inventory(self.machines_dir, sinfo, parts, shard_unit_mib=target.shard_unit_mib)
         except GpushareError as e:
             self.error = str(e)
-            self.log("inventory_error", reason=reason, error=str(e))
-            return
-        if problems:
-            inv = ClusterInventory(inv.nodes, inv.partitions, inv.default_partition,
-                                   inv.problems + tuple(problems), inv.shard_unit_mib)
+            if target is not old:
+                self.pending = target
+            self.log("inventory_error", reason=reason, error=str(e),
+                     **({"policy_waiting": target.source} if target is not old else {}))
+            return False
         with self.lock:
-            self.snapshot = Snapshot(inv, stamp)
+            self.snapshot = Snapshot(inv, stamp, target)
             self.error = None
-        self.log("inventory", reason=reason, nodes=len(inv.nodes),
+            self.pending = None
+        self.log("inventory", reason=reason, nodes=len(inv.nodes), policy=target.source,
                  usable=sum(1 for n in inv.nodes.values() if n.usable), problems=list(inv.problems))
+        if target is not old:
+            self.log("policy", reason=reason, policy=target.source, previous=old.source,
+                     message=f"site policy {target.source} in force (was {old.source})")
+        return True
+
+    def state(self) -> Snapshot | None:
+        """The snapshot requests are decided on now, or None before the first successful refresh."""
+        return self.snapshot
 
     def current(self) -> ClusterInventory | None:
         """The inventory requests are decided on now, or None before the first successful refresh."""
-        with self.lock:
-            return self.snapshot.inventory if self.snapshot else None
+        snap = self.snapshot
+        return snap.inventory if snap else None
 
     def changed(self) -> bool:
         """Whether the machine descriptions changed on disk since the current snapshot (or there is none)."""
@@ -156,12 +223,65 @@ class InventoryCache:
         return snap is None or snap.machines_stamp != self._stamp()
 
 
+@dataclass(frozen=True)
+class PolicySource:
+    """Where the filter service reads its site policy, at start and on every reload (SIGHUP).
+
+    Attributes:
+        path: the policy file given with ``--policy``: it must exist and be valid.
+        default: the file read when no ``path`` is given and it exists (``/etc/slurm/gpushare/gpushare.toml``
+            for ``filterd``); otherwise the built-in defaults. The lookup is made again on each reload.
+    """
+
+    path: Path | None = None
+    default: Path | None = None
+
+    def where(self) -> Path | None:
+        """The file the lookup finds now, or None for the built-in defaults."""
+        if self.path is not None:
+            return Path(self.path)
+        if self.default is not None and Path(self.default).exists():
+            return Path(self.default)
+        return None
+
+    def load(self) -> SitePolicy:
+        """The policy the lookup finds now.
+
+        Raises:
+            ConfigError: the file cannot be read or is not a valid policy (the message names the file).
+        """
+        where = self.where()
+        return load_policy(where) if where is not None else SitePolicy()
+
+
+def reload(cache: InventoryCache, source: PolicySource, log: Log, reason: str = "SIGHUP") -> bool:
+    """Read the site policy again and rebuild the inventory for it; put both in force at once.
+
+    A policy file that cannot be read or is not valid changes nothing: the policy in force stays (the
+    inventory is still refreshed for it) and one ``policy_rejected`` log line names the file, the
+    error and the hint.
+
+    Returns:
+        Whether the policy the lookup found is now in force.
+    """
+    try:
+        policy = source.load()
+    except GpushareError as e:
+        where = source.where()
+        kept = cache.policy.source
+        log("policy_rejected", reason=reason, file=str(where or "built-in defaults"), error=e.message, hint=e.hint,
+            kept=kept, message=f"site policy {where} not loaded: {e.message}"
+                               + (f" ({e.hint})" if e.hint else "") + f"; still deciding with {kept}")
+        cache.refresh(reason)
+        return False
+    return cache.refresh(reason, policy=policy)
+
+
 class FilterService:
     """The decision logic behind the socket (no sockets here: :meth:`handle_line` is the whole protocol).
 
     Args:
-        cache: the inventory decisions are made on.
-        policy: the site policy.
+        cache: the policy and inventory decisions are made on (one :class:`Snapshot` per request).
         log: structured logger.
         modify_uids: the uids whose ``modify`` (``scontrol update``) may get a rewrite, which sets the
             job's AdminComment (its audit). slurmctld lets only root, SlurmUser and Slurm administrators
@@ -176,28 +296,27 @@ class FilterService:
     #: decisions remembered per inventory snapshot (the policy is pure: same inputs, same answer)
     MEMO_MAX = 4096
 
-    def __init__(self, cache: InventoryCache, policy: SitePolicy, log: Log, modify_uids: frozenset[int] | None = None):
+    def __init__(self, cache: InventoryCache, log: Log, modify_uids: frozenset[int] | None = None):
         self.cache = cache
-        self.policy = policy
         self.log = log
         self.modify_uids = modify_uids if modify_uids is not None else frozenset({0, os.geteuid()})
         self._memo: dict[tuple, object] = {}
-        self._memo_inventory: ClusterInventory | None = None
+        self._memo_snapshot: Snapshot | None = None
         self._memo_lock = threading.Lock()
 
-    def _decide(self, inv: ClusterInventory, tpn: str | None, tpj: str | None, parts: tuple[str, ...] | None,
-                nodes: int = 1, per_task: tuple[str | None, str | None] = (None, None)):
-        key = (tpn, tpj, parts, nodes, per_task)
+    def _decide(self, snap: Snapshot, tpn: str | None, tpj: str | None, parts: tuple[str, ...] | None,
+                nodes: int = 1, beside: tuple = ()):
+        key = (tpn, tpj, parts, nodes, beside)
         with self._memo_lock:
-            if self._memo_inventory is not inv:
+            if self._memo_snapshot is not snap:
                 self._memo.clear()
-                self._memo_inventory = inv
+                self._memo_snapshot = snap
             d = self._memo.get(key)
         if d is None:
-            d = decide(tpn, tpj, partitions=parts, inventory=inv, policy=self.policy, nodes=nodes,
-                       tres_per_task=per_task[0], tres_per_socket=per_task[1])
+            d = decide(tpn, tpj, partitions=parts, inventory=snap.inventory, policy=snap.policy, nodes=nodes,
+                       **dict(beside))
             with self._memo_lock:
-                if self._memo_inventory is inv:
+                if self._memo_snapshot is snap:
                     if len(self._memo) >= self.MEMO_MAX:
                         self._memo.clear()
                     self._memo[key] = d
@@ -243,20 +362,21 @@ class FilterService:
         op = req.get("op", "submit")
         if op not in ("submit", "modify", "cli"):
             raise InputError(f"unknown op {op!r}")
-        for key in ("tres_per_node", "tres_per_job", "tres_per_task", "tres_per_socket", "partition",
-                    "admin_comment", "cli_request"):
+        for key in ("tres_per_node", "tres_per_job", *BESIDE_TRES, "partition", "admin_comment", "cli_request"):
             if not isinstance(req.get(key) or "", str):
                 raise InputError(f"{key} is not a string")
-        inv = self.cache.current()
+        snap = self.cache.state()
         tpn = req.get("tres_per_node") or ""
         tpj = req.get("tres_per_job") or ""
-        if inv is None:
+        if snap is None:
             return self._reject("gpushare: the filter service has no cluster inventory yet "
                                 f"({self.cache.error or 'starting'}); try again in a minute")
         parts = tuple(p for p in (req.get("partition") or "").split(",") if p) or None
         nodes = nodes_needed(req.get("min_nodes"), req.get("num_tasks"), req.get("ntasks_per_node"))
-        per_task = (req.get("tres_per_task") or None, req.get("tres_per_socket") or None)
-        d = self._decide(inv, tpn or None, tpj or None, parts, nodes, per_task)
+        ntasks_per_tres = req.get("ntasks_per_tres")
+        beside = tuple((k, req.get(k) or None) for k in BESIDE_TRES) + (
+            (("ntasks_per_tres", ntasks_per_tres),) if isinstance(ntasks_per_tres, (int, float)) else ())
+        d = self._decide(snap, tpn or None, tpj or None, parts, nodes, beside)
         if d.action == "pass":
             return {"v": PROTOCOL, "action": "pass"}
         if d.action == "reject":
@@ -272,7 +392,7 @@ class FilterService:
         fields = dict(d.audit_fields())
         original = req.get("cli_request") or ""
         if op == "submit" and original and len(original) <= 256:
-            via = self._decide(inv, original, tpj or None, parts, nodes)
+            via = self._decide(snap, original, tpj or None, parts, nodes)
             if via.action == "rewrite" and via.tres_per_node == new_tpn:
                 fields = {**via.audit_fields(), "via": "cli_filter"}
         answer["admin_comment"] = merge(req.get("admin_comment"), format_segment(fields))
@@ -622,13 +742,15 @@ class FramedServer:
 def serve(socket_path: Path, machines_dir: Path, *, policy_path: Path | None = None, refresh_s: float = 30.0,
           socket_mode: int = 0o666, log_stream=None, slurm_source=None, ready=None,
           limits: Limits = Limits(), stop: threading.Event | None = None,
-          controller_socket_path: Path | None = None) -> int:
+          controller_socket_path: Path | None = None, default_policy_path: Path | None = None,
+          reload_event: threading.Event | None = None) -> int:
     """Run the service until SIGTERM/SIGINT. Returns the exit status.
 
     Args:
         socket_path: the public unix socket (cli_filter.lua, as the user; replaced if a stale one is there).
         machines_dir: machine descriptions, one ``<node>.json`` per node.
-        policy_path: site policy TOML (defaults when None).
+        policy_path: site policy TOML; it must exist. None: ``default_policy_path`` when that exists,
+            else the built-in defaults (:class:`PolicySource`; the lookup is made again on each reload).
         refresh_s: how often Slurm's view is refreshed (seconds); the directory is checked every second.
         socket_mode: permissions of the socket. cli_filter.lua runs as the submitting user, so the
             default lets every local user ask for a decision (read-only: the service changes nothing).
@@ -640,17 +762,25 @@ def serve(socket_path: Path, machines_dir: Path, *, policy_path: Path | None = N
             owned by the service's user; only the service's own uid and root are served on it
             (``SO_PEERCRED``), so that users flooding the public socket cannot refuse or delay slurmctld.
             None: no private socket (job_submit.lua then uses the public one).
+        default_policy_path: the policy file read when ``policy_path`` is None and it exists.
+        reload_event: optional event that asks for a reload when set, as SIGHUP does (tests).
+
+    SIGHUP reloads the site policy and the inventory together (:func:`reload`): a policy file that is
+    not valid keeps the policy in force and is logged (``policy_rejected``).
 
     Raises:
         InputError: another filter service listens on one of the sockets.
+        ConfigError: the policy file at start cannot be read or is not valid.
     """
     log = Log(log_stream)
-    policy = load_policy(policy_path) if policy_path else SitePolicy()
-    cache = InventoryCache(machines_dir, shard_unit_mib=policy.shard_unit_mib,
+    source = PolicySource(Path(policy_path) if policy_path else None,
+                          Path(default_policy_path) if default_policy_path else None)
+    policy = source.load()
+    cache = InventoryCache(machines_dir, policy=policy,
                            slurm_source=slurm_source or (lambda: (commands.sinfo_json(), commands.partitions_text())),
                            log=log)
     cache.refresh("start")
-    service = FilterService(cache, policy, log)
+    service = FilterService(cache, log)
     socket_path = Path(socket_path)
     listener = _listen(socket_path, socket_mode)
     controller = None
@@ -666,7 +796,7 @@ def serve(socket_path: Path, machines_dir: Path, *, policy_path: Path | None = N
     if stop is not None:
         server.stop = stop
     stop = server.stop
-    reload_now = threading.Event()
+    reload_now = reload_event if reload_event is not None else threading.Event()
 
     def on_term(signum, frame):
         stop.set()
@@ -684,7 +814,7 @@ def serve(socket_path: Path, machines_dir: Path, *, policy_path: Path | None = N
                 break
             if reload_now.is_set():
                 reload_now.clear()
-                cache.refresh("SIGHUP")
+                reload(cache, source, log)
                 last = time.monotonic()
             elif cache.changed():
                 cache.refresh("machines changed")
@@ -695,7 +825,7 @@ def serve(socket_path: Path, machines_dir: Path, *, policy_path: Path | None = N
 
     threading.Thread(target=refresher, daemon=True, name="inventory-refresh").start()
     log("listening", socket=str(socket_path), controller_socket=str(controller_socket_path or ""),
-        machines=str(machines_dir), policy=str(policy_path or "defaults"))
+        machines=str(machines_dir), policy=policy.source)
     if ready is not None:
         ready.set()
     try:

@@ -162,6 +162,11 @@ local function drop()
   conn = nil
 end
 
+-- Close the kept connection (job_submit.lua, before it replaces this module with a changed copy).
+function M.close()
+  drop()
+end
+
 -- One framed exchange on the open connection: the answer table, or nil and why.
 local function exchange(req)
   last_id = last_id + 1

@@ -5,10 +5,50 @@
 -- It asks on filterd's private controller_socket (SlurmUser and root only), so that no user flooding
 -- the public socket (cli_filter.lua's) can refuse or delay slurmctld; on `socket` where it is unset.
 -- Jobs whose GRES do not mention gpushare, shard or mps never touch the socket: they cost one
--- string search per field. See docs/request-syntax.md and docs/admin-guide.md.
+-- string search per field. Beside the GRES it sends the job's other per-task, per-socket and per-GPU
+-- fields (--gpus-per-task, --tres-per-task, --gpus-per-socket, --mem-per-gpu, --cpus-per-gpu,
+-- --ntasks-per-gpu), which the service refuses beside a share. See docs/request-syntax.md and
+-- docs/admin-guide.md.
+--
+-- slurmctld loads this file again only when its own mtime changes (checked at each submission, to the
+-- second), never when gpushare_client.lua changes. So before each GPU-share job (which pays a round
+-- trip to the service anyway; other jobs never) the shim reads gpushare_client.lua again and, when its
+-- text changed, loads it: edited settings apply from the next such job. A changed file that does not
+-- load keeps the settings in force (logged once per version of the file).
 
 local dir = string.match(debug.getinfo(1, "S").source, "^@(.*/)") or "./"
-local client = dofile(dir .. "gpushare_client.lua")
+local CLIENT_PATH = dir .. "gpushare_client.lua"
+
+local function read_client()
+  local f = io.open(CLIENT_PATH, "r")
+  if not f then return nil end
+  local text = f:read("*a")
+  f:close()
+  return text
+end
+
+local client_text = read_client()
+local client = dofile(CLIENT_PATH)
+local refused_text = nil  -- a changed text that did not load (not tried again until it changes)
+
+-- The client with the settings gpushare_client.lua holds now (see the header).
+local function current_client()
+  local text = read_client()
+  if text == nil or text == client_text or text == refused_text then return client end
+  local chunk, err = (loadstring or load)(text, "@" .. CLIENT_PATH)
+  local ok, mod = false, err
+  if chunk then ok, mod = pcall(chunk) end
+  if not ok or type(mod) ~= "table" or type(mod.ask) ~= "function" or type(mod.settings) ~= "table" then
+    refused_text = text
+    slurm.log_error("gpushare: %s changed but does not load (%s); the settings in force stay", CLIENT_PATH,
+      tostring(mod))
+    return client
+  end
+  if type(client.close) == "function" then client.close() end
+  client, client_text, refused_text = mod, text, nil
+  slurm.log_info("gpushare: %s changed: its settings apply from this job on", CLIENT_PATH)
+  return client
+end
 
 -- cli_filter.lua's word in the comment naming an srun request (see cli_filter.lua). It names the
 -- request in the audit only; it never makes a job skip the policy or changes what is decided.
@@ -51,6 +91,7 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
   if not client.mentions_share(tpn, tpj, job_desc.tres_per_socket, job_desc.tres_per_task) then
     return slurm.SUCCESS
   end
+  current_client()
   -- the comment is the user's: only the cli_filter word is taken out of it (bounded), nothing else is sent
   local cli_request = ""
   local comment = job_desc.comment
@@ -62,6 +103,8 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
   local answer, why = client.ask({
     op = "submit", tres_per_node = tpn or "", tres_per_job = tpj or "",
     tres_per_task = job_desc.tres_per_task or "", tres_per_socket = job_desc.tres_per_socket or "",
+    mem_per_tres = job_desc.mem_per_tres or "", cpus_per_tres = job_desc.cpus_per_tres or "",
+    ntasks_per_tres = num(job_desc.ntasks_per_tres),
     partition = job_desc.partition or "", admin_comment = job_desc.admin_comment or "",
     min_nodes = num(job_desc.min_nodes), num_tasks = num(job_desc.num_tasks),
     ntasks_per_node = num(job_desc.ntasks_per_node), cli_request = cli_request,
@@ -90,9 +133,12 @@ function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
     end
     return slurm.SUCCESS
   end
+  current_client()
   local answer, why = client.ask({
     op = "modify", tres_per_node = tpn or "", tres_per_job = job_desc.tres_per_job or "",
     tres_per_task = job_desc.tres_per_task or "", tres_per_socket = job_desc.tres_per_socket or "",
+    mem_per_tres = job_desc.mem_per_tres or "", cpus_per_tres = job_desc.cpus_per_tres or "",
+    ntasks_per_tres = num(job_desc.ntasks_per_tres),
     partition = job_desc.partition or job_rec.partition or "", min_nodes = num(job_desc.min_nodes),
     admin_comment = job_rec.admin_comment or "", uid = modify_uid or -1,
     job_id = tostring(job_rec.job_id or ""),

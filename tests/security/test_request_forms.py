@@ -1,0 +1,72 @@
+"""Every request form beside ``--gres=gpushare`` reaches the policy or is refused saying what works (issue #15
+item 8), on the real dev cluster, submitted by an unprivileged user.
+
+The options and the job_desc fields they fill (src/common/slurm_opt.c, ``slurm_opt_create_job_desc``, at tags
+slurm-22-05-8-1, slurm-24-11-5-1 and slurm-26-05-3-1): ``--gpus-per-task`` -> ``tres_per_task``,
+``--gpus-per-socket`` -> ``tres_per_socket``, ``--mem-per-gpu`` -> ``mem_per_tres``, ``--cpus-per-gpu`` ->
+``cpus_per_tres``, ``--ntasks-per-gpu`` -> ``ntasks_per_tres``; ``--tres-per-task`` exists from 23.11 on. A form
+a release's sbatch has no option for, or refuses itself before submitting, is skipped on that release with
+the reason (the job is refused either way).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.security.conftest import USERS
+from tests.security.test_submit_path import sbatch, tres
+
+pytestmark = pytest.mark.slurm
+
+GPUSHARE = "--gres=gpushare:mem=10G"
+#: (the options, whether they go beside --gres=gpushare, what the refusal must say)
+FORMS = {
+    # 22.05's sbatch writes --gpus-per-task=1 as gres:gpu:1, 24.11's and 26.05's as gres/gpu=1 (measured)
+    "gpus-per-task": (["--gpus-per-task=1"], True, "GPUs per task ('gpu"),
+    "tres-per-task-gpu": (["--tres-per-task=gres/gpu:1"], True, "GPUs per task ('gpu:1', from --gpus-per-task or "
+                          "--tres-per-task) do not combine with --gres=gpushare"),
+    "tres-per-task-gpushare": (["--tres-per-task=gres/gpushare:mem=10G"], False,
+                               "GPU shares per task or per socket are not supported"),
+    "tres-per-task-gpushare-escaped": (["--tres-per-task=gres/gpushare:mem%3D10G+mode%3Dmps"], False,
+                                       "GPU shares per task or per socket are not supported"),
+    # the count after '=' (as the 23.11+ clients write --gpus-per-task and -c there) passed unpoliced
+    "tres-per-task-shard-equals": (["--tres-per-task=gres/shard=4"], False,
+                                   "GPU shares per task or per socket are not supported"),
+    "gpus-per-socket": (["--gpus-per-socket=1", "--sockets-per-node=1"], True,
+                        "GPUs per socket ('gpu:1', from --gpus-per-socket) do not combine with --gres=gpushare"),
+    "mem-per-gpu": (["--mem-per-gpu=4G"], True, "--mem-per-gpu (4096M) does not combine with --gres=gpushare"),
+    "cpus-per-gpu": (["--cpus-per-gpu=2"], True, "--cpus-per-gpu (2 CPUs) does not combine with --gres=gpushare"),
+    "ntasks-per-gpu": (["--ntasks-per-gpu=2"], True, "--ntasks-per-gpu (2) does not combine with --gres=gpushare"),
+}
+#: what each refusal tells the user to write instead
+WORKS = ("--ntasks-per-node", "--ntasks-per-socket", "--mem", "--cpus-per-task")
+
+
+@pytest.mark.parametrize("form", list(FORMS))
+def test_each_form_beside_gpushare_is_refused_saying_what_works(slurm, users, form):
+    options, beside, message = FORMS[form]
+    alice = USERS[0]
+    proc = sbatch(slurm.cluster, alice, "-p", "gpu", "-n", "2", *options, *([GPUSHARE] if beside else []))
+    if proc.returncode == 0:
+        slurm.submitted.append(proc.stdout.strip().split(";")[0])
+    assert proc.returncode != 0, f"{' '.join(options)} was accepted: {proc.stdout}"
+    option = options[0].split("=")[0]
+    if "unrecognized option" in proc.stderr:  # not every option is in sbatch --help (22.05's --ntasks-per-gpu)
+        pytest.skip(f"this Slurm's sbatch has no {option} (22.05 has no --tres-per-task): the form cannot be written")
+    if "gpushare:" not in proc.stderr and "Batch job submission failed" not in proc.stderr:
+        pytest.skip(f"this Slurm's sbatch refuses {' '.join(options)} beside {GPUSHARE} itself, before submitting: "
+                    f"{proc.stderr.strip()}")
+    assert "sbatch: error: gpushare: " in proc.stderr and message in proc.stderr, proc.stderr
+    assert any(w in proc.stderr for w in WORKS), proc.stderr
+    assert "Invalid generic resource (gres) specification" in proc.stderr, proc.stderr
+
+
+def test_the_same_share_with_tasks_per_node_is_decided(slurm, users):
+    """What the refusals say works: the share per node, with the tasks given per node."""
+    alice = USERS[0]
+    ok = sbatch(slurm.cluster, alice, "-p", "gpu", "-n", "2", "--ntasks-per-node=2", "--cpus-per-task=1", GPUSHARE)
+    assert tres(slurm, ok) == "gpu:h100_1g.10gb:1"
+    # GPUs per task without a share are Slurm's own business: never refused by the filter
+    plain = sbatch(slurm.cluster, alice, "-p", "gpu", "-n", "2", "--gpus-per-task=1")
+    assert plain.returncode == 0 and "gpushare" not in plain.stderr, plain.stderr
+    slurm.submitted.append(plain.stdout.strip().split(";")[0])
