@@ -352,8 +352,8 @@ def _read_manifest(path: Path) -> dict[str, str]:
 def _digest(path: Path) -> str | None:
     try:
         return hashlib.sha256(path.read_bytes()).hexdigest()
-    except FileNotFoundError:
-        return None
+    except (FileNotFoundError, NotADirectoryError):
+        return None  # missing (a file where a directory should be is reported when the install writes)
 
 
 def assess(files: Sequence[SiteFile], layout: Layout, *, force: bool = False) -> list[Outcome]:
@@ -384,7 +384,7 @@ def install(files: Sequence[SiteFile], layout: Layout, *, force: bool = False, d
         ConfigError: some files differ from what this install writes and were not written by the last
             install (edited since, or someone else's) and ``force`` is not given: the message names each;
             nothing is written.
-        OSError: a directory or file could not be written.
+        InputError: a directory or file could not be written (naming it).
     """
     outcomes = assess(files, layout, force=force)
     refused = [o.file.path for o in outcomes if o.state == "refused"]
@@ -397,11 +397,16 @@ def install(files: Sequence[SiteFile], layout: Layout, *, force: bool = False, d
     if dry_run:
         return outcomes
     writes = [o.file for o in outcomes if o.state != "unchanged"]
-    for d in sorted({f.path.parent for f in files}):
-        d.mkdir(parents=True, exist_ok=True)
-    for mode in sorted({f.mode for f in writes}):
-        write_all_atomic({f.path: f.text for f in writes if f.mode == mode}, mode=mode)
-    manifest = _read_manifest(layout.manifest)
-    manifest.update({str(f.path): f.digest for f in files})
-    write_atomic(layout.manifest, json.dumps({"files": dict(sorted(manifest.items()))}, indent=2) + "\n", mode=0o644)
+    try:
+        for d in sorted({f.path.parent for f in files} | {layout.manifest.parent}):
+            d.mkdir(parents=True, exist_ok=True)
+        for mode in sorted({f.mode for f in writes}):
+            write_all_atomic({f.path: f.text for f in writes if f.mode == mode}, mode=mode)
+        manifest = _read_manifest(layout.manifest)
+        manifest.update({str(f.path): f.digest for f in files})
+        write_atomic(layout.manifest, json.dumps({"files": dict(sorted(manifest.items()))}, indent=2) + "\n",
+                     mode=0o644)
+    except OSError as e:
+        raise InputError(f"cannot write {e.filename or layout.config_dir}: {e.strerror or e}",
+                         hint="run it as root for --prefix /, or give a --prefix you can write") from None
     return outcomes

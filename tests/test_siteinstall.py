@@ -158,6 +158,15 @@ def test_dry_run_writes_nothing_and_reports_a_refusal(tmp_path):
     assert r.exit_code == 2 and "job_submit.lua" in r.output and "--force" in r.output
 
 
+def test_a_directory_that_cannot_be_written_is_one_clear_error(tmp_path):
+    blocker = tmp_path / "p" / "etc"
+    blocker.parent.mkdir()
+    blocker.write_text("a file where the install needs a directory\n")
+    r = CliRunner().invoke(main, ["install", "--role", "node", "--prefix", str(tmp_path / "p")])
+    assert r.exit_code == 2 and r.output.startswith("slurm-gpushare: error: cannot write ")
+    assert "--prefix" in r.output and "Traceback" not in r.output
+
+
 def test_the_printed_slurm_conf_lines_name_the_written_files(tmp_path):
     p = tmp_path / "p"
     r = run("install", "--role", "controller", "--role", "node", "--prefix", str(p))
