@@ -61,3 +61,4 @@ def test_every_slurm_block_of_the_install_page_runs_on_the_dev_cluster(cluster, 
         proc = run_block(body, tmp_path, _env({"SLURM_CONF": str(cluster.slurm_conf)}))
         assert proc.returncode == 0, f"block:\n{body}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
         assert "JobSubmitPlugins" in proc.stdout and "TaskProlog" in proc.stdout
+        assert re.search(r"^Prolog(\[0\])? ", proc.stdout, re.M), proc.stdout

@@ -44,7 +44,8 @@ def test_the_cluster_runs_the_files_the_install_command_wrote(cluster):
     assert Path(conf["SLURM_CONF"]).parent == etc and (etc / "job_submit.lua").is_file()
     assert conf["TaskProlog"] == str(cluster.site_config_dir / "taskprolog.sh")
     for hook in ("Prolog", "Epilog"):
-        shim = Path(conf[hook]).read_text().splitlines()[-1]
+        # 24.11 and later print each of several scripts as Prolog[i] (src/api/config_info.c at 24.11.5, 26.05.3)
+        shim = Path(conf.get(hook) or conf[f"{hook}[0]"]).read_text().splitlines()[-1]
         assert shim.endswith(f"exec {cluster.site_config_dir}/{hook.lower()}.sh"), shim
         wrapper = (cluster.site_config_dir / f"{hook.lower()}.sh").read_text().splitlines()[-1]
         assert wrapper == (f"exec {' '.join(cluster.installed_command)} hook {hook.lower()} "
