@@ -49,7 +49,7 @@ SHIPPED_RUN_DIR = "/run/slurm-gpushare"
 #: The manifest of what the last install wrote (path -> sha256), in the layout's config directory.
 MANIFEST = "install-manifest.json"
 #: The placeholders a template may hold; an unknown ``@NAME@`` left in a template is an error.
-PLACEHOLDERS = ("SLURM_GPUSHARE", "CONFIG_DIR", "SLURM_CONF_DIR", "RUN_DIR", "RUNTIME_DIRECTORY")
+PLACEHOLDERS = ("SLURM_GPUSHARE", "PYTHON", "CONFIG_DIR", "SLURM_CONF_DIR", "RUN_DIR", "RUNTIME_DIRECTORY")
 _PLACEHOLDER = re.compile(r"@([A-Z][A-Z_]*)@")
 #: Characters a path written into the files may hold: Slurm splits its values on whitespace, systemd and
 #: sh would expand ``%``, ``$`` and quotes, Lua strings end at a quote. ``{node}`` only in a node's run dir.
@@ -127,6 +127,8 @@ class Layout:
         run_dir: the filter service's socket directory (controller, login) and the hooks' run directory
             (node; may hold ``{node}``, the Slurm node name).
         command: argv words that run this installation's ``slurm-gpushare`` (:func:`this_installation`).
+        python: this installation's interpreter (``sys.executable``, symlinks kept: a venv's ``bin/python``),
+            for templates that run a module of the package with ``@PYTHON@ -m ...``.
     """
 
     slurm_conf_dir: Path
@@ -134,6 +136,7 @@ class Layout:
     systemd_dir: Path
     run_dir: str = DEFAULT_RUN_DIR
     command: tuple[str, ...] = ()
+    python: str = ""
 
     @classmethod
     def under(cls, prefix: str | Path, *, slurm_conf_dir: str | Path | None = None,
@@ -150,7 +153,8 @@ class Layout:
         sc = Path(os.path.abspath(slurm_conf_dir)) if slurm_conf_dir else base / "etc" / "slurm"
         cd = Path(os.path.abspath(config_dir)) if config_dir else base / "etc" / "slurm" / "gpushare"
         layout = cls(slurm_conf_dir=sc, config_dir=cd, systemd_dir=base / "etc" / "systemd" / "system",
-                     run_dir=run_dir, command=tuple(command) if command else this_installation())
+                     run_dir=run_dir, command=tuple(command) if command else this_installation(),
+                     python=os.path.abspath(sys.executable))
         layout.check()
         return layout
 
@@ -161,9 +165,10 @@ class Layout:
             InputError: naming the option and the offending path.
         """
         named = [("--slurm-conf-dir", str(self.slurm_conf_dir)), ("--config-dir", str(self.config_dir)),
-                 ("--prefix", str(self.systemd_dir)), ("this installation's command", " ".join(self.command))]
+                 ("--prefix", str(self.systemd_dir)), ("this installation's command", " ".join(self.command)),
+                 ("this installation's python", self.python or "/")]
         for option, value in named:
-            for word in value.split(" ") if option.startswith("this") else [value]:
+            for word in value.split(" ") if option.startswith("this installation's c") else [value]:
                 if not _PATH_CHARS.fullmatch(word):
                     raise InputError(f"{option} {value!r} holds characters that slurm.conf, sh and systemd would "
                                      "split or expand", hint="use a path of letters, digits and ._+-/ only")
@@ -260,6 +265,7 @@ def render(name: str, layout: Layout) -> str:
         rel = layout.run_dir.removeprefix("/run/")
         values = {
             "SLURM_GPUSHARE": " ".join(shlex.quote(w) for w in layout.command),
+            "PYTHON": layout.python or sys.executable,
             "CONFIG_DIR": str(layout.config_dir),
             "SLURM_CONF_DIR": str(layout.slurm_conf_dir),
             "RUN_DIR": layout.run_dir,

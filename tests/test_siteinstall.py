@@ -73,6 +73,19 @@ def test_the_files_name_this_installation_and_the_layout_and_no_placeholder_is_l
         "prolog.sh": 0o755, "epilog.sh": 0o755, "taskprolog.sh": 0o755}
 
 
+def test_a_template_may_run_the_interpreter_and_an_unknown_placeholder_is_refused(tmp_path, monkeypatch):
+    # for wrappers that run one module of the package: @PYTHON@ is this installation's interpreter
+    (tmp_path / "prolog.sh").write_text("#!/bin/sh\nexec @PYTHON@ -m slurm_gpushare.x prolog\n")
+    (tmp_path / "epilog.sh").write_text("#!/bin/sh\nexec @PYHTON@ -m x\n")
+    monkeypatch.setattr(siteinstall, "site_data", lambda: tmp_path)
+    lay = siteinstall.Layout.under(tmp_path / "p", command=CMD)
+    assert siteinstall.render("prolog.sh", lay).splitlines()[-1] == f"exec {os.path.abspath(sys.executable)} -m " \
+        "slurm_gpushare.x prolog"
+    with pytest.raises(ConfigError, match="@PYHTON@") as e:
+        siteinstall.render("epilog.sh", lay)
+    assert "@PYTHON@" in e.value.hint
+
+
 def test_the_shipped_wrappers_and_units_hard_code_no_command_path():
     for name in ("prolog.sh", "epilog.sh", "slurm-gpushare-filterd.service", "slurm-gpushare-monitor.service"):
         text = (SHIPPED / name).read_text()
