@@ -13,6 +13,8 @@ Environment:
     GPUSHARE_REQUIRE_SLURM=1: fail instead of skipping when Slurm cannot be run (set by .ci/run).
     GPUSHARE_TEST_DEADLINE: seconds a test waits for an event of the daemons (default 120, see :data:`DEADLINE`).
     GPUSHARE_DEV_FILTER_TIMEOUT: the dev clusters' shim timeout for filterd's answer (set to 10 s here).
+    GPUSHARE_DEV_INSTALLED: an installed ``slurm-gpushare`` whose ``install`` writes the clusters' site files
+        (.ci/run: the wheel's, in a clean venv); unset: this interpreter's (tests/test_install_slurm.py).
     GPUSHARE_TEST_LOADED=1: the machine is loaded on purpose (set by ``scripts/test --stress``): ``timing`` tests,
         whose claim is a latency bound, are skipped.
 

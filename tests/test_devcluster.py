@@ -248,7 +248,7 @@ def test_is_ours_needs_the_program_and_this_cluster(tmp_path):
         ("monitor-n1", _fake("python3", "-m", "slurm_gpushare", "monitor", "--config", str(c.node_config),
                              "--node", "n2"), False),
         ("monitor-n1", _fake("python3", "-m", "slurm_gpushare", "monitor", "--config",
-                             f"{other}/etc/gpushare-node.toml", "--node", "n1"), False),
+                             f"{other}/etc/gpushare/node.toml", "--node", "n1"), False),
         ("monitor-n1", _fake("python3", "-m", "slurm_gpushare", "filterd", "--config", str(c.node_config),
                              "--node", "n1"), False),
         ("mysqld", _fake("mariadbd", f"--datadir={c.root}/db/data"), True),
@@ -632,7 +632,7 @@ def test_node_side_files_point_every_fake_nvml_at_the_process_table(tmp_path):
         line = files[f"scripts/{hook}.sh"].splitlines()[-1]
         assert f'GPUSHARE_FAKE_GPU_PROCESSES="{c.root}/fake-gpu-procs/$SLURMD_NODENAME" ' in line
         assert f'GPUSHARE_NVML="fake:{c.root}/machines/$SLURMD_NODENAME.json"' in line
-    cfg = parse_node_config(files["etc/gpushare-node.toml"])
+    cfg = parse_node_config(files["etc/gpushare/node.toml"])
     assert cfg.monitor_interval == 0.5
     assert cfg.spool_dir == str(c.accounting_spool) and cfg.machine == f"{c.root}/machines/{{node}}.json"
     # one table per node: an entry names only a GPU index, which every node has

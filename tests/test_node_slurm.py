@@ -104,7 +104,7 @@ def test_daemon_killed_mid_job_is_restarted_by_doctor_and_cleaned_by_the_epilog(
     first = int(pidfile.read_text())
     os.kill(first, signal.SIGKILL)
     doctor = [sys.executable, "-m", "slurm_gpushare", "doctor", "--node", "rtx4090-pcie",
-              "--config", str(cluster.root / "etc" / "gpushare-node.toml")]
+              "--config", str(cluster.node_config)]
     env = {**cluster.env, "GPUSHARE_NVML": f"fake:{cluster.root}/machines/rtx4090-pcie.json"}
     report = subprocess.run(doctor, env=env, capture_output=True, text=True)
     assert report.returncode == 1 and f"MPS daemon of running job {job.id} is not running" in report.stdout

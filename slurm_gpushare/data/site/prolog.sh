@@ -1,3 +1,4 @@
 #!/bin/sh
-# slurm-gpushare Prolog (slurmd runs it as root when a job starts on the node): Prolog=/etc/slurm/gpushare/prolog.sh
-exec /usr/local/bin/slurm-gpushare hook prolog --config /etc/slurm/gpushare/node.toml
+# slurm-gpushare Prolog (slurmd runs it as root when a job starts on the node): Prolog=@CONFIG_DIR@/prolog.sh
+# 'slurm-gpushare install --role node' writes it from the package's template, naming that installation.
+exec @SLURM_GPUSHARE@ hook prolog --config @CONFIG_DIR@/node.toml

@@ -1,0 +1,61 @@
+"""``install``: write a host role's site files with this installation's paths (slurm_gpushare.siteinstall)."""
+
+from __future__ import annotations
+
+import difflib
+
+import click
+
+from slurm_gpushare.cli import main
+from slurm_gpushare.siteinstall import DEFAULT_RUN_DIR, ROLES
+
+#: state -> (what was done, what would be done)
+_SAID = {"new": ("written", "would write"), "unchanged": ("unchanged", "unchanged"),
+         "upgrade": ("replaced (unchanged since the last install)", "would replace (unchanged since the last install)"),
+         "replace": ("replaced (--force)", "would replace (--force)"),
+         "refused": ("refused", "REFUSED (changed since the last install wrote it, or not written by it)")}
+
+
+@main.command("install")
+@click.option("--role", "roles", multiple=True, required=True, type=click.Choice(ROLES),
+              help="what this host is: controller (slurmctld + filter service), node (slurmd with GPUs), "
+                   "login (where users run sbatch/srun); repeat for a host with several")
+@click.option("--prefix", required=True, type=click.Path(file_okay=False),
+              help="root of the layout: PREFIX/etc/slurm (slurm.conf's directory), PREFIX/etc/slurm/gpushare, "
+                   "PREFIX/etc/systemd/system; / on a real host")
+@click.option("--slurm-conf-dir", type=click.Path(file_okay=False),
+              help="slurm.conf's directory, where the Lua files must be (default PREFIX/etc/slurm)")
+@click.option("--config-dir", type=click.Path(file_okay=False),
+              help="slurm-gpushare's configuration directory (default PREFIX/etc/slurm/gpushare)")
+@click.option("--run-dir", default=DEFAULT_RUN_DIR, show_default=True,
+              help="the filter service's socket directory (controller, login) and the hooks' run_dir (node; "
+                   "may hold {node})")
+@click.option("--dry-run", is_flag=True, help="write nothing; list what would be written")
+@click.option("--diff", "show_diff", is_flag=True, help="with --dry-run: show how each differing file would change")
+@click.option("--force", is_flag=True, help="replace files that were changed since the last install (their "
+                                            "content is lost)")
+def install_cmd(roles, prefix, slurm_conf_dir, config_dir, run_dir, dry_run, show_diff, force):
+    """Install the site files of this host's role(s), and print the slurm.conf lines they need.
+
+    The files (Lua shims, hook wrappers, systemd units, example configs) come from this package and name
+    this installation's slurm-gpushare command. A file that already holds what would be written is left
+    alone; one written by the last install and unchanged since is replaced (an upgrade); one changed since
+    (or not written by this command) is refused, and then nothing is written, unless --force. Each file
+    is replaced atomically. See docs/install.md.
+    """
+    from slurm_gpushare import siteinstall
+
+    layout = siteinstall.Layout.under(prefix, slurm_conf_dir=slurm_conf_dir, config_dir=config_dir, run_dir=run_dir)
+    files = siteinstall.plan(roles, layout)
+    outcomes = siteinstall.install(files, layout, force=force, dry_run=dry_run)
+    for o in outcomes:
+        click.echo(f"{_SAID[o.state][dry_run]}: {o.file.path}")
+        if dry_run and show_diff and o.state not in ("new", "unchanged"):
+            old = o.file.path.read_text(errors="replace").splitlines(keepends=True)
+            click.echo("".join(difflib.unified_diff(old, o.file.text.splitlines(keepends=True),
+                                                    str(o.file.path), f"{o.file.path} (this install)")), nl=False)
+    if dry_run and any(o.state == "refused" for o in outcomes):
+        click.echo("(without --force the install would write nothing: see --diff, merge, or pass --force)")
+    click.echo(f"\nslurm.conf lines these files need{'' if not dry_run else ' (once written)'}:")
+    for line in siteinstall.slurm_conf_lines(roles, layout):
+        click.echo(f"  {line}")

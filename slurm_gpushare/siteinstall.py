@@ -1,0 +1,418 @@
+"""``slurm-gpushare install``: put the site files of one host's role in place, with this installation's paths.
+
+The package ships what a site installs in ``slurm_gpushare/data/site/`` (package data, so a wheel has
+it): the Lua shims, the Prolog/Epilog/TaskProlog wrappers, the systemd units and the example configs.
+The wrappers and units are templates: ``@NAME@`` placeholders (:data:`PLACEHOLDERS`) are filled with the
+command of *this* installation (:func:`this_installation`: the ``slurm-gpushare`` console script that is
+running, or the venv's one next to ``sys.executable``, else ``sys.executable -m slurm_gpushare``) and the
+directories of a :class:`Layout`. The Lua client's socket settings, the TaskProlog's ``RUN_DIR`` and the
+example node config's ``run_dir`` are set to the layout's run directory.
+
+What each role gets (:data:`ROLE_FILES`):
+
+- ``controller``: ``job_submit.lua``, ``gpushare_client.lua`` and ``cli_filter.lua`` next to slurm.conf
+  (slurmctld loads ``job_submit.lua`` from slurm.conf's directory, src/plugins/job_submit/lua; in
+  configless mode it also sends ``cli_filter.lua`` to the clients), the filter service's unit and
+  ``gpushare.toml.example``;
+- ``node``: ``prolog.sh``, ``epilog.sh``, ``taskprolog.sh`` in the config directory, the monitor's unit
+  and ``node.toml.example``;
+- ``login``: ``cli_filter.lua`` and ``gpushare_client.lua`` next to slurm.conf (srun/sbatch/salloc load
+  ``cli_filter.lua`` from there; 22.05's srun path also needs the client file).
+
+A file is never replaced behind an administrator's back: :func:`install` writes a file that is missing,
+leaves one that already holds what it would write, and replaces one that differs only when the manifest
+of the last install (:data:`MANIFEST`, in the config directory) shows it unchanged since that install
+wrote it (an upgrade); a file edited since (or never written by this command) is refused unless
+``force``. Nothing is written when anything is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shlex
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from slurm_gpushare.atomicfile import write_all_atomic, write_atomic
+from slurm_gpushare.errors import ConfigError, InputError
+
+ROLES = ("controller", "node", "login")
+DEFAULT_RUN_DIR = "/run/slurm-gpushare"
+#: The run directory the shipped files name (replaced by the layout's).
+SHIPPED_RUN_DIR = "/run/slurm-gpushare"
+#: The manifest of what the last install wrote (path -> sha256), in the layout's config directory.
+MANIFEST = "install-manifest.json"
+#: The placeholders a template may hold; an unknown ``@NAME@`` left in a template is an error.
+PLACEHOLDERS = ("SLURM_GPUSHARE", "PYTHON", "CONFIG_DIR", "SLURM_CONF_DIR", "RUN_DIR", "RUNTIME_DIRECTORY")
+_PLACEHOLDER = re.compile(r"@([A-Z][A-Z_]*)@")
+#: Characters a path written into the files may hold: Slurm splits its values on whitespace, systemd and
+#: sh would expand ``%``, ``$`` and quotes, Lua strings end at a quote. ``{node}`` only in a node's run dir.
+_PATH_CHARS = re.compile(r"[A-Za-z0-9._+/-]+")
+
+
+@dataclass(frozen=True)
+class _Spec:
+    source: str  # name in slurm_gpushare/data/site/
+    where: str  # "slurm_conf_dir", "config_dir" or "systemd_dir"
+    mode: int
+    render: str  # "template", "lua_client", "taskprolog", "node_example" or "copy"
+
+
+_SPECS = {
+    "job_submit.lua": _Spec("job_submit.lua", "slurm_conf_dir", 0o644, "copy"),
+    "gpushare_client.lua": _Spec("gpushare_client.lua", "slurm_conf_dir", 0o644, "lua_client"),
+    "cli_filter.lua": _Spec("cli_filter.lua", "slurm_conf_dir", 0o644, "copy"),
+    "slurm-gpushare-filterd.service": _Spec("slurm-gpushare-filterd.service", "systemd_dir", 0o644, "template"),
+    "gpushare.toml.example": _Spec("gpushare.toml.example", "config_dir", 0o644, "copy"),
+    "prolog.sh": _Spec("prolog.sh", "config_dir", 0o755, "template"),
+    "epilog.sh": _Spec("epilog.sh", "config_dir", 0o755, "template"),
+    "taskprolog.sh": _Spec("taskprolog.sh", "config_dir", 0o755, "taskprolog"),
+    "slurm-gpushare-monitor.service": _Spec("slurm-gpushare-monitor.service", "systemd_dir", 0o644, "template"),
+    "node.toml.example": _Spec("node.toml.example", "config_dir", 0o644, "node_example"),
+}
+
+#: The files that name the filter service's sockets (below the run directory: no ``{node}`` there).
+_SOCKET_FILES = ("gpushare_client.lua", "slurm-gpushare-filterd.service")
+
+#: Role -> the shipped files it installs.
+ROLE_FILES: dict[str, tuple[str, ...]] = {
+    "controller": ("job_submit.lua", "gpushare_client.lua", "cli_filter.lua", "slurm-gpushare-filterd.service",
+                   "gpushare.toml.example"),
+    "node": ("prolog.sh", "epilog.sh", "taskprolog.sh", "slurm-gpushare-monitor.service", "node.toml.example"),
+    "login": ("cli_filter.lua", "gpushare_client.lua"),
+}
+
+
+def site_data():
+    """The directory of the shipped site files (an ``importlib.resources`` traversable)."""
+    return resources.files("slurm_gpushare") / "data" / "site"
+
+
+def this_installation(argv0: str | None = None, executable: str | None = None) -> tuple[str, ...]:
+    """The command that runs this installation's ``slurm-gpushare``, as argv words.
+
+    The console script that is running (``argv0`` is named ``slurm-gpushare``: a pip install's script,
+    in a venv or in ``/usr/local/bin``), else the one a venv's pip put next to ``executable``, else
+    ``executable -m slurm_gpushare``. Paths are made absolute but symlinks are kept: a venv's
+    ``bin/python`` is a link to the base interpreter, which does not see the venv's packages.
+
+    Args:
+        argv0: the program name (default ``sys.argv[0]``).
+        executable: the interpreter (default ``sys.executable``).
+    """
+    argv0 = sys.argv[0] if argv0 is None else argv0
+    executable = executable or sys.executable
+    if argv0 and os.path.basename(argv0) == "slurm-gpushare" and os.path.isfile(argv0):
+        return (os.path.abspath(argv0),)
+    script = os.path.join(os.path.dirname(os.path.abspath(executable)), "slurm-gpushare")
+    if os.path.isfile(script) and os.access(script, os.X_OK):
+        return (script,)
+    return (os.path.abspath(executable), "-m", "slurm_gpushare")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where the files go and what they name.
+
+    Attributes:
+        slurm_conf_dir: slurm.conf's directory (the Lua files go there).
+        config_dir: the product's configuration directory (wrappers, example configs, machines/).
+        systemd_dir: where the units go.
+        run_dir: the filter service's socket directory (controller, login) and the hooks' run directory
+            (node; may hold ``{node}``, the Slurm node name).
+        command: argv words that run this installation's ``slurm-gpushare`` (:func:`this_installation`).
+        python: this installation's interpreter (``sys.executable``, symlinks kept: a venv's ``bin/python``),
+            for templates that run a module of the package with ``@PYTHON@ -m ...``.
+    """
+
+    slurm_conf_dir: Path
+    config_dir: Path
+    systemd_dir: Path
+    run_dir: str = DEFAULT_RUN_DIR
+    command: tuple[str, ...] = ()
+    python: str = ""
+
+    @classmethod
+    def under(cls, prefix: str | Path, *, slurm_conf_dir: str | Path | None = None,
+              config_dir: str | Path | None = None, run_dir: str = DEFAULT_RUN_DIR,
+              command: Sequence[str] | None = None) -> Layout:
+        """The layout below ``prefix``: ``PREFIX/etc/slurm`` (slurm.conf's directory),
+        ``PREFIX/etc/slurm/gpushare`` (config) and ``PREFIX/etc/systemd/system``; ``prefix`` ``/`` is a
+        site's real layout. Relative paths are made absolute.
+
+        Raises:
+            InputError: a path holding characters the files cannot carry (whitespace, quotes, ``$``, ``%``...).
+        """
+        base = Path(os.path.abspath(prefix))
+        sc = Path(os.path.abspath(slurm_conf_dir)) if slurm_conf_dir else base / "etc" / "slurm"
+        cd = Path(os.path.abspath(config_dir)) if config_dir else base / "etc" / "slurm" / "gpushare"
+        layout = cls(slurm_conf_dir=sc, config_dir=cd, systemd_dir=base / "etc" / "systemd" / "system",
+                     run_dir=run_dir, command=tuple(command) if command else this_installation(),
+                     python=os.path.abspath(sys.executable))
+        layout.check()
+        return layout
+
+    def check(self) -> None:
+        """Refuse paths the written files cannot carry.
+
+        Raises:
+            InputError: naming the option and the offending path.
+        """
+        named = [("--slurm-conf-dir", str(self.slurm_conf_dir)), ("--config-dir", str(self.config_dir)),
+                 ("--prefix", str(self.systemd_dir)), ("this installation's command", " ".join(self.command)),
+                 ("this installation's python", self.python or "/")]
+        for option, value in named:
+            for word in value.split(" ") if option.startswith("this installation's c") else [value]:
+                if not _PATH_CHARS.fullmatch(word):
+                    raise InputError(f"{option} {value!r} holds characters that slurm.conf, sh and systemd would "
+                                     "split or expand", hint="use a path of letters, digits and ._+-/ only")
+        run = self.run_dir.replace("{node}", "")
+        if not self.run_dir.startswith("/") or not _PATH_CHARS.fullmatch(run):
+            raise InputError(f"--run-dir {self.run_dir!r} is not an absolute path of letters, digits, ._+-/ "
+                             "(and {node})", hint=f"e.g. {DEFAULT_RUN_DIR}")
+
+    def directory(self, where: str) -> Path:
+        """The directory named by a spec's ``where``."""
+        return {"slurm_conf_dir": self.slurm_conf_dir, "config_dir": self.config_dir,
+                "systemd_dir": self.systemd_dir}[where]
+
+    @property
+    def manifest(self) -> Path:
+        """The manifest of what the last install wrote (:data:`MANIFEST`)."""
+        return self.config_dir / MANIFEST
+
+
+@dataclass(frozen=True)
+class SiteFile:
+    """One file an install writes.
+
+    Attributes:
+        path: where it goes.
+        text: its content.
+        mode: its permission bits (0o755 for the hook wrappers, else 0o644).
+        source: the shipped file it comes from (``slurm_gpushare/data/site/<name>``).
+        roles: the roles it belongs to.
+    """
+
+    path: Path
+    text: str
+    mode: int
+    source: str
+    roles: tuple[str, ...]
+
+    @property
+    def digest(self) -> str:
+        """sha256 of :attr:`text` (hex)."""
+        return hashlib.sha256(self.text.encode()).hexdigest()
+
+
+def set_lua_setting(text: str, key: str, value: str, *, source: str = "gpushare_client.lua") -> str:
+    """``text`` with the first ``key = ...,`` line of gpushare_client.lua's settings table set to ``value``
+    (a Lua expression: ``'"/run/x.sock"'``, ``"0.5"``).
+
+    Raises:
+        ConfigError: the text has no such setting.
+    """
+    out, done = [], False
+    for line in text.splitlines(keepends=True):
+        if not done and line.lstrip().startswith(f"{key} = "):
+            indent = line[: len(line) - len(line.lstrip())]
+            line = f"{indent}{key} = {value},\n"
+            done = True
+        out.append(line)
+    if not done:
+        raise ConfigError(f"{source} has no '{key} =' setting",
+                          hint="use the gpushare_client.lua of this package (slurm_gpushare/data/site/)")
+    return "".join(out)
+
+
+def _replace_line(text: str, old: str, new: str, source: str) -> str:
+    if old not in text:
+        raise ConfigError(f"{source} has no line {old!r} to set", hint="reinstall the package: a shipped file "
+                          "was changed")
+    return text.replace(old, new, 1)
+
+
+def render(name: str, layout: Layout) -> str:
+    """The text of shipped file ``name`` for ``layout``.
+
+    Raises:
+        ConfigError: a template holds a placeholder this version does not fill, or a shipped file lost the
+            line that is set.
+        InputError: a controller/login file asked for a run directory with ``{node}``.
+    """
+    spec = _SPECS[name]
+    text = (site_data() / spec.source).read_text()
+    source = f"slurm_gpushare/data/site/{spec.source}"
+    if name in _SOCKET_FILES and "{node}" in layout.run_dir:
+        raise InputError(f"--run-dir {layout.run_dir} holds {{node}}, which only the node role's files take "
+                         f"({name} names the filter service's sockets)",
+                         hint="install the node role with its own --run-dir")
+    if spec.render == "lua_client":
+        text = set_lua_setting(text, "socket", f'"{layout.run_dir}/filterd.sock"', source=source)
+        text = set_lua_setting(text, "controller_socket", f'"{layout.run_dir}/controller.sock"', source=source)
+    elif spec.render == "taskprolog":
+        text = _replace_line(text, f'RUN_DIR="{SHIPPED_RUN_DIR}"', f'RUN_DIR="{layout.run_dir}"', source)
+    elif spec.render == "node_example":
+        text = _replace_line(text, f'run_dir = "{SHIPPED_RUN_DIR}"', f'run_dir = "{layout.run_dir}"', source)
+    elif spec.render == "template":
+        rel = layout.run_dir.removeprefix("/run/")
+        values = {
+            "SLURM_GPUSHARE": " ".join(shlex.quote(w) for w in layout.command),
+            "PYTHON": layout.python or sys.executable,
+            "CONFIG_DIR": str(layout.config_dir),
+            "SLURM_CONF_DIR": str(layout.slurm_conf_dir),
+            "RUN_DIR": layout.run_dir,
+            # systemd makes (and owns to User=) a RuntimeDirectory= below /run only
+            "RUNTIME_DIRECTORY": (f"RuntimeDirectory={rel}" if rel != layout.run_dir and rel
+                                  else f"# {layout.run_dir} is not below /run: create it, owned by User=, first"),
+        }
+
+        def fill(m: re.Match) -> str:
+            if m.group(1) not in values:
+                raise ConfigError(f"{source} holds the placeholder @{m.group(1)}@, which this version does not fill",
+                                  hint=f"placeholders: {', '.join('@' + p + '@' for p in PLACEHOLDERS)}")
+            return values[m.group(1)]
+
+        text = _PLACEHOLDER.sub(fill, text)
+    return text
+
+
+def plan(roles: Iterable[str], layout: Layout) -> list[SiteFile]:
+    """The files ``roles`` install with ``layout``, each once, in the order of :data:`ROLE_FILES`.
+
+    Raises:
+        InputError: an unknown role (naming the known ones), or a run directory a role cannot use.
+        ConfigError: a shipped file that does not render (see :func:`render`).
+    """
+    roles = list(dict.fromkeys(roles))
+    unknown = [r for r in roles if r not in ROLES]
+    if unknown or not roles:
+        raise InputError(f"unknown role {', '.join(unknown) or '(none given)'}",
+                         hint=f"--role is one of {', '.join(ROLES)} (repeat it for a host with several)")
+    owners: dict[str, list[str]] = {}
+    for role in roles:
+        for name in ROLE_FILES[role]:
+            owners.setdefault(name, []).append(role)
+    files = []
+    for name, who in owners.items():
+        spec = _SPECS[name]
+        files.append(SiteFile(path=layout.directory(spec.where) / name, text=render(name, layout), mode=spec.mode,
+                              source=f"slurm_gpushare/data/site/{spec.source}", roles=tuple(who)))
+    return files
+
+
+def slurm_conf_lines(roles: Iterable[str], layout: Layout) -> list[str]:
+    """The slurm.conf lines the installed files need, with a comment on each (slurm.conf must be the same
+    on every host, so add them once for the whole cluster).
+
+    Sources: slurm.conf(5) (``JobSubmitPlugins``, ``CliFilterPlugins``, ``Prolog``, ``Epilog``,
+    ``TaskProlog``, ``PrologFlags=Alloc``: the Prolog runs when the job is allocated, so it has prepared
+    the MPS daemon before the first task, also for salloc).
+    """
+    roles = set(roles)
+    lines = []
+    if roles & {"controller", "login"}:
+        if "controller" in roles:
+            lines.append(f"JobSubmitPlugins=lua             # {layout.slurm_conf_dir}/job_submit.lua")
+        lines.append(f"CliFilterPlugins=cli_filter/lua  # {layout.slurm_conf_dir}/cli_filter.lua")
+    if "node" in roles:
+        lines += [f"Prolog={layout.config_dir}/prolog.sh",
+                  f"Epilog={layout.config_dir}/epilog.sh",
+                  f"TaskProlog={layout.config_dir}/taskprolog.sh",
+                  "PrologFlags=Alloc                # add Alloc to the flags you already have"]
+    lines.append("GresTypes=gpu,shard,gpushare     # and the Gres= lines: slurm-gpushare gres-conf writes them")
+    return lines
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What :func:`install` did (or, with ``dry_run``, would do) with one file.
+
+    ``state``: ``"new"`` (missing), ``"unchanged"`` (already holds it), ``"upgrade"`` (differs, but is what
+    the last install wrote), ``"replace"`` (differs, replaced with ``force``) or ``"refused"`` (differs and
+    was not written by the last install: edited, or someone else's).
+    """
+
+    file: SiteFile
+    state: str
+
+
+def _read_manifest(path: Path) -> dict[str, str]:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError):
+        return {}  # an unreadable manifest only means: nothing counts as written by the last install
+    files = data.get("files") if isinstance(data, dict) else None
+    return {str(k): str(v) for k, v in files.items()} if isinstance(files, dict) else {}
+
+
+def _digest(path: Path) -> str | None:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except (FileNotFoundError, NotADirectoryError):
+        return None  # missing (a file where a directory should be is reported when the install writes)
+
+
+def assess(files: Sequence[SiteFile], layout: Layout, *, force: bool = False) -> list[Outcome]:
+    """What :func:`install` would do with each file (see :class:`Outcome`), reading only."""
+    manifest = _read_manifest(layout.manifest)
+    out = []
+    for f in files:
+        have = _digest(f.path)
+        if have is None:
+            state = "new"
+        elif have == f.digest:
+            state = "unchanged"
+        elif manifest.get(str(f.path)) == have:
+            state = "upgrade"
+        else:
+            state = "replace" if force else "refused"
+        out.append(Outcome(f, state))
+    return out
+
+
+def install(files: Sequence[SiteFile], layout: Layout, *, force: bool = False, dry_run: bool = False) -> list[Outcome]:
+    """Write ``files`` (atomically each, :mod:`slurm_gpushare.atomicfile`) and the manifest.
+
+    Returns:
+        One :class:`Outcome` per file; with ``dry_run`` nothing is written.
+
+    Raises:
+        ConfigError: some files differ from what this install writes and were not written by the last
+            install (edited since, or someone else's) and ``force`` is not given: the message names each;
+            nothing is written.
+        InputError: a directory or file could not be written (naming it).
+    """
+    outcomes = assess(files, layout, force=force)
+    refused = [o.file.path for o in outcomes if o.state == "refused"]
+    if refused and not dry_run:
+        raise ConfigError(
+            f"{len(refused)} file(s) differ from what this install writes and were changed since the last "
+            f"install wrote them (or never written by it): {', '.join(map(str, refused))}",
+            hint="see how with --dry-run --diff and merge your changes after the install, or "
+                 "pass --force to replace them (their content is lost: copy them first); nothing was written")
+    if dry_run:
+        return outcomes
+    writes = [o.file for o in outcomes if o.state != "unchanged"]
+    try:
+        for d in sorted({f.path.parent for f in files} | {layout.manifest.parent}):
+            d.mkdir(parents=True, exist_ok=True)
+        for mode in sorted({f.mode for f in writes}):
+            write_all_atomic({f.path: f.text for f in writes if f.mode == mode}, mode=mode)
+        manifest = _read_manifest(layout.manifest)
+        manifest.update({str(f.path): f.digest for f in files})
+        write_atomic(layout.manifest, json.dumps({"files": dict(sorted(manifest.items()))}, indent=2) + "\n",
+                     mode=0o644)
+    except OSError as e:
+        raise InputError(f"cannot write {e.filename or layout.config_dir}: {e.strerror or e}",
+                         hint="run it as root for --prefix /, or give a --prefix you can write") from None
+    return outcomes

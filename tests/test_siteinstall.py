@@ -1,0 +1,233 @@
+"""``slurm-gpushare install``: each role's site files, this installation's paths, no edited file replaced
+silently; the wheel carries the files; one version, printed by --version."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tomllib
+import zipfile
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from slurm_gpushare import __version__, siteinstall
+from slurm_gpushare.cli import main
+from slurm_gpushare.errors import ConfigError, InputError
+
+ROOT = Path(__file__).resolve().parent.parent
+SHIPPED = ROOT / "slurm_gpushare" / "data" / "site"
+CMD = ("/opt/gpushare/bin/slurm-gpushare",)
+
+
+def layout(tmp_path: Path, **kw) -> siteinstall.Layout:
+    return siteinstall.Layout.under(tmp_path / "p", command=CMD, **kw)
+
+
+def run(*args: str):
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+def test_each_role_installs_its_files_where_slurm_and_systemd_look_for_them(tmp_path):
+    lay = layout(tmp_path)
+    p = tmp_path / "p"
+    got = {role: {str(f.path.relative_to(p)) for f in siteinstall.plan([role], lay)} for role in siteinstall.ROLES}
+    # slurmctld loads job_submit.lua from slurm.conf's directory; the clients load cli_filter.lua from there
+    # (slurm.conf(5) JobSubmitPlugins=lua, CliFilterPlugins=cli_filter/lua); units go to /etc/systemd/system
+    assert got == {
+        "controller": {"etc/slurm/job_submit.lua", "etc/slurm/gpushare_client.lua", "etc/slurm/cli_filter.lua",
+                       "etc/systemd/system/slurm-gpushare-filterd.service", "etc/slurm/gpushare/gpushare.toml.example"},
+        "node": {"etc/slurm/gpushare/prolog.sh", "etc/slurm/gpushare/epilog.sh", "etc/slurm/gpushare/taskprolog.sh",
+                 "etc/systemd/system/slurm-gpushare-monitor.service", "etc/slurm/gpushare/node.toml.example"},
+        "login": {"etc/slurm/cli_filter.lua", "etc/slurm/gpushare_client.lua"},
+    }
+    every = {f.source for f in siteinstall.plan(siteinstall.ROLES, lay)}
+    assert every == {f"slurm_gpushare/data/site/{f.name}" for f in SHIPPED.iterdir()}
+
+
+def test_the_files_name_this_installation_and_the_layout_and_no_placeholder_is_left(tmp_path):
+    lay = layout(tmp_path, run_dir="/run/gps")
+    files = {f.path.name: f for f in siteinstall.plan(siteinstall.ROLES, lay)}
+    cfg = tmp_path / "p/etc/slurm/gpushare"
+    assert files["prolog.sh"].text.splitlines()[-1] == f"exec {CMD[0]} hook prolog --config {cfg}/node.toml"
+    assert files["epilog.sh"].text.splitlines()[-1] == f"exec {CMD[0]} hook epilog --config {cfg}/node.toml"
+    unit = files["slurm-gpushare-filterd.service"].text
+    assert (f"ExecStart={CMD[0]} filterd --socket /run/gps/filterd.sock --controller-socket /run/gps/controller.sock "
+            f"--machines {cfg}/machines") in unit.splitlines()
+    assert "RuntimeDirectory=gps" in unit.splitlines()  # systemd.exec(5): relative to /run
+    assert f"Environment=SLURM_CONF={tmp_path}/p/etc/slurm/slurm.conf" in unit.splitlines()
+    assert f"ExecStart={CMD[0]} monitor --config {cfg}/node.toml" in files["slurm-gpushare-monitor.service"].text
+    client = files["gpushare_client.lua"].text
+    assert 'socket = "/run/gps/filterd.sock",' in client and 'controller_socket = "/run/gps/controller.sock",' in client
+    assert 'RUN_DIR="/run/gps"' in files["taskprolog.sh"].text.splitlines()
+    assert 'run_dir = "/run/gps"' in files["node.toml.example"].text.splitlines()
+    for f in files.values():
+        assert not re.search(r"@[A-Z_]+@", f.text), f.path
+        assert "/usr/local/bin/slurm-gpushare" not in f.text, f.path
+    assert {f.path.name: f.mode for f in files.values() if f.mode != 0o644} == {
+        "prolog.sh": 0o755, "epilog.sh": 0o755, "taskprolog.sh": 0o755}
+
+
+def test_a_template_may_run_the_interpreter_and_an_unknown_placeholder_is_refused(tmp_path, monkeypatch):
+    # for wrappers that run one module of the package: @PYTHON@ is this installation's interpreter
+    (tmp_path / "prolog.sh").write_text("#!/bin/sh\nexec @PYTHON@ -m slurm_gpushare.x prolog\n")
+    (tmp_path / "epilog.sh").write_text("#!/bin/sh\nexec @PYHTON@ -m x\n")
+    monkeypatch.setattr(siteinstall, "site_data", lambda: tmp_path)
+    lay = siteinstall.Layout.under(tmp_path / "p", command=CMD)
+    assert siteinstall.render("prolog.sh", lay).splitlines()[-1] == f"exec {os.path.abspath(sys.executable)} -m " \
+        "slurm_gpushare.x prolog"
+    with pytest.raises(ConfigError, match="@PYHTON@") as e:
+        siteinstall.render("epilog.sh", lay)
+    assert "@PYTHON@" in e.value.hint
+
+
+def test_the_shipped_wrappers_and_units_hard_code_no_command_path():
+    for name in ("prolog.sh", "epilog.sh", "slurm-gpushare-filterd.service", "slurm-gpushare-monitor.service"):
+        text = (SHIPPED / name).read_text()
+        assert "@SLURM_GPUSHARE@" in text and "/usr/local/bin" not in text and "/usr/bin/slurm-gpushare" not in text
+
+
+def test_a_run_dir_outside_run_gets_no_runtime_directory_and_node_run_dirs_stay_on_the_node(tmp_path):
+    unit = siteinstall.render("slurm-gpushare-filterd.service", layout(tmp_path, run_dir="/var/lib/gps"))
+    assert not [line for line in unit.splitlines() if line.startswith("RuntimeDirectory=")]
+    node = layout(tmp_path, run_dir="/run/gps/{node}")
+    assert 'RUN_DIR="/run/gps/{node}"' in siteinstall.render("taskprolog.sh", node)
+    with pytest.raises(InputError, match=r"holds \{node\}"):
+        siteinstall.plan(["controller"], node)
+
+
+@pytest.mark.parametrize("kw", [{"config_dir": "/etc/my gps"}, {"slurm_conf_dir": "/etc/$x"}, {"run_dir": "run/x"},
+                                {"run_dir": "/run/a%b"}])
+def test_paths_the_files_cannot_carry_are_refused(tmp_path, kw):
+    with pytest.raises(InputError) as e:
+        layout(tmp_path, **kw)
+    assert e.value.hint
+
+
+def test_an_unknown_role_names_the_known_ones(tmp_path):
+    with pytest.raises(InputError, match="unknown role compute") as e:
+        siteinstall.plan(["compute"], layout(tmp_path))
+    assert "controller, node, login" in e.value.hint
+
+
+def test_install_writes_then_leaves_unchanged_files_alone(tmp_path):
+    lay = layout(tmp_path)
+    files = siteinstall.plan(["node"], lay)
+    assert {o.state for o in siteinstall.install(files, lay)} == {"new"}
+    for f in files:
+        assert f.path.read_text() == f.text and f.path.stat().st_mode & 0o777 == f.mode
+    assert {o.state for o in siteinstall.install(files, lay)} == {"unchanged"}
+    manifest = json.loads(lay.manifest.read_text())["files"]
+    assert set(manifest) == {str(f.path) for f in files}
+    assert not list(tmp_path.rglob(".*.tmp*"))
+
+
+def test_an_edited_file_is_refused_and_nothing_is_written_unless_force(tmp_path):
+    lay = layout(tmp_path)
+    siteinstall.install(siteinstall.plan(["node"], lay), lay)
+    prolog = lay.config_dir / "prolog.sh"
+    prolog.write_text(prolog.read_text() + "# site edit\n")
+    (lay.config_dir / "taskprolog.sh").unlink()
+    files = siteinstall.plan(["node"], lay)
+    with pytest.raises(ConfigError, match=re.escape(str(prolog))) as e:
+        siteinstall.install(files, lay)
+    assert "--force" in e.value.hint and "nothing was written" in e.value.hint
+    assert prolog.read_text().endswith("# site edit\n") and not (lay.config_dir / "taskprolog.sh").exists()
+    states = {o.file.path.name: o.state for o in siteinstall.install(files, lay, force=True)}
+    assert states["prolog.sh"] == "replace" and states["taskprolog.sh"] == "new"
+    assert not prolog.read_text().endswith("# site edit\n")
+
+
+def test_a_file_the_last_install_wrote_and_nobody_changed_is_upgraded(tmp_path):
+    lay = layout(tmp_path)
+    siteinstall.install(siteinstall.plan(["node"], lay), lay)
+    # what an older version wrote, recorded in the manifest by that install
+    old = siteinstall.Layout.under(tmp_path / "p", command=("/opt/old/bin/slurm-gpushare",))
+    siteinstall.install(siteinstall.plan(["node"], old), old, force=True)
+    outcomes = siteinstall.install(siteinstall.plan(["node"], lay), lay)
+    states = {o.file.path.name: o.state for o in outcomes}
+    assert states == {"prolog.sh": "upgrade", "epilog.sh": "upgrade", "slurm-gpushare-monitor.service": "upgrade",
+                      "taskprolog.sh": "unchanged", "node.toml.example": "unchanged"}
+    assert CMD[0] in (lay.config_dir / "prolog.sh").read_text()
+
+
+def test_dry_run_writes_nothing_and_reports_a_refusal(tmp_path):
+    p = tmp_path / "p"
+    r = run("install", "--role", "controller", "--prefix", str(p), "--dry-run")
+    assert r.exit_code == 0 and not p.exists()
+    assert f"would write: {p}/etc/slurm/job_submit.lua" in r.output.splitlines()
+    assert run("install", "--role", "controller", "--prefix", str(p)).exit_code == 0
+    lua = p / "etc/slurm/job_submit.lua"
+    lua.write_text(lua.read_text().replace("fail_policy", "fail_policy_x"))
+    r = run("install", "--role", "controller", "--prefix", str(p), "--dry-run", "--diff")
+    assert r.exit_code == 0 and "REFUSED" in r.output and "+++ " in r.output
+    assert "fail_policy_x" in lua.read_text()
+    r = CliRunner().invoke(main, ["install", "--role", "controller", "--prefix", str(p)])
+    assert r.exit_code == 2 and "job_submit.lua" in r.output and "--force" in r.output
+
+
+def test_a_directory_that_cannot_be_written_is_one_clear_error(tmp_path):
+    blocker = tmp_path / "p" / "etc"
+    blocker.parent.mkdir()
+    blocker.write_text("a file where the install needs a directory\n")
+    r = CliRunner().invoke(main, ["install", "--role", "node", "--prefix", str(tmp_path / "p")])
+    assert r.exit_code == 2 and r.output.startswith("slurm-gpushare: error: cannot write ")
+    assert "--prefix" in r.output and "Traceback" not in r.output
+
+
+def test_the_printed_slurm_conf_lines_name_the_written_files(tmp_path):
+    p = tmp_path / "p"
+    r = run("install", "--role", "controller", "--role", "node", "--prefix", str(p))
+    lines = [line.split("#")[0].strip() for line in r.output.split("slurm.conf lines")[1].splitlines()[1:]]
+    conf = dict(line.split("=", 1) for line in lines if line)
+    assert conf["JobSubmitPlugins"] == "lua" and conf["CliFilterPlugins"] == "cli_filter/lua"
+    assert conf["PrologFlags"] == "Alloc"
+    for key, name in (("Prolog", "prolog.sh"), ("Epilog", "epilog.sh"), ("TaskProlog", "taskprolog.sh")):
+        assert conf[key] == f"{p}/etc/slurm/gpushare/{name}" and os.access(conf[key], os.X_OK)
+
+
+def test_this_installation_is_the_running_script_else_the_venvs_else_python_m(tmp_path):
+    venv = tmp_path / "venv" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "python").symlink_to(sys.executable)
+    assert siteinstall.this_installation("x/__main__.py", str(venv / "python")) == (
+        str(venv / "python"), "-m", "slurm_gpushare")  # the venv's python, not the interpreter it links to
+    (venv / "slurm-gpushare").write_text("#!/bin/sh\n")
+    (venv / "slurm-gpushare").chmod(0o755)
+    assert siteinstall.this_installation("x/__main__.py", str(venv / "python")) == (str(venv / "slurm-gpushare"),)
+    script = tmp_path / "local" / "slurm-gpushare"
+    script.parent.mkdir()
+    script.write_text("#!/bin/sh\n")
+    assert siteinstall.this_installation(str(script), str(venv / "python")) == (str(script),)
+
+
+def test_the_version_comes_from_one_place():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert "version" not in project["project"] and "version" in project["project"]["dynamic"]
+    assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "slurm_gpushare.__version__"}
+    assert metadata.version("slurm-gpushare") == __version__
+    assert run("--version").output == f"slurm-gpushare, version {__version__}\n"
+    assert f"## {__version__}" in (ROOT / "CHANGELOG.md").read_text()
+
+
+def test_the_wheel_carries_the_site_files_the_machines_and_the_licence(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                           "-w", str(tmp_path), str(ROOT)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (wheel,) = tmp_path.glob("slurm_gpushare-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    site = {n.removeprefix("slurm_gpushare/data/site/") for n in names if n.startswith("slurm_gpushare/data/site/")}
+    assert site == {f.name for f in SHIPPED.iterdir()}
+    machines = ROOT / "slurm_gpushare/data/machines"
+    assert {f"slurm_gpushare/data/machines/{f.name}" for f in machines.iterdir()} <= names
+    dist = f"slurm_gpushare-{__version__}.dist-info"
+    assert f"{dist}/licenses/LICENSE" in names
+    meta = zipfile.ZipFile(wheel).read(f"{dist}/METADATA").decode()
+    assert "License-Expression: GPL-2.0-or-later" in meta.splitlines()
+    assert "Provides-Extra: slurm" not in meta  # pyslurm is not used
+    assert "GNU GENERAL PUBLIC LICENSE" in (ROOT / "LICENSE").read_text()[:200]
