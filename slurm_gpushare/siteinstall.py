@@ -12,8 +12,9 @@ What each role gets (:data:`ROLE_FILES`):
 
 - ``controller``: ``job_submit.lua``, ``gpushare_client.lua`` and ``cli_filter.lua`` next to slurm.conf
   (slurmctld loads ``job_submit.lua`` from slurm.conf's directory, src/plugins/job_submit/lua; in
-  configless mode it also sends ``cli_filter.lua`` to the clients), the filter service's unit and
-  ``gpushare.toml.example``;
+  configless mode it also sends ``cli_filter.lua`` to the clients), the filter service's unit,
+  ``gpushare.toml.example`` and ``epilog_slurmctld.sh`` (EpilogSlurmctld: the usage segment into
+  AdminComment, docs/accounting.md);
 - ``node``: ``prolog.sh``, ``epilog.sh``, ``taskprolog.sh`` in the config directory, the monitor's unit
   and ``node.toml.example``;
 - ``login``: ``cli_filter.lua`` and ``gpushare_client.lua`` next to slurm.conf (srun/sbatch/salloc load
@@ -70,6 +71,7 @@ _SPECS = {
     "cli_filter.lua": _Spec("cli_filter.lua", "slurm_conf_dir", 0o644, "copy"),
     "slurm-gpushare-filterd.service": _Spec("slurm-gpushare-filterd.service", "systemd_dir", 0o644, "template"),
     "gpushare.toml.example": _Spec("gpushare.toml.example", "config_dir", 0o644, "copy"),
+    "epilog_slurmctld.sh": _Spec("epilog_slurmctld.sh", "config_dir", 0o755, "template"),
     "prolog.sh": _Spec("prolog.sh", "config_dir", 0o755, "template"),
     "epilog.sh": _Spec("epilog.sh", "config_dir", 0o755, "template"),
     "taskprolog.sh": _Spec("taskprolog.sh", "config_dir", 0o755, "taskprolog"),
@@ -83,7 +85,7 @@ _SOCKET_FILES = ("gpushare_client.lua", "slurm-gpushare-filterd.service")
 #: Role -> the shipped files it installs.
 ROLE_FILES: dict[str, tuple[str, ...]] = {
     "controller": ("job_submit.lua", "gpushare_client.lua", "cli_filter.lua", "slurm-gpushare-filterd.service",
-                   "gpushare.toml.example"),
+                   "gpushare.toml.example", "epilog_slurmctld.sh"),
     "node": ("prolog.sh", "epilog.sh", "taskprolog.sh", "slurm-gpushare-monitor.service", "node.toml.example"),
     "login": ("cli_filter.lua", "gpushare_client.lua"),
 }
@@ -321,6 +323,8 @@ def slurm_conf_lines(roles: Iterable[str], layout: Layout) -> list[str]:
     if roles & {"controller", "login"}:
         if "controller" in roles:
             lines.append(f"JobSubmitPlugins=lua             # {layout.slurm_conf_dir}/job_submit.lua")
+            lines.append(f"EpilogSlurmctld={layout.config_dir}/epilog_slurmctld.sh  # usage segment into AdminComment "
+                         "(needs slurmdbd; docs/accounting.md)")
         lines.append(f"CliFilterPlugins=cli_filter/lua  # {layout.slurm_conf_dir}/cli_filter.lua")
     if "node" in roles:
         lines += [f"Prolog={layout.config_dir}/prolog.sh",

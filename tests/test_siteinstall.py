@@ -41,7 +41,8 @@ def test_each_role_installs_its_files_where_slurm_and_systemd_look_for_them(tmp_
     # (slurm.conf(5) JobSubmitPlugins=lua, CliFilterPlugins=cli_filter/lua); units go to /etc/systemd/system
     assert got == {
         "controller": {"etc/slurm/job_submit.lua", "etc/slurm/gpushare_client.lua", "etc/slurm/cli_filter.lua",
-                       "etc/systemd/system/slurm-gpushare-filterd.service", "etc/slurm/gpushare/gpushare.toml.example"},
+                       "etc/systemd/system/slurm-gpushare-filterd.service", "etc/slurm/gpushare/gpushare.toml.example",
+                       "etc/slurm/gpushare/epilog_slurmctld.sh"},
         "node": {"etc/slurm/gpushare/prolog.sh", "etc/slurm/gpushare/epilog.sh", "etc/slurm/gpushare/taskprolog.sh",
                  "etc/systemd/system/slurm-gpushare-monitor.service", "etc/slurm/gpushare/node.toml.example"},
         "login": {"etc/slurm/cli_filter.lua", "etc/slurm/gpushare_client.lua"},
@@ -70,7 +71,7 @@ def test_the_files_name_this_installation_and_the_layout_and_no_placeholder_is_l
         assert not re.search(r"@[A-Z_]+@", f.text), f.path
         assert "/usr/local/bin/slurm-gpushare" not in f.text, f.path
     assert {f.path.name: f.mode for f in files.values() if f.mode != 0o644} == {
-        "prolog.sh": 0o755, "epilog.sh": 0o755, "taskprolog.sh": 0o755}
+        "prolog.sh": 0o755, "epilog.sh": 0o755, "taskprolog.sh": 0o755, "epilog_slurmctld.sh": 0o755}
 
 
 def test_a_template_may_run_the_interpreter_and_an_unknown_placeholder_is_refused(tmp_path, monkeypatch):
@@ -231,3 +232,17 @@ def test_the_wheel_carries_the_site_files_the_machines_and_the_licence(tmp_path)
     assert "License-Expression: GPL-2.0-or-later" in meta.splitlines()
     assert "Provides-Extra: slurm" not in meta  # pyslurm is not used
     assert "GNU GENERAL PUBLIC LICENSE" in (ROOT / "LICENSE").read_text()[:200]
+
+
+def test_the_controller_gets_the_slurmctld_epilog_with_this_installations_paths(tmp_path):
+    """The EpilogSlurmctld wrapper names the installed command and the config directory's step directory,
+    and the printed slurm.conf lines name it (slurm.conf(5) EpilogSlurmctld)."""
+    lay = siteinstall.Layout(slurm_conf_dir=tmp_path / "etc/slurm", config_dir=tmp_path / "etc/slurm/gpushare",
+                             systemd_dir=tmp_path / "etc/systemd/system", command=("/opt/gps/bin/slurm-gpushare",))
+    (f,) = [f for f in siteinstall.plan(["controller"], lay) if f.path.name == "epilog_slurmctld.sh"]
+    text = f.text
+    assert 'SLURM_GPUSHARE="/opt/gps/bin/slurm-gpushare"' in text, text
+    assert f'BEFORE_DIR="{tmp_path}/etc/slurm/gpushare/epilog_slurmctld.d"' in text, text
+    assert "@" not in text.replace("[gpushare:u1", ""), text
+    assert any(line.startswith(f"EpilogSlurmctld={tmp_path}/etc/slurm/gpushare/epilog_slurmctld.sh")
+               for line in siteinstall.slurm_conf_lines(["controller"], lay))

@@ -1,6 +1,7 @@
 #!/bin/sh
 # slurm-gpushare EpilogSlurmctld (slurmctld runs it as SlurmUser when a job's allocation ends, while the
-# nodes run their Epilogs): EpilogSlurmctld=/etc/slurm/gpushare/epilog_slurmctld.sh
+# nodes run their Epilogs): EpilogSlurmctld=@CONFIG_DIR@/epilog_slurmctld.sh (slurm-gpushare install
+# --role controller writes it with this installation's paths)
 # 1. every executable file in BEFORE_DIR, in name order, one after the other: put there (or link there)
 #    the site's other slurmctld epilogs, above all those that replace the whole AdminComment with
 #    sacctmgr, such as Princeton jobstats' slurmctldepilog.sh (run after ours, it would erase our segment);
@@ -8,9 +9,9 @@
 #    nodes' accounting records in SPOOL (where the nodes' spools are readable on this host: a shared
 #    mount), keeping what the tools of step 1 wrote (docs/accounting.md).
 # The exit status is the last failure's (slurmctld logs it; the job is not affected).
-BEFORE_DIR="/etc/slurm/gpushare/epilog_slurmctld.d"
+BEFORE_DIR="@CONFIG_DIR@/epilog_slurmctld.d"
 SPOOL="/var/spool/slurm-gpushare/accounting"
-SLURM_GPUSHARE="/usr/local/bin/slurm-gpushare"
+SLURM_GPUSHARE="@SLURM_GPUSHARE@"
 # slurmctld gives the script no PATH (src/slurmctld/job_mgr.c builds its environment); sacct, sacctmgr and
 # scontrol are looked up there
 PATH="${PATH:-/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin}"
