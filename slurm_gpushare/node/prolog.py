@@ -11,6 +11,7 @@ was refused at submit time and never gets here.
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -33,6 +34,7 @@ from slurm_gpushare.node.jobdir import (
     job_lock,
     make_job_dir,
     read_state,
+    restart_from_env,
     write_env,
     write_note,
     write_run,
@@ -40,7 +42,6 @@ from slurm_gpushare.node.jobdir import (
 )
 from slurm_gpushare.node.mps import MpsDaemon, MpsError
 from slurm_gpushare.node.plan import JobPlan
-from slurm_gpushare.node.records import restart_from_env
 from slurm_gpushare.node.shared_mps import join_shared, shared_dir
 from slurm_gpushare.slurm.conf import parse_gres_conf
 from slurm_gpushare.slurm.job import JobInfo
@@ -83,7 +84,8 @@ def prolog(ctx: HookContext, env: dict[str, str]) -> int:
     cancels the job and returns 0: the node stays up.
 
     Jobs without GPU GRES on this node (Slurm sets no ``SLURM_JOB_GPUS``/``CUDA_VISIBLE_DEVICES``
-    in the Prolog's environment for them) cost nothing: no Slurm call, no file.
+    in the Prolog's environment for them) cost nothing: no Slurm call, no file. Jobs whose GPUs on a
+    node without shards say all they can need (:func:`plan_from_env`) are prepared without slurmctld.
 
     Raises:
         InputError: ``SLURM_JOB_ID`` is not set (not run by slurmd).
@@ -95,8 +97,12 @@ def prolog(ctx: HookContext, env: dict[str, str]) -> int:
     if not (env.get("SLURM_JOB_GPUS") or env.get("CUDA_VISIBLE_DEVICES")):
         return 0
     try:
-        info = job_info(ctx, job_id, env)
-        plan, machine, gres = plan_with_machine(ctx, info)
+        from_env = plan_from_env(ctx, env)
+        if from_env is not None:
+            info, (plan, machine, gres) = from_env
+        else:
+            info = job_info(ctx, job_id, env)
+            plan, machine, gres = plan_with_machine(ctx, info)
         if plan.kind == "none":
             return 0
         job_dir = ctx.job_dir(job_id)
@@ -118,6 +124,70 @@ def prolog(ctx: HookContext, env: dict[str, str]) -> int:
         ctx.do_drain(f"gpushare prolog job {job_id}: {e}")
         raise
     return 0
+
+
+#: An ``Include`` line of gres.conf (gres.conf(5)): the file is then not read alone.
+_INCLUDE_LINE = re.compile(r"^\s*include\s", re.IGNORECASE | re.MULTILINE)
+
+
+def plan_from_env(ctx: HookContext, env: dict[str, str]) -> tuple[JobInfo, tuple[JobPlan, Machine, NodeGres]] | None:
+    """The job and its plan from slurmd's Prolog environment alone, or None when only slurmctld's record can
+    say what the job needs here.
+
+    slurmd's Prolog environment names the job's GPU devices (``SLURM_JOB_GPUS``: the indices of the
+    node's gres.conf devices, the ``IDX`` of slurmctld's record) but not their GRES: a ``shard:N`` job
+    gets the same variables as a ``gpu:1`` job on the same GPU, and with both kinds only the last GRES
+    plugin's values are left (``gres_g_prep_set_env`` calls each plugin's ``prep_set_env``, which
+    overwrite ``SLURM_JOB_GPUS``: src/interfaces/gres.c and src/plugins/gres/common/gres_common.c at
+    slurm-24-11-5-1 and slurm-26-05-3-1, ``gres_common_epilog_set_env`` at slurm-22-05-8-1; measured
+    on the dev cluster of each release, docs/performance.md). The environment therefore says everything
+    only on a node whose gres.conf (next to ``SLURM_CONF``, slurmd's own or its configless cache, and
+    without ``Include`` lines) configures no ``Name=shard`` line: there a job holds whole GPUs or MIG
+    devices. Of those, a job of one whole GPU needs nothing but the record of its run and a MIG job its
+    devices' UUIDs; a job of several whole GPUs is audited against slurmctld's view of the node and
+    still asks (None).
+
+    The owner comes from ``SLURM_JOB_UID``/``SLURM_JOB_GID``/``SLURM_JOB_USER``, the start from
+    ``SLURM_JOB_START_TIME`` where slurmd sets it (24.11 and later), the partition from
+    ``SLURM_JOB_PARTITION``.
+
+    Raises:
+        NodeFault: no usable machine description, NVML failed, or the job holds a device the description
+            does not have (as :func:`~slurm_gpushare.node.context.plan_with_machine`).
+    """
+    from slurm_gpushare.errors import ParseError as _ParseError
+    from slurm_gpushare.slurm.gres import GresItem
+    from slurm_gpushare.slurm.hostlist import format_ranges, parse_id_list
+    from slurm_gpushare.slurm.job import with_env_identity
+
+    conf = env.get("SLURM_CONF")
+    try:
+        indices = parse_id_list(env.get("SLURM_JOB_GPUS", ""))
+    except _ParseError:
+        return None
+    if not conf or not indices:
+        return None
+    path = Path(conf).parent / "gres.conf"
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+        if _INCLUDE_LINE.search(text) or any(
+                e.name == "shard" for e in parse_gres_conf(text, source=str(path)).records_for(ctx.node)):
+            return None
+    except (OSError, GpushareError):
+        return None
+    start = env.get("SLURM_JOB_START_TIME", "")
+    held = (GresItem("gpu", "", len(indices), f"IDX:{format_ranges(indices)}"),)
+    try:
+        info = with_env_identity(JobInfo(job_id=env.get("SLURM_JOB_ID", ""),
+                                         partition=env.get("SLURM_JOB_PARTITION", ""),
+                                         start_time=int(start) if start.isascii() and start.isdigit() else None,
+                                         gres={ctx.node: held}), env)
+    except InputError:
+        return None
+    planned = plan_with_machine(ctx, info)
+    if planned[0].kind == "gpu" and len(planned[0].gpu_indices) > 1:
+        return None
+    return info, planned
 
 
 def prepare(ctx: HookContext, plan: JobPlan, job_dir: Path) -> None:
