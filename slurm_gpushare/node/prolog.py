@@ -147,6 +147,11 @@ def plan_from_env(ctx: HookContext, env: dict[str, str]) -> tuple[JobInfo, tuple
     devices' UUIDs; a job of several whole GPUs is audited against slurmctld's view of the node and
     still asks (None).
 
+    None of these variables is the user's to set: slurmd builds the Prolog's environment itself, and
+    what a user's SPANK plugin exports reaches it only with a ``SPANK_`` prefix
+    (``valid_spank_job_env`` in src/common/slurm_protocol_defs.c, ``_build_env`` in
+    src/plugins/prep/script/prep_script_slurmd.c at slurm-22-05-8-1, slurm-24-11-5-1 and slurm-26-05-3-1).
+
     The owner comes from ``SLURM_JOB_UID``/``SLURM_JOB_GID``/``SLURM_JOB_USER``, the start from
     ``SLURM_JOB_START_TIME`` where slurmd sets it (24.11 and later), the partition from
     ``SLURM_JOB_PARTITION``.
