@@ -109,3 +109,25 @@ def test_the_console_script_runs_the_hook_and_the_rest_of_the_cli(tmp_path):
     usage = subprocess.run([sys.executable, "-m", "slurm_gpushare", "hook", "--help"], capture_output=True,
                            text=True, env=env, cwd=ROOT)
     assert usage.returncode == 0 and "Run as slurmd's Prolog or Epilog" in usage.stdout
+
+
+@pytest.mark.parametrize("text, want", [
+    ("Name=gpu Type=a100 File=/dev/nvidia[0-7]\n", True),
+    ("# Name=shard Count=80 File=/dev/nvidia0\nName=gpu File=/dev/nvidia0\n", True),
+    ("Name=gpu File=/dev/nvidia0\nName=shard Count=80 File=/dev/nvidia0\n", False),
+    ("AutoDetect=nvml\nname=SHARD Count=80\n", False),
+    ("NodeName=other Name=shard Count=80 File=/dev/nvidia0\nNodeName=a100 Name=gpu File=/dev/nvidia0\n", True),
+    ("NodeName=a[100-101] Name=shard Count=80 File=/dev/nvidia0\n", False),
+    ("NodeName=a[101-102] Name=shard Count=80 File=/dev/nvidia0\n", True),
+    ("NodeName=b,a100 Name=shard Count=80 File=/dev/nvidia0\n", False),
+    ("NodeName=a1000 Name=shard Count=80 File=/dev/nvidia0\n", True),
+    ("Name=gpu File=/dev/nvidia0\nInclude /etc/slurm/more-gres.conf\n", False),
+    (None, False),
+])
+def test_a_gres_conf_without_shards_for_the_node_is_told_from_one_that_may_have_them(tmp_path, text, want):
+    from slurm_gpushare.node.prolog import configures_no_shards
+
+    path = tmp_path / "gres.conf"
+    if text is not None:
+        path.write_text(text)
+    assert configures_no_shards(path, "a100") is want

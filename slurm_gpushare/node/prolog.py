@@ -15,7 +15,7 @@ import re
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slurm_gpushare.errors import ConfigError, GpushareError, InputError, ParseError
 from slurm_gpushare.hardware.machine import Machine
@@ -40,12 +40,13 @@ from slurm_gpushare.node.jobdir import (
     write_run,
     write_state,
 )
-from slurm_gpushare.node.mps import MpsDaemon, MpsError
 from slurm_gpushare.node.plan import JobPlan
-from slurm_gpushare.node.shared_mps import join_shared, shared_dir
 from slurm_gpushare.slurm.conf import parse_gres_conf
 from slurm_gpushare.slurm.job import JobInfo
 from slurm_gpushare.slurm.nodegres import NodeGres
+
+if TYPE_CHECKING:  # imported where a share is prepared: a whole-GPU job's Prolog never loads them
+    from slurm_gpushare.node.mps import MpsDaemon
 
 
 def check_installed_shard_unit(ctx: HookContext, machine: Machine, env: dict[str, str]) -> None:
@@ -145,7 +146,7 @@ def plan_from_env(ctx: HookContext, env: dict[str, str]) -> tuple[JobInfo, tuple
     without ``Include`` lines) configures no ``Name=shard`` line: there a job holds whole GPUs or MIG
     devices. Of those, a job of one whole GPU needs nothing but the record of its run and a MIG job its
     devices' UUIDs; a job of several whole GPUs is audited against slurmctld's view of the node and
-    still asks (None).
+    still asks (None). A job of one whole GPU is planned without opening NVML (its plan names no UUID).
 
     None of these variables is the user's to set: slurmd builds the Prolog's environment itself, and
     what a user's SPANK plugin exports reaches it only with a ``SPANK_`` prefix
@@ -160,28 +161,21 @@ def plan_from_env(ctx: HookContext, env: dict[str, str]) -> tuple[JobInfo, tuple
         NodeFault: no usable machine description, NVML failed, or the job holds a device the description
             does not have (as :func:`~slurm_gpushare.node.context.plan_with_machine`).
     """
-    from slurm_gpushare.errors import ParseError as _ParseError
+    from slurm_gpushare.node.context import load_machine
+    from slurm_gpushare.node.plan import plan_job
     from slurm_gpushare.slurm.gres import GresItem
-    from slurm_gpushare.slurm.hostlist import format_ranges, parse_id_list
     from slurm_gpushare.slurm.job import with_env_identity
+    from slurm_gpushare.slurm.nodegres import GresOptions, node_gres
 
     conf = env.get("SLURM_CONF")
-    try:
-        indices = parse_id_list(env.get("SLURM_JOB_GPUS", ""))
-    except _ParseError:
+    listed = env.get("SLURM_JOB_GPUS", "").split(",")  # slurmd writes the indices comma-separated
+    if not conf or not all(p.isascii() and p.isdigit() for p in listed):
         return None
-    if not conf or not indices:
+    if not configures_no_shards(Path(conf).parent / "gres.conf", ctx.node):
         return None
-    path = Path(conf).parent / "gres.conf"
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-        if _INCLUDE_LINE.search(text) or any(
-                e.name == "shard" for e in parse_gres_conf(text, source=str(path)).records_for(ctx.node)):
-            return None
-    except (OSError, GpushareError):
-        return None
+    indices = sorted({int(p) for p in listed})
     start = env.get("SLURM_JOB_START_TIME", "")
-    held = (GresItem("gpu", "", len(indices), f"IDX:{format_ranges(indices)}"),)
+    held = (GresItem("gpu", "", len(indices), "IDX:" + ",".join(map(str, indices))),)
     try:
         info = with_env_identity(JobInfo(job_id=env.get("SLURM_JOB_ID", ""),
                                          partition=env.get("SLURM_JOB_PARTITION", ""),
@@ -189,10 +183,58 @@ def plan_from_env(ctx: HookContext, env: dict[str, str]) -> tuple[JobInfo, tuple
                                          gres={ctx.node: held}), env)
     except InputError:
         return None
+    machine = load_machine(ctx)
+    gres = node_gres(machine, ctx.node, GresOptions(shard_unit_mib=ctx.config.shard_unit_mib))
+    devices = [r for r in gres.records if r.name == "gpu"]
+    if len(indices) == 1 and indices[0] < len(devices) and devices[indices[0]].mig_gi is None:
+        # one whole GPU: its plan names no UUID, so NVML is not opened
+        plan = plan_job(info, ctx.node, gres, gpu_uuids={}, mig_uuids={}, shard_unit_mib=ctx.config.shard_unit_mib,
+                        low_priority_partitions=ctx.config.low_priority_partitions)
+        return info, (plan, machine, gres)
     planned = plan_with_machine(ctx, info)
     if planned[0].kind == "gpu" and len(planned[0].gpu_indices) > 1:
         return None
     return info, planned
+
+
+#: A gres.conf line naming the ``shard`` GRES (keys are case-insensitive: gres.conf(5)); comments skipped.
+_SHARD_LINE = re.compile(r"^[^#\n]*\bname\s*=\s*shard\b", re.IGNORECASE | re.MULTILINE)
+#: The ``NodeName=`` value of a gres.conf line.
+_NODENAME_VALUE = re.compile(r"\bnodename\s*=\s*(\S+)", re.IGNORECASE)
+#: A node name that is no hostlist expression.
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9._-]+")
+
+
+def configures_no_shards(path: Path, node: str) -> bool:
+    """Whether the gres.conf at ``path`` certainly configures no ``Name=shard`` line for ``node``.
+
+    Read line by line without the full parser where the answer is plain (no line names shards; a shard
+    line without ``NodeName=``, or whose ``NodeName=`` lists ``node``); a shard line whose ``NodeName=``
+    is a hostlist expression (``gpu[01-16]``) is decided by :func:`~slurm_gpushare.slurm.conf.parse_gres_conf`.
+    Anything that leaves a doubt answers False: the file cannot be read or parsed, or it has ``Include``
+    lines (whose files this does not follow).
+    """
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+    if _INCLUDE_LINE.search(text):
+        return False
+    hostlists = False
+    for m in _SHARD_LINE.finditer(text):
+        names = _NODENAME_VALUE.search(text, m.start(), text.find("\n", m.start()) % (len(text) + 1))
+        if names is None:
+            return False  # a shard line for every node, this one included
+        parts = names.group(1).split(",")
+        if node in parts:
+            return False
+        hostlists = hostlists or not all(_PLAIN_NAME.fullmatch(p) for p in parts)
+    if not hostlists:
+        return True
+    try:  # node[1-4] and the like: Slurm's hostlist grammar decides
+        return not any(e.name == "shard" for e in parse_gres_conf(text, source=str(path)).records_for(node))
+    except GpushareError:
+        return False
 
 
 def prepare(ctx: HookContext, plan: JobPlan, job_dir: Path) -> None:
@@ -204,6 +246,9 @@ def prepare(ctx: HookContext, plan: JobPlan, job_dir: Path) -> None:
         JobFault: the job's MPS daemon (or the shared one) could not be started or configured (it runs as the
             job's user, who can kill it).
     """
+    from slurm_gpushare.node.mps import MpsError
+    from slurm_gpushare.node.shared_mps import join_shared, shared_dir
+
     make_job_dir(job_dir)
     state = {"version": STATE_VERSION, "phase": "starting", "plan": asdict(plan)}
     prev = read_state(job_dir)
@@ -241,6 +286,8 @@ def prepare(ctx: HookContext, plan: JobPlan, job_dir: Path) -> None:
 def _client_priority(daemon: MpsDaemon, plan: JobPlan) -> None:
     """Set the daemon's default client priority where the driver has the command (CUDA 11.8+ MPS);
     an older driver that refuses it is not a node fault: the job's environment still asks for it."""
+    from slurm_gpushare.node.mps import MpsError
+
     if plan.client_priority is None:
         return
     try:
