@@ -27,8 +27,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
-
 from slurm_gpushare.atomicfile import write_atomic
 from slurm_gpushare.errors import InputError
 
@@ -193,6 +191,8 @@ def job_daemons(run_dir: Path | None = None) -> list[JobDaemon]:
     what stops such a process only ever hurts that user's own process.
     """
     out = []
+    import psutil  # only doctor and the broken-config Epilog look for daemons by process
+
     for proc in psutil.process_iter(["environ", "cmdline", "uids"]):
         env, argv, uids = proc.info["environ"], proc.info["cmdline"], proc.info["uids"]
         if not env or not argv or uids is None or "nvidia-cuda-mps" not in "\0".join(argv):

@@ -41,7 +41,6 @@ from slurm_gpushare.node.jobdir import (
     write_state,
 )
 from slurm_gpushare.node.plan import JobPlan
-from slurm_gpushare.slurm.conf import parse_gres_conf
 from slurm_gpushare.slurm.job import JobInfo
 from slurm_gpushare.slurm.nodegres import NodeGres
 
@@ -61,6 +60,8 @@ def check_installed_shard_unit(ctx: HookContext, machine: Machine, env: dict[str
         NodeFault: the units differ (the reason names the unit gres.conf implies), or gres.conf cannot
             be read or parsed.
     """
+    from slurm_gpushare.slurm.conf import parse_gres_conf
+
     conf = env.get("SLURM_CONF")
     if not conf:
         return
@@ -231,6 +232,8 @@ def configures_no_shards(path: Path, node: str) -> bool:
         hostlists = hostlists or not all(_PLAIN_NAME.fullmatch(p) for p in parts)
     if not hostlists:
         return True
+    from slurm_gpushare.slurm.conf import parse_gres_conf
+
     try:  # node[1-4] and the like: Slurm's hostlist grammar decides
         return not any(e.name == "shard" for e in parse_gres_conf(text, source=str(path)).records_for(node))
     except GpushareError:
