@@ -126,6 +126,33 @@ def test_the_controller_path_loads_no_numpy_scipy_or_networkx(tmp_path):
     assert _loaded_in_fresh_interpreter(decision) == set()
 
 
+def _hook_modules(code: str, env: dict[str, str]) -> set[str]:
+    """Top-level packages a fresh interpreter holds after ``code`` (the hook run in-process)."""
+    probe = ("import sys\n" + code + "\nprint(' '.join(sorted({m.split('.')[0] for m in sys.modules})), "
+             "file=sys.stderr)\n")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT,
+                          env={k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "CUDA_"))} | env)
+    return set(proc.stderr.split())
+
+
+def test_the_node_hooks_load_no_cli_framework_numpy_scipy_networkx_or_pynvml(tmp_path):
+    # slurmd starts the Prolog and Epilog for every job: `slurm-gpushare hook ...` takes the hook's own entry
+    # (slurm_gpushare.__main__ -> slurm_gpushare.node.hook), never click and the other commands
+    run = ("import sys\nsys.argv = ['slurm-gpushare', 'hook', '{which}', '--config', {cfg!r}]\n"
+           "from slurm_gpushare.__main__ import main\ntry:\n    main()\nexcept SystemExit:\n    pass\n")
+    cfg = tmp_path / "node.toml"
+    cfg.write_text(f'version = 1\nrun_dir = "{tmp_path}/run"\n')
+    no_gpu = {"SLURM_JOB_ID": "5", "SLURMD_NODENAME": "n1"}
+    prolog = _hook_modules(run.format(which="prolog", cfg=str(cfg)), no_gpu)
+    assert "slurm_gpushare" in prolog and not prolog & {"click", "psutil", "tomllib", *HEAVY}
+    epilog = _hook_modules(run.format(which="epilog", cfg=str(cfg)), no_gpu)
+    assert "tomllib" in epilog and not epilog & {"click", "psutil", *HEAVY}
+    # a GPU job's hooks: everything they can need, still no click and nothing heavy
+    full = _hook_modules("import slurm_gpushare.node.hook, slurm_gpushare.node.prolog, slurm_gpushare.node.epilog",
+                         {})
+    assert "psutil" in full and not full & {"click", *HEAVY}
+
+
 def test_the_task_prolog_runs_no_python():
     # the TaskProlog runs before every task: plain shell that prints what the Prolog prepared
     text = (ROOT / "slurm_gpushare" / "data" / "site" / "taskprolog.sh").read_text()

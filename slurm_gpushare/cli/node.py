@@ -9,10 +9,10 @@ import sys
 import click
 
 from slurm_gpushare.cli import main
-from slurm_gpushare.errors import GpushareError
 
 
 def _context(config_path: str | None, node: str | None):
+    """The hook context of ``doctor`` and ``monitor`` (``hook`` builds its own: :mod:`slurm_gpushare.node.hook`)."""
     from slurm_gpushare.node.config import load_node_config
     from slurm_gpushare.node.context import HookContext
 
@@ -30,27 +30,9 @@ def hook(which, config_path):
     slurmctld. Exit status 1 (which drains the node) only for node faults; the drain reason says what
     to fix. Errors go to stderr, which slurmd logs.
     """
-    from slurm_gpushare.node.context import NodeFault
-    from slurm_gpushare.node.epilog import epilog
-    from slurm_gpushare.node.prolog import prolog
+    from slurm_gpushare.node.hook import run
 
-    try:
-        ctx = _context(config_path, None)
-    except GpushareError as e:
-        if which == "epilog":  # still stop the job's MPS daemon (found by process)
-            from slurm_gpushare.node.epilog import epilog_without_config
-            sys.exit(epilog_without_config(dict(os.environ), config_path, e))
-        click.echo(f"slurm-gpushare {which}: {e}", err=True)
-        sys.exit(1)
-    try:
-        rc = (prolog if which == "prolog" else epilog)(ctx, dict(os.environ))
-    except NodeFault as e:
-        click.echo(f"slurm-gpushare {which}: node fault: {e}", err=True)
-        sys.exit(1)
-    except GpushareError as e:
-        click.echo(f"slurm-gpushare {which}: {e}", err=True)
-        sys.exit(1)
-    sys.exit(rc)
+    sys.exit(run(which, config_path, os.environ))
 
 
 @main.command()

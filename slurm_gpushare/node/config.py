@@ -38,12 +38,14 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slurm_gpushare.errors import ConfigError, InputError
-from slurm_gpushare.hardware.machine import Machine
 from slurm_gpushare.memsize import format_mib, parse_shard_unit_value
-from slurm_gpushare.slurm.conf import GresConf
+
+if TYPE_CHECKING:  # annotations only: the hooks read node.toml before they know whether they need more
+    from slurm_gpushare.hardware.machine import Machine
+    from slurm_gpushare.slurm.conf import GresConf
 
 NODE_CONFIG_VERSION = 1
 #: ``gpu_order``: whose multi-GPU tasks the TaskProlog may give the GPUs in NVLink ring order (and task

@@ -14,18 +14,21 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from slurm_gpushare.errors import GpushareError, InputError
 from slurm_gpushare.hardware.machine import Machine
 from slurm_gpushare.hardware.port import read_uuids
 from slurm_gpushare.hardware.ports import open_nvml
 from slurm_gpushare.node.config import NodeConfig
-from slurm_gpushare.node.mps import MpsDaemon, MpsSettings, StopResult
 from slurm_gpushare.node.plan import JobPlan, plan_job
 from slurm_gpushare.retry import retry
 from slurm_gpushare.slurm import commands
 from slurm_gpushare.slurm.job import JobInfo, parse_job_json, with_env_identity
 from slurm_gpushare.slurm.nodegres import GresOptions, NodeGres, node_gres
+
+if TYPE_CHECKING:  # the MPS code is imported by the hooks that start or stop a daemon
+    from slurm_gpushare.node.mps import MpsDaemon, StopResult
 
 #: The node log, in the node's run dir: one line per event an administrator should see.
 NODE_LOG = "node.log"
@@ -68,6 +71,8 @@ class HookContext:
 
     def mps(self, job_id: str, plan: JobPlan | None = None, *, base: Path | None = None) -> MpsDaemon:
         """The MPS daemon of a job (``<job dir>/mps``), or the shared one under ``base``."""
+        from slurm_gpushare.node.mps import MpsDaemon, MpsSettings
+
         d = base if base is not None else self.job_dir(job_id) / "mps"
         settings = MpsSettings(control_binary=self.config.mps_control,
                                start_timeout_s=self.config.mps_start_timeout,

@@ -27,8 +27,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
-
 from slurm_gpushare.atomicfile import write_atomic
 from slurm_gpushare.errors import InputError
 
@@ -193,6 +191,8 @@ def job_daemons(run_dir: Path | None = None) -> list[JobDaemon]:
     what stops such a process only ever hurts that user's own process.
     """
     out = []
+    import psutil  # only doctor and the broken-config Epilog look for daemons by process
+
     for proc in psutil.process_iter(["environ", "cmdline", "uids"]):
         env, argv, uids = proc.info["environ"], proc.info["cmdline"], proc.info["uids"]
         if not env or not argv or uids is None or "nvidia-cuda-mps" not in "\0".join(argv):
@@ -204,3 +204,11 @@ def job_daemons(run_dir: Path | None = None) -> list[JobDaemon]:
                        "nvidia-cuda-mps-control")
         out.append(JobDaemon(m.group("job"), proc.pid, uids.real, Path(m.group(0).rstrip("/")), control))
     return out
+
+
+def restart_from_env(env: Mapping[str, str]) -> int:
+    """The run's restart count from slurmd's Prolog/Epilog environment: ``SLURM_JOB_RESTART_COUNT``
+    (set by slurmd from the job's ``restart_cnt`` once the job was requeued; absent for a first run,
+    so 0). Not user-controlled: a user's own requeue only increments it."""
+    value = env.get("SLURM_JOB_RESTART_COUNT", "")
+    return int(value) if value.isascii() and value.isdigit() else 0

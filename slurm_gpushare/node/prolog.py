@@ -11,10 +11,11 @@ was refused at submit time and never gets here.
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slurm_gpushare.errors import ConfigError, GpushareError, InputError, ParseError
 from slurm_gpushare.hardware.machine import Machine
@@ -33,18 +34,18 @@ from slurm_gpushare.node.jobdir import (
     job_lock,
     make_job_dir,
     read_state,
+    restart_from_env,
     write_env,
     write_note,
     write_run,
     write_state,
 )
-from slurm_gpushare.node.mps import MpsDaemon, MpsError
 from slurm_gpushare.node.plan import JobPlan
-from slurm_gpushare.node.records import restart_from_env
-from slurm_gpushare.node.shared_mps import join_shared, shared_dir
-from slurm_gpushare.slurm.conf import parse_gres_conf
 from slurm_gpushare.slurm.job import JobInfo
 from slurm_gpushare.slurm.nodegres import NodeGres
+
+if TYPE_CHECKING:  # imported where a share is prepared: a whole-GPU job's Prolog never loads them
+    from slurm_gpushare.node.mps import MpsDaemon
 
 
 def check_installed_shard_unit(ctx: HookContext, machine: Machine, env: dict[str, str]) -> None:
@@ -59,6 +60,8 @@ def check_installed_shard_unit(ctx: HookContext, machine: Machine, env: dict[str
         NodeFault: the units differ (the reason names the unit gres.conf implies), or gres.conf cannot
             be read or parsed.
     """
+    from slurm_gpushare.slurm.conf import parse_gres_conf
+
     conf = env.get("SLURM_CONF")
     if not conf:
         return
@@ -83,7 +86,8 @@ def prolog(ctx: HookContext, env: dict[str, str]) -> int:
     cancels the job and returns 0: the node stays up.
 
     Jobs without GPU GRES on this node (Slurm sets no ``SLURM_JOB_GPUS``/``CUDA_VISIBLE_DEVICES``
-    in the Prolog's environment for them) cost nothing: no Slurm call, no file.
+    in the Prolog's environment for them) cost nothing: no Slurm call, no file. Jobs whose GPUs on a
+    node without shards say all they can need (:func:`plan_from_env`) are prepared without slurmctld.
 
     Raises:
         InputError: ``SLURM_JOB_ID`` is not set (not run by slurmd).
@@ -95,8 +99,12 @@ def prolog(ctx: HookContext, env: dict[str, str]) -> int:
     if not (env.get("SLURM_JOB_GPUS") or env.get("CUDA_VISIBLE_DEVICES")):
         return 0
     try:
-        info = job_info(ctx, job_id, env)
-        plan, machine, gres = plan_with_machine(ctx, info)
+        from_env = plan_from_env(ctx, env)
+        if from_env is not None:
+            info, (plan, machine, gres) = from_env
+        else:
+            info = job_info(ctx, job_id, env)
+            plan, machine, gres = plan_with_machine(ctx, info)
         if plan.kind == "none":
             return 0
         job_dir = ctx.job_dir(job_id)
@@ -120,6 +128,118 @@ def prolog(ctx: HookContext, env: dict[str, str]) -> int:
     return 0
 
 
+#: An ``Include`` line of gres.conf (gres.conf(5)): the file is then not read alone.
+_INCLUDE_LINE = re.compile(r"^\s*include\s", re.IGNORECASE | re.MULTILINE)
+
+
+def plan_from_env(ctx: HookContext, env: dict[str, str]) -> tuple[JobInfo, tuple[JobPlan, Machine, NodeGres]] | None:
+    """The job and its plan from slurmd's Prolog environment alone, or None when only slurmctld's record can
+    say what the job needs here.
+
+    slurmd's Prolog environment names the job's GPU devices (``SLURM_JOB_GPUS``: the indices of the
+    node's gres.conf devices, the ``IDX`` of slurmctld's record) but not their GRES: a ``shard:N`` job
+    gets the same variables as a ``gpu:1`` job on the same GPU, and with both kinds only the last GRES
+    plugin's values are left (``gres_g_prep_set_env`` calls each plugin's ``prep_set_env``, which
+    overwrite ``SLURM_JOB_GPUS``: src/interfaces/gres.c and src/plugins/gres/common/gres_common.c at
+    slurm-24-11-5-1 and slurm-26-05-3-1, ``gres_common_epilog_set_env`` at slurm-22-05-8-1; measured
+    on the dev cluster of each release, docs/performance.md). The environment therefore says everything
+    only on a node whose gres.conf (next to ``SLURM_CONF``, slurmd's own or its configless cache, and
+    without ``Include`` lines) configures no ``Name=shard`` line: there a job holds whole GPUs or MIG
+    devices. Of those, a job of one whole GPU needs nothing but the record of its run and a MIG job its
+    devices' UUIDs; a job of several whole GPUs is audited against slurmctld's view of the node and
+    still asks (None). A job of one whole GPU is planned without opening NVML (its plan names no UUID).
+
+    None of these variables is the user's to set: slurmd builds the Prolog's environment itself, and
+    what a user's SPANK plugin exports reaches it only with a ``SPANK_`` prefix
+    (``valid_spank_job_env`` in src/common/slurm_protocol_defs.c, ``_build_env`` in
+    src/plugins/prep/script/prep_script_slurmd.c at slurm-22-05-8-1, slurm-24-11-5-1 and slurm-26-05-3-1).
+
+    The owner comes from ``SLURM_JOB_UID``/``SLURM_JOB_GID``/``SLURM_JOB_USER``, the start from
+    ``SLURM_JOB_START_TIME`` where slurmd sets it (24.11 and later), the partition from
+    ``SLURM_JOB_PARTITION``.
+
+    Raises:
+        NodeFault: no usable machine description, NVML failed, or the job holds a device the description
+            does not have (as :func:`~slurm_gpushare.node.context.plan_with_machine`).
+    """
+    from slurm_gpushare.node.context import load_machine
+    from slurm_gpushare.node.plan import plan_job
+    from slurm_gpushare.slurm.gres import GresItem
+    from slurm_gpushare.slurm.job import with_env_identity
+    from slurm_gpushare.slurm.nodegres import GresOptions, node_gres
+
+    conf = env.get("SLURM_CONF")
+    listed = env.get("SLURM_JOB_GPUS", "").split(",")  # slurmd writes the indices comma-separated
+    if not conf or not all(p.isascii() and p.isdigit() for p in listed):
+        return None
+    if not configures_no_shards(Path(conf).parent / "gres.conf", ctx.node):
+        return None
+    indices = sorted({int(p) for p in listed})
+    start = env.get("SLURM_JOB_START_TIME", "")
+    held = (GresItem("gpu", "", len(indices), "IDX:" + ",".join(map(str, indices))),)
+    try:
+        info = with_env_identity(JobInfo(job_id=env.get("SLURM_JOB_ID", ""),
+                                         partition=env.get("SLURM_JOB_PARTITION", ""),
+                                         start_time=int(start) if start.isascii() and start.isdigit() else None,
+                                         gres={ctx.node: held}), env)
+    except InputError:
+        return None
+    machine = load_machine(ctx)
+    gres = node_gres(machine, ctx.node, GresOptions(shard_unit_mib=ctx.config.shard_unit_mib))
+    devices = [r for r in gres.records if r.name == "gpu"]
+    if len(indices) == 1 and indices[0] < len(devices) and devices[indices[0]].mig_gi is None:
+        # one whole GPU: its plan names no UUID, so NVML is not opened
+        plan = plan_job(info, ctx.node, gres, gpu_uuids={}, mig_uuids={}, shard_unit_mib=ctx.config.shard_unit_mib,
+                        low_priority_partitions=ctx.config.low_priority_partitions)
+        return info, (plan, machine, gres)
+    planned = plan_with_machine(ctx, info)
+    if planned[0].kind == "gpu" and len(planned[0].gpu_indices) > 1:
+        return None
+    return info, planned
+
+
+#: A gres.conf line naming the ``shard`` GRES (keys are case-insensitive: gres.conf(5)); comments skipped.
+_SHARD_LINE = re.compile(r"^[^#\n]*\bname\s*=\s*shard\b", re.IGNORECASE | re.MULTILINE)
+#: The ``NodeName=`` value of a gres.conf line.
+_NODENAME_VALUE = re.compile(r"\bnodename\s*=\s*(\S+)", re.IGNORECASE)
+#: A node name that is no hostlist expression.
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9._-]+")
+
+
+def configures_no_shards(path: Path, node: str) -> bool:
+    """Whether the gres.conf at ``path`` certainly configures no ``Name=shard`` line for ``node``.
+
+    Read line by line without the full parser where the answer is plain (no line names shards; a shard
+    line without ``NodeName=``, or whose ``NodeName=`` lists ``node``); a shard line whose ``NodeName=``
+    is a hostlist expression (``gpu[01-16]``) is decided by :func:`~slurm_gpushare.slurm.conf.parse_gres_conf`.
+    Anything that leaves a doubt answers False: the file cannot be read or parsed, or it has ``Include``
+    lines (whose files this does not follow).
+    """
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+    if _INCLUDE_LINE.search(text):
+        return False
+    hostlists = False
+    for m in _SHARD_LINE.finditer(text):
+        names = _NODENAME_VALUE.search(text, m.start(), text.find("\n", m.start()) % (len(text) + 1))
+        if names is None:
+            return False  # a shard line for every node, this one included
+        parts = names.group(1).split(",")
+        if node in parts:
+            return False
+        hostlists = hostlists or not all(_PLAIN_NAME.fullmatch(p) for p in parts)
+    if not hostlists:
+        return True
+    from slurm_gpushare.slurm.conf import parse_gres_conf
+
+    try:  # node[1-4] and the like: Slurm's hostlist grammar decides
+        return not any(e.name == "shard" for e in parse_gres_conf(text, source=str(path)).records_for(node))
+    except GpushareError:
+        return False
+
+
 def prepare(ctx: HookContext, plan: JobPlan, job_dir: Path) -> None:
     """Start what an ``mps`` or ``mig`` job needs and write its state and environment (under its lock).
 
@@ -129,6 +249,9 @@ def prepare(ctx: HookContext, plan: JobPlan, job_dir: Path) -> None:
         JobFault: the job's MPS daemon (or the shared one) could not be started or configured (it runs as the
             job's user, who can kill it).
     """
+    from slurm_gpushare.node.mps import MpsError
+    from slurm_gpushare.node.shared_mps import join_shared, shared_dir
+
     make_job_dir(job_dir)
     state = {"version": STATE_VERSION, "phase": "starting", "plan": asdict(plan)}
     prev = read_state(job_dir)
@@ -166,6 +289,8 @@ def prepare(ctx: HookContext, plan: JobPlan, job_dir: Path) -> None:
 def _client_priority(daemon: MpsDaemon, plan: JobPlan) -> None:
     """Set the daemon's default client priority where the driver has the command (CUDA 11.8+ MPS);
     an older driver that refuses it is not a node fault: the job's environment still asks for it."""
+    from slurm_gpushare.node.mps import MpsError
+
     if plan.client_priority is None:
         return
     try:

@@ -14,6 +14,7 @@ from typing import Any
 from slurm_gpushare.accounting.record import MODES, Usage, UsageRecord
 from slurm_gpushare.errors import InputError
 from slurm_gpushare.hardware.machine import Gpu, Machine
+from slurm_gpushare.node.jobdir import restart_from_env  # noqa: F401  (the Epilog's and the tests' name)
 from slurm_gpushare.node.plan import JobPlan
 from slurm_gpushare.slurm.job import JobInfo
 
@@ -123,11 +124,3 @@ def records_for_job(info: JobInfo, plan: JobPlan, machine: Machine, *, node: str
                                gpu_memory_mib=gpu.memory_mib, mode=plan.kind, share=share,
                                mem_granted_mib=min(granted, gpu.memory_mib), **measured(uuid, index)))
     return tuple(out)
-
-
-def restart_from_env(env: Mapping[str, str]) -> int:
-    """The run's restart count from slurmd's Prolog/Epilog environment: ``SLURM_JOB_RESTART_COUNT``
-    (set by slurmd from the job's ``restart_cnt`` once the job was requeued; absent for a first run,
-    so 0). Not user-controlled: a user's own requeue only increments it."""
-    value = env.get("SLURM_JOB_RESTART_COUNT", "")
-    return int(value) if value.isascii() and value.isdigit() else 0

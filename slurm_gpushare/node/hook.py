@@ -1,0 +1,120 @@
+"""The Prolog's and Epilog's own entry point: ``slurm-gpushare hook prolog|epilog [--config FILE]`` without
+the command-line framework.
+
+slurmd starts the Prolog and the Epilog for every job on the node (slurm.conf(5) Prolog, Epilog); what
+they cost is paid by every job, GPU or not. This module is what the ``slurm-gpushare`` console script and
+``python -m slurm_gpushare`` run when the first argument is ``hook`` (:mod:`slurm_gpushare.__main__`):
+it imports neither click nor the other commands, and it decides from slurmd's environment, before
+anything else is imported, whether the job can need anything on this node:
+
+* Prolog: a job with no GPU on this node (slurmd sets neither ``SLURM_JOB_GPUS`` nor
+  ``CUDA_VISIBLE_DEVICES`` in the Prolog's environment: ``gres_common_prep_set_env`` in
+  src/plugins/gres/common/gres_common.c at slurm-24-11-5-1 and slurm-26-05-3-1,
+  ``gres_common_epilog_set_env`` at slurm-22-05-8-1) needs nothing: exit 0 without reading node.toml.
+* Epilog: a job with no GPU on this node and no job directory needs nothing: exit 0 after reading
+  node.toml for the run dir.
+
+Everything else goes to :func:`slurm_gpushare.node.prolog.prolog` / :func:`slurm_gpushare.node.epilog.epilog`
+with the same exit statuses and messages as the click command (:func:`run`).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping, Sequence
+
+#: The hooks this entry point runs.
+HOOKS = ("prolog", "epilog")
+
+
+def parse_args(argv: Sequence[str]) -> tuple[str, str | None] | None:
+    """``[prolog|epilog, --config FILE]`` (also ``--config=FILE``) -> ``(hook, config path or None)``;
+    None for anything else (``--help``, a typo), which the click command then answers."""
+    if not argv or argv[0] not in HOOKS:
+        return None
+    config: str | None = None
+    rest = list(argv[1:])
+    while rest:
+        arg = rest.pop(0)
+        if arg == "--config" and rest:
+            config = rest.pop(0)
+        elif arg.startswith("--config="):
+            config = arg.split("=", 1)[1]
+        else:
+            return None
+    return argv[0], config
+
+
+def has_gpus(env: Mapping[str, str]) -> bool:
+    """Whether slurmd gave the job GPU devices on this node: ``SLURM_JOB_GPUS`` or ``CUDA_VISIBLE_DEVICES``
+    in the Prolog's/Epilog's environment (a job holding ``gpu`` or ``shard`` GRES here gets both; measured
+    on the dev cluster of 22.05, 24.11 and 26.05, docs/performance.md)."""
+    return bool(env.get("SLURM_JOB_GPUS") or env.get("CUDA_VISIBLE_DEVICES"))
+
+
+def run(which: str, config_path: str | None, env: Mapping[str, str]) -> int:
+    """Run hook ``which`` (``prolog`` or ``epilog``) for slurmd's environment ``env``; returns the exit status
+    (non-zero drains the node), after writing any error as one line on stderr (slurmd's log)."""
+    from slurm_gpushare.errors import GpushareError
+
+    env = dict(env)
+    job_id = env.get("SLURM_JOB_ID", "")
+    if which == "prolog" and job_id and not has_gpus(env):
+        return 0  # nothing on this node can be prepared for it: node.toml is not even read
+    try:
+        if which == "epilog" and job_id and not has_gpus(env):
+            from slurm_gpushare.node.config import load_node_config
+
+            node = _node_name(env)
+            if not (load_node_config(config_path).run_dir_for(node) / "jobs" / job_id).exists():
+                return 0  # nothing was prepared for it here, and it held no GPU to leave processes on
+        ctx = _context(config_path, env)
+    except GpushareError as e:
+        if which == "epilog":  # still stop the job's MPS daemon (found by process)
+            from slurm_gpushare.node.epilog import epilog_without_config
+            return epilog_without_config(env, config_path, e)
+        print(f"slurm-gpushare {which}: {e}", file=sys.stderr)
+        return 1
+    from slurm_gpushare.node.context import NodeFault
+
+    try:
+        if which == "prolog":
+            from slurm_gpushare.node.prolog import prolog
+            return prolog(ctx, env)
+        from slurm_gpushare.node.epilog import epilog
+        return epilog(ctx, env)
+    except NodeFault as e:
+        print(f"slurm-gpushare {which}: node fault: {e}", file=sys.stderr)
+        return 1
+    except GpushareError as e:
+        print(f"slurm-gpushare {which}: {e}", file=sys.stderr)
+        return 1
+
+
+def _context(config_path: str | None, env: Mapping[str, str]):
+    """The hook's context: node.toml and the node's name (``SLURMD_NODENAME``, else this host's short name).
+
+    Raises:
+        ConfigError: node.toml cannot be read or is not valid.
+    """
+    from slurm_gpushare.node.config import load_node_config
+    from slurm_gpushare.node.context import HookContext
+
+    return HookContext(load_node_config(config_path), _node_name(env))
+
+
+def _node_name(env: Mapping[str, str]) -> str:
+    """``SLURMD_NODENAME``, else this host's short name."""
+    import socket
+
+    return env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+
+
+def main(argv: Sequence[str] | None = None) -> int | None:
+    """Run ``hook prolog|epilog [--config FILE]`` given as ``argv`` (without the ``hook`` word); None when
+    ``argv`` is not of that form (the caller hands it to the click command)."""
+    parsed = parse_args(list(sys.argv[2:] if argv is None else argv))
+    if parsed is None:
+        return None
+    return run(parsed[0], parsed[1], os.environ)
