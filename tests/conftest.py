@@ -178,6 +178,31 @@ class SlurmSession:
         wait_until(reached, f"job {job.id} in {sorted(states)}", timeout, describe=lambda: job.fields)
         return job
 
+    def wait_all(self, jobs: list[Job], states: set[str] = FINAL_STATES, timeout: float = DEADLINE) -> list[Job]:
+        """Poll every job at once (one ``scontrol show job`` per round) until each has reached one of
+        ``states``; a job's fields are kept from the round that saw it there, so a job that ended early is
+        not lost when slurmctld forgets it (``MinJobAge``, 30 s on the dev cluster) before the last ends.
+
+        Raises:
+            AssertionError: not every job reached ``states`` within ``timeout`` (naming those that did not).
+        """
+        pending = {job.id: job for job in jobs}
+
+        def reached() -> bool:
+            out = self.run(["scontrol", "show", "job"], check=False).stdout
+            for text in out.split("\n\n"):
+                fields = parse_scontrol_record(text)
+                job = pending.get(fields.get("JobId", ""))
+                if job is not None:
+                    job.fields = fields
+                    if job.state in states:
+                        del pending[job.id]
+            return not pending
+
+        wait_until(reached, f"{len(jobs)} jobs in {sorted(states)}", timeout,
+                   describe=lambda: {j: job.fields.get("JobState") for j, job in pending.items()})
+        return jobs
+
     def wait_started(self, job: Job, timeout: float = DEADLINE) -> Job:
         """Wait until the job runs and its Prolog has finished on every node of the job.
 

@@ -81,8 +81,8 @@ def test_twenty_concurrent_10g_jobs_on_one_node(cluster, slurm):
                          wrap='echo "PID=$(cat $CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid)"; sleep 2')
             for _ in range(20)]
     pids = []
+    slurm.wait_all(jobs, timeout=300)
     for job in jobs:
-        slurm.wait(job, timeout=300)
         assert job.state == "COMPLETED", (job.id, job.fields.get("Reason"), job.output())
         pids.append(int(job.output().split("PID=")[1].split()[0]))
     assert len(set(pids)) == 20  # one daemon per job
