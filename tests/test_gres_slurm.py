@@ -102,7 +102,7 @@ def test_no_gres_error_in_any_slurmd_log(hw):
     for name in hw.cluster.nodes:
         if name in PINNED:
             continue
-        log = (hw.cluster.root / "log" / f"slurmd-{name}.log").read_text()
+        log = (hw.cluster.root / "log" / f"slurmd-{name}.log").read_text(errors="replace")
         bad = [ln for ln in log.splitlines()
                if re.search(r"error|fatal", ln, re.I) and re.search(r"gres|cores|links|file", ln, re.I)]
         assert bad == [], (name, bad)

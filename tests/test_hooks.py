@@ -77,7 +77,7 @@ def _shard_job(n, job="101", idx="0", ac="[gpushare:v1 req=mem=10G+sm=25 grant=g
 def _commands(n, job):
     log = n.ctx.job_dir(job) / "mps" / "log" / "commands.jsonl"
     return [json.loads(line)["command"] + " " + " ".join(json.loads(line)["args"])
-            for line in log.read_text().splitlines()]
+            for line in log.read_text(errors="replace").splitlines()]
 
 
 def test_shard_job_gets_its_own_daemon_limits_and_environment(node):
@@ -172,7 +172,8 @@ def test_daemon_that_cannot_start_fails_the_job_not_the_node(node, capfd):
     assert node.drained == [] and node.cancelled == ["105"]
     assert "job 105 failed, node kept up: MPS control daemon for job 105 failed" in capfd.readouterr().err
     # the hook exits 0: slurmd logs its output only at debug2, so the reason is in the node log too
-    assert " prolog: job 105 failed, node kept up: MPS control daemon" in (node.ctx.run_dir / "node.log").read_text()
+    log = (node.ctx.run_dir / "node.log").read_text(errors="replace")
+    assert " prolog: job 105 failed, node kept up: MPS control daemon" in log
 
 
 def test_unreadable_job_record_fails_the_job_not_the_node(node, capfd):

@@ -156,7 +156,7 @@ def test_the_epilog_kills_a_process_of_the_ended_job_and_the_node_stays_up(node,
     try:
         assert epilog(_ctx(node), env) == 0
         assert _wait_gone(app.pid) and node.drained == []  # (psutil reaps our child: no -9 to see)
-        log = (node.root / "run" / "a100" / "node.log").read_text()
+        log = (node.root / "run" / "a100" / "node.log").read_text(errors="replace")
         assert f"job 201: killed pid {app.pid} of " in log and "on GPU 0 (" in log
     finally:
         app.kill()

@@ -259,7 +259,7 @@ def test_a_worse_gpu_set_than_was_free_is_written_to_the_node_log(cluster, slurm
     # wait for the Prolog's end, as slurmctld reports it (state.json is written last)
     placement = _prolog_state(cluster, slurm, job, "a100-nvb")["placement"]
     assert placement["excess"] > 0, placement  # the setup: Slurm's pair is worse than 0-2
-    log = (run_dir / "node.log").read_text()
+    log = (run_dir / "node.log").read_text(errors="replace")
     line = next(line for line in log.splitlines() if f"job {job.id} " in line)
     assert f"a100-nvb prolog: job {job.id} got GPUs {placement['given']} (cost {placement['cost_given']}) " \
            f"while {placement['best']} (cost {placement['cost_best']}) were free" in line, line

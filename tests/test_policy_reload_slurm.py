@@ -100,7 +100,7 @@ def test_an_edited_gpushare_client_lua_applies_without_touching_job_submit_lua(s
         assert _granted(slurm) == "gpu:h100_1g.10gb:1"
         client.write_text("this is not Lua\n")
         assert _granted(slurm) == "gpu:h100_1g.10gb:1"  # the settings in force stay
-        log = (c.root / "log" / "slurmctld.log").read_text()
+        log = (c.root / "log" / "slurmctld.log").read_text(errors="replace")
         assert f"gpushare: {client} changed but does not load" in log
     finally:
         client.write_text(original)

@@ -210,7 +210,7 @@ def test_a_share_asked_per_task_is_refused_not_passed_unpoliced(slurm, users):
 
 
 def _decisions_for(cluster, job_id: str) -> list[dict]:
-    log = (cluster.root / "log" / "filterd.log").read_text().splitlines()
+    log = (cluster.root / "log" / "filterd.log").read_text(errors="replace").splitlines()
     recs = [json.loads(line) for line in log if '"event": "decision"' in line]
     return [r for r in recs if str(r.get("job_id")) == job_id]
 
@@ -252,7 +252,7 @@ def test_a_users_submission_is_logged_with_the_users_uid(slurm, users):
     bob = USERS[1]
     p = sbatch(slurm.cluster, bob, "-p", "pcie", "--gres=shard:2")
     assert tres(slurm, p) == "shard:2"
-    log = (slurm.cluster.root / "log" / "filterd.log").read_text().splitlines()
+    log = (slurm.cluster.root / "log" / "filterd.log").read_text(errors="replace").splitlines()
     rec = [json.loads(line) for line in log if '"event": "decision"' in line][-1]
     assert rec["uid"] == users[bob] and rec["request"].endswith("shard:2"), rec
 
