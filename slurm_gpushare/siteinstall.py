@@ -118,6 +118,11 @@ def this_installation(argv0: str | None = None, executable: str | None = None) -
     return (os.path.abspath(executable), "-m", "slurm_gpushare")
 
 
+def _unsafe_path(option: str, value: str) -> InputError:
+    return InputError(f"{option} {value!r} holds characters that slurm.conf, sh and systemd would split or expand",
+                      hint="use a path of letters, digits and ._+-/ only")
+
+
 @dataclass(frozen=True)
 class Layout:
     """Where the files go and what they name.
@@ -156,6 +161,8 @@ class Layout:
             raise InputError("--prefix is empty (an unset variable?): it would install below the working directory",
                              hint="give the root of the layout: / on a real host, a scratch directory to try")
         base = Path(os.path.abspath(prefix))
+        if not _PATH_CHARS.fullmatch(str(base)):
+            raise _unsafe_path("--prefix", str(base))
         sc = Path(os.path.abspath(slurm_conf_dir)) if slurm_conf_dir else base / "etc" / "slurm"
         cd = Path(os.path.abspath(config_dir)) if config_dir else base / "etc" / "slurm" / "gpushare"
         layout = cls(slurm_conf_dir=sc, config_dir=cd, systemd_dir=base / "etc" / "systemd" / "system",
@@ -176,8 +183,7 @@ class Layout:
         for option, value in named:
             for word in value.split(" ") if option.startswith("this installation's c") else [value]:
                 if not _PATH_CHARS.fullmatch(word):
-                    raise InputError(f"{option} {value!r} holds characters that slurm.conf, sh and systemd would "
-                                     "split or expand", hint="use a path of letters, digits and ._+-/ only")
+                    raise _unsafe_path(option, value)
         run = self.run_dir.replace("{node}", "")
         if not self.run_dir.startswith("/") or not _PATH_CHARS.fullmatch(run):
             raise InputError(f"--run-dir {self.run_dir!r} is not an absolute path of letters, digits, ._+-/ "

@@ -278,3 +278,10 @@ def test_a_wrapper_that_lost_its_mode_gets_it_back(tmp_path):
     states = {o.file.path.name: o.state for o in siteinstall.install(siteinstall.plan(["node"], lay), lay)}
     assert states["prolog.sh"] == "mode" and states["epilog.sh"] == "unchanged"
     assert prolog.stat().st_mode & 0o777 == 0o755
+
+
+def test_a_prefix_the_files_cannot_carry_is_named_as_the_prefix(tmp_path):
+    # the admin gave --prefix, not --slurm-conf-dir: the error names what was typed
+    r = CliRunner().invoke(main, ["install", "--role", "node", "--prefix", str(tmp_path / "my stage")])
+    assert r.exit_code == 2 and r.output.startswith(f"slurm-gpushare: error: --prefix '{tmp_path / 'my stage'}' ")
+    assert not (tmp_path / "my stage").exists()
