@@ -3,7 +3,10 @@
 A reader (the TaskProlog, the Epilog, the monitor, slurmd reading gres.conf) sees the old content or
 the new one, never a half-written file: ``rename(2)`` within one directory is atomic on POSIX
 filesystems. The temporary name carries the writer's PID, so two processes writing the same file at
-once never write into each other's temporary file; the last rename wins.
+once never write into each other's temporary file; the last rename wins. The temporary file is created
+anew (``O_CREAT | O_EXCL | O_NOFOLLOW``, open(2)): a link or file someone planted at that predictable
+name in a directory they can write is removed, never followed, so a root writer cannot be made to
+overwrite or chmod the file it points to.
 """
 
 from __future__ import annotations
@@ -16,6 +19,21 @@ from pathlib import Path
 
 def _tmp_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp{os.getpid()}")
+
+
+def _create(tmp: Path, mode: int | None) -> int:
+    """A new, empty file at ``tmp`` (whatever was there removed, never followed): its descriptor."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(3):
+        try:
+            fd = os.open(tmp, flags, 0o666 if mode is None else 0o600)  # None: the umask's, as open() gives
+        except FileExistsError:
+            os.unlink(tmp)  # a leftover of a killed writer of this PID, or a planted link
+            continue
+        if mode is not None:
+            os.fchmod(fd, mode)
+        return fd
+    raise FileExistsError(17, "temporary file keeps reappearing", str(tmp))
 
 
 def write_atomic(path: str | Path, data: str | bytes, *, mode: int | None = None, fsync: bool = True) -> Path:
@@ -37,13 +55,11 @@ def write_atomic(path: str | Path, data: str | bytes, *, mode: int | None = None
     target = Path(path)
     tmp = _tmp_name(target)
     try:
-        with open(tmp, "wb") as f:
+        with os.fdopen(_create(tmp, mode), "wb") as f:
             f.write(data.encode() if isinstance(data, str) else data)
             if fsync:
                 f.flush()
                 os.fsync(f.fileno())
-        if mode is not None:
-            os.chmod(tmp, mode)
         os.replace(tmp, target)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -52,8 +68,12 @@ def write_atomic(path: str | Path, data: str | bytes, *, mode: int | None = None
     return target
 
 
-def write_all_atomic(files: Mapping[str | Path, str], *, mode: int | None = None) -> None:
+def write_all_atomic(files: Mapping[str | Path, str], *,
+                     mode: int | Mapping[str | Path, int] | None = None) -> None:
     """Write several files so that none changes unless all could be written.
+
+    ``mode``: permission bits for every file, or per file (a mapping from the paths of ``files``; a
+    path missing there gets the umask's), or None for the umask's.
 
     Every temporary file is written and flushed first; only then are they renamed, one after the
     other. A failure while writing leaves every target as it was and no temporary file behind.
@@ -67,13 +87,12 @@ def write_all_atomic(files: Mapping[str | Path, str], *, mode: int | None = None
             target = Path(path)
             tmp = _tmp_name(target)
             written.append((tmp, target))
+            this = mode.get(path) if isinstance(mode, Mapping) else mode
             try:
-                with open(tmp, "w", encoding="utf-8") as f:
+                with os.fdopen(_create(tmp, this), "w", encoding="utf-8") as f:
                     f.write(text)
                     f.flush()
                     os.fsync(f.fileno())
-                if mode is not None:
-                    os.chmod(tmp, mode)
             except OSError as e:
                 e.filename = str(target)
                 raise

@@ -118,6 +118,11 @@ def this_installation(argv0: str | None = None, executable: str | None = None) -
     return (os.path.abspath(executable), "-m", "slurm_gpushare")
 
 
+def _unsafe_path(option: str, value: str) -> InputError:
+    return InputError(f"{option} {value!r} holds characters that slurm.conf, sh and systemd would split or expand",
+                      hint="use a path of letters, digits and ._+-/ only")
+
+
 @dataclass(frozen=True)
 class Layout:
     """Where the files go and what they name.
@@ -149,9 +154,15 @@ class Layout:
         site's real layout. Relative paths are made absolute.
 
         Raises:
-            InputError: a path holding characters the files cannot carry (whitespace, quotes, ``$``, ``%``...).
+            InputError: a path holding characters the files cannot carry (whitespace, quotes, ``$``, ``%``...),
+                or an empty ``prefix``.
         """
+        if not str(prefix).strip():
+            raise InputError("--prefix is empty (an unset variable?): it would install below the working directory",
+                             hint="give the root of the layout: / on a real host, a scratch directory to try")
         base = Path(os.path.abspath(prefix))
+        if not _PATH_CHARS.fullmatch(str(base)):
+            raise _unsafe_path("--prefix", str(base))
         sc = Path(os.path.abspath(slurm_conf_dir)) if slurm_conf_dir else base / "etc" / "slurm"
         cd = Path(os.path.abspath(config_dir)) if config_dir else base / "etc" / "slurm" / "gpushare"
         layout = cls(slurm_conf_dir=sc, config_dir=cd, systemd_dir=base / "etc" / "systemd" / "system",
@@ -172,8 +183,7 @@ class Layout:
         for option, value in named:
             for word in value.split(" ") if option.startswith("this installation's c") else [value]:
                 if not _PATH_CHARS.fullmatch(word):
-                    raise InputError(f"{option} {value!r} holds characters that slurm.conf, sh and systemd would "
-                                     "split or expand", hint="use a path of letters, digits and ._+-/ only")
+                    raise _unsafe_path(option, value)
         run = self.run_dir.replace("{node}", "")
         if not self.run_dir.startswith("/") or not _PATH_CHARS.fullmatch(run):
             raise InputError(f"--run-dir {self.run_dir!r} is not an absolute path of letters, digits, ._+-/ "
@@ -339,7 +349,8 @@ def slurm_conf_lines(roles: Iterable[str], layout: Layout) -> list[str]:
 class Outcome:
     """What :func:`install` did (or, with ``dry_run``, would do) with one file.
 
-    ``state``: ``"new"`` (missing), ``"unchanged"`` (already holds it), ``"upgrade"`` (differs, but is what
+    ``state``: ``"new"`` (missing), ``"unchanged"`` (already holds it, with its mode), ``"mode"`` (holds it, with
+    other permission bits: a Prolog that lost its x bit; the mode is set again), ``"upgrade"`` (differs, but is what
     the last install wrote), ``"replace"`` (differs, replaced with ``force``) or ``"refused"`` (differs and
     was not written by the last install: edited, or someone else's).
     """
@@ -364,10 +375,21 @@ def _digest(path: Path) -> str | None:
         return hashlib.sha256(path.read_bytes()).hexdigest()
     except (FileNotFoundError, NotADirectoryError):
         return None  # missing (a file where a directory should be is reported when the install writes)
+    except IsADirectoryError:
+        raise InputError(f"{path} is a directory, where the install writes a file",
+                         hint="move it away (the install never replaces a directory, not even with --force)") from None
+
+
+def _mode(path: Path) -> int:
+    return path.stat().st_mode & 0o7777
 
 
 def assess(files: Sequence[SiteFile], layout: Layout, *, force: bool = False) -> list[Outcome]:
-    """What :func:`install` would do with each file (see :class:`Outcome`), reading only."""
+    """What :func:`install` would do with each file (see :class:`Outcome`), reading only.
+
+    Raises:
+        InputError: a directory stands where a file goes (naming it).
+    """
     manifest = _read_manifest(layout.manifest)
     out = []
     for f in files:
@@ -375,7 +397,7 @@ def assess(files: Sequence[SiteFile], layout: Layout, *, force: bool = False) ->
         if have is None:
             state = "new"
         elif have == f.digest:
-            state = "unchanged"
+            state = "unchanged" if _mode(f.path) == f.mode else "mode"
         elif manifest.get(str(f.path)) == have:
             state = "upgrade"
         else:
@@ -394,7 +416,8 @@ def install(files: Sequence[SiteFile], layout: Layout, *, force: bool = False, d
         ConfigError: some files differ from what this install writes and were not written by the last
             install (edited since, or someone else's) and ``force`` is not given: the message names each;
             nothing is written.
-        InputError: a directory or file could not be written (naming it).
+        InputError: a directory or file could not be written, or a directory stands where a file goes
+            (naming it).
     """
     outcomes = assess(files, layout, force=force)
     refused = [o.file.path for o in outcomes if o.state == "refused"]
@@ -410,8 +433,8 @@ def install(files: Sequence[SiteFile], layout: Layout, *, force: bool = False, d
     try:
         for d in sorted({f.path.parent for f in files} | {layout.manifest.parent}):
             d.mkdir(parents=True, exist_ok=True)
-        for mode in sorted({f.mode for f in writes}):
-            write_all_atomic({f.path: f.text for f in writes if f.mode == mode}, mode=mode)
+        # one write for every file (each with its mode): none is replaced unless all could be written
+        write_all_atomic({f.path: f.text for f in writes}, mode={f.path: f.mode for f in writes})
         manifest = _read_manifest(layout.manifest)
         manifest.update({str(f.path): f.digest for f in files})
         write_atomic(layout.manifest, json.dumps({"files": dict(sorted(manifest.items()))}, indent=2) + "\n",

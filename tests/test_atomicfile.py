@@ -34,3 +34,36 @@ def test_write_all_atomic_changes_no_file_unless_all_are_written(tmp_path):
     assert a.read_text() == "old a" and [p.name for p in tmp_path.iterdir()] == ["gres.conf"]
     write_all_atomic({a: "new a", b: "new b"}, mode=0o600)
     assert (a.read_text(), b.read_text()) == ("new a", "new b") and os.stat(b).st_mode & 0o777 == 0o600
+
+
+def _plant(tmp_path, name):
+    """A symlink at the temporary name this process would use for ``name``, to a file of someone else's."""
+    victim = tmp_path / "victim"
+    victim.write_text("secret")
+    victim.chmod(0o600)
+    os.symlink(victim, tmp_path / f".{name}.tmp{os.getpid()}")
+    return victim
+
+
+def test_write_atomic_never_follows_a_symlink_planted_at_its_temporary_name(tmp_path):
+    # a directory another user can write (a scratch --prefix, a job's directory) may hold a link at the
+    # predictable temporary name: following it would overwrite and chmod the file it points to as root
+    victim = _plant(tmp_path, "prolog.sh")
+    write_atomic(tmp_path / "prolog.sh", "#!/bin/sh\n", mode=0o755)
+    assert victim.read_text() == "secret" and os.stat(victim).st_mode & 0o777 == 0o600
+    target = tmp_path / "prolog.sh"
+    assert not target.is_symlink() and target.read_text() == "#!/bin/sh\n"
+    assert os.stat(target).st_mode & 0o777 == 0o755
+
+
+def test_write_all_atomic_never_follows_a_symlink_planted_at_its_temporary_name(tmp_path):
+    victim = _plant(tmp_path, "epilog.sh")
+    write_all_atomic({tmp_path / "epilog.sh": "x\n", tmp_path / "a.lua": "y\n"}, mode=0o755)
+    assert victim.read_text() == "secret" and os.stat(victim).st_mode & 0o777 == 0o600
+    assert not (tmp_path / "epilog.sh").is_symlink() and (tmp_path / "epilog.sh").read_text() == "x\n"
+
+
+def test_write_all_atomic_gives_each_file_its_own_mode_in_one_all_or_nothing_write(tmp_path):
+    a, b = tmp_path / "prolog.sh", tmp_path / "job_submit.lua"
+    write_all_atomic({a: "a", b: "b"}, mode={a: 0o755, b: 0o644})
+    assert (os.stat(a).st_mode & 0o777, os.stat(b).st_mode & 0o777) == (0o755, 0o644)

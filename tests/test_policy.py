@@ -633,3 +633,14 @@ def test_escaped_knobs_decide_as_the_plain_request(escaped, plain):
 def test_only_gpushare_items_are_unescaped():
     assert unescape_knobs("gres/nic:a%3Db:1,gres/gpushare:mem%3D10G") == "gres/nic:a%3Db:1,gres/gpushare:mem=10G"
     assert unescape_knobs(None) is None and unescape_knobs("") == ""
+
+
+def test_a_direct_shard_or_mps_request_is_refused_where_the_partition_allows_no_mps_share():
+    # [partitions.pcie] modes = ["gpu"]: whole GPUs only; a direct shard:N is the same GRES an MPS share
+    # is granted as (gres:shard:N on one GPU), so it must not slip in beside the policy
+    whole_only = SitePolicy(partitions={"pcie": ("gpu",)})
+    assert refused("gres:shard:10", "pcie", policy=whole_only) == (
+        "gpushare: shard:10 shares a GPU, which partition pcie does not allow (allowed there: mode=gpu); "
+        "ask for whole GPUs with gpushare:mode=gpu:N, or submit to another partition")
+    assert granted("gres:shard:10", "pcie", policy=SitePolicy(partitions={"pcie": ("mps", "gpu")})) == "gres:shard:10"
+    assert granted("gres:shard:10", "gpu", policy=whole_only) == "gres:shard:10"

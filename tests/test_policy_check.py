@@ -70,6 +70,18 @@ def test_a_new_shard_unit_is_decided_on_the_inventory_built_for_it(machines, slu
     assert "node h100-nvs: Slurm has 632 shards, 2G shards would be 312" in report.render()
 
 
+def test_a_partition_slurm_does_not_have_is_named_in_the_report(machines, slurm_text):
+    # a typo ([partitions.pcei]) is a valid file, but its modes apply to no job: the admin must be told
+    report = compare(parse_policy('version = 1\n[partitions.pcei]\nmodes = ["gpu"]\n', source="new.toml"),
+                     SitePolicy(), machines, *slurm_text)
+    text = report.render()
+    assert text.startswith("new.toml: valid site policy\n")
+    assert ("\n[partitions.pcei] names a partition Slurm does not have (partitions: gpu, pcie): its modes "
+            "apply to no job\n") in text
+    assert "does not have" not in compare(parse_policy(NEW, source="new.toml"), SitePolicy(), machines,
+                                          *slurm_text).render()
+
+
 def test_requests_file_lines():
     reqs = parse_requests("# mine\ngpushare:mem=10G -p pcie\n--gres=shard:4 --partition=gpu -N 2\n\n"
                           "--gres gpushare:mode=gpu:2 -pgpu --nodes=3  # three nodes\n", source="r.txt")

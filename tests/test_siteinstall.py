@@ -246,3 +246,42 @@ def test_the_controller_gets_the_slurmctld_epilog_with_this_installations_paths(
     assert "@" not in text.replace("[gpushare:u1", ""), text
     assert any(line.startswith(f"EpilogSlurmctld={tmp_path}/etc/slurm/gpushare/epilog_slurmctld.sh")
                for line in siteinstall.slurm_conf_lines(["controller"], lay))
+
+
+def test_a_directory_where_a_file_goes_is_one_clear_error_and_nothing_is_written(tmp_path):
+    lay = layout(tmp_path)
+    (lay.config_dir / "prolog.sh").mkdir(parents=True)
+    files = siteinstall.plan(["node"], lay)
+    for force in (False, True):
+        with pytest.raises(InputError, match=re.escape(f"{lay.config_dir / 'prolog.sh'} is a directory")) as e:
+            siteinstall.install(files, lay, force=force)
+        assert e.value.hint
+    assert [p.name for p in lay.config_dir.iterdir()] == ["prolog.sh"]
+    r = CliRunner().invoke(main, ["install", "--role", "node", "--prefix", str(tmp_path / "p"), "--dry-run"])
+    assert r.exit_code == 2 and "is a directory" in r.output and "Traceback" not in r.output
+
+
+def test_an_empty_prefix_is_refused_not_taken_as_the_current_directory(tmp_path, monkeypatch):
+    # --prefix "$PREFIX" with PREFIX unset: os.path.abspath("") is the working directory
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(main, ["install", "--role", "node", "--prefix", ""])
+    assert r.exit_code == 2 and "--prefix" in r.output and list(tmp_path.iterdir()) == []
+
+
+def test_a_wrapper_that_lost_its_mode_gets_it_back(tmp_path):
+    # slurmd cannot run a Prolog that is not executable (and drains the node): the content is what the
+    # install writes, so nothing of the site's is lost by restoring the mode
+    lay = layout(tmp_path)
+    siteinstall.install(siteinstall.plan(["node"], lay), lay)
+    prolog = lay.config_dir / "prolog.sh"
+    prolog.chmod(0o644)
+    states = {o.file.path.name: o.state for o in siteinstall.install(siteinstall.plan(["node"], lay), lay)}
+    assert states["prolog.sh"] == "mode" and states["epilog.sh"] == "unchanged"
+    assert prolog.stat().st_mode & 0o777 == 0o755
+
+
+def test_a_prefix_the_files_cannot_carry_is_named_as_the_prefix(tmp_path):
+    # the admin gave --prefix, not --slurm-conf-dir: the error names what was typed
+    r = CliRunner().invoke(main, ["install", "--role", "node", "--prefix", str(tmp_path / "my stage")])
+    assert r.exit_code == 2 and r.output.startswith(f"slurm-gpushare: error: --prefix '{tmp_path / 'my stage'}' ")
+    assert not (tmp_path / "my stage").exists()

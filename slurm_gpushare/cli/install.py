@@ -11,6 +11,7 @@ from slurm_gpushare.siteinstall import DEFAULT_RUN_DIR, ROLES
 
 #: state -> (what was done, what would be done)
 _SAID = {"new": ("written", "would write"), "unchanged": ("unchanged", "unchanged"),
+         "mode": ("mode set (its content was unchanged)", "would set the mode (its content is unchanged)"),
          "upgrade": ("replaced (unchanged since the last install)", "would replace (unchanged since the last install)"),
          "replace": ("replaced (--force)", "would replace (--force)"),
          "refused": ("refused", "REFUSED (changed since the last install wrote it, or not written by it)")}
@@ -50,7 +51,7 @@ def install_cmd(roles, prefix, slurm_conf_dir, config_dir, run_dir, dry_run, sho
     outcomes = siteinstall.install(files, layout, force=force, dry_run=dry_run)
     for o in outcomes:
         click.echo(f"{_SAID[o.state][dry_run]}: {o.file.path}")
-        if dry_run and show_diff and o.state not in ("new", "unchanged"):
+        if dry_run and show_diff and o.state not in ("new", "unchanged", "mode"):
             old = o.file.path.read_text(errors="replace").splitlines(keepends=True)
             click.echo("".join(difflib.unified_diff(old, o.file.text.splitlines(keepends=True),
                                                     str(o.file.path), f"{o.file.path} (this install)")), nl=False)

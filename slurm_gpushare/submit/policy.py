@@ -151,6 +151,8 @@ MESSAGES: dict[str, tuple[str, str]] = {
                     "with gpushare:mode=gpu:N"),
     "shard-type": ("{item}: no GPU of type {type} in {where} has shards (shards are on {models})",
                    "ask for shard:N of one of those types, or for shard:N without a type"),
+    "direct-no-share": ("{item} shares a GPU, which {where} does not allow (allowed there: {allowed})",
+                        "ask for whole GPUs with gpushare:mode=gpu:N, or submit to another partition"),
     "mps-none": ("mps:{n}: {where} has no mps GRES configured",
                  "use gpushare:mem=10G (memory) or shard:N (N GiB of one GPU)"),
     "nodes-too-many": ("{nodes} nodes asked for, but only {have} node(s) of {where} have {what}",
@@ -847,6 +849,10 @@ def _direct(items: tuple[GresItem, ...], prefix: str, partitions: tuple[str, ...
     if n == 0:
         raise _error("direct-zero", item=it.body, name=it.name)
     parts = _resolve_partitions(inventory, partitions)
+    allowed = policy.allowed_kinds(parts)
+    if "mps" not in allowed:  # shard:N / mps:N share one GPU, as an MPS share does: not where only whole GPUs go
+        raise _error("direct-no-share", item=it.body, where=_where(parts),
+                     allowed=", ".join(f"mode={k}" for k in allowed) or "none")
     unit = inventory.shard_unit_mib if inventory.shard_unit_mib > 0 else policy.shard_unit_mib
     pool = _build_pool([x for x in inventory.nodes_in(parts) if x.usable], parts, unit, policy)
     if it.name == "shard":

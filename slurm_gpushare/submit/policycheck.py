@@ -207,6 +207,10 @@ class CheckReport:
         if new_problems:
             lines += ["", "nodes the new policy cannot use:"]
             lines += [f"  {p}" for p in new_problems]
+        known = ", ".join(sorted(inv.partitions)) or "none"
+        for name in sorted(set(self.new.partitions) - set(inv.partitions)):
+            lines += ["", f"[partitions.{name}] names a partition Slurm does not have (partitions: {known}): its "
+                          "modes apply to no job"]
         old_shards = shard_mismatches(self.old_inventory)
         shards = [p for p in shard_mismatches(self.new_inventory) if p not in old_shards]
         if shards:
