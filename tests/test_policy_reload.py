@@ -237,3 +237,23 @@ def test_serve_reloads_on_the_signal_and_keeps_serving_after_a_bad_file(setup):
         stop.set()
         t.join(DEADLINE)
         shutil.rmtree(d, ignore_errors=True)
+
+
+def test_filterd_looks_up_the_default_policy_it_is_given(tmp_path, monkeypatch):
+    """The installed unit names its --config-dir's gpushare.toml (--default-policy): without it, filterd read
+    /etc/slurm/gpushare/gpushare.toml whatever --config-dir the admin installed with."""
+    from click.testing import CliRunner
+
+    import slurm_gpushare.submit.service as service
+    from slurm_gpushare.cli import main
+
+    seen = {}
+    monkeypatch.setattr(service, "serve", lambda *a, **kw: seen.update(kw) or 0)
+    (tmp_path / "machines").mkdir()
+    args = ["filterd", "--socket", str(tmp_path / "s.sock"), "--controller-socket", "",
+            "--machines", str(tmp_path / "machines")]
+    r = CliRunner().invoke(main, [*args, "--default-policy", str(tmp_path / "site" / "gpushare.toml")])
+    assert r.exit_code == 0, r.output
+    assert seen["default_policy_path"] == tmp_path / "site" / "gpushare.toml" and seen["policy_path"] is None
+    r = CliRunner().invoke(main, args)
+    assert seen["default_policy_path"] == Path("/etc/slurm/gpushare/gpushare.toml"), r.output

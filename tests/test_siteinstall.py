@@ -59,7 +59,7 @@ def test_the_files_name_this_installation_and_the_layout_and_no_placeholder_is_l
     assert files["epilog.sh"].text.splitlines()[-1] == f"exec {CMD[0]} hook epilog --config {cfg}/node.toml"
     unit = files["slurm-gpushare-filterd.service"].text
     assert (f"ExecStart={CMD[0]} filterd --socket /run/gps/filterd.sock --controller-socket /run/gps/controller.sock "
-            f"--machines {cfg}/machines") in unit.splitlines()
+            f"--machines {cfg}/machines --default-policy {cfg}/gpushare.toml") in unit.splitlines()
     assert "RuntimeDirectory=gps" in unit.splitlines()  # systemd.exec(5): relative to /run
     assert f"Environment=SLURM_CONF={tmp_path}/p/etc/slurm/slurm.conf" in unit.splitlines()
     assert f"ExecStart={CMD[0]} monitor --config {cfg}/node.toml" in files["slurm-gpushare-monitor.service"].text

@@ -28,6 +28,10 @@ DEFAULT_POLICY = "/etc/slurm/gpushare/gpushare.toml"
 @click.option("--policy", "policy_path", type=click.Path(dir_okay=False),
               help=f"site policy TOML (default: {DEFAULT_POLICY} when it exists, else built-in defaults; "
                    "read again on SIGHUP)")
+@click.option("--default-policy", "default_policy", default=DEFAULT_POLICY, show_default=True,
+              type=click.Path(dir_okay=False),
+              help="without --policy: the policy file used when it exists (else built-in defaults), looked up "
+                   "again on SIGHUP; 'slurm-gpushare install' names its --config-dir's gpushare.toml")
 @click.option("--refresh", default=30.0, show_default=True, type=click.FloatRange(min=1.0),
               help="seconds between refreshes of Slurm's view (sinfo --json)")
 @click.option("--socket-mode", default="0666", show_default=True,
@@ -35,7 +39,8 @@ DEFAULT_POLICY = "/etc/slurm/gpushare/gpushare.toml"
 @click.option("--log", "log_path", type=click.Path(dir_okay=False),
               help="append the structured (JSON lines) log to FILE instead of stderr")
 @click.option("--pid-file", type=click.Path(dir_okay=False), help="write the service's PID to FILE")
-def filterd(socket_path, controller_socket, machines_dir, policy_path, refresh, socket_mode, log_path, pid_file):
+def filterd(socket_path, controller_socket, machines_dir, policy_path, default_policy, refresh, socket_mode, log_path,
+            pid_file):
     """Run the gpushare decision service on its unix sockets (foreground; runs as SlurmUser).
 
     job_submit.lua (on the private --controller-socket, which users can neither connect to nor fill)
@@ -66,7 +71,7 @@ def filterd(socket_path, controller_socket, machines_dir, policy_path, refresh, 
     stream = open(log_path, "a", buffering=1) if log_path else sys.stderr
     try:
         sys.exit(serve(Path(socket_path), Path(machines_dir), policy_path=Path(policy_path) if policy_path else None,
-                       default_policy_path=Path(DEFAULT_POLICY),
+                       default_policy_path=Path(default_policy),
                        refresh_s=refresh, socket_mode=mode, log_stream=stream,
                        controller_socket_path=Path(controller_socket) if controller_socket else None))
     finally:
