@@ -671,3 +671,30 @@ def test_unset_per_gpu_fields_and_plain_gpu_jobs_are_left_alone(service):
                ntasks_per_tres=2)["action"] == "pass"
     assert ask(service, tres_per_node="gres:shard:4", mem_per_tres="gres:gpu:4096",
                partition="pcie")["action"] == "rewrite"
+
+
+def test_moving_a_share_job_is_decided_again_and_refused_where_its_share_is_not_allowed(machines_dir):
+    """A pending job granted shard:10 in one partition and moved by its user (``scontrol update
+    partition=pcie``) into a whole-GPU-only partition ran there with its shards: job_submit.lua asked the
+    service only about updates of the GRES. It now asks ``move``: the same GRES decided for the new fields
+    passes, anything else is refused (the share would have to change)."""
+    from slurm_gpushare.submit.policy import SitePolicy
+
+    log = io.StringIO()
+    nodes = {n: packaged_machine(f) for n, f in DEFAULT_NODES.items()}
+    cache = InventoryCache(machines_dir, slurm_source=fake_slurm(nodes, PARTS), log=Log(log),
+                           policy=SitePolicy(partitions={"pcie": ("gpu",)}))
+    cache.refresh("test")
+    svc = FilterService(cache, Log(log))
+    user = os.geteuid() + 12345
+
+    def move(**req):
+        return svc.handle_line(json.dumps({"op": "move", "uid": user, "job_id": "9", **req}))
+
+    refused = move(tres_per_node="gres:shard:10", partition="pcie")
+    assert refused["action"] == "reject", refused
+    assert refused["message"].startswith("gpushare: shard:10 shares a GPU, which partition pcie does not "
+                                         "allow"), refused
+    assert move(tres_per_node="gres:shard:10", partition="gpu") == {"v": 2, "action": "pass"}
+    # a job whose GRES is no share is none of this: pass
+    assert move(tres_per_node="gres:gpu:1", partition="pcie")["action"] == "pass"

@@ -15,7 +15,7 @@ uses no answer whose id is not the one it sent. A request body over :data:`MAX_R
 past and refused as one request; a malformed header is answered once (id ``0``) and the connection
 closed. Request (strings and numbers; missing = empty)::
 
-    {"v": 2, "op": "submit" | "modify" | "cli", "tres_per_node": "gres:gpushare:mem=10G",
+    {"v": 2, "op": "submit" | "modify" | "move" | "cli", "tres_per_node": "gres:gpushare:mem=10G",
      "tres_per_job": "", "tres_per_task": "", "tres_per_socket": "", "mem_per_tres": "",
      "cpus_per_tres": "", "ntasks_per_tres": 65534, "partition": "gpu", "admin_comment": "",
      "min_nodes": 2, "num_tasks": 8, "ntasks_per_node": 4, "cli_request": "", "uid": 1000, "job_id": ""}
@@ -30,7 +30,11 @@ No user-writable field is ever sent or trusted: ``cli`` answers cli_filter.lua (
 (``gpushare-request=<original>``) that cli_filter appends to the job comment; job_submit.lua sends
 only that word back as ``cli_request``, and the service still decides the GRES it sees (a direct
 ``shard:N`` is policed as such); the mark only names the original request in the audit when deciding
-it gives exactly that GRES, so a forged mark gains nothing.
+it gives exactly that GRES, so a forged mark gains nothing. ``move`` is job_submit.lua's question when
+an update leaves the GRES of a job that holds a GPU share alone but changes what its share was decided
+for (partition, node count, per-task/socket/job TRES): the job's current GRES is decided again with the
+new fields; the answer is ``pass`` when that gives the same GRES, else ``reject`` (the share would have
+to change, which only a new submission may do).
 """
 
 from __future__ import annotations
@@ -360,7 +364,7 @@ class FilterService:
             InputError: an unknown ``op`` or a field that is not a string.
         """
         op = req.get("op", "submit")
-        if op not in ("submit", "modify", "cli"):
+        if op not in ("submit", "modify", "move", "cli"):
             raise InputError(f"unknown op {op!r}")
         for key in ("tres_per_node", "tres_per_job", *BESIDE_TRES, "partition", "admin_comment", "cli_request"):
             if not isinstance(req.get(key) or "", str):
@@ -382,6 +386,16 @@ class FilterService:
         if d.action == "reject":
             return self._reject(d.message, errno=d.errno or ERRNO_INVALID_GRES)
         new_tpn = d.tres_per_node or ""
+        if op == "move":
+            if _same_gres(new_tpn, tpn):
+                return {"v": PROTOCOL, "action": "pass"}
+            job = str(req.get("job_id") or "")
+            return self._reject(
+                f"gpushare: job {job or '?'}: this update changes what its GPU share "
+                f"({','.join(it.body for it in parse(tpn))}) was decided for, and decided again it would be "
+                f"{','.join(it.body for it in parse(new_tpn)) or 'refused'}; a share changes only with a new "
+                f"submission: cancel the job (scancel {job or 'JOBID'}) and submit it again with the new options",
+                errno=ERRNO_INVALID_GRES)
         answer = {"v": PROTOCOL, "action": "rewrite", "tres_per_node": new_tpn, "message": d.message or ""}
         if op == "cli":
             answer["gres"] = ",".join(it.body for it in parse(new_tpn))  # srun's --gres takes no prefix
@@ -410,6 +424,13 @@ class FilterService:
     @staticmethod
     def _reject(message: str, errno: int = ERRNO_INVALID_GRES) -> dict:
         return {"v": PROTOCOL, "action": "reject", "message": message, "errno": errno}
+
+
+def _same_gres(a: str, b: str) -> bool:
+    """Two TRES strings name the same GRES (prefixes and order aside: slurm_gpushare.slurm.gres)."""
+    def key(text: str) -> list[str]:
+        return sorted(it.body for it in parse(unescape_knobs(text) or ""))
+    return key(a) == key(b)
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,11 @@ the reason (the job is refused either way).
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from tests.conftest import bare
 from tests.security.conftest import USERS
 from tests.security.test_submit_path import sbatch, tres
 
@@ -70,3 +73,40 @@ def test_the_same_share_with_tasks_per_node_is_decided(slurm, users):
     plain = sbatch(slurm.cluster, alice, "-p", "gpu", "-n", "2", "--gpus-per-task=1")
     assert plain.returncode == 0 and "gpushare" not in plain.stderr, plain.stderr
     slurm.submitted.append(plain.stdout.strip().split(";")[0])
+
+
+def test_a_share_job_moved_to_a_partition_that_allows_no_share_is_refused(slurm, users):
+    """Found by a hostile-user pass: alice's pending job, granted shard:10 in partition gpu on the RTX 4090
+    node, moved with ``scontrol update partition=pcie`` into a partition whose policy allows whole GPUs only,
+    ran there with its shards (job_submit.lua asked the service only about updates of the GRES). The move is
+    now refused with the policy's message and the job stays where it was."""
+    from tests.security.test_submit_path import as_user
+    from tests.test_policy_reload_slurm import _hup_and_wait
+
+    c = slurm.cluster
+    policy = c.policy_file
+    original = policy.read_text()
+    alice = USERS[0]
+    try:
+        policy.write_text('version = 1\n[partitions.pcie]\nmodes = ["gpu"]\n')
+        _hup_and_wait(c, "policy")
+        proc = sbatch(c, alice, "-p", "gpu", "--nodelist=rtx4090-pcie", "--gres=gpushare:mem=10G+sm=25")
+        assert tres(slurm, proc) == "shard:10"
+        job_id = proc.stdout.strip().split(";")[0]
+        moved = as_user(c, alice, ["scontrol", "update", f"jobid={job_id}", "partition=pcie"])
+        assert moved.returncode != 0, moved.stdout + moved.stderr
+        fields = slurm.show_job(job_id)
+        assert fields["Partition"] == "gpu" and bare(fields["TresPerNode"]) == "shard:10", fields
+        # a move the policy allows is not refused by the filter (into nomig, where shares are allowed; Slurm
+        # itself may still refuse it: 22.05 answers this one "Resource temporarily unavailable")
+        other = sbatch(c, alice, "-p", "gpu", "--nodelist=rtx4090-pcie", "--gres=gpushare:mem=10G+sm=25")
+        assert tres(slurm, other) == "shard:10"
+        other_id = other.stdout.strip().split(";")[0]
+        as_user(c, alice, ["scontrol", "update", f"jobid={other_id}", "partition=nomig"])
+        decisions = [json.loads(line) for line in (c.root / "log" / "filterd.log").read_text(errors="replace")
+                     .splitlines() if f'"{other_id}"' in line]
+        assert [(d["op"], d["action"]) for d in decisions if d.get("event") == "decision"] == [("move", "pass")], \
+            decisions
+    finally:
+        policy.write_text(original)
+        _hup_and_wait(c, "policy")

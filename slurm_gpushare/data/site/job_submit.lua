@@ -114,8 +114,40 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
   return apply(job_desc, answer, false)
 end
 
+-- An update that leaves a GPU-share job's GRES alone but changes what its share was decided for (another
+-- partition, node count, per-task/socket/job TRES): the service decides the job's GRES again with the new
+-- fields ("move"); nil when the update changes none of them or the job holds no share.
+local function recheck_move(job_desc, job_rec, modify_uid)
+  local held = job_rec.tres_per_node
+  if job_desc.tres_per_node ~= nil or not client.mentions_share(held, job_rec.tres_per_job, nil, nil) then
+    return nil
+  end
+  local nodes = num(job_desc.min_nodes)
+  if nodes >= 0xfffffffe then nodes = -1 end  -- NO_VAL/INFINITE: not changed
+  if job_desc.partition == nil and job_desc.tres_per_task == nil and job_desc.tres_per_socket == nil
+      and job_desc.tres_per_job == nil and nodes < 0 then
+    return nil
+  end
+  current_client()
+  local answer, why = client.ask({
+    op = "move", tres_per_node = held, tres_per_job = job_desc.tres_per_job or job_rec.tres_per_job or "",
+    tres_per_task = job_desc.tres_per_task or job_rec.tres_per_task or "",
+    tres_per_socket = job_desc.tres_per_socket or job_rec.tres_per_socket or "",
+    partition = job_desc.partition or job_rec.partition or "",
+    min_nodes = (nodes >= 0) and nodes or num(job_rec.min_nodes), uid = modify_uid or -1,
+    job_id = tostring(job_rec.job_id or ""),
+  }, client.controller_socket())
+  if not answer then
+    slurm.log_error("gpushare: filter service unavailable for job %s update: %s", tostring(job_rec.job_id), why)
+    return slurm.ERROR
+  end
+  return apply(job_desc, answer, true)
+end
+
 function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
   local tpn = job_desc.tres_per_node
+  local moved = recheck_move(job_desc, job_rec, modify_uid)
+  if moved ~= nil and moved ~= slurm.SUCCESS then return moved end
   if not client.mentions_share(tpn, job_desc.tres_per_job, job_desc.tres_per_task, job_desc.tres_per_socket) then
     -- the job's GRES change to something that is not a GPU share: its gpushare audit no longer holds.
     -- slurmctld refuses an update that sets AdminComment unless modify_uid is root, SlurmUser or a Slurm
