@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import shutil
 import subprocess
 import sys
 import time
@@ -22,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_gpushare_dev.cluster import DEFAULT_NODES, DevCluster, packaged_machine
+from slurm_gpushare_dev.cluster import DEFAULT_NODES
 from tests.conftest import (
     DEADLINE,
     FINAL_STATES,
@@ -30,11 +29,10 @@ from tests.conftest import (
     TEST_PORT,
     Job,
     SlurmSession,
-    _skip_or_fail,
     parse_scontrol_record,
     wait_until,
 )
-from tests.test_dbd_slurm import _dbd_unavailable
+from tests.test_dbd_slurm import dbd_session
 
 pytestmark = pytest.mark.slurm
 
@@ -60,23 +58,11 @@ def billing() -> SlurmSession:
     """A slurmdbd cluster with two partitions of the A100 node, weighed as ``gres-conf`` prints: ``gpu1``
     (a GPU bills 1, the default) and ``gpu80`` (a GPU bills its 80 shards), and ``mig`` of the MIG node
     (MIG devices by memory slices); limits enforced."""
-    reason = _dbd_unavailable()
-    if reason:
-        _skip_or_fail(reason)
     extra = (_partition_line("--partition", f"gpu1={NODE}"),
              _partition_line("--partition", f"gpu80={NODE}", "--billing-gpu-weight", str(SHARDS_PER_GPU)),
              _partition_line("--partition", f"mig={MIG_NODE}", node=MIG_NODE),
              "AccountingStorageEnforce=associations,limits,qos")
-    c = DevCluster(Path(BILL_DIR), BILL_PORT, {n: packaged_machine(DEFAULT_NODES[n]) for n in (NODE, MIG_NODE)},
-                   dbd=True, extra_conf=extra)
-    started = not c.alive("slurmctld")
-    c.up(out=open(os.devnull, "w"))
-    session = SlurmSession(c, c.root / "test-output")
-    yield session
-    session.cancel_all()
-    if started and os.environ.get("GPUSHARE_TEST_KEEP") != "1":
-        c.down(out=open(os.devnull, "w"))
-        shutil.rmtree(c.root, ignore_errors=True)
+    yield from dbd_session(Path(BILL_DIR), BILL_PORT, [NODE, MIG_NODE], extra_conf=extra)
 
 
 def _billable(session: SlurmSession, job_id: str) -> float:

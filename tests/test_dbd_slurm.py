@@ -61,13 +61,14 @@ def _dbd_unavailable() -> str | None:
     return None
 
 
-@pytest.fixture(scope="module")
-def dbd() -> SlurmSession:
-    """A one-node dev cluster with slurmdbd and MariaDB, in its own directory and on its own ports."""
+def dbd_session(root: Path, port: int, nodes: list[str], **settings):
+    """A module fixture's body: a dev cluster of ``nodes`` with slurmdbd and MariaDB in ``root`` on ``port``
+    (``settings``: more :class:`DevCluster` fields), up for the module and its session yielded; brought down
+    and removed after, MariaDB included (the next session starts from job 1), when this call started it."""
     reason = _dbd_unavailable()
     if reason:
         _skip_or_fail(reason)
-    c = DevCluster(Path(DBD_DIR), DBD_PORT, {NODE: packaged_machine(DEFAULT_NODES[NODE])}, dbd=True)
+    c = DevCluster(root, port, {n: packaged_machine(DEFAULT_NODES[n]) for n in nodes}, dbd=True, **settings)
     started = not c.alive("slurmctld")
     c.up(out=open(os.devnull, "w"))
     session = SlurmSession(c, c.root / "test-output")
@@ -75,7 +76,13 @@ def dbd() -> SlurmSession:
     session.cancel_all()
     if started and os.environ.get("GPUSHARE_TEST_KEEP") != "1":
         c.down(out=open(os.devnull, "w"))
-        shutil.rmtree(c.root, ignore_errors=True)  # its MariaDB too: the next session starts from job 1
+        shutil.rmtree(c.root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def dbd() -> SlurmSession:
+    """A one-node dev cluster with slurmdbd and MariaDB, in its own directory and on its own ports."""
+    yield from dbd_session(Path(DBD_DIR), DBD_PORT, [NODE])
 
 
 def _sacct(slurm: SlurmSession, job_id: str) -> tuple[str, str]:
