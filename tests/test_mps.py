@@ -28,6 +28,7 @@ from slurm_gpushare.node.mps import (
     MpsDaemon,
     MpsError,
     MpsSettings,
+    Setting,
     StopResult,
     pinned_mem_value,
 )
@@ -154,6 +155,53 @@ def test_limits_are_set_and_read_back(env):
     assert d.command("get_default_device_pinned_mem_limit 1") == "1536M"
     assert d.command("get_default_active_thread_percentage") == "12.5"
     assert d.command("get_default_client_priority") == "1"
+
+
+def test_start_applies_its_settings_in_the_first_answered_front_end_run(env):
+    d = env.daemon()
+    d.start([d.pinned_mem_limit(0, 10240), d.pinned_mem_limit(1, 1536), d.active_thread_percentage(25),
+             d.client_priority(1, optional=True)])
+    received = commands(d)
+    # the readiness probe is the batch: every set, then every get, from one front-end process
+    assert [c["command"] for c in received] == [
+        "set_default_device_pinned_mem_limit", "set_default_device_pinned_mem_limit",
+        "set_default_active_thread_percentage", "set_default_client_priority",
+        "get_default_device_pinned_mem_limit", "get_default_device_pinned_mem_limit",
+        "get_default_active_thread_percentage", "get_default_client_priority"]
+    assert len({c["pid"] for c in received}) == 1
+    assert d.command("get_default_device_pinned_mem_limit 1") == "1536M"
+    assert d.command("get_default_active_thread_percentage") == "25.0"
+
+
+def test_a_refused_setting_in_a_batch_is_retried_alone_and_named(env):
+    d = env.daemon()
+    d.start()
+    bad = Setting("set_default_client_priority 7", "get_default_client_priority", lambda back: back == "7")
+    with pytest.raises(MpsError, match="set_default_client_priority 7 was not applied: the daemon reports '0'"):
+        d.configure([d.pinned_mem_limit(0, 2048), bad])
+    # the good one took; the batch and then each setting alone ran
+    assert d.command("get_default_device_pinned_mem_limit 0") == "2G"
+    pids = [c["pid"] for c in commands(d) if c["command"] == "set_default_device_pinned_mem_limit"]
+    assert len(pids) == 2 and pids[0] != pids[1]
+
+
+def test_an_optional_setting_the_daemon_refuses_is_no_error(env):
+    d = env.daemon()
+    d.start([d.pinned_mem_limit(0, 4096),
+             Setting("set_default_client_priority 7", "get_default_client_priority", lambda b: b == "7",
+                     optional=True)])
+    assert d.command("get_default_device_pinned_mem_limit 0") == "4G"
+    assert d.command("get_default_client_priority") == "0"
+
+
+def test_a_setting_that_does_not_take_fails_start_with_the_command(env):
+    d = env.daemon()
+    # a read-back that never shows the value (a daemon that ignores the command)
+    with pytest.raises(MpsError, match="set_default_active_thread_percentage 50 was not applied: the daemon "
+                                       "reports '50.0'"):
+        d.start([Setting("set_default_active_thread_percentage 50", "get_default_active_thread_percentage",
+                         lambda b: b == "60.0")])
+    d.stop()
 
 
 def test_a_running_servers_limit_is_set_and_read_back(env):

@@ -105,10 +105,9 @@ def _context(config_path: str | None, env: Mapping[str, str]):
 
 
 def _node_name(env: Mapping[str, str]) -> str:
-    """``SLURMD_NODENAME``, else this host's short name."""
-    import socket
-
-    return env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    """``SLURMD_NODENAME``, else this host's short name (``uname -n``: what ``socket.gethostname`` returns,
+    without importing socket)."""
+    return env.get("SLURMD_NODENAME") or os.uname().nodename.split(".")[0]  # gethostname(2) is uname's nodename
 
 
 def main(argv: Sequence[str] | None = None) -> int | None:

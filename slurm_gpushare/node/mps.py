@@ -36,7 +36,7 @@ import stat
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
@@ -62,6 +62,8 @@ DEFAULT_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 MPS_ENV = ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY", "CUDA_VISIBLE_DEVICES")
 
 _POLL_S = 0.05
+#: The first pause of :meth:`MpsDaemon.start` (doubling up to ``_POLL_S``): the daemon is usually up in a few ms.
+_FIRST_POLL_S = 0.002
 _LOG_TAIL_LINES = 10
 
 
@@ -131,6 +133,35 @@ class StopResult:
     def clean(self) -> bool:
         """No process survived and every directory was removed."""
         return not self.survivors and not self.not_removed
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One daemon setting: the command that sets it, the one that reads it back, and what the read-back
+    must show. Made by :meth:`MpsDaemon.pinned_mem_limit`, :meth:`MpsDaemon.server_pinned_mem_limit`,
+    :meth:`MpsDaemon.active_thread_percentage` and :meth:`MpsDaemon.client_priority`; applied by
+    :meth:`MpsDaemon.configure` (or :meth:`MpsDaemon.start`).
+
+    Attributes:
+        set_line: e.g. ``set_default_device_pinned_mem_limit 0 10G``.
+        get_line: e.g. ``get_default_device_pinned_mem_limit 0``.
+        accepts: whether one read-back line shows the value set.
+        optional: a driver that refuses it is not an error (``set_default_client_priority``, CUDA 11.8+).
+    """
+
+    set_line: str
+    get_line: str
+    accepts: Callable[[str], bool]
+    optional: bool = False
+
+    def failure(self, back: str) -> str:
+        """The message for a read-back that does not show the value."""
+        return f"{self.set_line} was not applied: the daemon reports {back!r}"
+
+
+def _batch(settings: Sequence[Setting]) -> str:
+    """One front-end run's stdin for ``settings``: every set line, then every get line."""
+    return "\n".join([s.set_line for s in settings] + [s.get_line for s in settings])
 
 
 def pinned_mem_value(mib: int) -> str:
@@ -433,11 +464,39 @@ class MpsDaemon:
             raise InputError(f"MPS command {line!r} is not one non-empty line", source=self._source)
         return self._run_client(line.strip(), self.settings.command_timeout_s)
 
-    def set_pinned_mem_limit(self, device_index: int, mib: int) -> None:
-        """Limit the device memory each new MPS client may pin on one GPU.
+    def configure(self, settings: Sequence[Setting]) -> None:
+        """Apply settings with one front-end run: every ``set_...`` line, then every ``get_...`` line.
 
-        Sends ``set_default_device_pinned_mem_limit DEV VALUE`` (VALUE from :func:`pinned_mem_value`:
-        ``10G``, ``10240M`` is sent as ``10G``, ``1536M`` as ``1536M``) and reads it back with
+        The front end sends its stdin lines one by one, in order, and prints each answer (MPS documentation,
+        "Tools and Interface Reference"); a ``set`` the daemon takes prints nothing, each ``get`` one line.
+        When the answer is one line per setting and each shows its value, that is all; otherwise (a refused
+        command printed an error line, a value did not take) the settings are applied again one at a time,
+        for an error that names the command. Running the front end once instead of twice per setting is
+        what keeps an MPS job's Prolog short.
+
+        Raises:
+            MpsError: the daemon cannot be reached, or a setting that is not ``optional`` was refused or
+                reads back another value.
+        """
+        if settings:
+            self._check(settings, self._run_client(_batch(settings), self.settings.command_timeout_s))
+
+    def _check(self, settings: Sequence[Setting], answer: str) -> None:
+        """Accept one batch's answer, or apply each setting alone (see :meth:`configure`)."""
+        lines = answer.splitlines()
+        if len(lines) == len(settings) and all(s.accepts(b) for s, b in zip(settings, lines, strict=True)):
+            return
+        for s in settings:
+            self._run_client(s.set_line, self.settings.command_timeout_s)
+            back = self._run_client(s.get_line, self.settings.command_timeout_s)
+            if not s.accepts(back) and not s.optional:
+                raise MpsError(s.failure(back), source=self._source)
+
+    def pinned_mem_limit(self, device_index: int, mib: int) -> Setting:
+        """The device memory each new MPS client may pin on one GPU, as a :class:`Setting`.
+
+        ``set_default_device_pinned_mem_limit DEV VALUE`` (VALUE from :func:`pinned_mem_value`: ``10G``,
+        ``10240M`` is sent as ``10G``, ``1536M`` as ``1536M``), read back with
         ``get_default_device_pinned_mem_limit DEV``. Per the MPS documentation the default applies to
         servers started afterwards (set it before the job's first CUDA client) and is lost on ``quit``;
         clients may lower it further with ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``. A read-back in whole
@@ -449,9 +508,17 @@ class MpsDaemon:
 
         Raises:
             InputError: a negative device or a limit that is not a positive number of MiB.
+        """
+        return self._pinned(f"default_device_pinned_mem_limit {self._device(device_index)}", mib)
+
+    def set_pinned_mem_limit(self, device_index: int, mib: int) -> None:
+        """Apply :meth:`pinned_mem_limit` alone.
+
+        Raises:
+            InputError: as :meth:`pinned_mem_limit`.
             MpsError: the command failed or the daemon reports another limit.
         """
-        self._set_pinned(f"default_device_pinned_mem_limit {self._device(device_index)}", mib)
+        self.configure([self.pinned_mem_limit(device_index, mib)])
 
     def server_pids(self) -> tuple[int, ...]:
         """PIDs of the daemon's running MPS servers (``get_server_list``: one PID per line; none before
@@ -462,102 +529,123 @@ class MpsDaemon:
         """
         return tuple(int(w) for w in self.command("get_server_list").split() if w.isdigit())
 
-    def set_server_pinned_mem_limit(self, server_pid: int, device_index: int, mib: int) -> None:
-        """Change the pinned-memory limit of a running MPS server, for the clients it creates afterwards.
+    def server_pinned_mem_limit(self, server_pid: int, device_index: int, mib: int) -> Setting:
+        """The pinned-memory limit of a running MPS server, for the clients it creates afterwards.
 
-        Sends ``set_device_pinned_mem_limit PID DEV VALUE`` and reads it back with
-        ``get_device_pinned_mem_limit PID DEV`` (MPS documentation, "Legacy MPS v2 Interface"). The
-        default of :meth:`set_pinned_mem_limit` reaches only servers started after it; a shared daemon
-        whose server already runs is raised with this one. Read-back and VALUE as there.
+        ``set_device_pinned_mem_limit PID DEV VALUE``, read back with ``get_device_pinned_mem_limit PID DEV``
+        (MPS documentation, "Legacy MPS v2 Interface"). The default of :meth:`pinned_mem_limit` reaches only
+        servers started after it; a shared daemon whose server already runs is raised with this one.
+        Read-back and VALUE as there.
 
         Args:
             server_pid: a PID from :meth:`server_pids`.
-            device_index: ``DEV``, as in :meth:`set_pinned_mem_limit`.
+            device_index: ``DEV``, as in :meth:`pinned_mem_limit`.
             mib: the limit in MiB.
 
         Raises:
             InputError: a negative device or a limit that is not a positive number of MiB.
+        """
+        return self._pinned(f"device_pinned_mem_limit {server_pid} {self._device(device_index)}", mib)
+
+    def set_server_pinned_mem_limit(self, server_pid: int, device_index: int, mib: int) -> None:
+        """Apply :meth:`server_pinned_mem_limit` alone.
+
+        Raises:
+            InputError: as :meth:`server_pinned_mem_limit`.
             MpsError: the command failed, the daemon has no such server, or it reports another limit.
         """
-        self._set_pinned(f"device_pinned_mem_limit {server_pid} {self._device(device_index)}", mib)
+        self.configure([self.server_pinned_mem_limit(server_pid, device_index, mib)])
 
     def _device(self, device_index: int) -> int:
         if isinstance(device_index, bool) or not isinstance(device_index, int) or device_index < 0:
             raise InputError(f"MPS device {device_index!r} is not a device ordinal (0, 1, ...)", source=self._source)
         return device_index
 
-    def _set_pinned(self, what: str, mib: int) -> None:
-        """``set_<what> VALUE``, then ``get_<what>`` must show ``mib`` (or it rounded down to whole GiB)."""
+    @staticmethod
+    def _pinned(what: str, mib: int) -> Setting:
+        """``set_<what> VALUE``; ``get_<what>`` must show ``mib`` (or it rounded down to whole GiB)."""
         value = pinned_mem_value(mib)
-        self.command(f"set_{what} {value}")
-        back = self.command(f"get_{what}")
-        try:
-            shown = parse_mib(back, default_unit="M", what="pinned memory limit")
-        except InputError:
-            shown = None
-        floor_g = back.strip().upper().endswith("G") and mib >= 1024 and shown == mib // 1024 * 1024
-        if shown != mib and not floor_g:
-            raise MpsError(f"set_{what} {value} was not applied: the daemon reports {back!r}", source=self._source)
 
-    def set_active_thread_percentage(self, pct: int | float) -> None:
-        """Limit the share of SMs each new MPS client may use.
+        def accepts(back: str) -> bool:
+            try:
+                shown = parse_mib(back, default_unit="M", what="pinned memory limit")
+            except InputError:
+                return False
+            return shown == mib or (back.strip().upper().endswith("G") and mib >= 1024 and shown == mib // 1024 * 1024)
 
-        Sends ``set_default_active_thread_percentage P`` and reads it back with
-        ``get_default_active_thread_percentage`` (MPS documentation: applies to servers started
-        afterwards, lost on ``quit``, default 100; clients see it as ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``
-        would set it).
+        return Setting(f"set_{what} {value}", f"get_{what}", accepts)
+
+    def active_thread_percentage(self, pct: int | float) -> Setting:
+        """The share of SMs each new MPS client may use, as a :class:`Setting`.
+
+        ``set_default_active_thread_percentage P``, read back with ``get_default_active_thread_percentage``
+        (MPS documentation: applies to servers started afterwards, lost on ``quit``, default 100; clients see
+        it as ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` would set it).
 
         Args:
             pct: percent, more than 0 and at most 100.
 
         Raises:
             InputError: outside (0, 100].
-            MpsError: the command failed or the daemon reports another value.
         """
         if isinstance(pct, bool) or not isinstance(pct, (int, float)) or not 0 < pct <= 100:
             raise InputError(f"MPS active thread percentage {pct!r} is not in (0, 100]", source=self._source)
         text = str(int(pct)) if float(pct).is_integer() else f"{pct:g}"
-        self.command(f"set_default_active_thread_percentage {text}")
-        back = self.command("get_default_active_thread_percentage")
-        try:
-            ok = abs(float(back) - float(pct)) < 0.01
-        except ValueError:
-            ok = False
-        if not ok:
-            raise MpsError(f"set_default_active_thread_percentage {text} was not applied: the daemon reports {back!r}",
-                           source=self._source)
+
+        def accepts(back: str) -> bool:
+            try:
+                return abs(float(back) - float(pct)) < 0.01
+            except ValueError:
+                return False
+
+        return Setting(f"set_default_active_thread_percentage {text}", "get_default_active_thread_percentage", accepts)
+
+    def set_active_thread_percentage(self, pct: int | float) -> None:
+        """Apply :meth:`active_thread_percentage` alone.
+
+        Raises:
+            InputError: outside (0, 100].
+            MpsError: the command failed or the daemon reports another value.
+        """
+        self.configure([self.active_thread_percentage(pct)])
+
+    def client_priority(self, priority: int, *, optional: bool = False) -> Setting:
+        """The priority of new MPS clients, 0 (normal, the default) or 1 (below normal), as a :class:`Setting`.
+
+        ``set_default_client_priority``, read back with ``get_default_client_priority`` (MPS documentation:
+        a hint to the driver, not a guarantee; lost on ``quit``; CUDA 11.8+). A client may set its own with
+        ``CUDA_MPS_CLIENT_PRIORITY``. ``optional``: a daemon that refuses it is not an error.
+
+        Raises:
+            InputError: not 0 or 1.
+        """
+        if priority not in (0, 1) or isinstance(priority, bool):
+            raise InputError(f"MPS client priority {priority!r} is not 0 (normal) or 1 (below normal)",
+                             source=self._source)
+        return Setting(f"set_default_client_priority {priority}", "get_default_client_priority",
+                       lambda back: back.split()[:1] == [str(priority)], optional=optional)
 
     def set_client_priority(self, priority: int) -> None:
-        """Set the priority of new MPS clients: 0 (normal, the default) or 1 (below normal).
-
-        Sends ``set_default_client_priority`` and reads it back with ``get_default_client_priority``
-        (MPS documentation: a hint to the driver, not a guarantee; lost on ``quit``). A client may set
-        its own with ``CUDA_MPS_CLIENT_PRIORITY``.
+        """Apply :meth:`client_priority` alone.
 
         Raises:
             InputError: not 0 or 1.
             MpsError: the command failed or the daemon reports another value.
         """
-        if priority not in (0, 1) or isinstance(priority, bool):
-            raise InputError(f"MPS client priority {priority!r} is not 0 (normal) or 1 (below normal)",
-                             source=self._source)
-        self.command(f"set_default_client_priority {priority}")
-        back = self.command("get_default_client_priority")
-        if back.split()[:1] != [str(priority)]:
-            raise MpsError(f"set_default_client_priority {priority} was not applied: the daemon reports {back!r}",
-                           source=self._source)
+        self.configure([self.client_priority(priority)])
 
     # --- start and stop ---------------------------------------------------------------------------------
 
-    def start(self) -> int:
-        """Start the daemon and wait until it answers.
+    def start(self, settings: Sequence[Setting] = ()) -> int:
+        """Start the daemon, wait until it answers, and apply ``settings`` (see :meth:`configure`).
 
         Creates the pipe and log directories (mode 0700, owned by the daemon's user) when missing;
         existing ones must be real directories owned by that user. Removes a stale pid file and socket
         left by a crashed daemon, runs ``nvidia-cuda-mps-control -d`` in a session of its own, then
-        waits (``start_timeout_s``) until the pid file names a live daemon (see :meth:`pid`) and
-        ``get_server_list`` is answered. If that does not happen, whatever started is stopped (the log
-        directory is kept for the administrator) and the error quotes the end of ``control.log``.
+        waits (``start_timeout_s``) until the pid file names a live daemon (see :meth:`pid`) and answers
+        (``get_server_list``, or the batch of ``settings``: the first answered run applies them, so a job
+        daemon's start costs two runs of the binary). If that does not happen, whatever started is stopped
+        (the log directory is kept for the administrator) and the error quotes the end of ``control.log``.
 
         Returns:
             The daemon's PID.
@@ -565,7 +653,8 @@ class MpsDaemon:
         Raises:
             InputError: no ``visible_devices``.
             MpsError: a daemon already runs on this pipe directory, a directory cannot be used, the
-                binary is missing or failed, the daemon exited, or it did not answer in time.
+                binary is missing or failed, the daemon exited, or it did not answer in time; or a setting
+                was not applied (the daemon is left running: the caller stops it).
         """
         binary = self.settings.control_binary
         if not self.visible_devices.strip():
@@ -599,6 +688,8 @@ class MpsDaemon:
         if proc.returncode != 0:
             self._fail_start(f"'{binary} -d' exited with status {proc.returncode}: {said or 'no output'}")
         last = "no pid file yet"
+        probe = _batch(settings) or "get_server_list"
+        pause = _FIRST_POLL_S
         while True:
             pid = self.pid()
             if pid is None:
@@ -611,15 +702,19 @@ class MpsDaemon:
             elif (self.pipe_dir / CONTROL_SOCKET).exists():
                 remaining = deadline - time.monotonic()
                 try:
-                    self._run_client("get_server_list", max(0.1, min(self.settings.command_timeout_s, remaining)))
-                    return pid
+                    answer = self._run_client(probe, max(0.1, min(self.settings.command_timeout_s, remaining)))
                 except MpsError as e:
                     last = e.message
+                else:
+                    if settings:
+                        self._check(settings, answer)
+                    return pid
             else:
                 last = f"pid {pid} runs but has no control socket yet"
             if time.monotonic() >= deadline:
                 self._fail_start(f"not ready within {self.settings.start_timeout_s:g} s ({last})")
-            time.sleep(_POLL_S)
+            time.sleep(pause)
+            pause = min(pause * 2, _POLL_S)
 
     def _fail_start(self, reason: str, *, hint: str | None = None) -> NoReturn:
         """Stop whatever started, keep the logs, and raise the start error."""

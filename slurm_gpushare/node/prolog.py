@@ -11,6 +11,7 @@ was refused at submit time and never gets here.
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from dataclasses import asdict
@@ -45,7 +46,7 @@ from slurm_gpushare.slurm.job import JobInfo
 from slurm_gpushare.slurm.nodegres import NodeGres
 
 if TYPE_CHECKING:  # imported where a share is prepared: a whole-GPU job's Prolog never loads them
-    from slurm_gpushare.node.mps import MpsDaemon
+    from slurm_gpushare.node.mps import MpsDaemon, Setting
 
 
 def check_installed_shard_unit(ctx: HookContext, machine: Machine, env: dict[str, str]) -> None:
@@ -266,15 +267,10 @@ def prepare(ctx: HookContext, plan: JobPlan, job_dir: Path) -> None:
         env = plan.env(join_shared(ctx, plan, shared).client_env())
     elif plan.kind == "mps":
         daemon = ctx.mps(plan.job_id, plan)
-        daemon.stop()  # leftovers of a Prolog that died half-way
+        if prev is not None or os.path.lexists(daemon.pipe_dir):
+            daemon.stop()  # leftovers of a Prolog that died half-way (a new job has no state and no pipe dir)
         try:
-            daemon.start()
-            if plan.mem_limit_mib is not None:
-                for i in range(len(plan.gpu_indices)):
-                    daemon.set_pinned_mem_limit(i, plan.mem_limit_mib)
-            if plan.sm_percent is not None:
-                daemon.set_active_thread_percentage(plan.sm_percent)
-            _client_priority(daemon, plan)
+            daemon.start(_settings(daemon, plan))
         except MpsError as e:
             daemon.stop()
             # the daemon runs as the job's user, who can kill it: its failure is the job's, not the node's
@@ -286,17 +282,18 @@ def prepare(ctx: HookContext, plan: JobPlan, job_dir: Path) -> None:
     write_state(job_dir, state)
 
 
-def _client_priority(daemon: MpsDaemon, plan: JobPlan) -> None:
-    """Set the daemon's default client priority where the driver has the command (CUDA 11.8+ MPS);
-    an older driver that refuses it is not a node fault: the job's environment still asks for it."""
-    from slurm_gpushare.node.mps import MpsError
-
-    if plan.client_priority is None:
-        return
-    try:
-        daemon.set_client_priority(plan.client_priority)
-    except MpsError:
-        pass
+def _settings(daemon: MpsDaemon, plan: JobPlan) -> list[Setting]:
+    """What the job's daemon is set to before its first client: the pinned-memory limit on each GPU, the
+    SM share, and the client priority where the driver has the command (CUDA 11.8+ MPS; an older driver
+    that refuses it is not a fault: the job's environment still asks for it)."""
+    settings = []
+    if plan.mem_limit_mib is not None:
+        settings += [daemon.pinned_mem_limit(i, plan.mem_limit_mib) for i in range(len(plan.gpu_indices))]
+    if plan.sm_percent is not None:
+        settings.append(daemon.active_thread_percentage(plan.sm_percent))
+    if plan.client_priority is not None:
+        settings.append(daemon.client_priority(plan.client_priority, optional=True))
+    return settings
 
 
 def _free_before(ctx: HookContext, gres: NodeGres, plan: JobPlan) -> tuple[int, ...]:

@@ -60,13 +60,14 @@ def join_shared(ctx: HookContext, plan: JobPlan, d: Path) -> MpsDaemon:
                 daemon.start()
             jobs[plan.job_id] = {"mem_limit_mib": plan.mem_limit_mib, "sm_percent": plan.sm_percent}
             limits = [m["mem_limit_mib"] for m in jobs.values() if m.get("mem_limit_mib")]
+            settings = []
             if limits:
-                daemon.set_pinned_mem_limit(0, max(limits))
-                for server in daemon.server_pids():
-                    daemon.set_server_pinned_mem_limit(server, 0, max(limits))
+                settings.append(daemon.pinned_mem_limit(0, max(limits)))
+                settings += [daemon.server_pinned_mem_limit(server, 0, max(limits)) for server in daemon.server_pids()]
             shares = [m.get("sm_percent") or 100 for m in jobs.values()]
             if max(shares) < 100:
-                daemon.set_active_thread_percentage(max(shares))
+                settings.append(daemon.active_thread_percentage(max(shares)))
+            daemon.configure(settings)
         except MpsError as e:
             if not jobs or list(jobs) == [plan.job_id]:
                 daemon.stop()

@@ -6,8 +6,9 @@ Slurm's text forms (slurm.conf(5) "NODE CONFIGURATION", gres.conf(5) "File", "Co
 in one name (``rack[0-1]_blade[0-1]``). What ClusterShell reads beyond Slurm's syntax (node groups
 ``@rack``, the operators ``!``, ``&``, ``^``) is refused here, and node groups are never resolved.
 
-NodeSet is imported inside the functions: with its node-group machinery it costs about 20 ms to
-import (``python -X importtime``), too much for the node hooks, which start on every job.
+NodeSet is imported inside the functions, and only for a name with brackets: with its node-group
+machinery it costs 7-20 ms to import (``python -X importtime``), too much for the node hooks, which start
+on every job and mostly read plain names (the node's, ``File=/dev/nvidia0``).
 """
 
 from __future__ import annotations
@@ -33,8 +34,6 @@ def expand_hostlist(expr: str) -> tuple[str, ...]:
             ``a <= b``, ranges out of order, ClusterShell-only syntax. ``source`` is None; callers
             add the file and line.
     """
-    from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet, NodeSetException  # noqa: PLC0415 (import cost)
-
     if _NOT_SLURM.search(expr):
         raise ParseError(f"hostlist {expr!r} has white space or one of @ ! & ^", hint="e.g. tux[1-4],big")
     names: list[str] = []
@@ -44,8 +43,13 @@ def expand_hostlist(expr: str) -> tuple[str, ...]:
         parts = re.split(r"(\[[^\[\]]*\])", item)
         if any("[" in p or "]" in p for p in parts[::2]):
             raise ParseError(f"unbalanced brackets in hostlist {expr!r}")
+        if len(parts) == 1:  # a plain name (the node hooks' usual case): no NodeSet to import
+            names.append(item)
+            continue
         for body in parts[1::2]:
             _check_ranges(body[1:-1], expr)
+        from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet, NodeSetException  # noqa: PLC0415 (import cost)
+
         try:
             names.extend(NodeSet(item, resolver=RESOLVER_NOGROUP))
         except NodeSetException as e:  # what Slurm reads and ClusterShell does not (odd zero padding)
