@@ -34,7 +34,10 @@ it gives exactly that GRES, so a forged mark gains nothing. ``move`` is job_subm
 an update leaves the GRES of a job that holds a GPU share alone but changes what its share was decided
 for (partition, node count, per-task/socket/job TRES): the job's current GRES is decided again with the
 new fields; the answer is ``pass`` when that gives the same GRES, else ``reject`` (the share would have
-to change, which only a new submission may do).
+to change, which only a new submission may do). ``move`` also carries the job's ``admin_comment``: unless
+its audit shows a direct ``shard:N``/``mps:N`` request, the held share was granted for ``gpushare``, and
+the options refused beside gpushare at submit (GPUs per task or socket, per-GPU counts) are refused
+beside it too.
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ from pathlib import Path
 from slurm_gpushare.errors import GpushareError, InputError
 from slurm_gpushare.hardware.machine import Machine
 from slurm_gpushare.slurm import commands
-from slurm_gpushare.slurm.admincomment import format_segment, merge
+from slurm_gpushare.slurm.admincomment import extract, format_segment, merge
 from slurm_gpushare.slurm.gres import parse
 from slurm_gpushare.slurm.nodegres import GresOptions, node_gres
 from slurm_gpushare.submit.inventory import ClusterInventory, build_inventory
@@ -380,6 +383,8 @@ class FilterService:
         ntasks_per_tres = req.get("ntasks_per_tres")
         beside = tuple((k, req.get(k) or None) for k in BESIDE_TRES) + (
             (("ntasks_per_tres", ntasks_per_tres),) if isinstance(ntasks_per_tres, (int, float)) else ())
+        if op == "move" and _granted_by_gpushare(req.get("admin_comment")):
+            beside += (("granted_share", True),)
         d = self._decide(snap, tpn or None, tpj or None, parts, nodes, beside)
         if d.action == "pass":
             return {"v": PROTOCOL, "action": "pass"}
@@ -424,6 +429,18 @@ class FilterService:
     @staticmethod
     def _reject(message: str, errno: int = ERRNO_INVALID_GRES) -> dict:
         return {"v": PROTOCOL, "action": "reject", "message": message, "errno": errno}
+
+
+def _granted_by_gpushare(admin_comment: str | None) -> bool:
+    """Whether the share a job holds came from a ``gpushare`` request, by the audit in its AdminComment
+    (which only slurmctld's job_submit plugin and administrators write): every share but one whose audit
+    says it was a direct ``shard:N``/``mps:N`` request (``kind=shard-direct``, ``mps-direct``). A job
+    without a readable audit counts as granted: the options refused beside gpushare are refused."""
+    try:
+        fields = extract(admin_comment)
+    except InputError:
+        return True
+    return not (fields or {}).get("kind", "").endswith("-direct")
 
 
 def _same_gres(a: str, b: str) -> bool:
