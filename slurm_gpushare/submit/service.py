@@ -54,7 +54,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from slurm_gpushare.errors import GpushareError, InputError
+from slurm_gpushare.errors import ConfigError, GpushareError, InputError
 from slurm_gpushare.hardware.machine import Machine
 from slurm_gpushare.slurm import commands
 from slurm_gpushare.slurm.admincomment import extract, format_segment, merge
@@ -251,13 +251,24 @@ class PolicySource:
             return Path(self.default)
         return None
 
-    def load(self) -> SitePolicy:
+    def load(self, in_force: str | None = None) -> SitePolicy:
         """The policy the lookup finds now.
 
+        Args:
+            in_force: where the policy in force came from (:attr:`SitePolicy.source`), on a reload. Without
+                ``path``, a lookup that finds no file while the policy in force came from one is refused:
+                a deleted default file (or one a configuration tool has not put back yet) would put the
+                built-in defaults in force silently. A service that runs on the built-in defaults stays on them.
+
         Raises:
-            ConfigError: the file cannot be read or is not a valid policy (the message names the file).
+            ConfigError: the file cannot be read or is not a valid policy (the message names the file), or
+                the file of the policy in force is gone.
         """
         where = self.where()
+        if where is None and in_force is not None and in_force != SitePolicy().source:
+            raise ConfigError(f"the policy file {in_force} is gone (no {self.default})",
+                              hint="put it back and reload; to decide with the built-in defaults, write a file "
+                                   "with only 'version = 1' there, or restart the service without one")
         return load_policy(where) if where is not None else SitePolicy()
 
 
@@ -266,16 +277,17 @@ def reload(cache: InventoryCache, source: PolicySource, log: Log, reason: str = 
 
     A policy file that cannot be read or is not valid changes nothing: the policy in force stays (the
     inventory is still refreshed for it) and one ``policy_rejected`` log line names the file, the
-    error and the hint.
+    error and the hint. So does a lookup without ``--policy`` that finds no file where the policy in
+    force came from one (:meth:`PolicySource.load`).
 
     Returns:
         Whether the policy the lookup found is now in force.
     """
+    kept = cache.policy.source
     try:
-        policy = source.load()
+        policy = source.load(in_force=kept)
     except GpushareError as e:
-        where = source.where()
-        kept = cache.policy.source
+        where = source.where() or (None if kept == SitePolicy().source else kept)
         log("policy_rejected", reason=reason, file=str(where or "built-in defaults"), error=e.message, hint=e.hint,
             kept=kept, message=f"site policy {where} not loaded: {e.message}"
                                + (f" ({e.hint})" if e.hint else "") + f"; still deciding with {kept}")
