@@ -703,10 +703,12 @@ def test_moving_a_share_job_is_decided_again_and_refused_where_its_share_is_not_
 def test_gpus_per_task_added_by_an_update_beside_a_granted_share_are_refused_as_at_submit(service):
     """A move of a job that holds the shard:10 a gpushare request was granted (its AdminComment's audit says
     so) is refused when the update adds GPUs per task or socket, or counts per GPU, as the same forms are
-    beside --gres=gpushare at submit; a direct shard job (kind=shard-direct) is decided as at submit, where
-    they pass beside a direct request. A job without a readable audit counts as granted."""
+    beside --gres=gpushare at submit, and so is a job granted a MIG slice; a direct shard job
+    (kind=shard-direct) is decided as at submit, where they pass beside a direct request. A share without a
+    readable audit counts as granted."""
     granted = "[gpushare:v1 req=mem=10G+sm=25 grant=gres:shard:10 kind=mps model=rtx4090 part=gpu]"
     direct = "[gpushare:v1 req=shard:10 grant=gres:shard:10 kind=shard-direct model=rtx4090 part=gpu]"
+    mig = "[gpushare:v1 req=mem=10G grant=gres:gpu:h100_1g.10gb:1 kind=mig model=h100 part=gpu]"
 
     def move(admin_comment, **req):
         return service.handle_line(json.dumps({"op": "move", "uid": 1001, "job_id": "9", "partition": "gpu",
@@ -723,4 +725,9 @@ def test_gpus_per_task_added_by_an_update_beside_a_granted_share_are_refused_as_
             assert a["action"] == "reject" and says in a["message"], (field, audit, a)
             assert "combine with --gres=gpushare" in a["message"], a
         assert move(direct, **{field: tres}) == {"v": 2, "action": "pass"}, field
+        # a MIG slice granted for gpushare (no share by name) likewise; a plain GPU job without audit passes
+        a = move(mig, **{field: tres, "tres_per_node": "gres:gpu:h100_1g.10gb:1"})
+        assert a["action"] == "reject" and says in a["message"], (field, a)
+        assert move("", **{field: tres, "tres_per_node": "gres:gpu:1"}) == {"v": 2, "action": "pass"}, field
     assert move(granted, tres_per_task="cpu=2") == {"v": 2, "action": "pass"}
+    assert move(mig, tres_per_node="gres:gpu:h100_1g.10gb:1", partition="pcie") == {"v": 2, "action": "pass"}

@@ -687,9 +687,9 @@ def decide(tres_per_node: str | None, tres_per_job: str | None, *, partitions: t
             sentinel when unset), or None. Beside ``gpushare`` each of these three is refused
             (``mem-per-gpu``, ``cpus-per-gpu``, ``ntasks-per-gpu``): they count per whole GPU, and
             a share may become a MIG slice or part of one GPU.
-        granted_share: ``tres_per_node`` is the share a ``gpushare`` request was granted (an update of a
-            pending job that holds it, the service's ``move``): the options refused beside ``gpushare``
-            are refused beside it too, as they were at submit.
+        granted_share: ``tres_per_node`` is what a ``gpushare`` request was granted (a share, a MIG slice or
+            whole GPUs; an update of a pending job that holds it, the service's ``move``): the options
+            refused beside ``gpushare`` are refused beside it too, as they were at submit.
 
     Returns:
         ``pass`` for jobs without ``gpushare``/``shard``/``mps`` items (and direct ones when
@@ -704,11 +704,12 @@ def decide(tres_per_node: str | None, tres_per_job: str | None, *, partitions: t
             refused = {"version": AUDIT_VERSION, "original": tres_per_node or "", "request": share[0],
                        "action": "reject", "reason": text[len("gpushare: "):]}
             return Decision("reject", tres_per_node, refused, text, ESLURM_INVALID_GRES)
-    if not (mentions_share(tres_per_node) or mentions_share(tres_per_job)):
+    shared = mentions_share(tres_per_node) or mentions_share(tres_per_job)
+    if not shared and not granted_share:
         return Decision("pass", tres_per_node)
     tres_per_node, tres_per_job = unescape_knobs(tres_per_node), unescape_knobs(tres_per_job)
     gpushare = any(item_name(t) == "gpushare" for s in (tres_per_node, tres_per_job) if s for t in s.split(","))
-    policed = gpushare or policy.police_direct
+    policed = shared and (gpushare or policy.police_direct)
     if not policed and not granted_share:
         return Decision("pass", tres_per_node)
     audit: dict[str, Any] = {"version": AUDIT_VERSION, "original": tres_per_node or "",

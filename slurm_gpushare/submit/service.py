@@ -34,10 +34,10 @@ it gives exactly that GRES, so a forged mark gains nothing. ``move`` is job_subm
 an update leaves the GRES of a job that holds a GPU share alone but changes what its share was decided
 for (partition, node count, per-task/socket/job TRES): the job's current GRES is decided again with the
 new fields; the answer is ``pass`` when that gives the same GRES, else ``reject`` (the share would have
-to change, which only a new submission may do). ``move`` also carries the job's ``admin_comment``: unless
-its audit shows a direct ``shard:N``/``mps:N`` request, the held share was granted for ``gpushare``, and
-the options refused beside gpushare at submit (GPUs per task or socket, per-GPU counts) are refused
-beside it too.
+to change, which only a new submission may do). ``move`` also carries the job's ``admin_comment``: where
+its audit shows a gpushare grant (also a MIG slice or whole GPUs: job_submit.lua asks about those jobs
+too) or, without an audit, the job holds a share, the options refused beside gpushare at submit (GPUs
+per task or socket, per-GPU counts) are refused beside it too.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ from slurm_gpushare.slurm.nodegres import GresOptions, node_gres
 from slurm_gpushare.submit.inventory import ClusterInventory, build_inventory
 from slurm_gpushare.submit.policy import decide, nodes_needed
 from slurm_gpushare.submit.policyfile import SitePolicy, load_policy
-from slurm_gpushare.submit.request import unescape_knobs
+from slurm_gpushare.submit.request import mentions_share, unescape_knobs
 
 PROTOCOL = 2
 #: First word of every message header (``GPS2 <id> <length>``).
@@ -395,7 +395,7 @@ class FilterService:
         ntasks_per_tres = req.get("ntasks_per_tres")
         beside = tuple((k, req.get(k) or None) for k in BESIDE_TRES) + (
             (("ntasks_per_tres", ntasks_per_tres),) if isinstance(ntasks_per_tres, (int, float)) else ())
-        if op == "move" and _granted_by_gpushare(req.get("admin_comment")):
+        if op == "move" and _granted_by_gpushare(tpn, req.get("admin_comment")):
             beside += (("granted_share", True),)
         d = self._decide(snap, tpn or None, tpj or None, parts, nodes, beside)
         if d.action == "pass":
@@ -443,16 +443,19 @@ class FilterService:
         return {"v": PROTOCOL, "action": "reject", "message": message, "errno": errno}
 
 
-def _granted_by_gpushare(admin_comment: str | None) -> bool:
-    """Whether the share a job holds came from a ``gpushare`` request, by the audit in its AdminComment
-    (which only slurmctld's job_submit plugin and administrators write): every share but one whose audit
-    says it was a direct ``shard:N``/``mps:N`` request (``kind=shard-direct``, ``mps-direct``). A job
-    without a readable audit counts as granted: the options refused beside gpushare are refused."""
+def _granted_by_gpushare(tres_per_node: str, admin_comment: str | None) -> bool:
+    """Whether what a job holds (``tres_per_node``) was granted for a ``gpushare`` request, by the audit in its
+    AdminComment (which only slurmctld's job_submit plugin and administrators write): a share, MIG slice or
+    whole GPUs whose audit names a grant, unless it says a direct ``shard:N``/``mps:N`` request
+    (``kind=shard-direct``, ``mps-direct``). A share without an audit counts as granted (the options
+    refused beside gpushare are refused); other GRES without one do not."""
     try:
         fields = extract(admin_comment)
     except InputError:
-        return True
-    return not (fields or {}).get("kind", "").endswith("-direct")
+        return True  # a newer version's audit: written for a gpushare grant
+    if fields is not None:
+        return not fields.get("kind", "").endswith("-direct")
+    return mentions_share(tres_per_node)
 
 
 def _same_gres(a: str, b: str) -> bool:

@@ -118,10 +118,13 @@ end
 -- partition, node count, per-task/socket/job TRES, per-GPU memory or CPUs): the service decides the job's
 -- GRES again with the new fields ("move"; with the job's AdminComment, whose audit says whether the share
 -- was granted for gpushare: then GPUs per task or socket, and counts per GPU, are refused beside it, as at
--- submit); nil when the update changes none of them or the job holds no share.
+-- submit); nil when the update changes none of them or the job holds no share. A MIG slice or whole GPUs
+-- granted for gpushare are no share by name: the audit says they were granted.
 local function recheck_move(job_desc, job_rec, modify_uid)
   local held = job_rec.tres_per_node
-  if job_desc.tres_per_node ~= nil or not client.mentions_share(held, job_rec.tres_per_job, nil, nil) then
+  local ac = job_rec.admin_comment
+  local granted = type(ac) == "string" and string.find(ac, "[gpushare:v", 1, true) ~= nil
+  if job_desc.tres_per_node ~= nil or not (granted or client.mentions_share(held, job_rec.tres_per_job, nil, nil)) then
     return nil
   end
   local nodes = num(job_desc.min_nodes)
@@ -140,7 +143,7 @@ local function recheck_move(job_desc, job_rec, modify_uid)
     cpus_per_tres = job_desc.cpus_per_tres or job_rec.cpus_per_tres or "",
     partition = job_desc.partition or job_rec.partition or "",
     min_nodes = (nodes >= 0) and nodes or num(job_rec.min_nodes), uid = modify_uid or -1,
-    job_id = tostring(job_rec.job_id or ""), admin_comment = job_rec.admin_comment or "",
+    job_id = tostring(job_rec.job_id or ""), admin_comment = ac or "",
   }, client.controller_socket())
   if not answer then
     slurm.log_error("gpushare: filter service unavailable for job %s update: %s", tostring(job_rec.job_id), why)
