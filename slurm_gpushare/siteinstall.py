@@ -102,7 +102,10 @@ def this_installation(argv0: str | None = None, executable: str | None = None) -
     The console script that is running (``argv0`` is named ``slurm-gpushare``: a pip install's script,
     in a venv or in ``/usr/local/bin``), else the one a venv's pip put next to ``executable``, else
     ``executable -m slurm_gpushare``. Paths are made absolute but symlinks are kept: a venv's
-    ``bin/python`` is a link to the base interpreter, which does not see the venv's packages.
+    ``bin/python`` is a link to the base interpreter, which does not see the venv's packages. A script
+    run through a link (install.md's ``/usr/local/sbin/slurm-gpushare``) is named by what it links
+    to, the venv's own script where it is that one: the files keep running this installation when the
+    link is removed or pointed at another.
 
     Args:
         argv0: the program name (default ``sys.argv[0]``).
@@ -110,10 +113,15 @@ def this_installation(argv0: str | None = None, executable: str | None = None) -
     """
     argv0 = sys.argv[0] if argv0 is None else argv0
     executable = executable or sys.executable
-    if argv0 and os.path.basename(argv0) == "slurm-gpushare" and os.path.isfile(argv0):
-        return (os.path.abspath(argv0),)
     script = os.path.join(os.path.dirname(os.path.abspath(executable)), "slurm-gpushare")
-    if os.path.isfile(script) and os.access(script, os.X_OK):
+    venv_script = os.path.isfile(script) and os.access(script, os.X_OK)
+    if argv0 and os.path.basename(argv0) == "slurm-gpushare" and os.path.isfile(argv0):
+        if not os.path.islink(argv0):
+            return (os.path.abspath(argv0),)
+        if venv_script and os.path.samefile(argv0, script):
+            return (script,)
+        return (os.path.realpath(argv0),)
+    if venv_script:
         return (script,)
     return (os.path.abspath(executable), "-m", "slurm_gpushare")
 
@@ -373,23 +381,53 @@ def _read_manifest(path: Path) -> dict[str, str]:
 def _digest(path: Path) -> str | None:
     try:
         return hashlib.sha256(path.read_bytes()).hexdigest()
-    except (FileNotFoundError, NotADirectoryError):
-        return None  # missing (a file where a directory should be is reported when the install writes)
-    except IsADirectoryError:
-        raise InputError(f"{path} is a directory, where the install writes a file",
-                         hint="move it away (the install never replaces a directory, not even with --force)") from None
+    except FileNotFoundError:
+        return None
 
 
 def _mode(path: Path) -> int:
     return path.stat().st_mode & 0o7777
 
 
+_NO_WRITE_HINT = "run it as root for --prefix /, or give a --prefix you can write"
+
+
+def check_writable(paths: Iterable[Path]) -> None:
+    """Refuse, before anything is written, what would stop the install writing ``paths``: a directory where a
+    file goes, something not a directory where a directory goes (or must be made), a directory this user
+    cannot write (the nearest that exists: the install makes the ones below it). A dry run checks the same.
+
+    Raises:
+        InputError: naming the path and what to do.
+    """
+    seen: set[Path] = set()
+    for path in paths:
+        if path.is_dir():
+            raise InputError(f"{path} is a directory, where the install writes a file",
+                             hint="move it away: the install never replaces a directory, not even with --force")
+        for d in (path.parent, *path.parent.parents):
+            if d in seen:
+                break
+            seen.add(d)
+            if not os.path.lexists(d):
+                continue
+            if not d.is_dir():
+                raise InputError(f"{d} is not a directory, where the install needs one (for {path})",
+                                 hint="move it away, or give the install another --prefix (or --slurm-conf-dir, "
+                                      "--config-dir)")
+            if not os.access(d, os.W_OK | os.X_OK):
+                raise InputError(f"cannot write {d}: permission denied", hint=_NO_WRITE_HINT)
+            break
+
+
 def assess(files: Sequence[SiteFile], layout: Layout, *, force: bool = False) -> list[Outcome]:
     """What :func:`install` would do with each file (see :class:`Outcome`), reading only.
 
     Raises:
-        InputError: a directory stands where a file goes (naming it).
+        InputError: something in the way of a file or its directory, or a directory this user cannot write
+            (:func:`check_writable`).
     """
+    check_writable([*(f.path for f in files), layout.manifest])
     manifest = _read_manifest(layout.manifest)
     out = []
     for f in files:
@@ -416,8 +454,9 @@ def install(files: Sequence[SiteFile], layout: Layout, *, force: bool = False, d
         ConfigError: some files differ from what this install writes and were not written by the last
             install (edited since, or someone else's) and ``force`` is not given: the message names each;
             nothing is written.
-        InputError: a directory or file could not be written, or a directory stands where a file goes
-            (naming it).
+        InputError: something in the way of a file or its directory, or a directory this user cannot
+            write, found before anything is written (:func:`check_writable`; a dry run says the same), or a
+            file that could not be written after all (naming it).
     """
     outcomes = assess(files, layout, force=force)
     refused = [o.file.path for o in outcomes if o.state == "refused"]
@@ -441,5 +480,5 @@ def install(files: Sequence[SiteFile], layout: Layout, *, force: bool = False, d
                      mode=0o644)
     except OSError as e:
         raise InputError(f"cannot write {e.filename or layout.config_dir}: {e.strerror or e}",
-                         hint="run it as root for --prefix /, or give a --prefix you can write") from None
+                         hint=_NO_WRITE_HINT) from None
     return outcomes

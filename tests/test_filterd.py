@@ -698,3 +698,36 @@ def test_moving_a_share_job_is_decided_again_and_refused_where_its_share_is_not_
     assert move(tres_per_node="gres:shard:10", partition="gpu") == {"v": 2, "action": "pass"}
     # a job whose GRES is no share is none of this: pass
     assert move(tres_per_node="gres:gpu:1", partition="pcie")["action"] == "pass"
+
+
+def test_gpus_per_task_added_by_an_update_beside_a_granted_share_are_refused_as_at_submit(service):
+    """A move of a job that holds the shard:10 a gpushare request was granted (its AdminComment's audit says
+    so) is refused when the update adds GPUs per task or socket, or counts per GPU, as the same forms are
+    beside --gres=gpushare at submit, and so is a job granted a MIG slice; a direct shard job
+    (kind=shard-direct) is decided as at submit, where they pass beside a direct request. A share without a
+    readable audit counts as granted."""
+    granted = "[gpushare:v1 req=mem=10G+sm=25 grant=gres:shard:10 kind=mps model=rtx4090 part=gpu]"
+    direct = "[gpushare:v1 req=shard:10 grant=gres:shard:10 kind=shard-direct model=rtx4090 part=gpu]"
+    mig = "[gpushare:v1 req=mem=10G grant=gres:gpu:h100_1g.10gb:1 kind=mig model=h100 part=gpu]"
+
+    def move(admin_comment, **req):
+        return service.handle_line(json.dumps({"op": "move", "uid": 1001, "job_id": "9", "partition": "gpu",
+                                               "tres_per_node": "gres:shard:10", "admin_comment": admin_comment,
+                                               **req}))
+
+    for field, tres, says in (("tres_per_task", "gres/gpu:1", "GPUs per task ('gpu:1'"),
+                              ("tres_per_task", "gres:gpu:1", "GPUs per task ('gpu:1'"),
+                              ("tres_per_socket", "gres:gpu:1", "GPUs per socket ('gpu:1'"),
+                              ("mem_per_tres", "gres:gpu:4096", "--mem-per-gpu (4096M)"),
+                              ("cpus_per_tres", "gres:gpu:2", "--cpus-per-gpu (2 CPUs)")):
+        for audit in (granted, "", "[gpushare:v9 kind=shard-direct]"):
+            a = move(audit, **{field: tres})
+            assert a["action"] == "reject" and says in a["message"], (field, audit, a)
+            assert "combine with --gres=gpushare" in a["message"], a
+        assert move(direct, **{field: tres}) == {"v": 2, "action": "pass"}, field
+        # a MIG slice granted for gpushare (no share by name) likewise; a plain GPU job without audit passes
+        a = move(mig, **{field: tres, "tres_per_node": "gres:gpu:h100_1g.10gb:1"})
+        assert a["action"] == "reject" and says in a["message"], (field, a)
+        assert move("", **{field: tres, "tres_per_node": "gres:gpu:1"}) == {"v": 2, "action": "pass"}, field
+    assert move(granted, tres_per_task="cpu=2") == {"v": 2, "action": "pass"}
+    assert move(mig, tres_per_node="gres:gpu:h100_1g.10gb:1", partition="pcie") == {"v": 2, "action": "pass"}

@@ -182,16 +182,59 @@ def test_a_policy_whose_inventory_cannot_be_built_waits_and_comes_in_with_the_ne
     assert grant(service) == "gres:shard:5" and cache.pending is None
 
 
-def test_without_a_policy_file_the_lookup_is_made_again_on_each_reload(setup, tmp_path):
-    cache, service, _source, slurm, log, _policy_file = setup
-    default = tmp_path / "etc" / "gpushare.toml"
+def on_defaults(request, slurm, log, default: Path):
+    """A cache and a service started without a policy file (filterd without --policy, ``default`` absent)."""
     source = PolicySource(None, default)
+    cache = InventoryCache(request.getfixturevalue("machines_dir"), slurm_source=slurm, log=Log(log),
+                           policy=source.load())
+    assert cache.refresh("start") and cache.policy.source == "built-in defaults"
+    return cache, FilterService(cache, Log(log)), source
+
+
+def test_without_a_policy_file_the_lookup_is_made_again_on_each_reload(setup, tmp_path, request):
+    _cache, _service, _source, slurm, log, _policy_file = setup
+    default = tmp_path / "etc" / "gpushare.toml"
+    cache, service, source = on_defaults(request, slurm, log, default)
     assert reload(cache, source, Log(log)) and cache.policy.source == "built-in defaults"
     default.parent.mkdir()
     default.write_text(MPS_FIRST_2G)
     slurm.unit = 2048
     assert reload(cache, source, Log(log)) and cache.policy.source == str(default)
     assert grant(service) == "gres:shard:5"
+
+
+def test_a_default_policy_file_removed_keeps_the_policy_in_force_and_says_why(setup, tmp_path, request):
+    """Found by a reviewer (issue #15): the installed unit runs filterd without --policy, so the lookup of its
+    default file is made again on each reload; a gpushare.toml deleted (or not yet copied back by a config
+    tool) and a SIGHUP put the built-in defaults in force silently. A reload that finds no file now keeps
+    the policy in force and logs why, as a file that is not valid does; only a service that runs on the
+    built-in defaults (it never had a file) stays on them."""
+    _cache, _service, _source, slurm, log, _policy_file = setup
+    default = tmp_path / "etc" / "gpushare.toml"
+    cache, service, source = on_defaults(request, slurm, log, default)
+    default.parent.mkdir()
+    default.write_text(MPS_FIRST_2G)
+    slurm.unit = 2048
+    assert reload(cache, source, Log(log)) and cache.policy.source == str(default)
+    default.unlink()
+    assert reload(cache, source, Log(log)) is False
+    assert cache.policy.source == str(default) and grant(service) == "gres:shard:5"
+    [line] = events(log, "policy_rejected")
+    assert line["file"] == str(default) and line["kept"] == str(default), line
+    assert line["error"].startswith(f"the policy file {default} is gone"), line
+    assert "put it back" in line["hint"] and "version = 1" in line["hint"], line
+    assert "still deciding with" in line["message"], line
+    # the file back: read again, as any file
+    default.write_text(MPS_FIRST_2G.replace("2G", "1G"))
+    slurm.unit = 1024
+    assert reload(cache, source, Log(log)) and grant(service) == "gres:shard:10"
+
+
+def test_a_service_on_the_built_in_defaults_stays_on_them_without_a_file(setup, tmp_path, request):
+    _cache, _service, _source, slurm, log, _policy_file = setup
+    cache, _service, source = on_defaults(request, slurm, log, tmp_path / "none" / "gpushare.toml")
+    assert reload(cache, source, Log(log)) and cache.policy.source == "built-in defaults"
+    assert reload(cache, source, Log(log)) and not events(log, "policy_rejected")
 
 
 def _ask_socket(path: Path, req: dict) -> dict:

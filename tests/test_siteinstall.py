@@ -177,7 +177,7 @@ def test_a_directory_that_cannot_be_written_is_one_clear_error(tmp_path):
     blocker.parent.mkdir()
     blocker.write_text("a file where the install needs a directory\n")
     r = CliRunner().invoke(main, ["install", "--role", "node", "--prefix", str(tmp_path / "p")])
-    assert r.exit_code == 2 and r.output.startswith("slurm-gpushare: error: cannot write ")
+    assert r.exit_code == 2 and r.output.startswith(f"slurm-gpushare: error: {blocker} is not a directory")
     assert "--prefix" in r.output and "Traceback" not in r.output
 
 
@@ -285,3 +285,78 @@ def test_a_prefix_the_files_cannot_carry_is_named_as_the_prefix(tmp_path):
     r = CliRunner().invoke(main, ["install", "--role", "node", "--prefix", str(tmp_path / "my stage")])
     assert r.exit_code == 2 and r.output.startswith(f"slurm-gpushare: error: --prefix '{tmp_path / 'my stage'}' ")
     assert not (tmp_path / "my stage").exists()
+
+
+def test_diff_without_dry_run_shows_what_is_replaced_and_writes_it(tmp_path):
+    """Found by a reviewer (issue #15): --diff without --dry-run was ignored silently. It now shows how each
+    file that is replaced changes (as ``ansible --diff`` does; --dry-run --diff writes nothing), and where
+    the install refuses, how the refused files would change, before the error."""
+    p = tmp_path / "p"
+    assert run("install", "--role", "node", "--prefix", str(p), "--run-dir", "/run/a").exit_code == 0
+    taskprolog = p / "etc/slurm/gpushare/taskprolog.sh"
+    r = run("install", "--role", "node", "--prefix", str(p), "--run-dir", "/run/b", "--diff")
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    assert f"replaced (unchanged since the last install): {taskprolog}" in lines
+    assert '-RUN_DIR="/run/a"' in lines and '+RUN_DIR="/run/b"' in lines, r.output
+    assert f"--- {taskprolog}" in lines and f"+++ {taskprolog} (this install)" in lines, r.output
+    assert 'RUN_DIR="/run/b"' in taskprolog.read_text()
+    epilog = p / "etc/slurm/gpushare/epilog.sh"
+    epilog.write_text(epilog.read_text() + "# a site edit\n")
+    r = CliRunner().invoke(main, ["install", "--role", "node", "--prefix", str(p), "--run-dir", "/run/c", "--diff"])
+    assert r.exit_code == 2 and "-# a site edit" in r.output.splitlines(), r.output
+    assert "slurm-gpushare: error: 1 file(s) differ" in r.output and "nothing was written" in r.output
+    assert "# a site edit" in epilog.read_text() and 'RUN_DIR="/run/b"' in taskprolog.read_text()
+
+
+@pytest.mark.parametrize("where", ["file-for-dir", "dir-for-manifest", "unwritable-dir"])
+def test_the_dry_run_reports_what_stops_the_real_install_and_the_real_one_writes_nothing(tmp_path, where,
+                                                                                      monkeypatch):
+    """Found by a reviewer (issue #15): where a directory (or file) stood in the install's way, --dry-run said
+    "would write" and the real install failed (with a directory at the manifest's path, after writing every
+    other file). Both now stop before writing, with the same line naming the path and what to do."""
+    p = tmp_path / "p"
+    if where == "file-for-dir":
+        p.mkdir()
+        (p / "etc").write_text("a file where the install needs a directory\n")
+        blocker, says = p / "etc", f"{p / 'etc'} is not a directory, where the install needs one"
+    elif where == "dir-for-manifest":
+        blocker = p / "etc/slurm/gpushare" / siteinstall.MANIFEST
+        blocker.mkdir(parents=True)
+        says = f"{blocker} is a directory, where the install writes a file"
+    else:
+        blocker = p / "etc"
+        blocker.mkdir(parents=True)
+        real_access = os.access
+        monkeypatch.setattr(siteinstall.os, "access", lambda path, mode: real_access(path, mode)
+                            and Path(path) != blocker)  # as a user who cannot write there (the tests run as root)
+        says = f"cannot write {blocker}: permission denied"
+    before = sorted(str(x) for x in tmp_path.rglob("*"))
+    for dry in (["--dry-run"], []):
+        r = CliRunner().invoke(main, ["install", "--role", "node", "--role", "controller", "--prefix", str(p), *dry])
+        assert r.exit_code == 2, (dry, r.output)
+        assert r.output.startswith(f"slurm-gpushare: error: {says}"), (dry, r.output)
+        assert "would write" not in r.output and "Traceback" not in r.output and "(" in r.output, r.output
+        assert sorted(str(x) for x in tmp_path.rglob("*")) == before, dry
+
+
+def test_a_console_script_run_through_a_link_names_the_venvs_script(tmp_path):
+    """install.md links the venv's script into /usr/local/sbin; the install run through that link wrote the
+    link's path into the wrappers and units, not the venv's script (the docs say the files run this venv's
+    slurm-gpushare): a link removed or pointed at another venv changed what every Prolog runs."""
+    venv = tmp_path / "opt" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "python").symlink_to(sys.executable)
+    (venv / "slurm-gpushare").write_text("#!/bin/sh\n")
+    (venv / "slurm-gpushare").chmod(0o755)
+    link = tmp_path / "usr/local/sbin/slurm-gpushare"
+    link.parent.mkdir(parents=True)
+    link.symlink_to(venv / "slurm-gpushare")
+    assert siteinstall.this_installation(str(link), str(venv / "python")) == (str(venv / "slurm-gpushare"),)
+    # a link to another installation's script than the running interpreter's: that script, by its real path
+    other = tmp_path / "other" / "slurm-gpushare"
+    other.parent.mkdir()
+    other.write_text("#!/bin/sh\n")
+    link.unlink()
+    link.symlink_to(other)
+    assert siteinstall.this_installation(str(link), str(venv / "python")) == (str(other),)

@@ -17,6 +17,13 @@ _SAID = {"new": ("written", "would write"), "unchanged": ("unchanged", "unchange
          "refused": ("refused", "REFUSED (changed since the last install wrote it, or not written by it)")}
 
 
+def _diff(outcome) -> str:
+    """How ``outcome``'s file changes: a unified diff of what is there against what this install writes."""
+    f = outcome.file
+    old = f.path.read_text(errors="replace").splitlines(keepends=True)
+    return "".join(difflib.unified_diff(old, f.text.splitlines(keepends=True), str(f.path), f"{f.path} (this install)"))
+
+
 @main.command("install")
 @click.option("--role", "roles", multiple=True, required=True, type=click.Choice(ROLES),
               help="what this host is: controller (slurmctld + filter service), node (slurmd with GPUs), "
@@ -31,8 +38,11 @@ _SAID = {"new": ("written", "would write"), "unchanged": ("unchanged", "unchange
 @click.option("--run-dir", default=DEFAULT_RUN_DIR, show_default=True,
               help="the filter service's socket directory (controller, login) and the hooks' run_dir (node; "
                    "may hold {node})")
-@click.option("--dry-run", is_flag=True, help="write nothing; list what would be written")
-@click.option("--diff", "show_diff", is_flag=True, help="with --dry-run: show how each differing file would change")
+@click.option("--dry-run", is_flag=True, help="write nothing; list what would be written (and stop where the "
+                                              "install would)")
+@click.option("--diff", "show_diff", is_flag=True,
+              help="show how each file that is replaced changes (a unified diff), and where the install refuses, "
+                   "how the refused files would; it writes unless --dry-run is given too")
 @click.option("--force", is_flag=True, help="replace files that were changed since the last install (their "
                                             "content is lost)")
 def install_cmd(roles, prefix, slurm_conf_dir, config_dir, run_dir, dry_run, show_diff, force):
@@ -42,19 +52,26 @@ def install_cmd(roles, prefix, slurm_conf_dir, config_dir, run_dir, dry_run, sho
     this installation's slurm-gpushare command. A file that already holds what would be written is left
     alone; one written by the last install and unchanged since is replaced (an upgrade); one changed since
     (or not written by this command) is refused, and then nothing is written, unless --force. Each file
-    is replaced atomically. See docs/install.md.
+    is replaced atomically. --dry-run writes nothing; --diff shows the changes (like ansible's --diff, and
+    with --dry-run like --check --diff). See docs/install.md.
     """
     from slurm_gpushare import siteinstall
+    from slurm_gpushare.errors import ConfigError
 
     layout = siteinstall.Layout.under(prefix, slurm_conf_dir=slurm_conf_dir, config_dir=config_dir, run_dir=run_dir)
     files = siteinstall.plan(roles, layout)
-    outcomes = siteinstall.install(files, layout, force=force, dry_run=dry_run)
+    # the diffs are read before the install replaces the files
+    diffs = {o.file.path: _diff(o) for o in siteinstall.assess(files, layout, force=force)
+             if show_diff and o.state in ("upgrade", "replace", "refused")}
+    try:
+        outcomes = siteinstall.install(files, layout, force=force, dry_run=dry_run)
+    except ConfigError:
+        for text in diffs.values():
+            click.echo(text, nl=False)
+        raise
     for o in outcomes:
         click.echo(f"{_SAID[o.state][dry_run]}: {o.file.path}")
-        if dry_run and show_diff and o.state not in ("new", "unchanged", "mode"):
-            old = o.file.path.read_text(errors="replace").splitlines(keepends=True)
-            click.echo("".join(difflib.unified_diff(old, o.file.text.splitlines(keepends=True),
-                                                    str(o.file.path), f"{o.file.path} (this install)")), nl=False)
+        click.echo(diffs.get(o.file.path, ""), nl=False)
     if dry_run and any(o.state == "refused" for o in outcomes):
         click.echo("(without --force the install would write nothing: see --diff, merge, or pass --force)")
     click.echo(f"\nslurm.conf lines these files need{'' if not dry_run else ' (once written)'}:")

@@ -48,8 +48,8 @@ def filterd(socket_path, controller_socket, machines_dir, policy_path, default_p
     rewritten TRES, the AdminComment audit, or a refusal. The cluster inventory (machine
     descriptions joined with sinfo --json) is reloaded when the directory changes and every
     --refresh seconds. SIGHUP (systemctl reload) reloads the site policy and the inventory together:
-    a policy file that is not valid keeps the policy in force and logs why (policy_rejected); check a
-    file first with 'slurm-gpushare policy check FILE'.
+    a policy file that is not valid, or that is gone, keeps the policy in force and logs why
+    (policy_rejected); check a file first with 'slurm-gpushare policy check FILE'.
     """
     from slurm_gpushare.submit.service import serve
 

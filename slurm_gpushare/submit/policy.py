@@ -655,7 +655,7 @@ def _refusal(req: GpushareRequest, kinds: tuple[str, ...], pool: _Pool, policy: 
 def decide(tres_per_node: str | None, tres_per_job: str | None, *, partitions: tuple[str, ...] | None,
            inventory: ClusterInventory, policy: SitePolicy, nodes: int = 1, tres_per_task: str | None = None,
            tres_per_socket: str | None = None, mem_per_tres: str | None = None, cpus_per_tres: str | None = None,
-           ntasks_per_tres: object = None) -> Decision:
+           ntasks_per_tres: object = None, granted_share: bool = False) -> Decision:
     """Decide what to do with one job's GRES request (job_submit / job_modify). Pure; never raises
     for a bad request.
 
@@ -687,6 +687,9 @@ def decide(tres_per_node: str | None, tres_per_job: str | None, *, partitions: t
             sentinel when unset), or None. Beside ``gpushare`` each of these three is refused
             (``mem-per-gpu``, ``cpus-per-gpu``, ``ntasks-per-gpu``): they count per whole GPU, and
             a share may become a MIG slice or part of one GPU.
+        granted_share: ``tres_per_node`` is what a ``gpushare`` request was granted (a share, a MIG slice or
+            whole GPUs; an update of a pending job that holds it, the service's ``move``): the options
+            refused beside ``gpushare`` are refused beside it too, as they were at submit.
 
     Returns:
         ``pass`` for jobs without ``gpushare``/``shard``/``mps`` items (and direct ones when
@@ -701,20 +704,25 @@ def decide(tres_per_node: str | None, tres_per_job: str | None, *, partitions: t
             refused = {"version": AUDIT_VERSION, "original": tres_per_node or "", "request": share[0],
                        "action": "reject", "reason": text[len("gpushare: "):]}
             return Decision("reject", tres_per_node, refused, text, ESLURM_INVALID_GRES)
-    if not (mentions_share(tres_per_node) or mentions_share(tres_per_job)):
+    shared = mentions_share(tres_per_node) or mentions_share(tres_per_job)
+    if not shared and not granted_share:
         return Decision("pass", tres_per_node)
     tres_per_node, tres_per_job = unescape_knobs(tres_per_node), unescape_knobs(tres_per_job)
     gpushare = any(item_name(t) == "gpushare" for s in (tres_per_node, tres_per_job) if s for t in s.split(","))
-    if not gpushare and not policy.police_direct:
+    policed = shared and (gpushare or policy.police_direct)
+    if not policed and not granted_share:
         return Decision("pass", tres_per_node)
     audit: dict[str, Any] = {"version": AUDIT_VERSION, "original": tres_per_node or "",
                              "request": _request_text(tres_per_node, tres_per_job)}
     try:
-        if not 1 <= nodes <= MAX_NODES:
-            raise _error("nodes-bad", nodes=nodes, max=MAX_NODES)
-        audit["nodes"] = nodes
-        if any(item_name(t) == "gpushare" for t in (tres_per_node or "").split(",")):
+        if policed:
+            if not 1 <= nodes <= MAX_NODES:
+                raise _error("nodes-bad", nodes=nodes, max=MAX_NODES)
+            audit["nodes"] = nodes
+        if granted_share or any(item_name(t) == "gpushare" for t in (tres_per_node or "").split(",")):
             _refuse_per_gpu_options(tres_per_task, tres_per_socket, mem_per_tres, cpus_per_tres, ntasks_per_tres)
+        if not policed:
+            return Decision("pass", tres_per_node)
         return _decide(tres_per_node or "", tres_per_job or "", partitions, inventory, policy, audit)
     except InputError as e:
         text = f"gpushare: {e.message}" + (f"; {e.hint}" if e.hint else "")

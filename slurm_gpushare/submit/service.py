@@ -34,7 +34,10 @@ it gives exactly that GRES, so a forged mark gains nothing. ``move`` is job_subm
 an update leaves the GRES of a job that holds a GPU share alone but changes what its share was decided
 for (partition, node count, per-task/socket/job TRES): the job's current GRES is decided again with the
 new fields; the answer is ``pass`` when that gives the same GRES, else ``reject`` (the share would have
-to change, which only a new submission may do).
+to change, which only a new submission may do). ``move`` also carries the job's ``admin_comment``: where
+its audit shows a gpushare grant (also a MIG slice or whole GPUs: job_submit.lua asks about those jobs
+too) or, without an audit, the job holds a share, the options refused beside gpushare at submit (GPUs
+per task or socket, per-GPU counts) are refused beside it too.
 """
 
 from __future__ import annotations
@@ -51,16 +54,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from slurm_gpushare.errors import GpushareError, InputError
+from slurm_gpushare.errors import ConfigError, GpushareError, InputError
 from slurm_gpushare.hardware.machine import Machine
 from slurm_gpushare.slurm import commands
-from slurm_gpushare.slurm.admincomment import format_segment, merge
+from slurm_gpushare.slurm.admincomment import extract, format_segment, merge
 from slurm_gpushare.slurm.gres import parse
 from slurm_gpushare.slurm.nodegres import GresOptions, node_gres
 from slurm_gpushare.submit.inventory import ClusterInventory, build_inventory
 from slurm_gpushare.submit.policy import decide, nodes_needed
 from slurm_gpushare.submit.policyfile import SitePolicy, load_policy
-from slurm_gpushare.submit.request import unescape_knobs
+from slurm_gpushare.submit.request import mentions_share, unescape_knobs
 
 PROTOCOL = 2
 #: First word of every message header (``GPS2 <id> <length>``).
@@ -248,13 +251,24 @@ class PolicySource:
             return Path(self.default)
         return None
 
-    def load(self) -> SitePolicy:
+    def load(self, in_force: str | None = None) -> SitePolicy:
         """The policy the lookup finds now.
 
+        Args:
+            in_force: where the policy in force came from (:attr:`SitePolicy.source`), on a reload. Without
+                ``path``, a lookup that finds no file while the policy in force came from one is refused:
+                a deleted default file (or one a configuration tool has not put back yet) would put the
+                built-in defaults in force silently. A service that runs on the built-in defaults stays on them.
+
         Raises:
-            ConfigError: the file cannot be read or is not a valid policy (the message names the file).
+            ConfigError: the file cannot be read or is not a valid policy (the message names the file), or
+                the file of the policy in force is gone.
         """
         where = self.where()
+        if where is None and in_force is not None and in_force != SitePolicy().source:
+            raise ConfigError(f"the policy file {in_force} is gone (no {self.default})",
+                              hint="put it back and reload; to decide with the built-in defaults, write a file "
+                                   "with only 'version = 1' there, or restart the service without one")
         return load_policy(where) if where is not None else SitePolicy()
 
 
@@ -263,16 +277,17 @@ def reload(cache: InventoryCache, source: PolicySource, log: Log, reason: str = 
 
     A policy file that cannot be read or is not valid changes nothing: the policy in force stays (the
     inventory is still refreshed for it) and one ``policy_rejected`` log line names the file, the
-    error and the hint.
+    error and the hint. So does a lookup without ``--policy`` that finds no file where the policy in
+    force came from one (:meth:`PolicySource.load`).
 
     Returns:
         Whether the policy the lookup found is now in force.
     """
+    kept = cache.policy.source
     try:
-        policy = source.load()
+        policy = source.load(in_force=kept)
     except GpushareError as e:
-        where = source.where()
-        kept = cache.policy.source
+        where = source.where() or (None if kept == SitePolicy().source else kept)
         log("policy_rejected", reason=reason, file=str(where or "built-in defaults"), error=e.message, hint=e.hint,
             kept=kept, message=f"site policy {where} not loaded: {e.message}"
                                + (f" ({e.hint})" if e.hint else "") + f"; still deciding with {kept}")
@@ -380,6 +395,8 @@ class FilterService:
         ntasks_per_tres = req.get("ntasks_per_tres")
         beside = tuple((k, req.get(k) or None) for k in BESIDE_TRES) + (
             (("ntasks_per_tres", ntasks_per_tres),) if isinstance(ntasks_per_tres, (int, float)) else ())
+        if op == "move" and _granted_by_gpushare(tpn, req.get("admin_comment")):
+            beside += (("granted_share", True),)
         d = self._decide(snap, tpn or None, tpj or None, parts, nodes, beside)
         if d.action == "pass":
             return {"v": PROTOCOL, "action": "pass"}
@@ -424,6 +441,21 @@ class FilterService:
     @staticmethod
     def _reject(message: str, errno: int = ERRNO_INVALID_GRES) -> dict:
         return {"v": PROTOCOL, "action": "reject", "message": message, "errno": errno}
+
+
+def _granted_by_gpushare(tres_per_node: str, admin_comment: str | None) -> bool:
+    """Whether what a job holds (``tres_per_node``) was granted for a ``gpushare`` request, by the audit in its
+    AdminComment (which only slurmctld's job_submit plugin and administrators write): a share, MIG slice or
+    whole GPUs whose audit names a grant, unless it says a direct ``shard:N``/``mps:N`` request
+    (``kind=shard-direct``, ``mps-direct``). A share without an audit counts as granted (the options
+    refused beside gpushare are refused); other GRES without one do not."""
+    try:
+        fields = extract(admin_comment)
+    except InputError:
+        return True  # a newer version's audit: written for a gpushare grant
+    if fields is not None:
+        return not fields.get("kind", "").endswith("-direct")
+    return mentions_share(tres_per_node)
 
 
 def _same_gres(a: str, b: str) -> bool:

@@ -110,3 +110,52 @@ def test_a_share_job_moved_to_a_partition_that_allows_no_share_is_refused(slurm,
     finally:
         policy.write_text(original)
         _hup_and_wait(c, "policy")
+
+
+#: ``scontrol update`` forms that add GPUs per task or per socket, or counts per GPU, to a pending job (the
+#: job_desc fields --gpus-per-task/--tres-per-task, --gpus-per-socket, --mem-per-gpu and --cpus-per-gpu fill
+#: at submit), and what the filter's refusal says (slurmctld answers the user "Invalid generic resource")
+UPDATE_FORMS = {
+    "tres-per-task-slash": ("TresPerTask=gres/gpu:1", "GPUs per task ('gpu:1'"),
+    "tres-per-task-colon": ("TresPerTask=gres:gpu:1", "GPUs per task ('gpu:1'"),
+    "tres-per-socket": ("TresPerSocket=gres:gpu:1", "GPUs per socket ('gpu:1'"),
+    "mem-per-tres": ("MemPerTres=gres:gpu:4096", "--mem-per-gpu (4096M)"),
+    "cpus-per-tres": ("CpusPerTres=gres:gpu:2", "--cpus-per-gpu (2 CPUs)"),
+}
+
+
+#: the grants an update is tried on: shard:10 (MPS, on the RTX 4090 node) and a MIG slice (the H100's)
+GRANTS = {"shard": (["--nodelist=rtx4090-pcie", "--gres=gpushare:mem=10G+sm=25"], "shard:10"),
+          "mig": ([GPUSHARE], "gpu:h100_1g.10gb:1")}
+
+
+@pytest.mark.parametrize("grant", list(GRANTS))
+@pytest.mark.parametrize("form", list(UPDATE_FORMS))
+def test_gpus_per_task_added_to_a_pending_share_job_by_an_update_are_refused(slurm, users, form, grant):
+    """Found by a reviewer (issue #15): alice's pending job, granted shard:10 for --gres=gpushare, updated with
+    ``scontrol update jobid=N TresPerTask=gres/gpu:1`` kept its shards and got a whole GPU per task on top: the
+    update left the share alone, and deciding the held shard:10 again with the new field passed (the forms
+    beside gpushare were only refused beside a gpushare request). The same form is refused at submit; so is
+    the update now (the filter's "move" decision, on the audit in the job's AdminComment), and the job keeps
+    what it had. MemPerTres and CpusPerTres are decided too (22.05's slurmctld also refuses them itself). A job
+    granted a MIG slice (GRES that are no share by name) was not even asked about."""
+    from tests.security.test_submit_path import as_user
+
+    update, message = UPDATE_FORMS[form]
+    c = slurm.cluster
+    alice = USERS[0]
+    options, granted = GRANTS[grant]
+    proc = sbatch(c, alice, "-p", "gpu", *options)
+    assert tres(slurm, proc) == granted
+    job_id = proc.stdout.strip().split(";")[0]
+    field = update.split("=")[0]
+    before = slurm.show_job(job_id).get(field)
+    moved = as_user(c, alice, ["scontrol", "update", f"jobid={job_id}", update])
+    fields = slurm.show_job(job_id)
+    assert moved.returncode != 0, f"{update} was accepted: {fields}"
+    assert fields.get(field) == before and bare(fields["TresPerNode"]) == granted, fields
+    decisions = [json.loads(line) for line in (c.root / "log" / "filterd.log").read_text(errors="replace")
+                 .splitlines() if f'"{job_id}"' in line]
+    refused = [d for d in decisions if d.get("event") == "decision" and d["op"] == "move"]
+    assert [d["action"] for d in refused] == ["reject"], decisions
+    assert message in refused[0]["message"] and "combine with --gres=gpushare" in refused[0]["message"], refused[0]

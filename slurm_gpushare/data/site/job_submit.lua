@@ -115,17 +115,23 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
 end
 
 -- An update that leaves a GPU-share job's GRES alone but changes what its share was decided for (another
--- partition, node count, per-task/socket/job TRES): the service decides the job's GRES again with the new
--- fields ("move"); nil when the update changes none of them or the job holds no share.
+-- partition, node count, per-task/socket/job TRES, per-GPU memory or CPUs): the service decides the job's
+-- GRES again with the new fields ("move"; with the job's AdminComment, whose audit says whether the share
+-- was granted for gpushare: then GPUs per task or socket, and counts per GPU, are refused beside it, as at
+-- submit); nil when the update changes none of them or the job holds no share. A MIG slice or whole GPUs
+-- granted for gpushare are no share by name: the audit says they were granted.
 local function recheck_move(job_desc, job_rec, modify_uid)
   local held = job_rec.tres_per_node
-  if job_desc.tres_per_node ~= nil or not client.mentions_share(held, job_rec.tres_per_job, nil, nil) then
+  local ac = job_rec.admin_comment
+  local granted = type(ac) == "string" and string.find(ac, "[gpushare:v", 1, true) ~= nil
+  if job_desc.tres_per_node ~= nil or not (granted or client.mentions_share(held, job_rec.tres_per_job, nil, nil)) then
     return nil
   end
   local nodes = num(job_desc.min_nodes)
   if nodes >= 0xfffffffe then nodes = -1 end  -- NO_VAL/INFINITE: not changed
   if job_desc.partition == nil and job_desc.tres_per_task == nil and job_desc.tres_per_socket == nil
-      and job_desc.tres_per_job == nil and nodes < 0 then
+      and job_desc.tres_per_job == nil and job_desc.mem_per_tres == nil and job_desc.cpus_per_tres == nil
+      and nodes < 0 then
     return nil
   end
   current_client()
@@ -133,9 +139,11 @@ local function recheck_move(job_desc, job_rec, modify_uid)
     op = "move", tres_per_node = held, tres_per_job = job_desc.tres_per_job or job_rec.tres_per_job or "",
     tres_per_task = job_desc.tres_per_task or job_rec.tres_per_task or "",
     tres_per_socket = job_desc.tres_per_socket or job_rec.tres_per_socket or "",
+    mem_per_tres = job_desc.mem_per_tres or job_rec.mem_per_tres or "",
+    cpus_per_tres = job_desc.cpus_per_tres or job_rec.cpus_per_tres or "",
     partition = job_desc.partition or job_rec.partition or "",
     min_nodes = (nodes >= 0) and nodes or num(job_rec.min_nodes), uid = modify_uid or -1,
-    job_id = tostring(job_rec.job_id or ""),
+    job_id = tostring(job_rec.job_id or ""), admin_comment = ac or "",
   }, client.controller_socket())
   if not answer then
     slurm.log_error("gpushare: filter service unavailable for job %s update: %s", tostring(job_rec.job_id), why)
