@@ -503,6 +503,35 @@ def test_epilog_records_what_the_monitor_measured_and_removes_its_file(node, cap
     assert "job 604: monitor usage not used" in capsys.readouterr().err
 
 
+def test_an_unreachable_slurmctld_costs_the_epilog_no_record(node, capsys):
+    """slurmctld down when the job ends: the records are built from slurmd's Epilog environment (owner,
+    partition, devices) and the Prolog's plan, and the log says so; nothing drains, nothing is dropped."""
+    from dataclasses import replace
+
+    from slurm_gpushare.errors import SlurmError
+
+    def down(job_id):
+        raise SlurmError("squeue: error: Unable to contact slurm controller (connect failure)")
+
+    ctx = HookContext(replace(node.ctx.config, spool_dir=str(node.root / "spool")), "a100",
+                      job_record=node.ctx.job_record, drain=node.ctx.drain, show_node=node.ctx.show_node)
+    _shard_job(node, "611", ac="[gpushare:v1 req=mem=10G grant=gres:shard:10 kind=mps mem=10240/10240MiB]")
+    # the job runs as root here (the test's run dir is root's); the name tells slurmd's from the record's
+    env = {"SLURM_JOB_UID": "0", "SLURM_JOB_GID": "0", "SLURM_JOB_USER": "alice",
+           "SLURM_JOB_PARTITION": "gpu", "SLURM_JOB_EXIT_CODE2": "0:0"}
+    assert prolog(ctx, {**_env("611"), **env}) == 0
+    ctx = replace(ctx, job_record=down)
+    assert epilog(ctx, {**_env("611"), **env}) == 0
+    assert epilog(ctx, {**_env("612"), **env, "SLURM_JOB_GPUS": "5", "CUDA_VISIBLE_DEVICES": "5"}) == 0
+    recs = [json.loads(line) for f in (node.root / "spool").glob("*.jsonl") for line in f.read_text().splitlines()]
+    got = [(r["job_id"], r["user"], r["partition"], r["mode"], r["gpu_index"]) for r in recs]
+    assert got == [("611", "alice", "gpu", "mps", 0), ("612", "alice", "gpu", "gpu", 5)], recs
+    assert recs[0]["mem_granted_mib"] == 10240
+    assert not node.drained and not ctx.job_dir("611").exists()
+    err = capsys.readouterr().err
+    assert "job 612: slurmctld not reached" in err and "record from slurmd's environment" in err
+
+
 def test_records_carry_nvmls_gpu_uuid_also_when_the_prolog_saved_a_plan(node):
     # bug found in a trial: MPS and multi-GPU records had gpu_uuid "" (the description's, from topo text)
     from dataclasses import replace
@@ -585,6 +614,24 @@ def test_prolog_accepts_the_shard_unit_gres_conf_was_written_with(node):
     env = _gres_conf(node, "1G")
     assert prolog(node.ctx, env) == 0 and not node.drained
     assert epilog(node.ctx, env) == 0
+
+
+def test_a_passed_shard_unit_check_is_remembered_until_gres_conf_changes(node):
+    from slurm_gpushare.node.prolog import SHARD_UNIT_STAMP
+    _shard_job(node)
+    env = _gres_conf(node, "1G")
+    assert prolog(node.ctx, env) == 0 and epilog(node.ctx, env) == 0
+    stamp = node.ctx.run_dir / SHARD_UNIT_STAMP
+    assert stamp.stat().st_mode & 0o777 == 0o600
+    assert stamp.read_text().endswith((node.root / "etc" / "gres.conf").read_text())
+    # gres.conf regenerated with another unit (and slurmd restarted): the remembered pass does not hide it
+    env = _gres_conf(node, "512M")
+    with pytest.raises(NodeFault, match=r'shard_unit = "512M"'):
+        prolog(node.ctx, env)
+    # a forged stamp for another gres.conf text is no pass either: the key holds the whole text
+    stamp.write_text("1024 a100 - other\nNodeName=a100 Name=shard Count=640\n")
+    with pytest.raises(NodeFault, match=r'shard_unit = "512M"'):
+        prolog(node.ctx, env)
 
 
 def test_an_epilog_whose_node_config_is_broken_still_stops_the_jobs_daemon(node, tmp_path):

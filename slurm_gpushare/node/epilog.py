@@ -25,6 +25,7 @@ from slurm_gpushare.hardware.ports import open_nvml
 from slurm_gpushare.node.config import NodeConfig
 from slurm_gpushare.node.context import (
     HookContext,
+    JobFault,
     job_info,
     load_machine,
     log_event,
@@ -37,7 +38,7 @@ from slurm_gpushare.node.leftovers import EndedJob, drain_reason, sweep
 from slurm_gpushare.node.mps import MpsDaemon, MpsSettings
 from slurm_gpushare.node.plan import JobPlan
 from slurm_gpushare.node.shared_mps import leave_shared
-from slurm_gpushare.slurm.job import JobInfo
+from slurm_gpushare.slurm.job import JobInfo, job_from_env
 
 
 def epilog(ctx: HookContext, env: dict[str, str]) -> int:
@@ -208,7 +209,14 @@ def record_usage(ctx: HookContext, env: dict[str, str], state: dict) -> int:
         print(f"slurm-gpushare epilog: job {job_id}: monitor usage not used: {e}", file=sys.stderr)
         usage = None
     try:
-        info = job_info(ctx, job_id, env)  # owner from slurmd's environment, the rest from structured output
+        try:
+            info = job_info(ctx, job_id, env)  # owner from slurmd's environment, the rest from structured output
+        except JobFault as e:
+            # slurmctld down or slow: the record is kept with what slurmd's environment and the Prolog's plan
+            # say (no account where the release does not set it, no AdminComment audit, slurmd's exit code)
+            print(f"slurm-gpushare epilog: job {job_id}: slurmctld not reached ({e}); the accounting record "
+                  "from slurmd's environment", file=sys.stderr)
+            info = job_from_env(job_id, env)
         if not info.gres_on(ctx.node):
             # slurmctld drops the per-node GRES detail once the job completes (``GRES=`` is empty in
             # the Epilog): take the devices from slurmd's own environment, SLURM_JOB_GPUS

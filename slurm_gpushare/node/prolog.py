@@ -18,6 +18,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from slurm_gpushare.atomicfile import write_atomic
 from slurm_gpushare.errors import ConfigError, GpushareError, InputError, ParseError
 from slurm_gpushare.hardware.machine import Machine
 from slurm_gpushare.node.config import check_shard_unit
@@ -49,6 +50,10 @@ if TYPE_CHECKING:  # imported where a share is prepared: a whole-GPU job's Prolo
     from slurm_gpushare.node.mps import MpsDaemon, Setting
 
 
+#: Where the Prolog remembers a shard unit check that passed (see :func:`check_installed_shard_unit`).
+SHARD_UNIT_STAMP = "shard-unit.ok"
+
+
 def check_installed_shard_unit(ctx: HookContext, machine: Machine, env: dict[str, str]) -> None:
     """Refuse to turn shards into an MPS memory limit with a unit gres.conf was not written with.
 
@@ -57,12 +62,14 @@ def check_installed_shard_unit(ctx: HookContext, machine: Machine, env: dict[str
     (slurmd's own, also its configless cache); without one (or without shard lines) there is nothing
     to compare.
 
+    A check that passed is remembered in ``<run_dir>/shard-unit.ok`` (root's, mode 0600): the unit, the node,
+    the description file's size and mtime, and gres.conf's whole text. A Prolog that finds the same there
+    skips the parse (and the import of the gres.conf reader): gres.conf changes only with a slurmd restart.
+
     Raises:
         NodeFault: the units differ (the reason names the unit gres.conf implies), or gres.conf cannot
             be read or parsed.
     """
-    from slurm_gpushare.slurm.conf import parse_gres_conf
-
     conf = env.get("SLURM_CONF")
     if not conf:
         return
@@ -74,9 +81,27 @@ def check_installed_shard_unit(ctx: HookContext, machine: Machine, env: dict[str
     except OSError as e:
         raise NodeFault(f"cannot read {path}: {e.strerror}") from None
     try:
+        st = os.stat(ctx.config.machine_for(ctx.node))
+        described = f"{st.st_size}:{st.st_mtime_ns}"
+    except OSError:
+        described = "-"
+    key = f"{ctx.config.shard_unit_mib} {ctx.node} {described} {path}\n{text}"
+    stamp = ctx.run_dir / SHARD_UNIT_STAMP
+    try:
+        if stamp.read_text(encoding="utf-8", errors="replace") == key:
+            return
+    except OSError:
+        pass
+    from slurm_gpushare.slurm.conf import parse_gres_conf
+
+    try:
         check_shard_unit(machine, ctx.node, ctx.config.shard_unit_mib, parse_gres_conf(text, source=str(path)))
     except (ConfigError, ParseError) as e:
         raise NodeFault(str(e), hint=e.hint) from None
+    try:
+        write_atomic(stamp, key, mode=0o600, fsync=False)
+    except OSError:
+        pass  # a run dir that cannot be written: the next Prolog checks again
 
 
 def prolog(ctx: HookContext, env: dict[str, str]) -> int:

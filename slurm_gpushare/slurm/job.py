@@ -409,6 +409,21 @@ def with_env_identity(info: JobInfo, env: Mapping[str, str]) -> JobInfo:
                    user=env.get("SLURM_JOB_USER") or info.user)
 
 
+def job_from_env(job_id: str, env: Mapping[str, str]) -> JobInfo:
+    """What slurmd's Prolog/Epilog environment tells of a job, for when slurmctld cannot be asked: the
+    owner (``SLURM_JOB_UID``, ``SLURM_JOB_GID``, ``SLURM_JOB_USER``), ``SLURM_JOB_PARTITION``,
+    ``SLURM_JOB_ACCOUNT`` where the release sets it, and the node (``SLURMD_NODENAME``); no GRES detail, no
+    AdminComment, no exit code (slurm.conf(5) Prolog and Epilog: the variables slurmd sets). The values
+    are slurmd's, never a user's.
+
+    Raises:
+        InputError: ``SLURM_JOB_UID``/``SLURM_JOB_GID`` not a number.
+    """
+    node = env.get("SLURMD_NODENAME", "")
+    return with_env_identity(JobInfo(job_id, partition=env.get("SLURM_JOB_PARTITION", ""),
+                                     account=env.get("SLURM_JOB_ACCOUNT", ""), nodes=(node,) if node else ()), env)
+
+
 def _epoch(text: str) -> int | None:
     """``2026-11-29T12:05:05`` (slurmctld's local time) -> epoch seconds; ``Unknown``/``None`` -> None."""
     try:
