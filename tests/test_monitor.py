@@ -230,6 +230,27 @@ def test_the_endpoint_is_prometheus_text_with_job_labels(node):
     assert _value(fams, "gpushare_job_gpu_memory_used_bytes", job_id="202", uuid=uuid3) == 2000 * MIB
 
 
+def test_job_and_gpu_series_carry_the_dcgm_exporter_and_jobstats_labels(node):
+    """docs/monitoring.md: jobid (jobstats' cgroup_exporter), gpu, UUID, pci_bus_id, device, modelName, Hostname
+    (NVIDIA's dcgm-exporter), beside the monitor's own labels."""
+    with node.monitor() as mon:
+        mon.sample()
+        fams = _families(_scrape_once(mon))
+        gpu0 = node.machine.gpu(0)
+        uuid0 = mon.machine.gpu(0).uuid
+    want = dict(jobid="201", job_id="201", Hostname="a100", node="a100", gpu="0", UUID=uuid0, uuid=uuid0,
+                modelName=gpu0.name, model="a100", pci_bus_id=gpu0.pci_bus_id, device=f"nvidia{gpu0.minor}")
+    for name in ("gpushare_job_gpu_memory_used_bytes", "gpushare_job_gpu_memory_peak_bytes",
+                 "gpushare_job_gpu_memory_reserved_bytes", "gpushare_job_gpu_memory_requested_bytes",
+                 "gpushare_job_gpu_sm_utilization_ratio", "gpushare_job_gpu_processes", "gpushare_job_gpu_over_limit"):
+        (sample,) = [s for s in fams[name] if s.labels["job_id"] == "201"]
+        assert {k: sample.labels.get(k) for k in want} == want, name
+        assert not sample.labels.get("GPU_I_PROFILE") and not sample.labels.get("GPU_I_ID")  # MIG only
+    (gpu_sample,) = [s for s in fams["gpushare_gpu_memory_total_bytes"] if s.labels["gpu"] == "0"]
+    assert {k: gpu_sample.labels.get(k) for k in ("Hostname", "gpu", "UUID", "modelName", "device")} == \
+        dict(Hostname="a100", gpu="0", UUID=uuid0, modelName=gpu0.name, device=f"nvidia{gpu0.minor}")
+
+
 def test_textfile_for_node_exporter(node, tmp_path):
     out = tmp_path / "textfile" / "gpushare.prom"
     with node.monitor() as mon:
@@ -259,6 +280,11 @@ def test_mig_devices_are_keyed_by_uuid_and_have_no_sm_data(tmp_path):
         fams = _families(_scrape_once(mon))
     assert _value(fams, "gpushare_job_gpu_memory_reserved_bytes", job_id="301", mode="mig", share="1g.10gb",
                   uuid=inst.uuid) > 0
+    # as dcgm-exporter labels a MIG device: the parent GPU's UUID and index, the profile and the GPU instance
+    with nvml:
+        parent = nvml.uuid(2)
+    assert _value(fams, "gpushare_job_gpu_memory_used_bytes", jobid="301", gpu="2", UUID=parent,
+                  GPU_I_PROFILE="1g.10gb", GPU_I_ID=str(inst.gi_id)) == 3000 * MIB
     assert not [s for s in fams.get("gpushare_job_gpu_sm_utilization_ratio", []) if s.labels["job_id"] == "301"]
     assert not fams.get("gpushare_gpu_utilization_ratio") or all(
         s.labels["gpu"] not in ("2", "3") for s in fams["gpushare_gpu_utilization_ratio"])

@@ -49,7 +49,11 @@ Metrics (Prometheus text format, :func:`prometheus_client.start_http_server`), a
 =================================================  ================================================
 
 Job series carry ``node, job_id, user, account, partition, gpu`` (NVML index), ``uuid`` (GPU or MIG
-device), ``model, mode`` (``mig``, ``mps``, ``gpu``) and ``share`` (MIG profile, ``shard:N``).
+device), ``model, mode`` (``mig``, ``mps``, ``gpu``) and ``share`` (MIG profile, ``shard:N``), and the same
+under the names of NVIDIA's dcgm-exporter and Princeton's jobstats (:data:`DCGM_LABELS`, ``jobid``;
+docs/monitoring.md): ``jobid, Hostname, UUID`` (the GPU's, the parent's for MIG), ``modelName`` (NVML's
+name), ``pci_bus_id, device`` (``nvidia<minor>``) and, on MIG devices, ``GPU_I_PROFILE, GPU_I_ID``. Per-GPU
+series carry ``node, gpu, uuid, model`` and the same dcgm-exporter labels.
 """
 
 from __future__ import annotations
@@ -81,6 +85,10 @@ MIB = 1 << 20
 _CGROUP_JOB = re.compile(r"/job_(\d+)(?:/|$)")
 
 JobKey = int | str  # NVML index of a GPU, or MIG device UUID
+#: Labels named and filled as NVIDIA's dcgm-exporter does (its GPU metrics template), so that a site's panels
+#: built on DCGM_FI_* series can select and join the monitor's series (docs/monitoring.md).
+#: (``gpu``, the NVML index, is among the monitor's own labels already.)
+DCGM_LABELS = ("Hostname", "UUID", "modelName", "pci_bus_id", "device", "GPU_I_PROFILE", "GPU_I_ID")
 
 
 def job_of_cgroup(text: str) -> str | None:
@@ -545,10 +553,27 @@ class Monitor:
         with self._lock:
             return list(self._families())
 
+    def _dcgm_labels(self, index: int, mig_uuid: str | None) -> list[str]:
+        """The values of :data:`DCGM_LABELS` for GPU ``index`` (-1: unknown) or its MIG device ``mig_uuid``:
+        ``Hostname`` is the Slurm node name, ``UUID`` the (parent) GPU's, ``GPU_I_*`` empty off MIG (Prometheus
+        stores an empty label as no label, as dcgm-exporter leaves them out)."""
+        gpu = next((g for g in self.machine.gpus if g.index == index), None)
+        profile = gi = ""
+        if mig_uuid is not None:
+            gi_id = next((g_i for (i, g_i), u in self._mig_uuids.items() if i == index and u == mig_uuid), None)
+            inst = next((m for m in (gpu.mig_instances if gpu else ()) if m.gi_id == gi_id), None)
+            profile = inst.profile if inst else ""
+            gi = "" if gi_id is None else str(gi_id)
+        if gpu is None:
+            return [self.node, "", "", "", "", profile, gi]
+        return [self.node, self._gpu_uuids.get(index, gpu.uuid), gpu.name, gpu.pci_bus_id, f"nvidia{gpu.minor}",
+                profile, gi]
+
     def _families(self):
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        job_labels = ["node", "job_id", "user", "account", "partition", "gpu", "uuid", "model", "mode", "share"]
+        job_labels = ["node", "job_id", "user", "account", "partition", "gpu", "uuid", "model", "mode", "share",
+                      "jobid", *DCGM_LABELS]
         fams = {
             "used": GaugeMetricFamily("gpushare_job_gpu_memory_used_bytes",
                                       "GPU memory the job's processes hold on the device now", labels=job_labels),
@@ -582,7 +607,8 @@ class Monitor:
                 labels = [self.node, job_id, job.info.user, job.info.account, job.info.partition, str(index),
                           rec.gpu_uuid if rec else (key if isinstance(key, str) else self._gpu_uuids.get(index, "")),
                           rec.gpu_model if rec else (gpu.model if gpu else ""),
-                          rec.mode if rec else "none", rec.share if rec else ""]
+                          rec.mode if rec else "none", rec.share if rec else "",
+                          job_id, *self._dcgm_labels(index, key if isinstance(key, str) else None)]
                 u = usage.get(key)
                 if d is not None:
                     fams["used"].add_metric(labels, d.used_mib * MIB)
@@ -597,7 +623,7 @@ class Monitor:
                 fams["over"].add_metric(labels, 1 if key in job.over else 0)
         yield from fams.values()
 
-        gpu_labels = ["node", "gpu", "uuid", "model"]
+        gpu_labels = ["node", "gpu", "uuid", "model", *DCGM_LABELS]
         used = GaugeMetricFamily("gpushare_gpu_memory_used_bytes", "GPU memory in use (NVML)", labels=gpu_labels)
         total = GaugeMetricFamily("gpushare_gpu_memory_total_bytes", "GPU memory (NVML)", labels=gpu_labels)
         util = GaugeMetricFamily("gpushare_gpu_utilization_ratio",
@@ -610,7 +636,7 @@ class Monitor:
                                     "Processes on the GPU that belong to no job running on this node",
                                     labels=gpu_labels)
         for g in self.snapshot.gpus:
-            labels = [self.node, str(g.index), g.uuid, g.model]
+            labels = [self.node, str(g.index), g.uuid, g.model, *self._dcgm_labels(g.index, None)]
             total.add_metric(labels, g.total_mib * MIB)
             if g.used_mib is not None:
                 used.add_metric(labels, g.used_mib * MIB)
