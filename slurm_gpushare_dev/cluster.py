@@ -52,7 +52,7 @@ import slurm_gpushare
 from slurm_gpushare.atomicfile import write_atomic
 from slurm_gpushare.errors import ClusterError, GpushareError
 from slurm_gpushare.gresconf.render import generate_node_gres, render_gres_conf, render_slurm_conf
-from slurm_gpushare.hardware.fake import PROCESS_TABLE_ENV, ProcessTable
+from slurm_gpushare.hardware.fake import PROCESS_TABLE_ENV, ProcessTable, derived_gpus
 from slurm_gpushare.hardware.machine import Machine
 from slurm_gpushare.hardware.ports import ENV as NVML_ENV
 from slurm_gpushare.procinfo import pid_alive
@@ -395,7 +395,9 @@ class DevCluster:
         if self.dbd:
             files["scripts/epilog_slurmctld.sh"] = self._epilog_slurmctld_text()
         for name, m in self.nodes.items():
-            files[f"machines/{name}.json"] = m.to_json()
+            # as a node's inventory records it: with the UUIDs and bus ids NVML reports (the fake's, derived
+            # once here rather than by every hook that opens the fake)
+            files[f"machines/{name}.json"] = replace(m, gpus=tuple(derived_gpus(m))).to_json()
         files["cluster.json"] = json.dumps({"cgroup": self.cgroup, "dbd": self.dbd, "port_base": self.port_base,
                                             "nodes": list(self.nodes), "slurm": self.slurm_release}, indent=2) + "\n"
         return files

@@ -190,6 +190,29 @@ def test_stale_description_is_a_node_fault_naming_the_fix(node):
     assert "regenerate" in str(node.drained[0][1]) or "stale" in str(node.drained[0][1])
 
 
+def test_a_node_fault_is_raised_without_waiting_for_slurmctlds_answer(node):
+    """The job record is asked in a thread while the node's devices are read: a node fault found there
+    (no machine description) drains at once, even while slurmctld has not answered."""
+    import threading
+    from dataclasses import replace
+
+    answered, returned = threading.Event(), threading.Event()
+    _shard_job(node, "108")
+    record = node.ctx.job_record
+
+    def slow(job_id):
+        answered.wait(5)  # slurmctld slow to answer
+        returned.set()
+        return record(job_id)
+
+    (node.root / "machines" / "a100.json").unlink()
+    ctx = replace(node.ctx, job_record=slow)
+    with pytest.raises(NodeFault, match="no usable machine description"):
+        prolog(ctx, _env("108"))
+    assert not returned.is_set() and node.drained  # it did not wait for the record
+    answered.set()
+
+
 def test_stuck_daemon_drains_the_node_and_names_it(node):
     _shard_job(node, "107")
     assert prolog(node.ctx, _env("107")) == 0

@@ -47,7 +47,6 @@ from __future__ import annotations
 import json
 import os
 import time
-import uuid as uuidlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -77,8 +76,15 @@ from slurm_gpushare.hardware.port import (
 )
 from slurm_gpushare.procinfo import pid_alive, process
 
-#: Namespace of the fake's derived UUIDs.
-FAKE_UUID_NAMESPACE = uuidlib.UUID("5f0d6a3e-9c1b-4b7e-8a51-2d3c4e5f6a7b")
+#: Namespace of the fake's derived UUIDs (uuid5; the module is imported when a UUID is derived: a description
+#: that has its UUIDs, as an inventory of a real node has, costs no ``uuid``/``hashlib`` import).
+FAKE_UUID_NAMESPACE = "5f0d6a3e-9c1b-4b7e-8a51-2d3c4e5f6a7b"
+
+
+def _uuid5(name: str) -> str:
+    import uuid
+
+    return str(uuid.uuid5(uuid.UUID(FAKE_UUID_NAMESPACE), name))
 #: NVSwitches a switched GPU's links are spread over (an HGX H100 baseboard has 4).
 FAKE_NVSWITCHES = 4
 
@@ -105,7 +111,33 @@ FailRule = int | tuple[int, int] | Callable[[int | None], int | None]
 
 def fake_gpu_uuid(hostname: str, index: int) -> str:
     """The ``GPU-...`` UUID the fake gives GPU ``index`` of ``hostname`` when the description has none."""
-    return f"GPU-{uuidlib.uuid5(FAKE_UUID_NAMESPACE, f'{hostname}/gpu{index}')}"
+    return f"GPU-{_uuid5(f'{hostname}/gpu{index}')}"
+
+
+def derived_gpus(machine: Machine, *, source: str | None = None) -> list[Gpu]:
+    """The description's GPUs, by index, with what the fake derives where the description is silent: GPU and
+    MIG UUIDs (:func:`fake_gpu_uuid`, :func:`fake_mig_uuid`), PCI bus ids (:func:`fake_bus_id`), MIG caps.
+
+    Raises:
+        MachineDescriptionError: GPU indices that are not 0..N-1, or two GPUs on one PCI bus id.
+    """
+    gpus = sorted(machine.gpus, key=lambda g: g.index)
+    if [g.index for g in gpus] != list(range(len(gpus))):
+        raise MachineDescriptionError(f"GPU indices {[g.index for g in gpus]} are not 0..{len(gpus) - 1}",
+                                      hint="NVML numbers GPUs 0..N-1", source=source)
+    out = []
+    for g in gpus:
+        gpu_uuid = g.uuid or fake_gpu_uuid(machine.hostname, g.index)
+        insts = []
+        for inst in g.mig_instances:
+            insts.append(replace(inst, uuid=inst.uuid or fake_mig_uuid(gpu_uuid, inst.gi_id, inst.ci_id),
+                                 caps=inst.caps or mig_caps(g.minor, inst.gi_id, inst.ci_id)))
+        out.append(replace(g, uuid=gpu_uuid, pci_bus_id=g.pci_bus_id or fake_bus_id(g.index),
+                           mig_instances=tuple(insts)))
+    buses = [g.pci_bus_id.upper() for g in out]
+    if len(set(buses)) != len(buses):
+        raise MachineDescriptionError(f"duplicate PCI bus ids {buses}", source=source)
+    return out
 
 
 def fake_bus_id(index: int) -> str:
@@ -115,7 +147,7 @@ def fake_bus_id(index: int) -> str:
 
 def fake_mig_uuid(gpu_uuid: str, gi_id: int, ci_id: int) -> str:
     """The ``MIG-...`` UUID the fake gives a MIG device when the description has none."""
-    return f"MIG-{uuidlib.uuid5(FAKE_UUID_NAMESPACE, f'{gpu_uuid}/gi{gi_id}/ci{ci_id}')}"
+    return f"MIG-{_uuid5(f'{gpu_uuid}/gi{gi_id}/ci{ci_id}')}"
 
 
 def _switch_bus_id(switch: int) -> str:
@@ -172,23 +204,7 @@ class FakeNvml:
     # --- construction ------------------------------------------------------------------------------
 
     def _fill(self, machine: Machine) -> list[Gpu]:
-        gpus = sorted(machine.gpus, key=lambda g: g.index)
-        if [g.index for g in gpus] != list(range(len(gpus))):
-            raise MachineDescriptionError(f"GPU indices {[g.index for g in gpus]} are not 0..{len(gpus) - 1}",
-                                          hint="NVML numbers GPUs 0..N-1", source=self._source)
-        out = []
-        for g in gpus:
-            gpu_uuid = g.uuid or fake_gpu_uuid(machine.hostname, g.index)
-            insts = []
-            for inst in g.mig_instances:
-                insts.append(replace(inst, uuid=inst.uuid or fake_mig_uuid(gpu_uuid, inst.gi_id, inst.ci_id),
-                                     caps=inst.caps or mig_caps(g.minor, inst.gi_id, inst.ci_id)))
-            out.append(replace(g, uuid=gpu_uuid, pci_bus_id=g.pci_bus_id or fake_bus_id(g.index),
-                               mig_instances=tuple(insts)))
-        buses = [g.pci_bus_id.upper() for g in out]
-        if len(set(buses)) != len(buses):
-            raise MachineDescriptionError(f"duplicate PCI bus ids {buses}", source=self._source)
-        return out
+        return derived_gpus(machine, source=self._source)
 
     def _build(self, gpus: list[Gpu]) -> list[_GpuState]:
         n = len(gpus)

@@ -180,12 +180,17 @@ def load_machine(ctx: HookContext) -> Machine:
                         hint="write it with 'slurm-gpushare inventory -o' on the node") from None
 
 
-def plan_with_machine(ctx: HookContext, info: JobInfo) -> tuple[JobPlan, Machine, NodeGres]:
-    """The job's plan on this node, the machine with NVML's GPU UUIDs, and the node's gres.conf records.
+#: What the node tells of its devices without the job: its description, its gres.conf records, and NVML's
+#: GPU and MIG UUIDs (index -> UUID; (GPU index, GPU instance) -> UUID).
+NodeDevices = tuple[Machine, NodeGres, dict, dict]
+
+
+def node_devices(ctx: HookContext) -> NodeDevices:
+    """The node's machine description, gres.conf records and NVML UUIDs (``nvmlDeviceGetUUID``), which
+    :func:`plan_with_machine` plans a job on: read while slurmctld is asked for the job's record.
 
     Raises:
-        NodeFault: no usable machine description, NVML failed, or the job holds devices the
-            description does not have (a stale description: a node problem).
+        NodeFault: no usable machine description, or NVML failed.
     """
     machine = load_machine(ctx)
     gres = node_gres(machine, ctx.node, GresOptions(shard_unit_mib=ctx.config.shard_unit_mib))
@@ -194,6 +199,21 @@ def plan_with_machine(ctx: HookContext, info: JobInfo) -> tuple[JobPlan, Machine
             gpu_uuids, mig_uuids = read_uuids(port, machine.gpus)
     except GpushareError as e:
         raise NodeFault(f"NVML failed on {ctx.node}: {e}", hint="check the driver (nvidia-smi)") from None
+    return machine, gres, gpu_uuids, mig_uuids
+
+
+def plan_with_machine(ctx: HookContext, info: JobInfo,
+                      devices: NodeDevices | None = None) -> tuple[JobPlan, Machine, NodeGres]:
+    """The job's plan on this node, the machine with NVML's GPU UUIDs, and the node's gres.conf records.
+
+    Args:
+        devices: :func:`node_devices`, when already read.
+
+    Raises:
+        NodeFault: no usable machine description, NVML failed, or the job holds devices the
+            description does not have (a stale description: a node problem).
+    """
+    machine, gres, gpu_uuids, mig_uuids = devices or node_devices(ctx)
     try:
         plan = plan_job(info, ctx.node, gres, gpu_uuids=gpu_uuids, mig_uuids=mig_uuids,
                         shard_unit_mib=ctx.config.shard_unit_mib,
@@ -201,6 +221,37 @@ def plan_with_machine(ctx: HookContext, info: JobInfo) -> tuple[JobPlan, Machine
     except InputError as e:
         raise NodeFault(e.message, hint=e.hint) from None
     return plan, machine.with_gpu_uuids(gpu_uuids), gres
+
+
+def record_and_plan(ctx: HookContext, job_id: str,
+                    env: dict[str, str]) -> tuple[JobInfo, tuple[JobPlan, Machine, NodeGres]]:
+    """The job's record (:func:`job_info`) and its plan (:func:`plan_with_machine`): the record is asked in a
+    thread while this one reads the node's devices (:func:`node_devices`), so that the wait for slurmctld
+    and the local reading overlap (a Prolog's cost, docs/performance.md).
+
+    Raises:
+        JobFault: as :func:`job_info`.
+        NodeFault: as :func:`plan_with_machine`; raised without waiting for slurmctld's answer.
+    """
+    import threading
+
+    got: dict[str, object] = {}
+
+    def ask() -> None:
+        try:
+            got["info"] = job_info(ctx, job_id, env)
+        except BaseException as e:  # handed to the hook's thread, which raises it
+            got["error"] = e
+
+    asking = threading.Thread(target=ask, name=f"job-record-{job_id}", daemon=True)
+    asking.start()
+    devices = node_devices(ctx)  # a NodeFault here leaves the daemon thread: the hook drains and exits
+    asking.join()
+    if "error" in got:
+        raise got["error"]  # type: ignore[misc]
+    info = got["info"]
+    assert isinstance(info, JobInfo)
+    return info, plan_with_machine(ctx, info, devices)
 
 
 def machine_with_uuids(ctx: HookContext) -> Machine:

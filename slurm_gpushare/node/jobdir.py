@@ -84,13 +84,20 @@ def read_state(job_dir: Path) -> dict | None:
         return None
 
 
+#: Whether the job directory's files are fsynced: no. They live in the node's run dir (``/run``, a tmpfs on
+#: systemd hosts, cleared at boot with every job it described); the atomic rename is what keeps a reader
+#: from seeing half a file, and a node that loses power has no job to resume.
+VOLATILE_FSYNC = False
+
+
 def write_run(job_dir: Path, *, restart: int, start: int) -> None:
     """Record which run of the job this is (``run.json``, root's only): the restart count slurmd gave
     the Prolog (``SLURM_JOB_RESTART_COUNT``) and the run's start (epoch seconds, slurmctld's
     ``start_time``). The Epilog of a requeued run cannot know either itself: slurmctld has raised the
     count and reset the start before that Epilog runs (measured on 22.05.8)."""
     make_job_dir(job_dir)
-    write_atomic(job_dir / "run.json", json.dumps({"restart": restart, "start": start}), mode=FILE_MODE)
+    write_atomic(job_dir / "run.json", json.dumps({"restart": restart, "start": start}), mode=FILE_MODE,
+                 fsync=VOLATILE_FSYNC)
 
 
 def read_run(job_dir: Path) -> tuple[int, int] | None:
@@ -107,7 +114,7 @@ def read_run(job_dir: Path) -> tuple[int, int] | None:
 
 def write_state(job_dir: Path, state: dict) -> None:
     """Replace the job's state.json."""
-    write_atomic(job_dir / "state.json", json.dumps(state), mode=FILE_MODE)
+    write_atomic(job_dir / "state.json", json.dumps(state), mode=FILE_MODE, fsync=VOLATILE_FSYNC)
 
 
 def _export_line(name: str, value: str) -> str:
@@ -132,7 +139,7 @@ def write_env(path: Path, env: Mapping[str, str], *, uid: int | None = None) -> 
         InputError: a value spans lines (slurmd would take the rest as another variable).
         OSError: the file could not be written or given to ``uid``.
     """
-    write_atomic(path, "".join(_export_line(k, v) for k, v in env.items()), mode=FILE_MODE)
+    write_atomic(path, "".join(_export_line(k, v) for k, v in env.items()), mode=FILE_MODE, fsync=VOLATILE_FSYNC)
     if uid is not None and uid >= 0 and uid != os.geteuid():
         os.chown(path, uid, -1)
 
@@ -147,7 +154,7 @@ def write_note(path: Path, text: str, *, uid: int | None = None) -> None:
     """
     if "\n" in text:
         raise InputError(f"a note spans lines: {text!r}")
-    write_atomic(path, text + "\n", mode=FILE_MODE)
+    write_atomic(path, text + "\n", mode=FILE_MODE, fsync=VOLATILE_FSYNC)
     if uid is not None and uid >= 0 and uid != os.geteuid():
         os.chown(path, uid, -1)
 

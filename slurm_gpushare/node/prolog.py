@@ -27,9 +27,9 @@ from slurm_gpushare.node.context import (
     JobFault,
     NodeFault,
     fail_job,
-    job_info,
     log_event,
     plan_with_machine,
+    record_and_plan,
 )
 from slurm_gpushare.node.jobdir import (
     STATE_VERSION,
@@ -129,8 +129,7 @@ def prolog(ctx: HookContext, env: dict[str, str]) -> int:
         if from_env is not None:
             info, (plan, machine, gres) = from_env
         else:
-            info = job_info(ctx, job_id, env)
-            plan, machine, gres = plan_with_machine(ctx, info)
+            info, (plan, machine, gres) = record_and_plan(ctx, job_id, env)
         if plan.kind == "none":
             return 0
         job_dir = ctx.job_dir(job_id)

@@ -14,10 +14,13 @@ never a guess.
 from __future__ import annotations
 
 import functools
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
+from slurm_gpushare.atomicfile import write_atomic
 from slurm_gpushare.errors import SlurmError
 
 
@@ -120,6 +123,40 @@ def local_release() -> Release:
     from slurm_gpushare.slurm.commands import run  # commands imports this module
 
     return Release.parse(run(["sinfo", "-V"]))
+
+
+def cached_local_release(cache: Path) -> Release:
+    """:func:`local_release`, remembered in the file ``cache`` (a node hook's run dir: root's) for as long
+    as the ``sinfo`` found on PATH is the same file (path, inode, size, mtime): a Prolog that needs the
+    release to choose its job-record command then runs no ``sinfo -V``. A Slurm upgrade replaces the
+    binary, so the next hook asks again. A cache that cannot be read or written is no error.
+
+    Raises:
+        SlurmError: as :func:`local_release`, when the cache does not answer.
+    """
+    import shutil
+
+    found = shutil.which("sinfo")
+    try:
+        st = os.stat(found) if found else None
+    except OSError:
+        st = None
+    if st is None:
+        return local_release()
+    key = f"{found} {st.st_ino} {st.st_size} {st.st_mtime_ns}"
+    try:
+        line = cache.read_text(encoding="utf-8", errors="replace")
+        k, _, value = line.partition("\n")
+        if k == key:
+            return Release.parse(value)
+    except (OSError, SlurmError):
+        pass
+    release = local_release()
+    try:
+        write_atomic(cache, f"{key}\n{release}\n", mode=0o644, fsync=False)
+    except OSError:
+        pass
+    return release
 
 
 def node_release() -> Release:
