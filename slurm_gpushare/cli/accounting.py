@@ -260,7 +260,8 @@ def jobstats(job_id, db_path, from_sacct, policy_path, machines_dir, fmt):
     db = db_path or default_db()
     if not from_sacct and _readable(db):
         with Store(db, create=False) as store:
-            records, source = store.records(job_id=job_id), "store"
+            # the allocation's records (step ""), as the AdminComment segment holds them
+            records, source = [r for r in store.records(job_id=job_id) if r.step == ""], "store"
     if not records:
         rows = [r for r in parse_sacct(commands.sacct_jobs(["-j", job_id])) if r.job_id == job_id]
         records, source = records_from_sacct(rows), "sacct"

@@ -209,10 +209,14 @@ def test_command_reads_the_store_where_readable(tmp_path, fake_slurm, monkeypatc
     fake_slurm["uid"] = os.getuid()
     db = tmp_path / "acct.db"
     with Store(db) as st:
-        st.add(fixture())
+        # a per-step record beside the allocation's: not a device of its own (the segment has none either)
+        step = record(job_id="1", step="batch", mode="mps", share="shard:10", mem_asked_mib=10240,
+                      mem_granted_mib=10240, mem_peak_mib=9000)
+        st.add([*fixture(), step])
     out = CliRunner().invoke(main, ["jobstats", "1", "--db", str(db), "--machines", str(tmp_path)])
     assert out.exit_code == 0, out.output
     assert "accounting database" in out.output and "--gres=gpushare:mem=5G" in out.output
+    assert out.output.count("  granted  ") == 1
     assert fake_slurm["calls"] == []
 
 
