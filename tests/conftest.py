@@ -234,6 +234,28 @@ class SlurmSession:
 FREE_TEXT = ("AdminComment=", "Comment=", "Command=", "Reason=", "Features=")
 
 
+def throwaway_users(root: Path, count: int = 2):
+    """A fixture's body: ``count`` unprivileged users created for the test (``gpsa<tag>``, ``gpsb<tag>``...) and a
+    world-writable output dir under ``root``/test-output, yielded as ``(names, out)``; the users are removed
+    after. Skips where users cannot be created (not root)."""
+    import uuid
+
+    if os.geteuid() != 0:
+        pytest.skip("creating users needs root")
+    tag = uuid.uuid4().hex[:6]
+    names = [f"gps{chr(ord('a') + i)}{tag}" for i in range(count)]
+    for n in names:
+        subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", n], check=True, capture_output=True)
+    out = Path(root) / "test-output" / f"users-{tag}"
+    out.mkdir(parents=True, exist_ok=True)
+    os.chmod(out, 0o1777)
+    try:
+        yield names, out
+    finally:
+        for n in names:
+            subprocess.run(["userdel", n], capture_output=True)
+
+
 def parse_scontrol_record(text: str) -> dict[str, str]:
     """Parse one multi-line ``scontrol show job|node`` record; free-text fields keep their whole line."""
     out: dict[str, str] = {}

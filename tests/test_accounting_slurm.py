@@ -6,20 +6,18 @@ Also: a node monitor's endpoint, scraped while a job's two processes together ex
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import subprocess
 import sys
 import urllib.request
-import uuid
 from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from slurm_gpushare_dev.cluster import packaged_machine
-from tests.conftest import DEADLINE, Job, push_usage_summary, wait_until
+from tests.conftest import DEADLINE, Job, push_usage_summary, throwaway_users, wait_until
 
 pytestmark = pytest.mark.slurm
 
@@ -28,22 +26,13 @@ CLI = [sys.executable, "-m", "slurm_gpushare"]
 
 @pytest.fixture
 def users(cluster):
-    """Two throwaway users (created for the test, removed after) and a world-writable output dir."""
-    if os.geteuid() != 0:
-        pytest.skip("creating users needs root")
-    tag = uuid.uuid4().hex[:6]
-    names = [f"gpsa{tag}", f"gpsb{tag}"]
-    for n in names:
-        subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", n], check=True, capture_output=True)
-    out = Path(cluster.root) / "test-output" / f"users-{tag}"
-    out.mkdir(parents=True, exist_ok=True)
-    os.chmod(out, 0o1777)
-    submitted: list[str] = []
-    yield names, out, submitted
-    if submitted:
-        subprocess.run(["scancel", *submitted], env=cluster.env, capture_output=True)
-    for n in names:
-        subprocess.run(["userdel", n], capture_output=True)
+    """Two throwaway users (created for the test, removed after), a world-writable output dir, and the jobs
+    submitted (cancelled after)."""
+    for names, out in throwaway_users(cluster.root):
+        submitted: list[str] = []
+        yield names, out, submitted
+        if submitted:
+            subprocess.run(["scancel", *submitted], env=cluster.env, capture_output=True)
 
 
 def _submit_as(cluster, user: str, out: Path, *args: str, wrap: str) -> str:
@@ -139,6 +128,20 @@ def test_two_users_requested_vs_peak_and_per_user_totals(cluster, slurm, users, 
     # the table a person reads names both users
     table = subprocess.run([*CLI, "report", "--db", str(db)], capture_output=True, text=True).stdout
     assert alice in table and bob in table and "TOTAL" in table
+    # one user's jobs only
+    assert {r["job"] for r in _report(db, "--by", "job", "--user", bob)["rows"]} == {
+        j for j, (u, _) in jobs.items() if u == bob}
+    # the picture of the same records (the spool may hold earlier sessions' users): one histogram series per user
+    from slurm_gpushare.accounting import plot
+    from slurm_gpushare.accounting.report import Filters
+    from slurm_gpushare.accounting.store import Store
+
+    with Store(db, create=False) as store:
+        eff = plot.figure(store, filters=Filters(users=(alice, bob))).axes[1]
+    assert [t.get_text() for t in eff.get_legend().get_texts()] == sorted([alice, bob])
+    png = tmp_path / "usage.png"
+    drawn = subprocess.run([*CLI, "report", "--db", str(db), "--plot", str(png)], capture_output=True, text=True)
+    assert drawn.returncode == 0 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", drawn.stderr
 
 
 def _scrape(url: str) -> dict[str, list]:

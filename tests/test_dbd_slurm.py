@@ -37,6 +37,7 @@ from tests.conftest import (
     _skip_or_fail,
     _slurm_unavailable,
     push_usage_summary,
+    throwaway_users,
     wait_until,
 )
 
@@ -339,3 +340,85 @@ def test_final_segment_sits_beside_jobstats_and_report_from_sacct_equals_the_sto
     rows = json.loads(_report("--from-sacct", "--by", "job", "--format", "json", "-j", job.id, env=env))["rows"]
     assert [(r["job"], r["user"], r["mode"], r["share"], r["mem_asked_mib"], r["mem_peak_mib"], r["sm_peak_pct"])
             for r in rows] == [(job.id, name, "mps", "shard:10", 10240, 3072, 30.0)]
+
+
+@pytest.fixture
+def two_users(dbd):
+    """Two throwaway unprivileged users (created for the test, removed after) and a world-writable output dir."""
+    yield from throwaway_users(dbd.cluster.root)
+
+
+def _jobstats_as(c: DevCluster, user: str, job_id: str, *args: str) -> subprocess.CompletedProcess:
+    """``slurm-gpushare jobstats`` as ``user``, from the cluster's world-readable copy of the package (a user
+    cannot reach the project's venv), with the cluster's policy and machine descriptions as a site's
+    /etc/slurm/gpushare would hold them."""
+    from slurm_gpushare_dev.cluster import job_python
+
+    return _as(c, user, f"PYTHONPATH={c.lib_dir}", job_python(), "-s", "-m", "slurm_gpushare", "jobstats", job_id,
+               "--policy", str(c.policy_file), "--machines", str(c.root / "machines"), *args)
+
+
+def _run_as(dbd: SlurmSession, user: str, out: Path, gres: str, wrap: str) -> Job:
+    c = dbd.cluster
+    sub = _as(c, user, "sbatch", "--parsable", f"--output={out}/job-%j.out", f"--gres={gres}", "--wrap", wrap)
+    assert sub.returncode == 0, sub.stderr
+    job = Job(sub.stdout.strip().split(";")[0])
+    dbd.submitted.append(job.id)
+    return job
+
+
+def test_jobstats_shows_a_users_own_job_refuses_anothers_and_its_suggestion_runs(dbd, two_users, tmp_path):
+    c = dbd.cluster
+    (alice, bob), out = two_users
+    app = shlex.quote(str(c.fake_gpu_app))
+    go = out / "go"
+    job = _run_as(dbd, alice, out, "gpushare:mem=10G",
+                  f"{app} --mem 3G --sm 30 --seconds 600 & until [ -e {go} ]; do sleep 0.2; done; kill $!; wait")
+    dbd.wait(job, states={"RUNNING"})
+    _wait_measured(c, job.id, 3 << 30, 0.3)
+    go.touch()
+    assert dbd.wait(job).state == "COMPLETED"
+    _sacct_until_segment(dbd, job.id)
+    # a store the user may not read (root's, 0600): jobstats reads Slurm's accounting instead
+    db = tmp_path / "acct.db"
+    subprocess.run([*CLI, "accounting", "ingest", "--spool", str(c.accounting_spool), "--db", str(db)],
+                   check=True, capture_output=True, timeout=DEADLINE)
+
+    own = _jobstats_as(c, alice, job.id, "--db", str(db))
+    assert own.returncode == 0, own.stdout + own.stderr
+    text = own.stdout
+    assert text.startswith(f"job {job.id}  user {alice}  account ") and "(from the job AdminComment in sacct)" in text
+    assert re.search(r"^rtx4090-pcie GPU \d+  rtx4090 \(24G\)  mps shard:10  .* COMPLETED 0:0", text, re.M), text
+    bar = "[█▉▊▋▌▍▎▏]+"
+    assert re.search(rf"^  asked    {bar}  10G$", text, re.M) and re.search(rf"^  granted  {bar}  10G$", text, re.M)
+    assert re.search(rf"^  peak     {bar} +3G \(30% of what it asked\)$", text, re.M), text
+    # the mean is over the monitor's samples, one of which may precede the app's first step
+    assert re.search(rf"^  SM mean  {bar} +(30|[12]?[0-9])%, peak 30%$", text, re.M), text
+    # 3 GiB x 1.2 (the policy's headroom) = 3687 MiB -> 4 GiB (1 GiB shard units on a 24 GiB GPU)
+    assert "next time: --gres=gpushare:mem=4G   (" in text, text
+    data = json.loads(_jobstats_as(c, alice, job.id, "--format", "json").stdout)
+    assert (data["source"], data["suggestion"]["request"]) == ("sacct", "gpushare:mem=4G")
+
+    # another user's job: refused before anything of it is read, also with the store named
+    other = _jobstats_as(c, bob, job.id, "--db", str(db))
+    assert other.returncode == 2, other
+    assert f"job {job.id} is another user's: jobstats shows your own jobs only" in other.stderr, other.stderr
+    assert "peak" not in other.stdout and alice not in other.stdout + other.stderr
+    # root (an administrator) sees it, from the store it may read
+    admin = subprocess.run([*CLI, "jobstats", job.id, "--db", str(db), "--policy", str(c.policy_file),
+                            "--machines", str(c.root / "machines")], capture_output=True, text=True, env=c.env,
+                           timeout=DEADLINE)
+    assert admin.returncode == 0 and "(from the accounting database)" in admin.stdout, admin.stdout + admin.stderr
+    assert "next time: --gres=gpushare:mem=4G" in admin.stdout
+
+    # the suggestion, resubmitted, runs under its MPS limit; less than the peak would not
+    again = _run_as(dbd, alice, out, data["suggestion"]["request"], f"{app} --mem 3G --sm 30 --seconds 3")
+    short = _run_as(dbd, alice, out, "gpushare:mem=2G", f"{app} --mem 3G --sm 30 --seconds 3")
+    done, failed = dbd.wait(again), dbd.wait(short)
+    log = (out / f"job-{again.id}.out").read_text()
+    assert done.state == "COMPLETED" and "out of memory" not in log, (done.fields, log)
+    assert failed.state == "FAILED", failed.fields
+    assert "out of memory (MPS pinned device memory limit 2G)" in (out / f"job-{short.id}.out").read_text()
+    _sacct_until_segment(dbd, again.id)
+    rerun = _jobstats_as(c, alice, again.id)
+    assert rerun.returncode == 0 and "mps shard:4" in rerun.stdout, rerun.stdout + rerun.stderr

@@ -29,7 +29,8 @@ def test_example_partition_overrides_parse_when_uncommented():
 def test_example_documents_every_key():
     text = EXAMPLE.read_text()
     for key in ("version", "mode_order", "model_preference", "max_count", "police_direct", "shard_unit",
-                "[mig]", "enabled", "fit", "max_waste", "[whole_gpu]", "threshold", "[partitions.", "modes"):
+                "headroom", "[mig]", "enabled", "fit", "max_waste", "[whole_gpu]", "threshold", "[partitions.",
+                "modes"):
         assert key in text, key
 
 
@@ -40,6 +41,16 @@ def test_defaults():
     assert (p.gpu_fit, p.whole_gpu_threshold) == ("nominal", 1.0)
     assert (p.model_preference, p.partitions, p.police_direct, p.max_count, p.shard_unit_mib) == (
         (), {}, True, 8, 1024)
+    assert p.headroom == 0.2
+
+
+def test_headroom_is_read_and_checked():
+    assert parse_policy("version = 1\nheadroom = 0.5").headroom == 0.5
+    assert parse_policy("version = 1\nheadroom = 0").headroom == 0
+    with pytest.raises(ConfigError, match="headroom must be between 0 and 4"):
+        parse_policy("version = 1\nheadroom = -0.1")
+    with pytest.raises(ConfigError, match="headroom"):
+        parse_policy("version = 1\nheadroom = 'lots'")
 
 
 def test_only_version_is_required():

@@ -122,16 +122,46 @@ def parse_time(text: str, *, now: float | None = None, what: str = "--since") ->
 
 # --- queries -------------------------------------------------------------------------------------
 
-def _period(since: int | None, until: int | None, columns: str) -> tuple[str, dict]:
+@dataclass(frozen=True)
+class Filters:
+    """Which records a report reads (``report --user/--account/--job``): each a tuple of accepted values,
+    empty = any. A job id matches the job's own id and, for an array, the array's id (every task)."""
+
+    users: tuple[str, ...] = ()
+    accounts: tuple[str, ...] = ()
+    jobs: tuple[str, ...] = ()
+
+    def sql(self) -> tuple[list[str], dict]:
+        """WHERE terms (joined by AND) and their parameters."""
+        terms: list[str] = []
+        params: dict = {}
+        for name, column, values in (("u", '"user"', self.users), ("a", '"account"', self.accounts)):
+            if values:
+                keys = [f"f_{name}{i}" for i in range(len(values))]
+                terms.append(f"{column} IN ({', '.join(':' + k for k in keys)})")
+                params.update(zip(keys, values, strict=True))
+        if self.jobs:
+            keys = [f"f_j{i}" for i in range(len(self.jobs))]
+            listed = ", ".join(":" + k for k in keys)
+            terms.append(f'("job_id" IN ({listed}) OR "array_job_id" IN ({listed}))')
+            params.update(zip(keys, self.jobs, strict=True))
+        return terms, params
+
+
+def _period(since: int | None, until: int | None, columns: str,
+            filters: Filters | None = None) -> tuple[str, dict]:
     """A subquery of ``usage`` with ``columns`` and ``d``, each record's seconds inside the period, over
-    the records that overlap it (a record of zero length inside it still counts)."""
+    the records that overlap it (a record of zero length inside it still counts) and pass ``filters``."""
+    where, params = (filters or Filters()).sql()
     if since is None and until is None:
-        return f'SELECT {columns}, "end" - "start" AS d FROM usage', {}
-    params = {"since": -_FOREVER if since is None else since, "until": _FOREVER if until is None else until}
-    if params["since"] >= params["until"]:
-        raise InputError(f"the period is empty: --since {_when(since)} is not before --until {_when(until)}")
-    return (f'SELECT {columns}, MAX(0, MIN("end", :until) - MAX("start", :since)) AS d FROM usage '
-            'WHERE "start" < :until AND ("end" > :since OR "start" >= :since)'), params
+        d = '"end" - "start"'
+    else:
+        params.update(since=-_FOREVER if since is None else since, until=_FOREVER if until is None else until)
+        if params["since"] >= params["until"]:
+            raise InputError(f"the period is empty: --since {_when(since)} is not before --until {_when(until)}")
+        d = 'MAX(0, MIN("end", :until) - MAX("start", :since))'
+        where.insert(0, '"start" < :until AND ("end" > :since OR "start" >= :since)')
+    return f'SELECT {columns}, {d} AS d FROM usage' + (f" WHERE {' AND '.join(where)}" if where else ""), params
 
 
 USAGE_COLUMNS = (
@@ -151,13 +181,14 @@ USAGE_COLUMNS = (
 
 
 def usage_report(store: Store, *, by: str = "user", since: int | None = None,
-                 until: int | None = None) -> Report:
+                 until: int | None = None, filters: Filters | None = None) -> Report:
     """Reserved vs used GPU-hours and memory GiB-hours per group (see module docstring).
 
     Args:
         store: the accounting store.
         by: a key of :data:`GROUPS`.
         since, until: the period, epoch seconds; durations are clipped to it.
+        filters: the users, accounts, jobs to report on (default all).
 
     Raises:
         InputError: an unknown group or an empty period.
@@ -166,7 +197,7 @@ def usage_report(store: Store, *, by: str = "user", since: int | None = None,
         raise InputError(f"cannot report by {by!r}", hint=f"use one of {', '.join(GROUPS)} or job")
     # only columns of the covering index usage_by_user (plus the group's), so that by-user reads the index
     inner, params = _period(since, until, f'{GROUPS[by]} AS g, "job_id", "gpu_share", "sm_mean_percent", '
-                            '"sm_peak_percent", "mem_granted_mib", "mem_peak_mib"')
+                            '"sm_peak_percent", "mem_granted_mib", "mem_peak_mib"', filters)
     sums = """
         COUNT(*),
         SUM(d * "gpu_share"),
@@ -259,7 +290,8 @@ def _job_base(r: tuple) -> tuple:
             asked_raw, granted, peak, _ratio(peak, asked, 100.0), _ratio(sm_ds, d_data), sm_peak, exit_state)
 
 
-def job_report(store: Store, *, since: int | None = None, until: int | None = None) -> Report:
+def job_report(store: Store, *, since: int | None = None, until: int | None = None,
+               filters: Filters | None = None) -> Report:
     """One row per job that overlaps the period: what it asked for (per GPU device: ``gpushare:mem=``,
     or what it was granted when it asked for no size), was granted, its peak memory (the highest of its
     devices), its SM utilization averaged over its GPUs, its exit state.
@@ -267,7 +299,7 @@ def job_report(store: Store, *, since: int | None = None, until: int | None = No
     Raises:
         InputError: an empty period.
     """
-    inner, params = _period(since, until, _RUN_COLUMNS)
+    inner, params = _period(since, until, _RUN_COLUMNS, filters)
     inner += _RUN_WINDOW
     raw = store.query(_JOB_SQL.format(inner=inner, having=""), params)
     return Report("jobs", "job", since, until, JOB_COLUMNS, tuple(_job_base(r) for r in raw))
@@ -293,7 +325,8 @@ def fit_request(peak_mib: int, *, gpus_per_node: int = 1, headroom: float = FIT_
 
 
 def waste_report(store: Store, *, since: int | None = None, until: int | None = None,
-                 used_below: float = WASTE_USED_BELOW, headroom: float = FIT_HEADROOM) -> Report:
+                 used_below: float = WASTE_USED_BELOW, headroom: float = FIT_HEADROOM,
+                 filters: Filters | None = None) -> Report:
     """Jobs whose peak memory was at most ``used_below`` of what they asked for (per device), with the
     request that would have fit (:func:`fit_request`), most wasted GiB-hours first. Jobs without a
     measured peak are not judged, nor jobs that did not complete (``FAILED``, ``SIGNALED``: an
@@ -303,7 +336,7 @@ def waste_report(store: Store, *, since: int | None = None, until: int | None = 
     Raises:
         InputError: an empty period.
     """
-    inner, params = _period(since, until, _RUN_COLUMNS)
+    inner, params = _period(since, until, _RUN_COLUMNS, filters)
     inner += _RUN_WINDOW
     # a job that failed or was killed may have failed for want of memory: it is not judged
     having = ('HAVING MAX("mem_peak_mib") IS NOT NULL AND '

@@ -4,11 +4,13 @@ into slurmdbd's AdminComment, from EpilogSlurmctld) and ``report`` (reserved vs 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import click
 
 from slurm_gpushare.cli import main
+from slurm_gpushare.cli.service import DEFAULT_MACHINES, DEFAULT_POLICY
 from slurm_gpushare.errors import InputError
 
 _GROUP_CHOICES = ["user", "account", "partition", "model", "mode", "node", "day", "month", "job"]
@@ -94,32 +96,63 @@ def sacct_summary(job_id, spools, wait):
               help="group rows by this (default user; job: one row per job, asked vs peak memory)")
 @click.option("--since", help="start of the period: 2026-11-01, 2026-11-01T08:00, @EPOCH, now-30days")
 @click.option("--until", help="end of the period (same forms; default: no end)")
+@click.option("--user", "users", multiple=True, metavar="USER", help="only this user's jobs; repeatable")
+@click.option("--account", "accounts", multiple=True, metavar="ACCOUNT", help="only this account's jobs; repeatable")
+@click.option("--job", "jobs", multiple=True, metavar="JOBID",
+              help="only this job (an array's id: all its tasks); repeatable")
 @click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table",
               show_default=True, help="output format")
 @click.option("--waste", is_flag=True,
-              help="list the jobs that used at most half the memory they asked for, with the request that fits")
+              help="list the jobs that used at most half the memory they asked for, with the request that fits "
+                   "(the peak plus the site policy's headroom, default 20%, in whole GiB)")
+@click.option("--plot", "plot_path", metavar="FILE.png|FILE.html",
+              help="draw GPU-hours reserved vs used per user (--by account: per account), the jobs' memory "
+                   "efficiency and reserved and used memory over time into FILE instead of printing a table")
 @click.option("--from-sacct", "from_sacct", is_flag=True,
               help="read the jobs from sacct (their AdminComment usage segments) instead of the database; "
                    "the remaining arguments go to sacct (-S, -E, -u, -A, -r, -j ...)")
 @click.argument("sacct_args", nargs=-1, type=click.UNPROCESSED)
-def report(db_path, by, since, until, fmt, waste, from_sacct, sacct_args):
+def report(db_path, by, since, until, users, accounts, jobs, fmt, waste, plot_path, from_sacct, sacct_args):
     """Reserved vs used GPU-hours and GPU memory, per user, account, partition, model, mode or job.
 
     Utilization of a job on several GPUs is their average, never a sum; MIG devices and GPUs
     without utilization data count as "no data", never 0%. Durations are clipped to the period.
     See docs/accounting.md for every column.
 
+    --user, --account and --job keep to those jobs (each repeatable; several values of one are any
+    of them, different options all of them).
+
+    --plot FILE.png or FILE.html draws the same records as pictures (matplotlib; the HTML page
+    embeds the PNG): GPU-hours reserved vs used per user or account, a histogram of the jobs'
+    peak memory over what they asked for, and reserved and used GPU memory over time per GPU model
+    and mode.
+
     --from-sacct builds the same report from 'sacct' alone: each job's [gpushare:u1 ...] AdminComment
     segment (written after the job by 'accounting sacct-summary') with sacct's user, account and
     partition. Arguments after the options select jobs as sacct does (default: --since as -S, --until
-    as -E; sacct's own default is since midnight).
+    as -E; sacct's own default is since midnight; --user, --account and --job as -u, -A and -j).
     """
-    from slurm_gpushare.accounting.report import job_report, parse_time, render, usage_report, waste_report
+    from slurm_gpushare.accounting.report import (
+        Filters,
+        job_report,
+        parse_time,
+        render,
+        usage_report,
+        waste_report,
+    )
     from slurm_gpushare.accounting.store import Store, default_db
 
     if waste and by not in (None, "job"):
         raise click.UsageError(f"--waste lists jobs; --by {by} does not apply to it (use 'report --by {by}' "
                                "for the usage per group)")
+    if plot_path and (waste or by not in (None, "user", "account")):
+        raise click.UsageError("--plot draws per user or per account: give --by user or --by account, without "
+                               "--waste")
+    if plot_path and fmt != "table":
+        raise click.UsageError("--plot writes a picture: drop --format")
+    for job in jobs:
+        if not job.isdigit():
+            raise click.UsageError(f"--job {job!r} is not a job id (digits: the job's own id, or an array's)")
     by = by or "user"
     start = parse_time(since, what="--since") if since else None
     end = parse_time(until, what="--until") if until else None
@@ -127,17 +160,24 @@ def report(db_path, by, since, until, fmt, waste, from_sacct, sacct_args):
         raise click.UsageError(f"unexpected argument {sacct_args[0]!r} (sacct options need --from-sacct)")
     if from_sacct and db_path:
         raise click.UsageError("--from-sacct reads sacct, not a database: drop --db")
+    filters = Filters(tuple(users), tuple(accounts), tuple(jobs))
     if from_sacct:
-        store = _store_from_sacct(list(sacct_args), since, until)
+        store = _store_from_sacct(list(sacct_args), since, until, filters)
     else:
         store = Store(db_path or default_db(), create=False)
     with store:
+        if plot_path:
+            from slurm_gpushare.accounting import plot
+
+            written = plot.write(plot.figure(store, by=by, since=start, until=end, filters=filters), plot_path)
+            click.echo(f"wrote {written}")
+            return
         if waste:
-            rep = waste_report(store, since=start, until=end)
+            rep = waste_report(store, since=start, until=end, filters=filters, headroom=_policy(None).headroom)
         elif by == "job":
-            rep = job_report(store, since=start, until=end)
+            rep = job_report(store, since=start, until=end, filters=filters)
         else:
-            rep = usage_report(store, by=by, since=start, until=end)
+            rep = usage_report(store, by=by, since=start, until=end, filters=filters)
     click.echo(render(rep, fmt), nl=False)
 
 
@@ -147,7 +187,7 @@ _SACCT_SHAPING = frozenset({"-o", "--format", "-p", "--parsable", "-P", "--parsa
                             "--noheader", "-e", "--helpformat", "--delimiter", "--usage"})
 
 
-def _store_from_sacct(args: list[str], since: str | None, until: str | None):
+def _store_from_sacct(args: list[str], since: str | None, until: str | None, filters=None):
     """An in-memory store of the records that sacct's rows describe (``report --from-sacct``)."""
     from slurm_gpushare.accounting.sacct import parse_sacct, records_from_sacct
     from slurm_gpushare.accounting.store import Store
@@ -162,6 +202,14 @@ def _store_from_sacct(args: list[str], since: str | None, until: str | None):
         args += ["-S", _sacct_time(since, "--since")]
     if until and not flags & {"-E", "--endtime"}:
         args += ["-E", _sacct_time(until, "--until")]
+    # the filters select in sacct too (fewer rows to read); the report applies them again either way
+    if filters is not None:
+        if filters.users and not flags & {"-u", "--uid", "--user"}:
+            args += ["-u", ",".join(filters.users)]
+        if filters.accounts and not flags & {"-A", "--accounts"}:
+            args += ["-A", ",".join(filters.accounts)]
+        if filters.jobs and not flags & {"-j", "--jobs"}:
+            args += ["-j", ",".join(filters.jobs)]
     store = Store(":memory:")
     store.add(records_from_sacct(parse_sacct(commands.sacct_jobs(args))))
     return store
@@ -174,3 +222,137 @@ def _sacct_time(text: str, what: str) -> str:
     from slurm_gpushare.accounting.report import parse_time
 
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(parse_time(text, what=what)))
+
+
+@main.command()
+@click.argument("job_id")
+@click.option("--db", "db_path", help=_DB_HELP + "; read where this user may read it, else sacct")
+@click.option("--from-sacct", "from_sacct", is_flag=True,
+              help="read the job's AdminComment usage segment in sacct even where the database is readable")
+@click.option("--policy", "policy_path", type=click.Path(dir_okay=False),
+              help="site policy TOML for the suggestion's headroom and rounding (default: "
+                   f"{DEFAULT_POLICY} where readable, else built-in defaults)")
+@click.option("--machines", "machines_dir", default=DEFAULT_MACHINES, show_default=True,
+              help="machine descriptions: the GPU models' memory and MIG profiles the suggestion rounds to "
+                   "(where not readable: what the job's own records say)")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
+              help="output format")
+def jobstats(job_id, db_path, from_sacct, policy_path, machines_dir, fmt):
+    """One job's GPU usage: per GPU what it asked for, was granted, peaked at and used, and the request to
+    make next time (peak plus the site's headroom, rounded to what its GPUs and MIG profiles offer).
+
+    For the job's user and Slurm administrators (root, SlurmUser, AdminLevel Operator or Administrator);
+    whose job it is comes from Slurm's records (sacct's UID, else slurmctld's), never from a field the user
+    writes. The records come from the accounting database where it is readable, else from the job's
+    [gpushare:u1 ...] AdminComment segment in sacct (written when the job ends). See docs/accounting.md.
+    """
+    from slurm_gpushare.accounting import jobstats as js
+    from slurm_gpushare.accounting.sacct import parse_sacct, records_from_sacct
+    from slurm_gpushare.accounting.store import Store, default_db
+    from slurm_gpushare.slurm import commands
+
+    if not job_id.isdigit():
+        raise click.UsageError(f"{job_id!r} is not a job id: give the job's own id (digits; for an array task "
+                               "sacct -o JobIDRaw shows it)")
+    js.may_see(job_id, _job_uid(job_id), os.getuid(), slurm_user_uid=_slurm_user_uid,
+               admin_level=lambda: _admin_level(os.getuid()))
+    records, source = [], "sacct"
+    db = db_path or default_db()
+    if not from_sacct and _readable(db):
+        with Store(db, create=False) as store:
+            # the allocation's records (step ""), as the AdminComment segment holds them
+            records, source = [r for r in store.records(job_id=job_id) if r.step == ""], "store"
+    if not records:
+        rows = [r for r in parse_sacct(commands.sacct_jobs(["-j", job_id])) if r.job_id == job_id]
+        records, source = records_from_sacct(rows), "sacct"
+    policy = _policy(policy_path)
+    stats = js.job_stats(job_id, records, source=source, offers=_offers(machines_dir, policy.mig_enabled),
+                         headroom=policy.headroom, unit_mib=policy.shard_unit_mib,
+                         whole_threshold=policy.whole_gpu_threshold)
+    click.echo(js.to_json(stats) if fmt == "json" else js.to_text(stats), nl=False)
+
+
+def _job_uid(job_id: str) -> int | None:
+    """The job's uid as slurmdbd recorded it (sacct), else as slurmctld holds it (a job slurmdbd does not
+    have yet or a cluster without slurmdbd); None when neither knows the job."""
+    from slurm_gpushare.errors import GpushareError
+    from slurm_gpushare.slurm import commands
+    from slurm_gpushare.slurm.job import parse_job_json
+
+    try:
+        rows = [line.split("|") for line in commands.sacct_uids(job_id).splitlines() if line.count("|") == 1]
+        uids = {uid for jid, uid in rows if jid == job_id and uid.isdigit()}
+        if len(uids) == 1:
+            return int(uids.pop())
+    except GpushareError:
+        pass
+    try:
+        uid = parse_job_json(commands.job_record(job_id), job_id).uid
+        return uid if uid >= 0 else None
+    except GpushareError:
+        return None
+
+
+def _slurm_user_uid() -> int | None:
+    """SlurmUser's uid (``scontrol show config``: ``SlurmUserId = slurm(64030)``), None when not known."""
+    import re
+
+    from slurm_gpushare.errors import GpushareError
+    from slurm_gpushare.slurm import commands
+
+    try:
+        m = re.search(r"^SlurmUserId\s*=\s*\S*?\((\d+)\)", commands.show_config(), re.MULTILINE)
+    except GpushareError:
+        return None
+    return int(m.group(1)) if m else None
+
+
+def _admin_level(uid: int) -> str:
+    """The Slurm AdminLevel of the user with ``uid`` (``sacctmgr show user``), ``""`` when not known."""
+    import pwd
+
+    from slurm_gpushare.errors import GpushareError
+    from slurm_gpushare.slurm import commands
+
+    try:
+        name = pwd.getpwuid(uid).pw_name
+        return commands.admin_level(name).strip().splitlines()[0] if name else ""
+    except (KeyError, IndexError, GpushareError):
+        return ""
+
+
+def _policy(path: str | None):
+    """The policy given, else the site's where readable, else the built-in defaults."""
+    from slurm_gpushare.submit.policyfile import SitePolicy, load_policy
+
+    if path:
+        return load_policy(path)
+    return load_policy(DEFAULT_POLICY) if _readable(DEFAULT_POLICY) else SitePolicy()
+
+
+def _offers(machines_dir: str, mig_enabled: bool) -> dict:
+    """The GPU models' offers from the readable machine descriptions (one that does not load is left out)."""
+    from slurm_gpushare.accounting.jobstats import offers_from_machines
+    from slurm_gpushare.errors import GpushareError
+    from slurm_gpushare.hardware.machine import Machine
+
+    machines = []
+    d = Path(machines_dir)
+    if _readable(d, directory=True):
+        for p in sorted(d.glob("*.json")):
+            try:
+                machines.append(Machine.load(p))
+            except (GpushareError, OSError):
+                continue
+    return offers_from_machines(machines, mig_enabled=mig_enabled)
+
+
+def _readable(path: str | Path, *, directory: bool = False) -> bool:
+    """Whether this user may read the file (or list the directory): False also where a directory above it may
+    not be entered (``Path.is_file`` raises then)."""
+    p = Path(path)
+    try:
+        kind = p.is_dir() if directory else p.is_file()
+    except OSError:
+        return False
+    return kind and os.access(p, os.R_OK | (os.X_OK if directory else 0))

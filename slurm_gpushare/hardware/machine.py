@@ -678,6 +678,28 @@ def mig_cap_owner(minor: int) -> tuple[int, int, int | None] | None:
 
 
 @functools.lru_cache(maxsize=1024)
+def nominal_gpu_mib(memory_mib: int) -> int:
+    """A whole GPU's nominal memory: its total memory rounded to the nearest GiB, in MiB.
+
+    ``81559`` (H100 80GB, NVML ``nvmlDeviceGetMemoryInfo().total``) -> ``81920`` (80 GiB);
+    ``24564`` (RTX 4090) -> ``24576``; ``81920`` (A100 80GB) -> ``81920``.
+    """
+    gib = int(memory_mib / 1024 + 0.5)
+    return gib * 1024 if gib > 0 else memory_mib
+
+
+def nominal_profile_mib(profile: MigProfile) -> int:
+    """A MIG profile's nominal memory, from its name: ``1g.10gb`` (9984 MiB) -> ``10240`` (10 GiB).
+
+    Profiles whose name carries no ``<N>gb`` give their real memory.
+    """
+    head = profile.name.split("+", 1)[0]
+    _, _, size = head.rpartition(".")
+    if size.lower().endswith("gb") and size[:-2].isdigit() and size[:-2].isascii():
+        return int(size[:-2]) * 1024
+    return profile.memory_mib
+
+
 def gpu_model(name: str) -> str:
     """Short lower-case GPU model for GRES ``Type=`` from an NVML product name (``nvmlDeviceGetName``).
 

@@ -209,3 +209,34 @@ def sacctmgr_admin_comment(job: str, text: str, **kw) -> str:
         SlurmError: sacctmgr failed (not allowed, no slurmdbd).
     """
     return run(["sacctmgr", "-i", "modify", "job", "where", f"jobid={job}", "set", f"AdminComment={text}"], **kw)
+
+
+def sacct_uids(job_id: str, **kw) -> str:
+    """``sacct -X -D -n -P -o JobIDRaw,UID -j JOBID`` (sacct(1)): the uid slurmdbd recorded for each run of the
+    job (``id_user`` of its row: slurmctld's, never the user's to write), ``ID|UID`` per line; empty when
+    slurmdbd does not know the job.
+
+    Raises:
+        SlurmError: sacct failed (no slurmdbd).
+    """
+    return run(["sacct", "-X", "-D", "-n", "-P", "-o", "JobIDRaw,UID", "-j", str(job_id)], **kw)
+
+
+def show_config(**kw) -> str:
+    """``scontrol show config`` (scontrol(1)): ``Key = value`` lines, ``SlurmUserId = slurm(64030)`` among them.
+
+    Raises:
+        SlurmError: scontrol failed (slurmctld down).
+    """
+    return run(["scontrol", "show", "config"], **kw)
+
+
+def admin_level(user: str, **kw) -> str:
+    """``sacctmgr -n -P show user USER format=AdminLevel`` (sacctmgr(1)): ``None``, ``Operator`` or
+    ``Administrator`` as slurmdbd holds it (only an Administrator may change it); empty for a user slurmdbd
+    does not know.
+
+    Raises:
+        SlurmError: sacctmgr failed (no slurmdbd).
+    """
+    return run(["sacctmgr", "-n", "-P", "show", "user", user, "format=AdminLevel"], **kw)

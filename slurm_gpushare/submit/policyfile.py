@@ -11,6 +11,7 @@ reported instead of silently ignored. Every key is optional; the defaults are th
     max_count = 8
     police_direct = true
     shard_unit = "1G"
+    headroom = 0.2
 
     [mig]
     enabled = true
@@ -79,6 +80,8 @@ class SitePolicy:
         max_count: the largest count (GPUs or slices on one node) one request may ask for.
         shard_unit_mib: GPU memory per shard in MiB (default 1024; must match the gres.conf
             generator's unit, which the filter service passes to the cluster inventory).
+        headroom: what ``jobstats`` and ``report --waste`` add to a job's peak memory when they
+            suggest a request for next time, as a fraction of the peak (0-4; default 0.2: peak x 1.2).
         source: where the policy came from (a file name, or ``built-in defaults``).
     """
 
@@ -93,6 +96,7 @@ class SitePolicy:
     police_direct: bool = True
     max_count: int = 8
     shard_unit_mib: int = 1024
+    headroom: float = 0.2
     source: str = "built-in defaults"
 
     def __post_init__(self):
@@ -132,6 +136,8 @@ def _check(p: SitePolicy) -> list[tuple[str, str]]:
         out.append((f"max_count must be at least 1, not {p.max_count}", "max_count"))
     if p.shard_unit_mib < 1:
         out.append((f"shard_unit must be at least 1 MiB, not {p.shard_unit_mib} MiB", "shard_unit"))
+    if not 0 <= p.headroom <= 4:
+        out.append((f"headroom must be between 0 and 4 (a fraction of the peak), not {p.headroom}", "headroom"))
     for name, modes in p.partitions.items():
         if not modes or any(k not in KINDS for k in modes):
             out.append((f"partitions.{name}.modes must list some of {', '.join(KINDS)}, not {list(modes)}",
@@ -147,6 +153,7 @@ _EXAMPLES = {
     "max_count": "max_count = 8",
     "police_direct": "police_direct = true",
     "shard_unit": 'shard_unit = "1G"',
+    "headroom": "headroom = 0.2",
     "mig": "[mig] with enabled = true, fit = \"nominal\", max_waste = 0.5",
     "mig.enabled": "enabled = true under [mig]",
     "mig.fit": 'fit = "nominal" (or "exact") under [mig]',
@@ -170,8 +177,8 @@ def _hint(key: str) -> str:
 
 
 # The keys each table may hold; anything else is an error.
-_TOP = {"version", "mode_order", "model_preference", "max_count", "police_direct", "shard_unit", "mig",
-        "whole_gpu", "partitions"}
+_TOP = {"version", "mode_order", "model_preference", "max_count", "police_direct", "shard_unit", "headroom",
+        "mig", "whole_gpu", "partitions"}
 _MIG = {"enabled", "fit", "max_waste"}
 _WHOLE = {"fit", "threshold"}
 _PARTITION = {"modes"}
@@ -224,6 +231,8 @@ def policy_from_dict(data: dict[str, Any], *, source: str = "<policy>") -> SiteP
             kw["shard_unit_mib"] = parse_shard_unit_value(data["shard_unit"])
         except InputError as e:
             raise ConfigError(e.message, hint=e.hint or _hint("shard_unit"), source=source) from None
+    if "headroom" in data:
+        kw["headroom"] = _number(data["headroom"], "headroom", source)
     mig = _table(data.get("mig", {}), "mig", source)
     _unknown(mig, _MIG, "mig.", source)
     if "enabled" in mig:

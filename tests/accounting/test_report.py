@@ -227,3 +227,54 @@ def test_a_requeued_jobs_runs_add_up_without_the_time_between_them():
                 record(job_id="7", restart=1, start=T0 + 6 * H, end=T0 + 8 * H)])
         row = by(job_report(st), "7")
     assert row["hours"] == pytest.approx(3.0) and row["gpus"] == 1
+
+
+# --- filters: report --user/--account/--job ---------------------------------------------------------------
+
+def test_filters_keep_to_users_accounts_and_jobs(store):
+    from slurm_gpushare.accounting.report import Filters
+
+    def jobs(rep):
+        return [r[0] for r in rep.rows]
+
+    assert jobs(job_report(store, filters=Filters(users=("bob",)))) == ["3", "4"]
+    assert jobs(job_report(store, filters=Filters(users=("alice", "bob")))) == ["1", "2", "3", "4"]
+    assert jobs(job_report(store, filters=Filters(accounts=("physics",)))) == ["1", "2"]
+    assert jobs(job_report(store, filters=Filters(jobs=("2", "3")))) == ["2", "3"]
+    # different options: all of them
+    assert jobs(job_report(store, filters=Filters(users=("alice",), jobs=("3",)))) == []
+    assert jobs(job_report(store, filters=Filters(users=("nobody",)))) == []
+    by_user = usage_report(store, by="user", filters=Filters(accounts=("chem",)))
+    assert [r[0] for r in by_user.rows] == ["bob"] and by_user.total[1] == 2
+    # with a period: both apply
+    assert jobs(job_report(store, since=T0 + 2 * H, filters=Filters(users=("bob",)))) == ["3"]
+    assert jobs(waste_report(store, filters=Filters(users=("bob",)))) == []
+    assert jobs(waste_report(store, filters=Filters(users=("alice",)))) == jobs(waste_report(store))
+
+
+def test_a_job_filter_takes_an_arrays_id_for_all_its_tasks():
+    from slurm_gpushare.accounting.report import Filters
+
+    with Store() as st:
+        st.add([record(job_id="41", array_job_id="40", array_task_id=1),
+                record(job_id="42", array_job_id="40", array_task_id=2), record(job_id="43")])
+        assert [r[0] for r in job_report(st, filters=Filters(jobs=("40",))).rows] == ["41", "42"]
+        assert [r[0] for r in job_report(st, filters=Filters(jobs=("42",))).rows] == ["42"]
+
+
+def test_report_command_filters(tmp_path):
+    from click.testing import CliRunner
+
+    from slurm_gpushare.cli import main
+
+    db = tmp_path / "acct.db"
+    with Store(db) as st:
+        st.add(fixture())
+    out = CliRunner().invoke(main, ["report", "--db", str(db), "--by", "job", "--format", "json", "--user", "alice",
+                                    "--job", "2", "--job", "3"])
+    assert out.exit_code == 0, out.output
+    assert [r["job"] for r in json.loads(out.output)["rows"]] == ["2"]
+    out = CliRunner().invoke(main, ["report", "--db", str(db), "--account", "chem", "--format", "csv"])
+    assert out.exit_code == 0 and [r.split(",")[0] for r in out.output.splitlines()[1:]] == ["bob"], out.output
+    out = CliRunner().invoke(main, ["report", "--db", str(db), "--job", "12x"])
+    assert out.exit_code == 2 and "not a job id" in out.output

@@ -207,6 +207,15 @@ def test_report_from_sacct_command_line_passes_sacct_options_and_the_period(monk
         r = CliRunner().invoke(main, ["report", "--from-sacct", *shaping])
         assert r.exit_code == 2 and "changes sacct's output" in r.output, r.output
     assert len(seen) == 1
+    # the filters select in sacct too (unless sacct options already do), and in the report
+    r = CliRunner().invoke(main, ["report", "--from-sacct", "--by", "job", "--format", "csv", "--user", "alice",
+                                  "--user", "bob", "--account", "physics", "--job", "42"])
+    assert r.exit_code == 0, r.output
+    assert seen[1] == ["-u", "alice,bob", "-A", "physics", "-j", "42"]
+    assert r.output.splitlines()[1].startswith("42,")
+    r = CliRunner().invoke(main, ["report", "--from-sacct", "--format", "csv", "--user", "bob", "-u", "alice"])
+    assert r.exit_code == 0, r.output
+    assert seen[2] == ["-u", "alice"] and r.output.splitlines()[1:] == []  # sacct's alice, then only bob's rows
 
 
 def test_final_job_from_epilog_slurmctld_environment():

@@ -1,0 +1,315 @@
+"""One job's GPU usage for its user: what it asked for, was granted, peaked at and used, per GPU device, a
+compact terminal chart of it, and the request to make next time (``slurm-gpushare jobstats JOBID``).
+
+The records come from the accounting store where the caller may read it, else from Slurm's own accounting
+(the job's ``[gpushare:u1 ...]`` AdminComment segment, :mod:`slurm_gpushare.accounting.sacct`). Who may see
+a job is decided from what its user cannot write (:func:`may_see`): the job's uid as slurmdbd or slurmctld
+recorded it, and the caller's real uid; an administrator is root, SlurmUser, or a Slurm ``AdminLevel`` of
+Operator or Administrator (``sacctmgr show user``). Nothing of Comment, JobName or AdminComment counts.
+
+The suggestion (:func:`suggest`): the highest peak of the job's devices plus the site's headroom (the
+policy's ``headroom``, default 0.2 = 20%), rounded up to what the site offers for that GPU model: the
+smallest MIG profile that holds it for a job that ran on MIG slices, else whole shard units (an MPS share,
+1 GiB by default); a whole GPU from the policy's ``whole_gpu.threshold`` of a GPU's memory on. A job that
+did not complete and peaked near its limit is never told to ask for less than it had.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from slurm_gpushare.accounting.record import UsageRecord
+from slurm_gpushare.errors import InputError
+from slurm_gpushare.hardware.machine import MigProfile, nominal_gpu_mib, nominal_profile_mib
+from slurm_gpushare.memsize import format_mib
+from slurm_gpushare.slurm.gres import GresItem
+
+#: A failed job whose peak reached this share of what it was granted may have failed for want of memory.
+NEAR_LIMIT = 0.9
+#: Width of the terminal chart's bars, characters.
+BAR_WIDTH = 32
+_EIGHTHS = " ▏▎▍▌▋▊▉"
+
+
+class NotYours(InputError):
+    """The caller is neither the job's user nor a Slurm administrator."""
+
+
+@dataclass(frozen=True)
+class Offer:
+    """What a site offers on one GPU model, for rounding a suggestion.
+
+    Attributes:
+        gpu_mib: a whole GPU's memory (MiB, NVML's total).
+        mig_mib: nominal sizes of the MIG profiles the site's MIG-enabled GPUs of the model offer (MiB).
+    """
+
+    gpu_mib: int
+    mig_mib: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Suggestion:
+    """A request for next time: ``request`` (``gpushare:mem=8G``, or ``gpushare:mem=8G:2``), ``mib`` per
+    device, and ``why`` (one line: peak, headroom, what it was rounded to)."""
+
+    request: str
+    mib: int
+    why: str
+
+
+def suggest(peak_mib: int, offer: Offer, *, headroom: float = 0.2, unit_mib: int = 1024, on_mig: bool = False,
+            whole_threshold: float = 1.0, count: int = 1, at_least_mib: int = 0) -> Suggestion:
+    """The request that fits a job that peaked at ``peak_mib`` per device (see the module docstring).
+
+    The need is the peak plus ``headroom`` (or ``at_least_mib`` when more). From ``whole_threshold`` of a
+    GPU's nominal memory on it is a whole GPU's size. A job that ran on a MIG slice (``on_mig``) gets the
+    smallest MIG profile size of the model that holds the need (by the profile's name, as the policy's
+    nominal fit takes it: a slice is what it would get again); any other job whole shard units.
+
+    Args:
+        peak_mib: the highest peak of the job's devices, MiB.
+        offer: the model's GPU memory and MIG profile sizes.
+        headroom: fraction added to the peak (0.2 = 20%).
+        unit_mib: the shard unit: an MPS share is a whole number of them.
+        on_mig: the job ran on MIG slices.
+        whole_threshold: from this fraction of a GPU's memory on, a request gets a whole GPU.
+        count: devices per node (more than one: ``gpushare:mem=...:N``).
+        at_least_mib: never suggest less (a job that may have failed for want of memory).
+
+    Raises:
+        InputError: a negative peak or headroom, a unit or count below 1.
+
+    >>> suggest(6000, Offer(24564)).request
+    'gpushare:mem=8G'
+    >>> suggest(7000, Offer(81559, (10240, 20480, 40960)), on_mig=True).request
+    'gpushare:mem=10G'
+    """
+    if peak_mib < 0 or headroom < 0 or unit_mib < 1 or count < 1:
+        raise InputError(f"cannot suggest a request for peak {peak_mib} MiB, headroom {headroom}, unit {unit_mib} "
+                         f"MiB, count {count}")
+    need = max(1, math.ceil(peak_mib * (1.0 + headroom)))
+    why = f"peak {peak_mib} MiB + {headroom:.0%} headroom = {need} MiB"
+    if at_least_mib > need:
+        need = at_least_mib
+        why = f"it did not complete and peaked near its limit: at least the {format_mib(need)} it had"
+    gpu = nominal_gpu_mib(offer.gpu_mib)
+    slices = [size for size in sorted(set(offer.mig_mib)) if need <= size < gpu] if on_mig else []
+    if need >= whole_threshold * gpu:
+        mib = gpu
+        why += f", a whole GPU ({format_mib(gpu)})"
+        if need > gpu:
+            why += ": more than one GPU holds, spread the work over more GPUs"
+    elif slices:
+        mib = slices[0]
+        why += f", the smallest MIG slice that holds it ({format_mib(mib)})"
+    else:
+        mib = min(gpu, math.ceil(need / unit_mib) * unit_mib)
+        why += f", rounded up to whole {format_mib(unit_mib)} shard units"
+    body = GresItem("gpushare", f"mem={format_mib(mib)}", count if count > 1 else None).body
+    return Suggestion(body, mib, why)
+
+
+@dataclass(frozen=True)
+class DeviceStats:
+    """One GPU device of a job's run: the record's figures, as shown."""
+
+    record: UsageRecord
+
+    @property
+    def asked_mib(self) -> int | None:
+        """What the job asked for per device (``gpushare:mem=``), or None when it asked for no size."""
+        return self.record.mem_asked_mib
+
+    @property
+    def used_pct(self) -> float | None:
+        """Peak over what was asked (or granted when nothing was asked), percent; None without a peak."""
+        r = self.record
+        base = r.mem_asked_mib or r.mem_granted_mib
+        return None if r.mem_peak_mib is None or not base else r.mem_peak_mib * 100.0 / base
+
+
+@dataclass(frozen=True)
+class JobStats:
+    """A job's records (every run, every device) and the suggestion for next time.
+
+    Attributes:
+        job_id, user, account, partition: of the job.
+        devices: per run and device, in the records' order.
+        suggestion: None when no device has a measured peak.
+        source: where the records came from (``store``, ``sacct``).
+    """
+
+    job_id: str
+    user: str
+    account: str
+    partition: str
+    devices: tuple[DeviceStats, ...]
+    suggestion: Suggestion | None
+    source: str
+
+
+def offers_from_machines(machines: Iterable, *, mig_enabled: bool = True) -> dict[str, Offer]:
+    """Per GPU model, the largest GPU memory and the nominal sizes of the MIG profiles of its MIG-enabled GPUs
+    (:class:`~slurm_gpushare.hardware.machine.Machine` descriptions; none when ``mig_enabled`` is off)."""
+    gpu: dict[str, int] = {}
+    mig: dict[str, set[int]] = {}
+    for m in machines:
+        for g in m.gpus:
+            gpu[g.model] = max(gpu.get(g.model, 0), g.memory_mib)
+            if g.mig_enabled and mig_enabled:
+                mig.setdefault(g.model, set()).update(nominal_profile_mib(p) for p in g.mig_profiles)
+    return {model: Offer(mib, tuple(sorted(mig.get(model, ())))) for model, mib in gpu.items()}
+
+
+def _offer_for(records: Sequence[UsageRecord], offers: dict[str, Offer]) -> Offer:
+    """The offer of the records' GPU model: the site's, else what the records themselves say (the GPU's memory,
+    and the MIG slice the job had)."""
+    model = records[0].gpu_model
+    if model in offers:
+        return offers[model]
+    slices = tuple(nominal_profile_mib(MigProfile(r.share, 0, 0, r.mem_granted_mib, 0)) for r in records
+                   if r.mode == "mig" and r.share)
+    return Offer(max(r.gpu_memory_mib for r in records), slices)
+
+
+def job_stats(job_id: str, records: Sequence[UsageRecord], *, source: str, offers: dict[str, Offer] | None = None,
+              headroom: float = 0.2, unit_mib: int = 1024, whole_threshold: float = 1.0) -> JobStats:
+    """The job's stats from its records (all runs); the suggestion is from its last run.
+
+    Raises:
+        InputError: no records.
+    """
+    if not records:
+        raise InputError(f"job {job_id} has no GPU usage records",
+                         hint="a job without GPUs has none; a job that just ended may not have them yet "
+                              "(the usage segment is written after the job ends)")
+    last = max(r.restart for r in records)
+    run = [r for r in records if r.restart == last]
+    peaks = [r.mem_peak_mib for r in run if r.mem_peak_mib is not None]
+    suggestion = None
+    if peaks:
+        peak = max(peaks)
+        granted = max(r.mem_granted_mib for r in run)
+        failed = any(r.exit_state not in ("COMPLETED", "") for r in run)
+        at_least = granted if failed and peak >= NEAR_LIMIT * granted else 0
+        nodes = {r.node for r in run}
+        per_node = max(1, len(run) // max(1, len(nodes)))
+        suggestion = suggest(peak, _offer_for(run, offers or {}), headroom=headroom, unit_mib=unit_mib,
+                             on_mig=all(r.mode == "mig" for r in run), whole_threshold=whole_threshold,
+                             count=per_node, at_least_mib=at_least)
+    r0 = records[0]
+    return JobStats(job_id, r0.user, r0.account, r0.partition, tuple(DeviceStats(r) for r in records), suggestion,
+                    source)
+
+
+# --- rendering -----------------------------------------------------------------------------------------
+
+def bar(value: float, scale: float, width: int = BAR_WIDTH) -> str:
+    """A horizontal bar of ``value`` out of ``scale`` in ``width`` characters, eighths of a cell resolved
+    (``█``, ``▌``...), padded with spaces.
+
+    >>> bar(1, 2, 4)
+    '██  '
+    """
+    if scale <= 0 or value <= 0:
+        return " " * width
+    eighths = min(width * 8, round(value / scale * width * 8))
+    full, part = divmod(eighths, 8)
+    text = "█" * full + (_EIGHTHS[part] if part else "")
+    return text.ljust(width)
+
+
+def chart(dev: DeviceStats, width: int = BAR_WIDTH) -> list[str]:
+    """Three bars on one scale (the largest of asked, granted, peak): asked, granted, peak; then SM mean and
+    peak on a 0-100% scale. A value without data reads ``no data``."""
+    r = dev.record
+    scale = max(x for x in (r.mem_asked_mib or 0, r.mem_granted_mib, r.mem_peak_mib or 0, 1))
+
+    def line(label: str, mib: int | None, note: str = "") -> str:
+        if mib is None:
+            return f"  {label:<8} {'':<{width}}  no data"
+        return f"  {label:<8} {bar(mib, scale, width)}  {format_mib(mib) if mib % 1024 == 0 else f'{mib}M'}{note}"
+
+    used = dev.used_pct
+    out = [line("asked", r.mem_asked_mib) if r.mem_asked_mib is not None else f"  {'asked':<8} (no size: granted "
+           "what the request named)",
+           line("granted", r.mem_granted_mib),
+           line("peak", r.mem_peak_mib, "" if used is None else
+                f" ({used:.0f}% of what it {'asked' if r.mem_asked_mib else 'was granted'})")]
+    if r.sm_mean_percent is None:
+        out.append(f"  {'SM':<8} {'':<{width}}  no data (MIG devices and unsampled jobs have none)")
+    else:
+        peak = f", peak {r.sm_peak_percent:.0f}%" if r.sm_peak_percent is not None else ""
+        out.append(f"  {'SM mean':<8} {bar(r.sm_mean_percent, 100.0, width)}  {r.sm_mean_percent:.0f}%{peak}")
+    return out
+
+
+def to_text(stats: JobStats) -> str:
+    """The terminal view: a header, per device its line and chart, the suggestion."""
+    out = [f"job {stats.job_id}  user {stats.user or '-'}  account {stats.account or '-'}  partition "
+           f"{stats.partition or '-'}  "
+           f"(from the {'accounting database' if stats.source == 'store' else 'job AdminComment in sacct'})"]
+    runs = sorted({d.record.restart for d in stats.devices})
+    for d in stats.devices:
+        r = d.record
+        run = f"run {r.restart}  " if len(runs) > 1 else ""
+        minutes = r.duration_s / 60.0
+        out.append("")
+        out.append(f"{run}{r.node} GPU {r.gpu_index}  {r.gpu_model} ({format_mib(nominal_gpu_mib(r.gpu_memory_mib))})"
+                   f"  {r.mode}{' ' + r.share if r.share else ''}  {minutes:.1f} min  {r.exit_state or '-'}"
+                   f"{' ' + r.exit_code if r.exit_code else ''}  {r.samples} sample{'' if r.samples == 1 else 's'}")
+        out += chart(d)
+    out.append("")
+    if stats.suggestion is None:
+        out.append("next time: no suggestion (no device has a measured peak: MIG jobs and jobs shorter than the "
+                   "monitor's interval may have none)")
+    else:
+        out.append(f"next time: --gres={stats.suggestion.request}   ({stats.suggestion.why})")
+    return "\n".join(out) + "\n"
+
+
+def to_json(stats: JobStats) -> str:
+    """``{"job", "user", "account", "partition", "source", "devices": [record + "used_pct"], "suggestion"}``."""
+    s = stats.suggestion
+    return json.dumps({
+        "job": stats.job_id, "user": stats.user, "account": stats.account, "partition": stats.partition,
+        "source": stats.source,
+        "devices": [{**d.record.to_dict(), "used_pct": None if d.used_pct is None else round(d.used_pct, 2)}
+                    for d in stats.devices],
+        "suggestion": None if s is None else {"request": s.request, "mem_mib": s.mib, "why": s.why},
+    }, indent=1) + "\n"
+
+
+# --- who may see a job ---------------------------------------------------------------------------------
+
+def may_see(job_id: str, owner_uid: int | None, caller_uid: int, *, slurm_user_uid: Callable[[], int | None],
+            admin_level: Callable[[], str]) -> None:
+    """Let the job's user, root, SlurmUser and Slurm Operators/Administrators see a job; refuse anyone else.
+
+    Args:
+        owner_uid: the job's uid as Slurm recorded it (sacct ``UID``, or slurmctld's ``user_id``); None when
+            Slurm does not know the job.
+        caller_uid: the caller's real uid.
+        slurm_user_uid: SlurmUser's uid (asked only when needed).
+        admin_level: the caller's Slurm AdminLevel (``None``, ``Operator``, ``Administrator``; asked only
+            when needed).
+
+    Raises:
+        NotYours: the caller may not see the job.
+    """
+    if caller_uid == 0 or (owner_uid is not None and owner_uid == caller_uid):
+        return
+    if caller_uid == slurm_user_uid():
+        return
+    if admin_level().strip().lower() in ("administrator", "operator"):
+        return
+    if owner_uid is None:
+        raise NotYours(f"job {job_id} is not known to Slurm (sacct, scontrol): cannot tell whose job it is",
+                       hint="check the job id; only Slurm administrators may read jobs Slurm no longer knows")
+    raise NotYours(f"job {job_id} is another user's: jobstats shows your own jobs only",
+                   hint="give one of your job ids (sacct -X -o JobID,JobName lists them); Slurm administrators "
+                        "(AdminLevel Operator or Administrator) see every job")

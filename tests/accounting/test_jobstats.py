@@ -1,0 +1,283 @@
+"""``slurm-gpushare jobstats``: the suggestion's rounding (headroom, shard units, MIG profiles, whole GPUs), the
+terminal chart, who may see a job, and the command over a store and over sacct's AdminComment segment."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+from click.testing import CliRunner
+
+from slurm_gpushare.accounting import jobstats as js
+from slurm_gpushare.accounting.jobstats import NotYours, Offer, bar, chart, job_stats, may_see, suggest
+from slurm_gpushare.accounting.sacct import final_segment
+from slurm_gpushare.accounting.store import Store
+from slurm_gpushare.cli import main
+from slurm_gpushare.errors import InputError
+from slurm_gpushare_dev.cluster import DEFAULT_NODES, packaged_machine
+from tests.accounting.test_record import record
+from tests.accounting.test_report import A100, H100, T0, fixture
+
+H100_MIG = (10240, 20480, 40960, 81920)  # 1g.10gb, 2g.20gb / 1g.20gb, 3g.40gb / 4g.40gb, 7g.80gb
+
+
+# --- the suggestion --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("peak", "offer", "kw", "want"), [
+    # peak x 1.2 rounded up to whole GiB (MPS shares come in shard units)
+    (6000, Offer(24564), {}, "gpushare:mem=8G"),          # 7200 MiB -> 8 GiB
+    (4096, Offer(A100), {}, "gpushare:mem=5G"),           # 4915.2 -> 5 GiB
+    (1, Offer(A100), {}, "gpushare:mem=1G"),              # never less than one unit
+    (0, Offer(A100), {}, "gpushare:mem=1G"),
+    (6000, Offer(24564), {"headroom": 0.0}, "gpushare:mem=6G"),
+    (6000, Offer(24564), {"headroom": 0.5}, "gpushare:mem=9G"),
+    # another shard unit: 512 MiB steps
+    (6000, Offer(24564), {"unit_mib": 512}, "gpushare:mem=7680M"),
+    # a MIG job: the smallest profile that holds peak x 1.2, by its nominal size
+    (7000, Offer(H100, H100_MIG), {"on_mig": True}, "gpushare:mem=10G"),    # 8400 -> 1g.10gb
+    (8600, Offer(H100, H100_MIG), {"on_mig": True}, "gpushare:mem=20G"),    # 10320 -> 2g.20gb
+    (30000, Offer(H100, H100_MIG), {"on_mig": True}, "gpushare:mem=40G"),   # 36000 -> 3g.40gb
+    # the same peak of an MPS job: shard units, MIG sizes do not apply
+    (8600, Offer(H100, H100_MIG), {}, "gpushare:mem=11G"),
+    # a MIG job that no slice smaller than the GPU holds: shard units (an MPS share holds it)
+    (50000, Offer(H100, H100_MIG), {"on_mig": True}, "gpushare:mem=59G"),
+    # a whole GPU's size (its nominal memory: 81559 MiB reads 80G), also beyond it
+    (70000, Offer(H100), {}, "gpushare:mem=80G"),
+    (90000, Offer(H100), {}, "gpushare:mem=80G"),
+    # the policy's whole_gpu.threshold: from 0.5 of the GPU on, a whole one
+    (11000, Offer(24564), {"whole_threshold": 0.5}, "gpushare:mem=24G"),
+    # several devices per node
+    (6000, Offer(24564), {"count": 2}, "gpushare:mem=8G:2"),
+    # a job that failed near its limit: at least what it had
+    (9800, Offer(24564), {"at_least_mib": 10240, "headroom": 0.0}, "gpushare:mem=10G"),
+])
+def test_suggestion_rounds_to_what_the_site_offers(peak, offer, kw, want):
+    assert suggest(peak, offer, **kw).request == want
+
+
+def test_suggestion_says_why():
+    s = suggest(7000, Offer(H100, H100_MIG), on_mig=True)
+    assert (s.mib, s.why) == (10240, "peak 7000 MiB + 20% headroom = 8400 MiB, the smallest MIG slice that holds "
+                                     "it (10G)")
+    assert "more than one GPU holds" in suggest(90000, Offer(H100)).why
+    assert "peaked near its limit" in suggest(9800, Offer(24564), at_least_mib=10240, headroom=0.0).why
+
+
+@pytest.mark.parametrize("kw", [{"headroom": -0.1}, {"unit_mib": 0}, {"count": 0}])
+def test_suggestion_refuses_nonsense(kw):
+    with pytest.raises(InputError, match="cannot suggest"):
+        suggest(1000, Offer(A100), **kw)
+
+
+def test_offers_from_the_site_machines():
+    machines = [packaged_machine(DEFAULT_NODES[n]) for n in DEFAULT_NODES]
+    offers = js.offers_from_machines(machines)
+    mig_models = {m for m, o in offers.items() if o.mig_mib}
+    assert mig_models, offers
+    for model in mig_models:
+        assert all(size % 1024 == 0 for size in offers[model].mig_mib), offers[model]
+    assert not any(o.mig_mib for o in js.offers_from_machines(machines, mig_enabled=False).values())
+
+
+# --- the job's stats ----------------------------------------------------------------------------------------
+
+def test_job_stats_of_a_share_and_of_a_mig_slice_without_site_data():
+    recs = fixture()
+    mps = job_stats("1", [r for r in recs if r.job_id == "1"], source="store")
+    assert mps.suggestion.request == "gpushare:mem=5G"  # peak 4 GiB x 1.2
+    assert mps.devices[0].used_pct == 40.0
+    # the MIG job's own record names its slice: the suggestion rounds to it
+    mig = job_stats("3", [r for r in recs if r.job_id == "3"], source="sacct")
+    assert mig.suggestion.request == "gpushare:mem=10G"  # 8000 x 1.2 = 9600 -> the 10G slice it had
+    # two whole GPUs on one node: the higher peak, two devices
+    two = job_stats("2", [r for r in recs if r.job_id == "2"], source="store")
+    assert two.suggestion.request == "gpushare:mem=24G:2"  # 20480 x 1.2 = 24576
+    # never sampled: no suggestion
+    assert job_stats("4", [r for r in recs if r.job_id == "4"], source="store").suggestion is None
+    with pytest.raises(InputError, match="no GPU usage records"):
+        job_stats("5", [], source="store")
+
+
+def test_a_failed_job_near_its_limit_is_not_told_to_ask_for_less():
+    r = record(job_id="7", mode="mps", share="shard:10", mem_asked_mib=10240, mem_granted_mib=10240,
+               mem_peak_mib=9900, exit_state="FAILED", exit_code="1:0")
+    assert job_stats("7", [r], source="store", headroom=0.0).suggestion.request == "gpushare:mem=10G"
+    ok = record(job_id="7", mode="mps", share="shard:10", mem_asked_mib=10240, mem_granted_mib=10240,
+                mem_peak_mib=3000, exit_state="FAILED", exit_code="1:0")
+    assert job_stats("7", [ok], source="store").suggestion.request == "gpushare:mem=4G"
+
+
+def test_a_requeued_job_suggests_from_its_last_run():
+    runs = [record(job_id="8", restart=0, mem_peak_mib=20000, mem_granted_mib=24576, mode="mps", share="shard:24"),
+            record(job_id="8", restart=1, mem_peak_mib=2000, mem_granted_mib=24576, mode="mps", share="shard:24")]
+    stats = job_stats("8", runs, source="store")
+    assert len(stats.devices) == 2 and stats.suggestion.request == "gpushare:mem=3G"
+    assert "run 0" in js.to_text(stats) and "run 1" in js.to_text(stats)
+
+
+# --- the chart ----------------------------------------------------------------------------------------------
+
+def test_bar_resolves_eighths_and_clips():
+    assert bar(0, 10, 8) == " " * 8
+    assert bar(10, 10, 8) == "█" * 8
+    assert bar(20, 10, 8) == "█" * 8
+    assert bar(1, 16, 2) == "▏ "
+    assert bar(5, 10, 3) == "█▌ "
+    assert len(bar(3.3, 10)) == js.BAR_WIDTH
+
+
+def test_chart_draws_asked_granted_peak_on_one_scale():
+    r = record(mem_asked_mib=10240, mem_granted_mib=10240, mem_peak_mib=5120, sm_mean_percent=25.0,
+               sm_peak_percent=60.0, mode="mps", share="shard:10")
+    lines = chart(js.DeviceStats(r), width=8)
+    assert lines == ["  asked    ████████  10G",
+                     "  granted  ████████  10G",
+                     "  peak     ████      5G (50% of what it asked)",
+                     "  SM mean  ██        25%, peak 60%"]
+    mig = chart(js.DeviceStats(record(mode="mig", share="1g.10gb", mem_asked_mib=None, mem_granted_mib=9984,
+                                      mem_peak_mib=None, sm_mean_percent=None, sm_peak_percent=None)), width=8)
+    assert "no data" in mig[2] and "no data" in mig[3] and "no size" in mig[0]
+
+
+def test_text_and_json_views():
+    recs = [r for r in fixture() if r.job_id == "1"]
+    stats = job_stats("1", recs, source="sacct")
+    text = js.to_text(stats)
+    assert text.startswith("job 1  user alice  account physics")
+    assert "next time: --gres=gpushare:mem=5G" in text and "sacct" in text
+    data = json.loads(js.to_json(stats))
+    assert data["suggestion"]["request"] == "gpushare:mem=5G" and data["devices"][0]["used_pct"] == 40.0
+
+
+# --- who may see a job --------------------------------------------------------------------------------------
+
+def _never():
+    raise AssertionError("asked although not needed")
+
+
+def test_owner_and_root_see_without_asking_slurm():
+    may_see("1", 1001, 1001, slurm_user_uid=_never, admin_level=_never)
+    may_see("1", 1001, 0, slurm_user_uid=_never, admin_level=_never)
+
+
+@pytest.mark.parametrize("level", ["Administrator", "Operator", "operator\n"])
+def test_slurm_admins_see_every_job(level):
+    may_see("1", 1001, 1002, slurm_user_uid=lambda: 64030, admin_level=lambda: level)
+    may_see("1", None, 1002, slurm_user_uid=lambda: 64030, admin_level=lambda: level)
+
+
+def test_slurm_user_sees_every_job():
+    may_see("1", 1001, 64030, slurm_user_uid=lambda: 64030, admin_level=_never)
+
+
+def test_another_users_job_is_refused():
+    with pytest.raises(NotYours, match="job 1 is another user's: jobstats shows your own jobs only"):
+        may_see("1", 1001, 1002, slurm_user_uid=lambda: 64030, admin_level=lambda: "None")
+    with pytest.raises(NotYours, match="not known to Slurm"):
+        may_see("1", None, 1002, slurm_user_uid=lambda: None, admin_level=lambda: "")
+
+
+# --- the command --------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def fake_slurm(monkeypatch):
+    """Slurm's answers: the job's uid per sacct, its AdminComment rows, SlurmUser, AdminLevel."""
+    from slurm_gpushare.slurm import commands
+
+    state = {"uid": 0, "sacct": "", "slurm_user": 64030, "level": "None", "calls": []}
+    monkeypatch.setattr(commands, "sacct_uids", lambda job: f"{job}|{state['uid']}\n")
+    monkeypatch.setattr(commands, "show_config", lambda: f"SlurmUserId             = slurm({state['slurm_user']})\n")
+    monkeypatch.setattr(commands, "admin_level", lambda user: state["level"] + "\n")
+
+    def sacct_jobs(args):
+        state["calls"].append(args)
+        return state["sacct"]
+
+    monkeypatch.setattr(commands, "sacct_jobs", sacct_jobs)
+    return state
+
+
+def _sacct_row(rec, job_id="1"):
+    seg = final_segment([rec])
+    return f"{job_id}|{job_id}|{rec.user}|{rec.account}|{rec.partition}|COMPLETED|0:0|{T0}|{T0 + 60}|00:01:00||{seg}\n"
+
+
+def test_command_reads_the_store_where_readable(tmp_path, fake_slurm, monkeypatch):
+    import os
+
+    fake_slurm["uid"] = os.getuid()
+    db = tmp_path / "acct.db"
+    with Store(db) as st:
+        # a per-step record beside the allocation's: not a device of its own (the segment has none either)
+        step = record(job_id="1", step="batch", mode="mps", share="shard:10", mem_asked_mib=10240,
+                      mem_granted_mib=10240, mem_peak_mib=9000)
+        st.add([*fixture(), step])
+    out = CliRunner().invoke(main, ["jobstats", "1", "--db", str(db), "--machines", str(tmp_path)])
+    assert out.exit_code == 0, out.output
+    assert "accounting database" in out.output and "--gres=gpushare:mem=5G" in out.output
+    assert out.output.count("  granted  ") == 1
+    assert fake_slurm["calls"] == []
+
+
+def test_command_reads_sacct_without_a_readable_store(tmp_path, fake_slurm):
+    import os
+
+    fake_slurm["uid"] = os.getuid()
+    rec = [r for r in fixture() if r.job_id == "3"][0]
+    fake_slurm["sacct"] = _sacct_row(rec, "3")
+    out = CliRunner().invoke(main, ["jobstats", "3", "--db", str(tmp_path / "none.db"), "--machines",
+                                    str(tmp_path), "--format", "json"])
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.output)
+    assert data["source"] == "sacct" and data["suggestion"]["request"] == "gpushare:mem=10G"
+    assert fake_slurm["calls"] == [["-j", "3"]]
+
+
+def test_command_refuses_another_users_job(tmp_path, fake_slurm, monkeypatch):
+    import os
+
+    monkeypatch.setattr(os, "getuid", lambda: 4242)
+    monkeypatch.setattr("pwd.getpwuid", lambda uid: SimpleNamespace(pw_name="carol"))
+    fake_slurm["uid"] = 4343
+    out = CliRunner().invoke(main, ["jobstats", "1", "--db", str(tmp_path / "none.db")])
+    assert out.exit_code != 0
+    assert "another user's" in out.output and fake_slurm["calls"] == []
+    fake_slurm["level"] = "Operator"
+    rec = [r for r in fixture() if r.job_id == "1"][0]
+    fake_slurm["sacct"] = _sacct_row(rec)
+    out = CliRunner().invoke(main, ["jobstats", "1", "--db", str(tmp_path / "none.db"), "--machines", str(tmp_path)])
+    assert out.exit_code == 0, out.output
+
+
+def test_command_refuses_a_job_id_that_is_not_one():
+    out = CliRunner().invoke(main, ["jobstats", "12;rm"])
+    assert out.exit_code == 2 and "not a job id" in out.output
+
+
+def test_command_uses_the_policy_headroom(tmp_path, fake_slurm):
+    import os
+
+    fake_slurm["uid"] = os.getuid()
+    fake_slurm["sacct"] = _sacct_row([r for r in fixture() if r.job_id == "1"][0])
+    policy = tmp_path / "p.toml"
+    policy.write_text("version = 1\nheadroom = 1.0\n")
+    out = CliRunner().invoke(main, ["jobstats", "1", "--from-sacct", "--policy", str(policy), "--machines",
+                                    str(tmp_path)])
+    assert out.exit_code == 0, out.output
+    assert "--gres=gpushare:mem=8G" in out.output  # 4 GiB x 2
+
+
+def test_a_store_behind_a_directory_the_user_may_not_enter_is_not_readable_and_not_an_error(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from slurm_gpushare.cli.accounting import _readable
+
+    def denied(self, *a, **kw):
+        raise PermissionError(13, "Permission denied", str(self))
+
+    db = tmp_path / "acct.db"
+    db.write_text("")
+    assert _readable(db) and _readable(tmp_path, directory=True) and not _readable(tmp_path / "none")
+    monkeypatch.setattr(Path, "stat", denied)  # what a directory above it without x gives every user but root
+    assert not _readable(db) and not _readable(tmp_path, directory=True)
