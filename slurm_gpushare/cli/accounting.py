@@ -151,8 +151,9 @@ def report(db_path, by, since, until, users, accounts, jobs, fmt, waste, plot_pa
     if plot_path and fmt != "table":
         raise click.UsageError("--plot writes a picture: drop --format")
     for job in jobs:
-        if not job.isdigit():
+        if _job_id(job) is None:
             raise click.UsageError(f"--job {job!r} is not a job id (digits: the job's own id, or an array's)")
+    jobs = tuple(_job_id(job) for job in jobs)
     by = by or "user"
     start = parse_time(since, what="--since") if since else None
     end = parse_time(until, what="--until") if until else None
@@ -251,9 +252,10 @@ def jobstats(job_id, db_path, from_sacct, policy_path, machines_dir, fmt):
     from slurm_gpushare.accounting.store import Store, default_db
     from slurm_gpushare.slurm import commands
 
-    if not job_id.isdigit():
+    if _job_id(job_id) is None:
         raise click.UsageError(f"{job_id!r} is not a job id: give the job's own id (digits; for an array task "
                                "sacct -o JobIDRaw shows it)")
+    job_id = _job_id(job_id)
     js.may_see(job_id, _job_uid(job_id), os.getuid(), slurm_user_uid=_slurm_user_uid,
                admin_level=lambda: _admin_level(os.getuid()))
     records, source = [], "sacct"
@@ -270,6 +272,14 @@ def jobstats(job_id, db_path, from_sacct, policy_path, machines_dir, fmt):
                          headroom=policy.headroom, unit_mib=policy.shard_unit_mib,
                          whole_threshold=policy.whole_gpu_threshold)
     click.echo(js.to_json(stats) if fmt == "json" else js.to_text(stats), nl=False)
+
+
+def _job_id(text: str) -> str | None:
+    """A job id as Slurm reads it (ASCII digits, leading zeros dropped: ``007`` is job 7), None when ``text`` is
+    not one (``str.isdigit`` also holds for ``²`` and other scripts' digits, which Slurm does not read)."""
+    if not (text.isascii() and text.isdigit()):
+        return None
+    return text.lstrip("0") or "0"
 
 
 def _job_uid(job_id: str) -> int | None:

@@ -220,17 +220,18 @@ def test_command_reads_the_store_where_readable(tmp_path, fake_slurm, monkeypatc
     assert fake_slurm["calls"] == []
 
 
-def test_command_reads_sacct_without_a_readable_store(tmp_path, fake_slurm):
+@pytest.mark.parametrize("given", ["3", "003"])  # Slurm reads 003 as job 3 (jobstats said job 003 was not known)
+def test_command_reads_sacct_without_a_readable_store(tmp_path, fake_slurm, given):
     import os
 
     fake_slurm["uid"] = os.getuid()
     rec = [r for r in fixture() if r.job_id == "3"][0]
     fake_slurm["sacct"] = _sacct_row(rec, "3")
-    out = CliRunner().invoke(main, ["jobstats", "3", "--db", str(tmp_path / "none.db"), "--machines",
+    out = CliRunner().invoke(main, ["jobstats", given, "--db", str(tmp_path / "none.db"), "--machines",
                                     str(tmp_path), "--format", "json"])
     assert out.exit_code == 0, out.output
     data = json.loads(out.output)
-    assert data["source"] == "sacct" and data["suggestion"]["request"] == "gpushare:mem=10G"
+    assert data["source"] == "sacct" and data["suggestion"]["request"] == "gpushare:mem=10G" and data["job"] == "3"
     assert fake_slurm["calls"] == [["-j", "3"]]
 
 
@@ -281,3 +282,15 @@ def test_a_store_behind_a_directory_the_user_may_not_enter_is_not_readable_and_n
     assert _readable(db) and _readable(tmp_path, directory=True) and not _readable(tmp_path / "none")
     monkeypatch.setattr(Path, "stat", denied)  # what a directory above it without x gives every user but root
     assert not _readable(db) and not _readable(tmp_path, directory=True)
+
+
+@pytest.mark.parametrize("job_id", ["²", "１２", "٣"])
+def test_command_refuses_digits_that_slurm_does_not_read(fake_slurm, job_id):
+    """str.isdigit() holds for superscripts and other scripts' digits, which no Slurm job id is made of: such an
+    id was passed on to sacct and scontrol (and, for root, read as a job) instead of refused."""
+    out = CliRunner().invoke(main, ["jobstats", job_id])
+    assert out.exit_code == 2 and "not a job id" in out.output, out.output
+    assert fake_slurm["calls"] == []
+    out = CliRunner().invoke(main, ["report", "--job", job_id, "--db", "/nonexistent.db"])
+    assert out.exit_code == 2 and "not a job id" in out.output, out.output
+
