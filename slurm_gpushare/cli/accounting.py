@@ -150,6 +150,15 @@ def report(db_path, by, since, until, users, accounts, jobs, fmt, waste, plot_pa
                                "--waste")
     if plot_path and fmt != "table":
         raise click.UsageError("--plot writes a picture: drop --format")
+    if plot_path == "":
+        raise click.UsageError("--plot '' names no file: give FILE.png or FILE.html")
+    for option, values in (("--user", users), ("--account", accounts)):
+        if any(not v.strip() for v in values):
+            raise click.UsageError(f"{option} '' names no one: give a name (repeat {option} for several)")
+    if plot_path:
+        from slurm_gpushare.accounting.plot import check_suffix
+
+        check_suffix(plot_path)  # before sacct is read or the figure drawn
     for job in jobs:
         if _job_id(job) is None:
             raise click.UsageError(f"--job {job!r} is not a job id (digits: the job's own id, or an array's)")
