@@ -265,16 +265,23 @@ def jobstats(job_id, db_path, from_sacct, policy_path, machines_dir, fmt):
         raise click.UsageError(f"{job_id!r} is not a job id: give the job's own id (digits; for an array task "
                                "sacct -o JobIDRaw shows it)")
     job_id = _job_id(job_id)
-    js.may_see(job_id, _job_uid(job_id), os.getuid(), slurm_user_uid=_slurm_user_uid,
+    owner_uid = _job_uid(job_id)
+    js.may_see(job_id, owner_uid, os.getuid(), slurm_user_uid=_slurm_user_uid,
                admin_level=lambda: _admin_level(os.getuid()))
+    owner = _user_name(owner_uid)
+
+    def owners(user: str) -> bool:
+        # a reused job id (slurmctld's state lost, slurmdbd's kept) also names other users' old jobs
+        return owner is None or user in ("", owner)
+
     records, source = [], "sacct"
     db = db_path or default_db()
     if not from_sacct and _readable(db):
         with Store(db, create=False) as store:
             # the allocation's records (step ""), as the AdminComment segment holds them
-            records, source = [r for r in store.records(job_id=job_id) if r.step == ""], "store"
+            records, source = [r for r in store.records(job_id=job_id) if r.step == "" and owners(r.user)], "store"
     if not records:
-        rows = [r for r in parse_sacct(commands.sacct_jobs(["-j", job_id])) if r.job_id == job_id]
+        rows = [r for r in parse_sacct(commands.sacct_jobs(["-j", job_id])) if r.job_id == job_id and owners(r.user)]
         records, source = records_from_sacct(rows), "sacct"
     policy = _policy(policy_path)
     stats = js.job_stats(job_id, records, source=source, offers=_offers(machines_dir, policy.mig_enabled),
@@ -309,6 +316,16 @@ def _job_uid(job_id: str) -> int | None:
         uid = parse_job_json(commands.job_record(job_id), job_id).uid
         return uid if uid >= 0 else None
     except GpushareError:
+        return None
+
+
+def _user_name(uid: int | None) -> str | None:
+    """The name of the user ``uid`` (None: no uid, or no such user here)."""
+    import pwd
+
+    try:
+        return None if uid is None else pwd.getpwuid(uid).pw_name
+    except KeyError:
         return None
 
 

@@ -185,7 +185,9 @@ def fake_slurm(monkeypatch):
     """Slurm's answers: the job's uid per sacct, its AdminComment rows, SlurmUser, AdminLevel."""
     from slurm_gpushare.slurm import commands
 
-    state = {"uid": 0, "sacct": "", "slurm_user": 64030, "level": "None", "calls": []}
+    state = {"uid": 0, "sacct": "", "slurm_user": 64030, "level": "None", "calls": [], "names": {}}
+    # the job owner's name, which keeps the records to the owner's (none given: the records' user is taken)
+    monkeypatch.setattr("slurm_gpushare.cli.accounting._user_name", lambda uid: state["names"].get(uid))
     monkeypatch.setattr(commands, "sacct_uids", lambda job: f"{job}|{state['uid']}\n")
     monkeypatch.setattr(commands, "show_config", lambda: f"SlurmUserId             = slurm({state['slurm_user']})\n")
     monkeypatch.setattr(commands, "admin_level", lambda user: state["level"] + "\n")
@@ -294,3 +296,23 @@ def test_command_refuses_digits_that_slurm_does_not_read(fake_slurm, job_id):
     out = CliRunner().invoke(main, ["report", "--job", job_id, "--db", "/nonexistent.db"])
     assert out.exit_code == 2 and "not a job id" in out.output, out.output
 
+
+
+def test_a_reused_job_id_shows_only_the_callers_own_run(tmp_path, fake_slurm, monkeypatch):
+    """Job ids start again after slurmctld's state is lost while slurmdbd keeps the old jobs: sacct -D then
+    lists carol's finished job 1 beside the caller's running job 1. The caller's own job (slurmctld's uid,
+    since sacct's two uids name no one owner) let jobstats show carol's records as the caller's."""
+    import os
+
+    from slurm_gpushare.slurm import commands
+
+    me = os.getuid()
+    monkeypatch.setattr(commands, "sacct_uids", lambda job: f"{job}|{me}\n{job}|4343\n")
+    monkeypatch.setattr("slurm_gpushare.cli.accounting._job_uid", lambda job: me)  # slurmctld's running job 1
+    fake_slurm["names"] = {me: "me", 4343: "carol"}
+    carols = [r for r in fixture() if r.job_id == "1"][0]
+    assert carols.user != "me"
+    fake_slurm["sacct"] = _sacct_row(carols)  # carol's run of job 1: the only one slurmdbd has ended
+    out = CliRunner().invoke(main, ["jobstats", "1", "--db", str(tmp_path / "none.db"), "--machines", str(tmp_path)])
+    assert out.exit_code != 0 and "no GPU usage records" in out.output, out.output
+    assert carols.user not in out.output
