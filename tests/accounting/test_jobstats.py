@@ -316,3 +316,11 @@ def test_a_reused_job_id_shows_only_the_callers_own_run(tmp_path, fake_slurm, mo
     out = CliRunner().invoke(main, ["jobstats", "1", "--db", str(tmp_path / "none.db"), "--machines", str(tmp_path)])
     assert out.exit_code != 0 and "no GPU usage records" in out.output, out.output
     assert carols.user not in out.output
+
+
+def test_an_idle_jobs_peak_of_nothing_reads_0g():
+    """An allocation that ran no GPU program peaks at 0 MiB: its bar read "0T" (0 is a multiple of a TiB)."""
+    idle = record(job_id="9", mode="mps", share="shard:4", mem_asked_mib=4096, mem_granted_mib=4096, mem_peak_mib=0)
+    text = js.to_text(js.job_stats("9", [idle], source="store"))
+    (peak,) = [ln for ln in text.splitlines() if ln.startswith("  peak")]
+    assert peak.endswith("  0G (0% of what it asked)"), peak
