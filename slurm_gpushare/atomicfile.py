@@ -12,7 +12,9 @@ overwrite or chmod the file it points to.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -34,6 +36,25 @@ def _create(tmp: Path, mode: int | None) -> int:
             os.fchmod(fd, mode)
         return fd
     raise FileExistsError(17, "temporary file keeps reappearing", str(tmp))
+
+
+def read_own_file(path: str | Path, *, max_bytes: int) -> bytes:
+    """The bytes of the regular file ``path``, read only when it is one of its own: never through a symbolic
+    link, never a FIFO or device (whose open(2) or read(2) could block or never end), never more than
+    ``max_bytes``. For the caches a hook keeps in its run dir.
+
+    Raises:
+        OSError: ``path`` is missing, a link, not a regular file or larger than ``max_bytes``.
+    """
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(path, flags)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > max_bytes:
+            raise OSError(errno.EINVAL, "not a regular file of at most %d bytes" % max_bytes, str(path))
+        return os.read(fd, max_bytes + 1)[:max_bytes]
+    finally:
+        os.close(fd)
 
 
 def write_atomic(path: str | Path, data: str | bytes, *, mode: int | None = None, fsync: bool = True) -> Path:

@@ -54,7 +54,9 @@ def parse_mib(text: str, *, default_unit: str | None = "M", what: str = "size",
 
 
 def format_mib(mib: int) -> str:
-    """``10240`` -> ``10G``; ``81559`` -> ``81559M`` (exact, no rounding)."""
+    """``10240`` -> ``10G``; ``81559`` -> ``81559M`` (exact, no rounding); ``0`` -> ``0G``."""
+    if mib == 0:
+        return "0G"  # not "0T": 0 is a multiple of every unit
     for unit, factor in (("T", 1024 * 1024), ("G", 1024)):
         if mib % factor == 0:
             return f"{mib // factor}{unit}"

@@ -46,6 +46,7 @@ from importlib import resources
 from pathlib import Path
 
 import click
+import ClusterShell
 import psutil
 
 import slurm_gpushare
@@ -111,10 +112,12 @@ MONITOR_PORT_OFFSET = 40
 #: Most nodes a cluster can have before node slurmd ports would run into the monitors' ports.
 MAX_NODES = MONITOR_PORT_OFFSET - SLURMD_PORT_OFFSET - 1
 #: The source trees of the product, of this package, of click (the fake app's command line; pure Python)
-#: and of psutil (which the product's ``procinfo`` imports), copied to ``<dir>/lib`` for the jobs' users
+#: of psutil (which the product's ``procinfo`` imports) and of ClusterShell (its hostlists and ``IDX:`` lists: a
+#: user's ``jobstats`` of a running job reads them), copied to ``<dir>/lib`` for the jobs' users
 #: (see :meth:`DevCluster.install_lib`).
 PACKAGE_DIRS = (Path(slurm_gpushare.__file__).resolve().parent, Path(__file__).resolve().parent,
-                Path(click.__file__).resolve().parent, Path(psutil.__file__).resolve().parent)
+                Path(click.__file__).resolve().parent, Path(psutil.__file__).resolve().parent,
+                Path(ClusterShell.__file__).resolve().parent)
 
 
 @dataclass

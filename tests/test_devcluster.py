@@ -685,6 +685,20 @@ def test_install_lib_copies_the_package_world_readable_without_caches(tmp_path):
         assert all(p.stat().st_mode & 0o777 == (0o755 if p.is_dir() else 0o644) for p in [tree, *tree.rglob("*")])
 
 
+def test_the_lib_copy_reads_a_running_jobs_gres_index_list_as_a_user_does(tmp_path):
+    """A user's ``jobstats`` of a running job (tests/test_dbd_slurm.py runs it from ``lib/``) reads the job's
+    record from slurmctld, whose ``IDX:0-1`` lists need ClusterShell: the copy carries it (it was missing,
+    and jobstats failed with ModuleNotFoundError before saying whose job it was)."""
+    c = DevCluster.default(tmp_path / "c", 20000)
+    c.install_lib()
+    code = ("from slurm_gpushare.slurm.hostlist import parse_id_list; import ClusterShell; "
+            "print(list(parse_id_list('0-1')), ClusterShell.__file__)")
+    out = subprocess.run([job_python(), "-s", "-c", code], env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(c.lib_dir)},
+                         cwd=tmp_path, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("[0, 1] " + str(c.lib_dir)), out.stdout
+
+
 def test_fake_gpu_app_registers_on_the_jobs_gpus_from_the_lib_copy(tmp_path):
     c = DevCluster(tmp_path / "c", 20000, {"n1": packaged_machine("8x-a100-nv12-bridge.json")})
     _write_rendered(c)

@@ -657,6 +657,39 @@ def test_a_passed_shard_unit_check_is_remembered_until_gres_conf_changes(node):
         prolog(node.ctx, env)
 
 
+@pytest.mark.parametrize("kind", ["fifo", "link-to-fifo", "directory"])
+def test_a_shard_unit_stamp_that_is_no_regular_file_neither_hangs_nor_fails_the_prolog(node, kind):
+    """A FIFO at ``shard-unit.ok`` (or a link to one) would block the Prolog's open(2) until slurmd's
+    PrologEpilogTimeout: the stamp is read only when it is a regular file of its own, of the key's size."""
+    from slurm_gpushare.node.prolog import SHARD_UNIT_STAMP
+    _shard_job(node)
+    env = _gres_conf(node, "1G")
+    stamp = node.ctx.run_dir / SHARD_UNIT_STAMP
+    stamp.parent.mkdir(parents=True, exist_ok=True)
+    if kind == "fifo":
+        os.mkfifo(stamp)
+    elif kind == "link-to-fifo":
+        os.mkfifo(node.root / "fifo")
+        stamp.symlink_to(node.root / "fifo")
+    else:
+        stamp.mkdir()
+
+    class Hung(BaseException):  # not an OSError (TimeoutError is one, and the Prolog catches those)
+        pass
+
+    def expire(*_):
+        raise Hung("the Prolog still runs after 10 s")
+
+    old = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(10)
+    try:
+        assert prolog(node.ctx, env) == 0 and not node.drained
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert epilog(node.ctx, env) == 0
+
+
 def test_an_epilog_whose_node_config_is_broken_still_stops_the_jobs_daemon(node, tmp_path):
     """An admin's typo in node.toml: the Epilog cannot build its context, but the job's MPS daemon
     (found by process) is stopped and its directory removed; the exit status says the config is broken."""

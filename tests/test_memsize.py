@@ -90,7 +90,8 @@ def test_parse_mib(text, default_unit, mib):
     assert parse_mib(text, default_unit=default_unit) == mib
 
 
-@pytest.mark.parametrize("mib, text", [(10240, "10G"), (81559, "81559M"), (1024 * 1024, "1T")])
+# 0 read "0T" (0 is a multiple of every unit): jobstats showed an idle job's peak as "0T"
+@pytest.mark.parametrize("mib, text", [(10240, "10G"), (81559, "81559M"), (1024 * 1024, "1T"), (0, "0G")])
 def test_format_mib_is_exact(mib, text):
     assert format_mib(mib) == text
 

@@ -57,3 +57,39 @@ def test_an_unwritable_cache_is_no_error(sinfo, tmp_path):
     install, runs = sinfo
     install("24.11.5")
     assert cached_local_release(tmp_path / "missing-dir" / "slurm-release") == Release(24, 11)
+
+
+def _within(seconds: int, fn):
+    """``fn()``, failing the test instead of hanging when it takes longer than ``seconds``."""
+    import signal
+
+    class Hung(BaseException):  # not an OSError (TimeoutError is one, and the code under test catches those)
+        pass
+
+    def expire(*_):
+        raise Hung(f"still running after {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
+    try:
+        return fn()
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "link-to-fifo", "directory"])
+def test_a_cache_that_is_no_small_regular_file_is_asked_again_without_hanging(sinfo, tmp_path, kind):
+    """A FIFO at the cache's name (or a link to one) would block the Prolog's open(2) for ever: the cache is read
+    only when it is a small regular file of its own, not through a link."""
+    install, runs = sinfo
+    install("24.11.5")
+    cache = tmp_path / "slurm-release"
+    if kind == "fifo":
+        os.mkfifo(cache)
+    elif kind == "link-to-fifo":
+        os.mkfifo(tmp_path / "fifo")
+        cache.symlink_to(tmp_path / "fifo")
+    else:
+        cache.mkdir()
+    assert _within(5, lambda: cached_local_release(cache)) == Release(24, 11) and runs() == 1

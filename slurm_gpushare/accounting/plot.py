@@ -148,6 +148,20 @@ def _over_time(ax, store: Store, since: int | None, until: int | None, filters: 
     ax.set_title("Reserved and used GPU memory over time, per GPU model and mode")
 
 
+def check_suffix(path: str | Path) -> str:
+    """The suffix of ``path`` (``.png`` or ``.html``, lower case), checked before anything is drawn.
+
+    Raises:
+        InputError: another suffix, or none.
+    """
+    p = Path(path)
+    suffix = p.suffix.lower()
+    if suffix not in SUFFIXES:
+        raise InputError(f"--plot {p}: cannot write a {suffix or 'suffix-less'} file",
+                         hint="name a .png file (the picture) or an .html file (a page embedding it)")
+    return suffix
+
+
 def write(fig: Figure, path: str | Path) -> Path:
     """Save ``fig`` as ``.png`` or as ``.html`` (a page embedding the PNG as a ``data:`` URL); the file is
     replaced whole.
@@ -156,10 +170,7 @@ def write(fig: Figure, path: str | Path) -> Path:
         InputError: another suffix, or the file cannot be written.
     """
     p = Path(path)
-    suffix = p.suffix.lower()
-    if suffix not in SUFFIXES:
-        raise InputError(f"--plot {p}: cannot write a {suffix or 'suffix-less'} file",
-                         hint="name a .png file (the picture) or an .html file (a page embedding it)")
+    suffix = check_suffix(p)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=DPI)
     png = buf.getvalue()

@@ -150,9 +150,19 @@ def report(db_path, by, since, until, users, accounts, jobs, fmt, waste, plot_pa
                                "--waste")
     if plot_path and fmt != "table":
         raise click.UsageError("--plot writes a picture: drop --format")
+    if plot_path == "":
+        raise click.UsageError("--plot '' names no file: give FILE.png or FILE.html")
+    for option, values in (("--user", users), ("--account", accounts)):
+        if any(not v.strip() for v in values):
+            raise click.UsageError(f"{option} '' names no one: give a name (repeat {option} for several)")
+    if plot_path:
+        from slurm_gpushare.accounting.plot import check_suffix
+
+        check_suffix(plot_path)  # before sacct is read or the figure drawn
     for job in jobs:
-        if not job.isdigit():
+        if _job_id(job) is None:
             raise click.UsageError(f"--job {job!r} is not a job id (digits: the job's own id, or an array's)")
+    jobs = tuple(_job_id(job) for job in jobs)
     by = by or "user"
     start = parse_time(since, what="--since") if since else None
     end = parse_time(until, what="--until") if until else None
@@ -251,25 +261,41 @@ def jobstats(job_id, db_path, from_sacct, policy_path, machines_dir, fmt):
     from slurm_gpushare.accounting.store import Store, default_db
     from slurm_gpushare.slurm import commands
 
-    if not job_id.isdigit():
+    if _job_id(job_id) is None:
         raise click.UsageError(f"{job_id!r} is not a job id: give the job's own id (digits; for an array task "
                                "sacct -o JobIDRaw shows it)")
-    js.may_see(job_id, _job_uid(job_id), os.getuid(), slurm_user_uid=_slurm_user_uid,
+    job_id = _job_id(job_id)
+    owner_uid = _job_uid(job_id)
+    js.may_see(job_id, owner_uid, os.getuid(), slurm_user_uid=_slurm_user_uid,
                admin_level=lambda: _admin_level(os.getuid()))
+    owner = _user_name(owner_uid)
+
+    def owners(user: str) -> bool:
+        # a reused job id (slurmctld's state lost, slurmdbd's kept) also names other users' old jobs
+        return owner is None or user in ("", owner)
+
     records, source = [], "sacct"
     db = db_path or default_db()
     if not from_sacct and _readable(db):
         with Store(db, create=False) as store:
             # the allocation's records (step ""), as the AdminComment segment holds them
-            records, source = [r for r in store.records(job_id=job_id) if r.step == ""], "store"
+            records, source = [r for r in store.records(job_id=job_id) if r.step == "" and owners(r.user)], "store"
     if not records:
-        rows = [r for r in parse_sacct(commands.sacct_jobs(["-j", job_id])) if r.job_id == job_id]
+        rows = [r for r in parse_sacct(commands.sacct_jobs(["-j", job_id])) if r.job_id == job_id and owners(r.user)]
         records, source = records_from_sacct(rows), "sacct"
     policy = _policy(policy_path)
     stats = js.job_stats(job_id, records, source=source, offers=_offers(machines_dir, policy.mig_enabled),
                          headroom=policy.headroom, unit_mib=policy.shard_unit_mib,
                          whole_threshold=policy.whole_gpu_threshold)
     click.echo(js.to_json(stats) if fmt == "json" else js.to_text(stats), nl=False)
+
+
+def _job_id(text: str) -> str | None:
+    """A job id as Slurm reads it (ASCII digits, leading zeros dropped: ``007`` is job 7), None when ``text`` is
+    not one (``str.isdigit`` also holds for ``²`` and other scripts' digits, which Slurm does not read)."""
+    if not (text.isascii() and text.isdigit()):
+        return None
+    return text.lstrip("0") or "0"
 
 
 def _job_uid(job_id: str) -> int | None:
@@ -290,6 +316,16 @@ def _job_uid(job_id: str) -> int | None:
         uid = parse_job_json(commands.job_record(job_id), job_id).uid
         return uid if uid >= 0 else None
     except GpushareError:
+        return None
+
+
+def _user_name(uid: int | None) -> str | None:
+    """The name of the user ``uid`` (None: no uid, or no such user here)."""
+    import pwd
+
+    try:
+        return None if uid is None else pwd.getpwuid(uid).pw_name
+    except KeyError:
         return None
 
 

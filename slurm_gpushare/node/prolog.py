@@ -18,7 +18,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from slurm_gpushare.atomicfile import write_atomic
+from slurm_gpushare.atomicfile import read_own_file, write_atomic
 from slurm_gpushare.errors import ConfigError, GpushareError, InputError, ParseError
 from slurm_gpushare.hardware.machine import Machine
 from slurm_gpushare.node.config import check_shard_unit
@@ -87,8 +87,9 @@ def check_installed_shard_unit(ctx: HookContext, machine: Machine, env: dict[str
         described = "-"
     key = f"{ctx.config.shard_unit_mib} {ctx.node} {described} {path}\n{text}"
     stamp = ctx.run_dir / SHARD_UNIT_STAMP
-    try:
-        if stamp.read_text(encoding="utf-8", errors="replace") == key:
+    expected = key.encode()  # as write_atomic writes it
+    try:  # a regular file of the key's size only: never a FIFO (an open that blocks) nor a link
+        if read_own_file(stamp, max_bytes=len(expected)) == expected:
             return
     except OSError:
         pass

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from slurm_gpushare.atomicfile import write_atomic
+from slurm_gpushare.atomicfile import read_own_file, write_atomic
 from slurm_gpushare.errors import SlurmError
 
 
@@ -129,7 +129,8 @@ def cached_local_release(cache: Path) -> Release:
     """:func:`local_release`, remembered in the file ``cache`` (a node hook's run dir: root's) for as long
     as the ``sinfo`` found on PATH is the same file (path, inode, size, mtime): a Prolog that needs the
     release to choose its job-record command then runs no ``sinfo -V``. A Slurm upgrade replaces the
-    binary, so the next hook asks again. A cache that cannot be read or written is no error.
+    binary, so the next hook asks again. A cache that cannot be read or written is no error, nor one that is
+    not a small regular file (a FIFO or a link there is never opened for reading: it could block the hook).
 
     Raises:
         SlurmError: as :func:`local_release`, when the cache does not answer.
@@ -145,7 +146,7 @@ def cached_local_release(cache: Path) -> Release:
         return local_release()
     key = f"{found} {st.st_ino} {st.st_size} {st.st_mtime_ns}"
     try:
-        line = cache.read_text(encoding="utf-8", errors="replace")
+        line = read_own_file(cache, max_bytes=4096).decode("utf-8", errors="replace")  # never a FIFO or link
         k, _, value = line.partition("\n")
         if k == key:
             return Release.parse(value)

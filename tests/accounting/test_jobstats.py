@@ -186,7 +186,9 @@ def fake_slurm(monkeypatch):
     """Slurm's answers: the job's uid per sacct, its AdminComment rows, SlurmUser, AdminLevel."""
     from slurm_gpushare.slurm import commands
 
-    state = {"uid": 0, "sacct": "", "slurm_user": 64030, "level": "None", "calls": []}
+    state = {"uid": 0, "sacct": "", "slurm_user": 64030, "level": "None", "calls": [], "names": {}}
+    # the job owner's name, which keeps the records to the owner's (none given: the records' user is taken)
+    monkeypatch.setattr("slurm_gpushare.cli.accounting._user_name", lambda uid: state["names"].get(uid))
     monkeypatch.setattr(commands, "sacct_uids", lambda job: f"{job}|{state['uid']}\n")
     monkeypatch.setattr(commands, "show_config", lambda: f"SlurmUserId             = slurm({state['slurm_user']})\n")
     monkeypatch.setattr(commands, "admin_level", lambda user: state["level"] + "\n")
@@ -221,17 +223,18 @@ def test_command_reads_the_store_where_readable(tmp_path, fake_slurm, monkeypatc
     assert fake_slurm["calls"] == []
 
 
-def test_command_reads_sacct_without_a_readable_store(tmp_path, fake_slurm):
+@pytest.mark.parametrize("given", ["3", "003"])  # Slurm reads 003 as job 3 (jobstats said job 003 was not known)
+def test_command_reads_sacct_without_a_readable_store(tmp_path, fake_slurm, given):
     import os
 
     fake_slurm["uid"] = os.getuid()
     rec = [r for r in fixture() if r.job_id == "3"][0]
     fake_slurm["sacct"] = _sacct_row(rec, "3")
-    out = CliRunner().invoke(main, ["jobstats", "3", "--db", str(tmp_path / "none.db"), "--machines",
+    out = CliRunner().invoke(main, ["jobstats", given, "--db", str(tmp_path / "none.db"), "--machines",
                                     str(tmp_path), "--format", "json"])
     assert out.exit_code == 0, out.output
     data = json.loads(out.output)
-    assert data["source"] == "sacct" and data["suggestion"]["request"] == "gpushare:mem=10G"
+    assert data["source"] == "sacct" and data["suggestion"]["request"] == "gpushare:mem=10G" and data["job"] == "3"
     assert fake_slurm["calls"] == [["-j", "3"]]
 
 
@@ -283,3 +286,43 @@ def test_a_store_behind_a_directory_the_user_may_not_enter_is_not_readable_and_n
     # every Python (3.11 through Path.stat, which raises; 3.13 through os.path.isfile, which says False)
     monkeypatch.setattr(os, "stat", denied)
     assert not _readable(db) and not _readable(tmp_path, directory=True)
+
+
+@pytest.mark.parametrize("job_id", ["²", "１２", "٣"])
+def test_command_refuses_digits_that_slurm_does_not_read(fake_slurm, job_id):
+    """str.isdigit() holds for superscripts and other scripts' digits, which no Slurm job id is made of: such an
+    id was passed on to sacct and scontrol (and, for root, read as a job) instead of refused."""
+    out = CliRunner().invoke(main, ["jobstats", job_id])
+    assert out.exit_code == 2 and "not a job id" in out.output, out.output
+    assert fake_slurm["calls"] == []
+    out = CliRunner().invoke(main, ["report", "--job", job_id, "--db", "/nonexistent.db"])
+    assert out.exit_code == 2 and "not a job id" in out.output, out.output
+
+
+
+def test_a_reused_job_id_shows_only_the_callers_own_run(tmp_path, fake_slurm, monkeypatch):
+    """Job ids start again after slurmctld's state is lost while slurmdbd keeps the old jobs: sacct -D then
+    lists carol's finished job 1 beside the caller's running job 1. The caller's own job (slurmctld's uid,
+    since sacct's two uids name no one owner) let jobstats show carol's records as the caller's."""
+    import os
+
+    from slurm_gpushare.slurm import commands
+
+    me = os.getuid()
+    monkeypatch.setattr(commands, "sacct_uids", lambda job: f"{job}|{me}\n{job}|4343\n")
+    monkeypatch.setattr("slurm_gpushare.cli.accounting._job_uid", lambda job: me)  # slurmctld's running job 1
+    fake_slurm["names"] = {me: "me", 4343: "carol"}
+    carols = [r for r in fixture() if r.job_id == "1"][0]
+    assert carols.user != "me"
+    fake_slurm["sacct"] = _sacct_row(carols)  # carol's run of job 1: the only one slurmdbd has ended
+    out = CliRunner().invoke(main, ["jobstats", "1", "--db", str(tmp_path / "none.db"), "--machines", str(tmp_path)])
+    assert out.exit_code != 0 and "no GPU usage records" in out.output, out.output
+    assert carols.user not in out.output
+
+
+def test_an_idle_jobs_peak_of_nothing_reads_0g():
+    """An allocation that ran no GPU program peaks at 0 MiB: its bar read "0T" (0 is a multiple of a TiB)."""
+    idle = record(job_id="9", mode="mps", share="shard:4", mem_asked_mib=4096, mem_granted_mib=4096, mem_peak_mib=0)
+    text = js.to_text(js.job_stats("9", [idle], source="store"))
+    (peak,) = [ln for ln in text.splitlines() if ln.startswith("  peak")]
+    assert peak.endswith("  0G (0% of what it asked)"), peak

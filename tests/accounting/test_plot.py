@@ -128,3 +128,20 @@ def test_memory_over_time_is_a_step_per_model_and_mode_on_one_time_axis(store):
     assert list(mig.get_ydata()) == [0.0, 9984 / 1024, 9984 / 1024, 0.0]
     # the a100 MPS shares: alice's job 1 (hours 0-2) and carol's job 9 (0.5-1.5) overlap: 10 + 8 GiB
     assert max(lines["a100 mps reserved"].get_ydata()) == 18.0
+
+
+def test_report_refuses_empty_names_and_a_plot_suffix_before_drawing(tmp_path, monkeypatch):
+    """``--plot ''`` printed the table as if no --plot were given, ``--user ''`` reported no records as if a
+    user of no name had none, and ``--plot usage.svg`` drew the whole figure before saying .svg is not written."""
+    db = tmp_path / "acct.db"
+    with Store(db) as st:
+        st.add(fixture())
+
+    def no_drawing(*a, **kw):
+        raise AssertionError("the figure was drawn for a file that cannot be written")
+
+    monkeypatch.setattr(plot, "figure", no_drawing)
+    for args, msg in ((["--plot", ""], "--plot ''"), (["--user", ""], "--user ''"), (["--account", ""], "--account ''"),
+                      (["--plot", str(tmp_path / "usage.svg")], "cannot write a .svg file")):
+        out = CliRunner().invoke(main, ["report", "--db", str(db), *args])
+        assert out.exit_code == 2 and msg in out.output, (args, out.output)
