@@ -92,7 +92,8 @@ def suggest(peak_mib: int, offer: Offer, *, headroom: float = 0.2, unit_mib: int
         raise InputError(f"cannot suggest a request for peak {peak_mib} MiB, headroom {headroom}, unit {unit_mib} "
                          f"MiB, count {count}")
     need = max(1, math.ceil(peak_mib * (1.0 + headroom)))
-    why = f"peak {peak_mib} MiB + {headroom:.0%} headroom = {need} MiB"
+    why = (f"peak {peak_mib} MiB + {headroom:.0%} headroom = {need} MiB" if peak_mib else
+           "it held no GPU memory when sampled: the smallest request; does it need a GPU?")
     if at_least_mib > need:
         need = at_least_mib
         why = f"it did not complete and peaked near its limit: at least the {format_mib(need)} it had"

@@ -65,6 +65,12 @@ def test_suggestion_says_why():
     assert "peaked near its limit" in suggest(9800, Offer(24564), at_least_mib=10240, headroom=0.0).why
 
 
+def test_a_job_that_held_no_memory_is_asked_whether_it_needs_a_gpu():
+    # found by a reviewer: "peak 0 MiB + 20% headroom = 1 MiB"
+    got = suggest(0, Offer(81920, ()), headroom=0.2)
+    assert got.mib == 1024 and "held no GPU memory" in got.why and "0 MiB" not in got.why
+
+
 @pytest.mark.parametrize("kw", [{"headroom": -0.1}, {"unit_mib": 0}, {"count": 0}])
 def test_suggestion_refuses_nonsense(kw):
     with pytest.raises(InputError, match="cannot suggest"):
