@@ -376,9 +376,9 @@ def _build_pool(nodes: list[NodeInventory], parts: tuple[str, ...], unit: int, p
                 n = g.memory_mib // unit
                 if n > 0:
                     pool.shards[g.model] = max(pool.shards.get(g.model, 0), n)
-                    pool.shard_nodes.setdefault(g.model, [])
-                    if node.name not in pool.shard_nodes[g.model]:
-                        pool.shard_nodes[g.model].append(node.name)
+                    listed = pool.shard_nodes.setdefault(g.model, [])
+                    if not listed or listed[-1] != node.name:  # nodes come once each: only this node's GPUs repeat
+                        listed.append(node.name)
                     on = pool.shard_per_node.setdefault(g.model, {})
                     on[node.name] = max(on.get(node.name, 0), n)
         if any(name == "mps" and count > 0 for (name, _t), count in node.gres.items()):
