@@ -789,13 +789,13 @@ class DevCluster:
 
     def _epilog_slurmctld_text(self) -> str:
         """The shipped ``epilog_slurmctld.sh`` with this cluster's paths: its directory of earlier steps, the
-        nodes' spool, the product run by this interpreter, and ``SLURM_CONF`` (slurmctld passes no
+        nodes' spool, the product (:attr:`installed_command`), and ``SLURM_CONF`` (slurmctld passes no
         environment of its own to the script)."""
         text = (SITE / "epilog_slurmctld.sh").read_text()
         for old, new in (("@CONFIG_DIR@/epilog_slurmctld.d", str(self.epilog_slurmctld_dir)),
                          ('SPOOL="/var/spool/slurm-gpushare/accounting"', f'SPOOL="{self.accounting_spool}"'),
                          ('SLURM_GPUSHARE="@SLURM_GPUSHARE@"',
-                          f'SLURM_GPUSHARE="{sys.executable} -m slurm_gpushare"\n'
+                          f'SLURM_GPUSHARE="{" ".join(self.installed_command)}"\n'
                           f'SLURM_CONF="{self.slurm_conf}"\nexport SLURM_CONF')):
             if old not in text:
                 raise ClusterError(f"epilog_slurmctld.sh has no {old!r} to render")
@@ -913,9 +913,18 @@ class DevCluster:
 
     @property
     def installed_command(self) -> list[str]:
-        """The ``slurm-gpushare`` whose ``install`` writes the site files (:data:`INSTALLED_ENV`, else this
-        interpreter's product)."""
+        """The ``slurm-gpushare`` whose ``install`` writes the site files and which runs the cluster's filterd,
+        monitors and EpilogSlurmctld (:data:`INSTALLED_ENV`, else this interpreter's product).
+
+        Raises:
+            ClusterError: :data:`INSTALLED_ENV` names no executable file here (a path of the host seen
+                inside a release root, say).
+        """
         exe = os.environ.get(INSTALLED_ENV)
+        if exe and not (os.path.isfile(exe) and os.access(exe, os.X_OK)):
+            raise ClusterError(f"{INSTALLED_ENV}={exe} is not an executable file here",
+                               hint="name an installed slurm-gpushare console script, or unset it to use this "
+                                    "interpreter's product (a release root has its own venv)")
         return [exe] if exe else [sys.executable, "-m", "slurm_gpushare"]
 
     def install_commands(self) -> list[list[str]]:
@@ -1032,7 +1041,7 @@ class DevCluster:
         if not policy.exists():  # the shipped example (the built-in defaults), for an admin to edit and SIGHUP
             policy.parent.mkdir(parents=True, exist_ok=True)
             policy.write_text((SITE / "gpushare.toml.example").read_text())
-        argv = [sys.executable, "-m", "slurm_gpushare", "filterd", f"--socket={self.filterd_socket}",
+        argv = [*self.installed_command, "filterd", f"--socket={self.filterd_socket}",
                 f"--controller-socket={self.controller_socket}",
                 f"--machines={r / 'machines'}", f"--log={r / 'log' / 'filterd.log'}",
                 f"--pid-file={self.pidfile('filterd')}", f"--policy={policy}"]
@@ -1055,7 +1064,7 @@ class DevCluster:
             daemon = f"monitor-{node}"
             if self.alive(daemon):
                 continue
-            argv = [sys.executable, "-m", "slurm_gpushare", "monitor", "--config", str(self.node_config),
+            argv = [*self.installed_command, "monitor", "--config", str(self.node_config),
                     "--node", node, "--listen", f"127.0.0.1:{self.monitor_port(node)}",
                     "--textfile", str(self.monitor_textfile(node))]
             env = dict(self.env)

@@ -65,6 +65,11 @@ def test_the_installed_product_that_ci_names_is_not_the_source_tree(cluster):
     assert not Path(where).resolve().is_relative_to(ROOT), where
     wrapper = (cluster.site_config_dir / "prolog.sh").read_text().splitlines()[-1]
     assert wrapper.startswith(f"exec {exe} hook prolog "), wrapper
+    # the controller's filter service and the nodes' monitors are the installed product's too
+    for daemon in ("filterd", *(f"monitor-{n}" for n in cluster.nodes)):
+        pid = int(cluster.pidfile(daemon).read_text())
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        assert exe.encode() in argv, (daemon, argv)
 
 
 def test_a_job_gets_its_mps_share_through_the_installed_hooks(cluster, slurm):
