@@ -56,9 +56,10 @@ from slurm_gpushare.gresconf.render import generate_node_gres, render_gres_conf,
 from slurm_gpushare.hardware.fake import PROCESS_TABLE_ENV, ProcessTable, derived_gpus
 from slurm_gpushare.hardware.machine import Machine
 from slurm_gpushare.hardware.ports import ENV as NVML_ENV
+from slurm_gpushare.memsize import format_mib
 from slurm_gpushare.procinfo import pid_alive
 from slurm_gpushare.siteinstall import set_lua_setting
-from slurm_gpushare.slurm.nodegres import GresOptions
+from slurm_gpushare.slurm.nodegres import MIB_PER_GIB, GresOptions
 from slurm_gpushare.slurm.release import Release
 from slurm_gpushare_dev.release import IN_ROOT_ENV, PROJECT, SUITES, host_release, needs_root, run_in_release
 
@@ -158,6 +159,8 @@ class DevCluster:
             refuse (set INVAL), to see whether it does.
         gpu_order: the nodes' node.toml ``gpu_order`` (whose multi-GPU tasks get the NVLink ring).
         extra_conf: lines appended to slurm.conf (a test's own partitions, ``AccountingStorageEnforce``).
+        scheduler_parameters: slurm.conf ``SchedulerParameters`` (benchmarks/packing runs backfill
+            every second: its jobs last seconds, not hours).
     """
 
     root: Path
@@ -170,6 +173,7 @@ class DevCluster:
     unwaited: tuple[str, ...] = ()
     gpu_order: str = "gpushare"
     extra_conf: tuple[str, ...] = ()
+    scheduler_parameters: str = "sched_interval=2"
     _start: _Start | None = field(default=None, init=False, repr=False, compare=False)
 
     @functools.cached_property
@@ -209,6 +213,22 @@ class DevCluster:
     def site_prefix(self) -> Path:
         """The cluster's ``install --prefix`` (only the systemd units land below it; nothing runs them)."""
         return self.root / "site"
+
+    @property
+    def shard_unit_mib(self) -> int:
+        """GPU memory per shard of the nodes' gres.conf (:attr:`gres_options`; one unit for all nodes:
+        node.toml and the site policy, which must agree with it, are one file each)."""
+        units = {self.gres_options.get(n, GresOptions()).shard_unit_mib for n in self.nodes}
+        return units.pop() if len(units) == 1 else MIB_PER_GIB
+
+    def initial_policy_text(self) -> str:
+        """The site policy filterd starts with when the cluster has none yet: the shipped example,
+        with :attr:`shard_unit_mib` where the nodes' shards are not 1 GiB."""
+        text = (SITE / "gpushare.toml.example").read_text()
+        if self.shard_unit_mib != MIB_PER_GIB:
+            text = re.sub(r'^shard_unit = .*$', f'shard_unit = "{format_mib(self.shard_unit_mib)}"', text,
+                          count=1, flags=re.M)
+        return text
 
     @property
     def policy_file(self) -> Path:
@@ -348,7 +368,7 @@ class DevCluster:
             "SelectTypeParameters=CR_Core_Memory",
             "DefMemPerCPU=100",
             "SchedulerType=sched/backfill",
-            "SchedulerParameters=sched_interval=2",
+            f"SchedulerParameters={self.scheduler_parameters}",
             "MpiDefault=none",
             "ReturnToService=2",
             "MinJobAge=30",
@@ -620,6 +640,11 @@ class DevCluster:
         """
         problems = self._dir_problems()
         b, n = self.port_base, len(self.nodes)
+        units = {name: self.gres_options.get(name, GresOptions()).shard_unit_mib for name in self.nodes}
+        if len(set(units.values())) > 1:
+            problems.append("the nodes' gres options must give one shard unit for all nodes (node.toml and the "
+                            "site policy are one file each), not "
+                            + ", ".join(f"{k}: {format_mib(v)}" for k, v in units.items()))
         if n > MAX_NODES:
             problems.append(f"{n} nodes are too many: a dev cluster has at most {MAX_NODES} (node i's slurmd "
                             f"listens on port base +{SLURMD_PORT_OFFSET}+i, its monitor on +{MONITOR_PORT_OFFSET}+i)")
@@ -764,7 +789,8 @@ class DevCluster:
                 # short jobs (seconds) must get samples; the listen port and textfile differ per node,
                 # so each monitor gets them on its command line
                 'monitor_interval = 0.5\n'
-                f'\n[mps_env]\nGPUSHARE_FAKE_MPS_MODE_FILE = "{self.fake_mps_mode_file}"\n'),
+                + (f'shard_unit = "{format_mib(self.shard_unit_mib)}"\n' if self.shard_unit_mib != MIB_PER_GIB else "")
+                + f'\n[mps_env]\nGPUSHARE_FAKE_MPS_MODE_FILE = "{self.fake_mps_mode_file}"\n'),
             "scripts/prolog.sh": hook.replace("{which}", "prolog"),
             "scripts/epilog.sh": hook.replace("{which}", "epilog"),
             "bin/fake-gpu-app": self._fake_gpu_app_text(),
@@ -1040,7 +1066,7 @@ class DevCluster:
         policy = self.policy_file
         if not policy.exists():  # the shipped example (the built-in defaults), for an admin to edit and SIGHUP
             policy.parent.mkdir(parents=True, exist_ok=True)
-            policy.write_text((SITE / "gpushare.toml.example").read_text())
+            policy.write_text(self.initial_policy_text())
         argv = [*self.installed_command, "filterd", f"--socket={self.filterd_socket}",
                 f"--controller-socket={self.controller_socket}",
                 f"--machines={r / 'machines'}", f"--log={r / 'log' / 'filterd.log'}",

@@ -24,6 +24,8 @@ from slurm_gpushare.gresconf.render import generate_node_gres
 from slurm_gpushare.hardware.fake import FakeNvml
 from slurm_gpushare.hardware.machine import Machine
 from slurm_gpushare.node.config import parse_node_config
+from slurm_gpushare.slurm.nodegres import GresOptions
+from slurm_gpushare.submit.policyfile import parse_policy
 from slurm_gpushare_dev.cluster import (
     DEFAULT_DIR,
     DEFAULT_NODES,
@@ -51,6 +53,25 @@ def test_render_has_one_node_line_and_gres_per_machine(tmp_path):
     gres = files["etc/gres.conf"]
     assert gres.splitlines()[1] == "AutoDetect=off"
     assert str(tmp_path / "dev" / "h100-nvs" / "nvidia0") in gres
+
+
+def test_a_shard_unit_of_the_gres_options_reaches_node_toml_and_the_first_policy(tmp_path):
+    # benchmarks/packing's fixed-fractions cluster: 4 shards per A100 80GB. The Prolog checks gres.conf
+    # against node.toml's shard_unit and the filter's inventory counts shards in the policy's unit: both
+    # must be the gres.conf's, or the first job drains the node
+    m = packaged_machine("8x-a100-nv12-bridge.json")
+    c = DevCluster(tmp_path, 20000, {"a": m, "b": m},
+                   gres_options={n: GresOptions(shard_unit_mib=20480) for n in ("a", "b")})
+    files = c.render()
+    assert "Name=shard Count=4 " in files["etc/gres.conf"]
+    assert parse_node_config(files["etc/gpushare/node.toml"].replace("{node}", "a")).shard_unit_mib == 20480
+    assert parse_policy(c.initial_policy_text()).shard_unit_mib == 20480
+    default = DevCluster.default(tmp_path / "d", 20000)
+    assert "shard_unit =" not in default.render()["etc/gpushare/node.toml"]
+    assert parse_policy(default.initial_policy_text()).shard_unit_mib == 1024
+    mixed = DevCluster(tmp_path / "m", 20000, {"a": m, "b": m}, gres_options={"a": GresOptions(shard_unit_mib=20480)})
+    with pytest.raises(ClusterError, match="one shard unit for all nodes.*a: 20G, b: 1G"):
+        mixed.check_settings()
 
 
 def test_default_cluster_has_three_gpu_models_and_a_mig_node():
