@@ -112,6 +112,12 @@ def test_two_users_requested_vs_peak_and_per_user_totals(cluster, slurm, users, 
     # per-user totals, by hand from the records' durations and the peaks the jobs were told to use
     records = _spooled(cluster, set(jobs))
     assert len(records) == 4
+    # memory over time, end to end (monitor -> usage file -> Epilog -> spool): each record's series
+    # peaks where the record does
+    for rec in records:
+        series = rec["mem_series_mib"]
+        assert rec["v"] == 3 and series and len(series) <= 32 and max(series) == rec["mem_peak_mib"], rec
+        assert rec["mem_series_width"] >= 1 and len(series) == -(-rec["samples"] // rec["mem_series_width"]), rec
     per_user = {u: {"jobs": 0, "res": 0.0, "used": 0.0} for u in (alice, bob)}
     for rec in records:
         user, peak = jobs[rec["job_id"]]

@@ -4,6 +4,7 @@ Prometheus text format."""
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import urllib.request
@@ -299,6 +300,7 @@ def test_a_restarted_monitor_keeps_its_peaks(node):
         assert any("took back the usage of job(s) 201, 202, 203" in line for line in node.log)
         again.sample()
         assert again.tracker.usage("202")[3].peak_mib == 9000
+        assert again.tracker.usage("202")[3].series_mib == (9000, 4000)  # the series goes on, too
 
 
 def test_slurmctld_is_asked_once_per_jobs_interval_not_every_sample(node):
@@ -405,7 +407,14 @@ def test_usage_file_round_trip(tmp_path):
     t.add("5", "MIG-x", used_mib=7, sm_percent=None)
     save_usage(tmp_path, "5", "n", t)
     got = load_usage(tmp_path, "5")
-    assert got == t.usage("5")
+    assert got == t.usage("5") and got[0].series_mib == (100,)
+    # a file of a release without series: read with an empty series
+    data = json.loads(usage_path(tmp_path, "5").read_text())
+    for row in data["devices"]:
+        del row["series_mib"], row["series_width"], row["series_samples"]
+    usage_path(tmp_path, "5").write_text(json.dumps(data))
+    old = load_usage(tmp_path, "5")
+    assert old[0].peak_mib == 100 and old[0].series_mib == ()
     assert load_usage(tmp_path, "6") is None
     usage_path(tmp_path, "5").write_text("{")
     from slurm_gpushare.errors import InputError

@@ -1,6 +1,11 @@
 """One job's GPU usage for its user: what it asked for, was granted, peaked at and used, per GPU device, a
 compact terminal chart of it, and the request to make next time (``slurm-gpushare jobstats JOBID``).
 
+Memory over time is a sparkline of the record's memory series (:attr:`UsageRecord.mem_series_mib`): one
+column per bucket, ``▁`` to ``█`` in eighths of the memory granted (a full column is the limit; a bucket
+above it shows ``!``), between ``▕`` and ``▏``, with the time it covers. Only the accounting store has the
+series: Slurm's AdminComment usage segment keeps peaks only.
+
 The records come from the accounting store where the caller may read it, else from Slurm's own accounting
 (the job's ``[gpushare:u1 ...]`` AdminComment segment, :mod:`slurm_gpushare.accounting.sacct`). Who may see
 a job is decided from what its user cannot write (:func:`may_see`): the job's uid as slurmdbd or slurmctld
@@ -32,6 +37,7 @@ NEAR_LIMIT = 0.9
 #: Width of the terminal chart's bars, characters.
 BAR_WIDTH = 32
 _EIGHTHS = " ▏▎▍▌▋▊▉"
+_LEVELS = "▁▂▃▄▅▆▇█"
 
 
 class NotYours(InputError):
@@ -224,9 +230,46 @@ def bar(value: float, scale: float, width: int = BAR_WIDTH) -> str:
     return text.ljust(width)
 
 
+def sparkline(series: Sequence[int], limit: int) -> str:
+    """One character per value, ``▁`` (up to an eighth of ``limit``) to ``█`` (the limit), ``!`` above it.
+
+    >>> sparkline([0, 1024, 4096, 8192, 9000], 8192)
+    '▁▁▄█!'
+    """
+    if limit <= 0:
+        return "?" * len(series)
+    return "".join("!" if v > limit else _LEVELS[max(0, math.ceil(v * 8 / limit) - 1)] for v in series)
+
+
+def _span(seconds: float) -> str:
+    """``45 s``, ``12.5 min``, ``3.2 h``."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def series_line(r: UsageRecord, width: int = BAR_WIDTH) -> str | None:
+    """The ``used`` line (memory over time) of a record with a memory series (None without one): the sparkline on the
+    granted memory, the time it covers and each column's share of it (see :attr:`UsageRecord.mem_series_mib`)."""
+    series, per = r.mem_series_mib, r.mem_series_width
+    if not series or not per:
+        return None
+    samples = r.samples or len(series) * per
+    step = r.duration_s / samples  # seconds a sample
+    # the last bucket may be partly filled; a series restored from a monitor without one covers the end only
+    covered = min(samples, len(series) * per)
+    line = sparkline(series, r.mem_granted_mib)
+    granted = format_mib(r.mem_granted_mib) if r.mem_granted_mib % 1024 == 0 else f"{r.mem_granted_mib}M"
+    return (f"  {'used':<8} ▕{line}▏{'':<{max(0, width - len(line) - 2)}}  over {_span(covered * step)}, "
+            f"{_span(per * step)} a column ({per} sample{'' if per == 1 else 's'}), full height = granted {granted}")
+
+
 def chart(dev: DeviceStats, width: int = BAR_WIDTH) -> list[str]:
     """Three bars on one scale (the largest of asked, granted, peak): asked, granted, peak; then SM mean and
-    peak on a 0-100% scale. A value without data reads ``no data``."""
+    peak on a 0-100% scale, and memory over time (:func:`series_line`) when the record has a series. A value
+    without data reads ``no data``."""
     r = dev.record
     scale = max(x for x in (r.mem_asked_mib or 0, r.mem_granted_mib, r.mem_peak_mib or 0, 1))
 
@@ -246,6 +289,9 @@ def chart(dev: DeviceStats, width: int = BAR_WIDTH) -> list[str]:
     else:
         peak = f", peak {r.sm_peak_percent:.0f}%" if r.sm_peak_percent is not None else ""
         out.append(f"  {'SM mean':<8} {bar(r.sm_mean_percent, 100.0, width)}  {r.sm_mean_percent:.0f}%{peak}")
+    over_time = series_line(r, width)
+    if over_time:
+        out.append(over_time)
     return out
 
 
@@ -254,6 +300,8 @@ def to_text(stats: JobStats) -> str:
     out = [f"job {stats.job_id}  user {stats.user or '-'}  account {stats.account or '-'}  partition "
            f"{stats.partition or '-'}  "
            f"(from the {'accounting database' if stats.source == 'store' else 'job AdminComment in sacct'})"]
+    if stats.source != "store":
+        out.append("(memory over time is kept only in the accounting database, not in sacct's AdminComment)")
     runs = sorted({d.record.restart for d in stats.devices})
     for d in stats.devices:
         r = d.record
@@ -274,7 +322,8 @@ def to_text(stats: JobStats) -> str:
 
 
 def to_json(stats: JobStats) -> str:
-    """``{"job", "user", "account", "partition", "source", "devices": [record + "used_pct"], "suggestion"}``."""
+    """``{"job", "user", "account", "partition", "source", "devices": [record + "used_pct"], "suggestion"}``
+    (a record's memory series is its ``mem_series_mib`` and ``mem_series_width``)."""
     s = stats.suggestion
     return json.dumps({
         "job": stats.job_id, "user": stats.user, "account": stats.account, "partition": stats.partition,

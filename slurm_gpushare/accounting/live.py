@@ -9,11 +9,14 @@ the peaks it had.
 File format (version 1)::
 
     {"v": 1, "job_id": "1234", "node": "a100-nvb", "updated": 1764400000.5,
-     "devices": [{"key": 0, "peak_mib": 6144, "sm_sum": 410.0, "sm_n": 9, "sm_peak": 62.0, "samples": 9},
-                 {"key": "MIG-...", "peak_mib": 1020, "sm_sum": 0.0, "sm_n": 0, "sm_peak": null, "samples": 9}]}
+     "devices": [{"key": 0, "peak_mib": 6144, "sm_sum": 410.0, "sm_n": 9, "sm_peak": 62.0, "samples": 9,
+                  "series_mib": [2048, 6144, 4096, 5120, 6144], "series_width": 2, "series_samples": 9},
+                 {"key": "MIG-...", "peak_mib": 1020, "sm_sum": 0.0, "sm_n": 0, "sm_peak": null, "samples": 9,
+                  "series_mib": [...], "series_width": 2, "series_samples": 9}]}
 
 ``key`` is the NVML index of a GPU, or the MIG device UUID; memory in MiB, SM in percent of the GPU
-(:class:`~slurm_gpushare.accounting.record.UsageTracker`).
+(:class:`~slurm_gpushare.accounting.record.UsageTracker`). ``series_*`` is the memory series (at most 32
+values); a device row without them (a file of an earlier release) is read with an empty series.
 """
 
 from __future__ import annotations

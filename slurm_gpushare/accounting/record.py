@@ -1,13 +1,16 @@
-"""The accounting record: what one job reserved and used on one GPU, versioned (``"v": 2``).
+"""The accounting record: what one job reserved and used on one GPU, versioned (``"v": 3``).
 
 One :class:`UsageRecord` per job, step, node and GPU device (a whole GPU, the GPU an MPS share lives
 on, or one MIG device), written by the Epilog as one JSON line (:meth:`UsageRecord.to_json`) and read
 back strictly (:meth:`UsageRecord.from_json`): every key of its version must be present, no other key is
 allowed, types are checked, and a record of an unknown version is refused naming the version.
 
-Versions: 2 added ``restart`` (the job's restart count, ``SLURM_JOB_RESTART_COUNT``: every run of a
-requeued job is a record of its own). A version-1 line is still read, as the version-2 record of a job's
-first run (``restart`` 0, ``v`` 2): so the store keeps one row per run whichever release wrote it.
+Versions: 3 added the memory series (``mem_series_mib``, ``mem_series_width``: the job's memory over
+time, see :class:`UsageTracker`). A version-1 or version-2 line is still read, as the version-3 record
+without a series (both ``null``). 2 added ``restart`` (the job's restart count,
+``SLURM_JOB_RESTART_COUNT``: every run of a requeued job is a record of its own). A version-1 line is
+still read, as the record of a job's first run (``restart`` 0): so the store keeps one row per run
+whichever release wrote it.
 
 Units: memory in MiB (as NVML reports it), times in epoch seconds (UTC), utilization in percent of
 the whole GPU (0-100). A measurement that does not exist is ``null``/None, never 0: NVML does not report
@@ -35,9 +38,11 @@ from typing import Any
 from slurm_gpushare.errors import InputError
 
 #: Version of the record format; the ``"v"`` key of every JSON line written.
-RECORD_VERSION = 2
-#: Versions read (1: without ``restart``, read as restart 0).
-READ_VERSIONS = (1, 2)
+RECORD_VERSION = 3
+#: Versions read (1: without ``restart``, read as restart 0; 1 and 2: without the memory series).
+READ_VERSIONS = (1, 2, 3)
+#: Most buckets in a memory series (:class:`UsageTracker`): when all are full, adjacent pairs merge.
+SERIES_LEN = 32
 
 #: The modes a record can have: a MIG device, an MPS share of a GPU, a whole GPU.
 MODES = ("mig", "mps", "gpu")
@@ -57,12 +62,19 @@ class Usage:
         sm_mean: mean SM utilization over the samples that had it, percent of the GPU, or None.
         sm_peak: highest sampled SM utilization, percent, or None.
         samples: number of samples taken (0: never sampled).
+        series_mib: the memory series: per bucket of ``series_width`` consecutive samples, the most
+            memory the job held in it, MiB (a sample without a memory reading counts 0); at most
+            :data:`SERIES_LEN` buckets, the first from the first sample, the last possibly not full.
+            Empty: never sampled (or only by a monitor of a release without series).
+        series_width: samples per bucket (1, 2, 4, ...: doubles whenever the buckets are full).
     """
 
     peak_mib: int | None = None
     sm_mean: float | None = None
     sm_peak: float | None = None
     samples: int = 0
+    series_mib: tuple[int, ...] = ()
+    series_width: int = 1
 
 
 class UsageTracker:
@@ -70,6 +82,11 @@ class UsageTracker:
 
     Keys are whatever identifies a device for the caller: the NVML index of a GPU (``int``) or, for
     MIG devices, the MIG device UUID (``str``), as :func:`~slurm_gpushare.node.records.records_for_job` looks them up.
+
+    Besides peaks and means it keeps each device's memory series in constant space (:attr:`Usage.series_mib`):
+    a sample goes into the last bucket (its max) while that holds fewer than ``width`` samples, else into a
+    new bucket; when :data:`SERIES_LEN` buckets are full, adjacent pairs merge (their max) and ``width``
+    doubles. So 10,000 samples are at most 32 numbers, each the peak of an equal stretch of the run.
 
     Example::
 
@@ -80,13 +97,14 @@ class UsageTracker:
     """
 
     def __init__(self) -> None:
-        # job id -> key -> [peak_mib, sm_sum, sm_n, sm_peak, samples]
+        # job id -> key -> [peak_mib, sm_sum, sm_n, sm_peak, samples, series, width, series_n]
+        # (series_n: samples in the series; fewer than samples after restoring a row without one)
         self._jobs: dict[str, dict[int | str, list]] = {}
 
     def add(self, job_id: str, key: int | str, *, used_mib: int | None, sm_percent: float | None) -> None:
         """Record one sample of a job on a device: memory its processes hold (MiB) and SM utilization
         (percent), either None when NVML gave nothing."""
-        acc = self._jobs.setdefault(str(job_id), {}).setdefault(key, [None, 0.0, 0, None, 0])
+        acc = self._jobs.setdefault(str(job_id), {}).setdefault(key, [None, 0.0, 0, None, 0, [], 1, 0])
         if used_mib is not None:
             acc[0] = used_mib if acc[0] is None else max(acc[0], used_mib)
         if sm_percent is not None:
@@ -94,10 +112,20 @@ class UsageTracker:
             acc[2] += 1
             acc[3] = sm_percent if acc[3] is None else max(acc[3], sm_percent)
         acc[4] += 1
+        series, width, n = acc[5], acc[6], acc[7]
+        mib = used_mib or 0
+        if n >= len(series) * width:  # the last bucket is full (or there is none)
+            if len(series) >= SERIES_LEN:
+                series[:] = [max(series[i:i + 2]) for i in range(0, len(series), 2)]
+                acc[6] = width * 2
+            series.append(mib)
+        elif mib > series[-1]:
+            series[-1] = mib
+        acc[7] = n + 1
 
     def usage(self, job_id: str) -> dict[int | str, Usage]:
         """The job's usage so far, per device key (empty when never sampled)."""
-        return {k: Usage(a[0], (a[1] / a[2]) if a[2] else None, a[3], a[4])
+        return {k: Usage(a[0], (a[1] / a[2]) if a[2] else None, a[3], a[4], tuple(a[5]), a[6])
                 for k, a in self._jobs.get(str(job_id), {}).items()}
 
     def pop(self, job_id: str) -> dict[int | str, Usage]:
@@ -112,12 +140,16 @@ class UsageTracker:
 
     def state(self, job_id: str) -> list[dict[str, Any]]:
         """The job's running totals as JSON-able rows (``key``, ``peak_mib``, ``sm_sum``, ``sm_n``,
-        ``sm_peak``, ``samples``), for :meth:`restore` after a monitor restart."""
-        return [{"key": k, "peak_mib": a[0], "sm_sum": a[1], "sm_n": a[2], "sm_peak": a[3], "samples": a[4]}
+        ``sm_peak``, ``samples``, ``series_mib``, ``series_width``, ``series_samples``), for :meth:`restore`
+        after a monitor restart."""
+        return [{"key": k, "peak_mib": a[0], "sm_sum": a[1], "sm_n": a[2], "sm_peak": a[3], "samples": a[4],
+                 "series_mib": list(a[5]), "series_width": a[6], "series_samples": a[7]}
                 for k, a in self._jobs.get(str(job_id), {}).items()]
 
     def restore(self, job_id: str, rows: Sequence[Mapping[str, Any]]) -> None:
-        """Take back what :meth:`state` gave (replacing what the tracker holds for the job).
+        """Take back what :meth:`state` gave (replacing what the tracker holds for the job). A row without
+        the series keys (written by a monitor of an earlier release) restores with an empty series: the
+        series then starts from the next sample.
 
         Raises:
             InputError: a row without the keys of :meth:`state` or with wrong types.
@@ -129,8 +161,14 @@ class UsageTracker:
                 if type(key) not in (int, str):
                     raise TypeError(f"key {key!r}")
                 peak, sm_peak = r["peak_mib"], r["sm_peak"]
+                series, width, n = r.get("series_mib", []), r.get("series_width", 1), r.get("series_samples", 0)
+                if (type(series) is not list or len(series) > SERIES_LEN
+                        or not all(type(x) is int and x >= 0 for x in series)):
+                    raise TypeError(f"series_mib {series!r}: a list of at most {SERIES_LEN} MiB values")
+                if type(width) is not int or width < 1 or type(n) is not int or not 0 <= n <= len(series) * width:
+                    raise ValueError(f"series_width {width!r}, series_samples {n!r} do not fit the series")
                 acc[key] = [None if peak is None else int(peak), float(r["sm_sum"]), int(r["sm_n"]),
-                            None if sm_peak is None else float(sm_peak), int(r["samples"])]
+                            None if sm_peak is None else float(sm_peak), int(r["samples"]), series, width, n]
         except (KeyError, TypeError, ValueError) as e:
             raise InputError(f"usage state of job {job_id} is not valid ({e})") from None
         self._jobs[str(job_id)] = acc
@@ -138,7 +176,7 @@ class UsageTracker:
 
 @dataclass(frozen=True)
 class UsageRecord:
-    """One run's reservation and use of one GPU device on one node (format version 2).
+    """One run's reservation and use of one GPU device on one node (format version 3).
 
     Attributes:
         job_id: Slurm job id (``SLURM_JOB_ID``; for an array task its own id), decimal digits.
@@ -164,6 +202,13 @@ class UsageRecord:
         sm_mean_percent, sm_peak_percent: mean and peak SM utilization of the device while the job
             ran, percent of the whole GPU; None = no data (MIG, unsupported GPU, never sampled).
         samples: how many monitor samples the peaks come from (0: none).
+        mem_series_mib: memory over time: per bucket of ``mem_series_width`` consecutive samples the most
+            memory the job held on the device, MiB, at most :data:`SERIES_LEN` buckets (:class:`UsageTracker`);
+            None = no data (never sampled, or a record of format 1 or 2). Time axis: the samples are
+            the monitor's, one per interval from the job's first sample on, so bucket ``i`` covers about
+            ``[start + i * width * d, start + (i + 1) * width * d)`` with ``d = (end - start) / samples``;
+            the last bucket may be partly filled. A tuple in Python, a JSON list in the line.
+        mem_series_width: samples per bucket of the series (1, 2, 4, ...); None exactly when the series is.
         exit_state: ``COMPLETED``, ``FAILED`` or ``SIGNALED`` (:func:`exit_from_env`), or Slurm's state.
         exit_code: ``exit:signal`` as Slurm prints it (``0:0``, ``1:0``, ``0:9``); ``""`` unknown.
         placement_cost: the placement's cost from the topology-aware placement; None until it exists.
@@ -197,9 +242,13 @@ class UsageRecord:
     step: str = ""
     placement_cost: float | None = None
     restart: int = 0
+    mem_series_mib: tuple[int, ...] | None = None
+    mem_series_width: int | None = None
     v: int = RECORD_VERSION
 
     def __post_init__(self) -> None:
+        if type(self.mem_series_mib) is list:  # from JSON
+            object.__setattr__(self, "mem_series_mib", tuple(self.mem_series_mib))
         _check(self.to_dict())
 
     @property
@@ -213,8 +262,15 @@ class UsageRecord:
         return self.end - self.start
 
     def to_dict(self) -> dict[str, Any]:
-        """The record as the JSON object (keys in :data:`FIELDS` order, ``v`` first)."""
-        return {name: getattr(self, name) for name in FIELDS}
+        """The record as the JSON object (keys in :data:`FIELDS` order, ``v`` first; the series a list)."""
+        data = {name: getattr(self, name) for name in FIELDS}
+        if self.mem_series_mib is not None:
+            data["mem_series_mib"] = list(self.mem_series_mib)
+        return data
+
+    def row(self) -> tuple:
+        """The store's row of the record (:func:`row_from_json`'s)."""
+        return _row(self.to_dict())
 
     def to_json(self) -> str:
         """One line of compact JSON, no newline (ASCII only: names are escaped)."""
@@ -239,19 +295,21 @@ class UsageRecord:
         return cls.from_dict(_decode(line, source), source=source)
 
 
-#: The JSON keys of a version-2 record, in the order they are written (``v`` first).
+#: The JSON keys of a version-3 record, in the order they are written (``v`` first).
 FIELDS: tuple[str, ...] = ("v", "job_id", "restart", "array_job_id", "array_task_id", "step", "user", "account",
                            "partition", "node", "gpu_index", "gpu_uuid", "gpu_model", "gpu_memory_mib",
                            "mode", "share", "mem_asked_mib", "sm_asked_percent", "mem_granted_mib", "start",
                            "end", "mem_peak_mib", "sm_mean_percent", "sm_peak_percent", "samples",
-                           "exit_state", "exit_code", "placement_cost")
+                           "mem_series_mib", "mem_series_width", "exit_state", "exit_code", "placement_cost")
 _FIELD_SET = frozenset(FIELDS)
-#: Keys of a version-1 record (no ``restart``).
-FIELDS_V1: tuple[str, ...] = tuple(name for name in FIELDS if name != "restart")
-_FIELD_SETS = {1: frozenset(FIELDS_V1), 2: _FIELD_SET}
+#: Keys of a version-2 record (no memory series).
+FIELDS_V2: tuple[str, ...] = tuple(name for name in FIELDS if name not in ("mem_series_mib", "mem_series_width"))
+#: Keys of a version-1 record (no ``restart`` either).
+FIELDS_V1: tuple[str, ...] = tuple(name for name in FIELDS_V2 if name != "restart")
+_FIELD_SETS = {1: frozenset(FIELDS_V1), 2: frozenset(FIELDS_V2), 3: _FIELD_SET}
 assert _FIELD_SET == {f.name for f in fields(UsageRecord)}
 
-_STR, _INT, _NUM = "str", "int", "num"
+_STR, _INT, _NUM, _SERIES = "str", "int", "num", "series"
 # name -> (kind, may be None)
 _TYPES: dict[str, tuple[str, bool]] = {
     "v": (_INT, False), "job_id": (_STR, False), "restart": (_INT, False),
@@ -261,7 +319,8 @@ _TYPES: dict[str, tuple[str, bool]] = {
     "gpu_memory_mib": (_INT, False), "mode": (_STR, False), "share": (_STR, False),
     "mem_asked_mib": (_INT, True), "sm_asked_percent": (_INT, True), "mem_granted_mib": (_INT, False),
     "start": (_INT, False), "end": (_INT, False), "mem_peak_mib": (_INT, True), "sm_mean_percent": (_NUM, True),
-    "sm_peak_percent": (_NUM, True), "samples": (_INT, False), "exit_state": (_STR, False),
+    "sm_peak_percent": (_NUM, True), "samples": (_INT, False), "mem_series_mib": (_SERIES, True),
+    "mem_series_width": (_INT, True), "exit_state": (_STR, False),
     "exit_code": (_STR, False), "placement_cost": (_NUM, True),
 }
 _CHECKS = tuple((name, *_TYPES[name]) for name in FIELDS)
@@ -277,8 +336,8 @@ def _decode(line: str | bytes, source: str | None) -> Any:
 
 
 def _check(data: Any, source: str | None = None) -> dict[str, Any]:
-    """The record object of the current version that ``data`` is (a version-1 object is upgraded:
-    ``restart`` 0, ``v`` 2; anything else is ``data`` itself).
+    """The record object of the current version that ``data`` is (a version-1 or -2 object is upgraded:
+    no series, ``v`` 3, and for version 1 ``restart`` 0; anything else is ``data`` itself).
 
     Raises:
         RecordError: ``data`` is not a valid record object of a version this release reads.
@@ -301,7 +360,9 @@ def _check(data: Any, source: str | None = None) -> dict[str, Any]:
                 ([f"missing key(s) {', '.join(missing)}"] if missing else [])
         raise RecordError(f"version-{version} record with {'; '.join(parts)}", source=source)
     if version == 1:
-        data = {**data, "v": RECORD_VERSION, "restart": 0}
+        data = {**data, "restart": 0}
+    if version < RECORD_VERSION:
+        data = {**data, "v": RECORD_VERSION, "mem_series_mib": None, "mem_series_width": None}
     for name, kind, nullable in _CHECKS:
         value = data[name]
         t = type(value)
@@ -314,9 +375,12 @@ def _check(data: Any, source: str | None = None) -> dict[str, Any]:
         elif kind is _INT:
             if t is int:
                 continue
+        elif kind is _SERIES:
+            if (t is list or t is tuple) and all(type(x) is int for x in value):
+                continue
         elif t is int or t is float:
             continue
-        want = {"str": "a string", "int": "an integer", "num": "a number"}[kind]
+        want = {"str": "a string", "int": "an integer", "num": "a number", "series": "a list of integers"}[kind]
         raise RecordError(f"{name} is {value!r}, not {want}{' or null' if nullable else ''}", source=source)
     if not data["job_id"]:
         raise RecordError("job_id is empty", source=source)
@@ -331,26 +395,67 @@ def _check(data: Any, source: str | None = None) -> dict[str, Any]:
         value = data[name]
         if value is not None and not 0 <= value <= 100:
             raise RecordError(f"{name} is {value}, not a percentage (0-100)", source=source)
+    problem = _series_problem(data["mem_series_mib"], data["mem_series_width"])
+    if problem:
+        raise RecordError(problem, source=source)
     return data
+
+
+def _series_problem(series: Sequence[int] | None, width: int | None) -> str:
+    """What is wrong with a record's memory series (types already checked), ``""`` when nothing."""
+    if (series is None) != (width is None):
+        return (f"mem_series_mib is {series!r} but mem_series_width {width!r}: both are null (no series) "
+                "or neither is")
+    if series is None or width is None:
+        return ""
+    if width < 1:
+        return f"mem_series_width is {width}, not at least 1 sample per bucket"
+    if len(series) > SERIES_LEN:
+        return f"mem_series_mib has {len(series)} values, more than {SERIES_LEN}"
+    if any(x < 0 for x in series):
+        return "mem_series_mib has a negative value"
+    return ""
+
+
+_SERIES_AT = FIELDS.index("mem_series_mib")
+
+
+def _row(data: dict[str, Any]) -> tuple:
+    """The store's row of a checked record object: values in :data:`FIELDS` order, the series as
+    :func:`series_text`."""
+    row = [data[name] for name in FIELDS]
+    row[_SERIES_AT] = series_text(row[_SERIES_AT])
+    return tuple(row)
+
+
+def series_text(series: Sequence[int] | None) -> str | None:
+    """The store's text of a memory series: ``"512,2048,1024"`` (``""`` for an empty one), None for none."""
+    return None if series is None else ",".join(map(str, series))
+
+
+def series_from_text(text: str | None) -> tuple[int, ...] | None:
+    """:func:`series_text` back."""
+    if text is None:
+        return None
+    return tuple(int(x) for x in text.split(",")) if text else ()
 
 
 def row_from_json(line: str | bytes, *, source: str | None = None) -> tuple:
     """Parse and check one JSON line into a tuple of values in :data:`FIELDS` order (the store's row),
     without building a :class:`UsageRecord` (same checks as :meth:`UsageRecord.from_json`; a version-1
-    line gives the row of its version-2 record).
+    line gives the row of its version-3 record; the series as :func:`series_text`).
 
     Raises:
         RecordError: not JSON, or not a valid record.
     """
-    data = _check(_decode(line, source), source)
-    return tuple(data[name] for name in FIELDS)
+    return _row(_check(_decode(line, source), source))
 
 
 _FIELD_LIST = list(FIELDS)
 _NONE = type(None)
 _MODE_SET = frozenset(MODES)
 _ALLOWED: dict[str, frozenset[type]] = {
-    name: frozenset({str} if kind is _STR else {int} if kind is _INT else {int, float})
+    name: frozenset({str} if kind is _STR else {int} if kind is _INT else {list} if kind is _SERIES else {int, float})
     | ({_NONE} if nullable else frozenset())
     for name, kind, nullable in _CHECKS}
 _PERCENT = ("sm_asked_percent", "sm_mean_percent", "sm_peak_percent")
@@ -391,6 +496,12 @@ def _rows_checked_by_column(data: list) -> list[tuple] | None:
         # written as 0 <= x and 100 >= x, so that NaN (which json accepts) fails both
         if not (all(map(_AT_LEAST_0, values)) and all(map(_AT_MOST_100, values))):
             return None
+    series, widths = columns[_SERIES_AT], columns[c["mem_series_width"]]
+    if any(s is not None or w is not None for s, w in zip(series, widths, strict=True)):
+        for s, w in zip(series, widths, strict=True):
+            if s is not None and not all(type(x) is int for x in s) or _series_problem(s, w):
+                return None
+        return [_row(dict(zip(FIELDS, row, strict=True))) for row in rows]
     return rows
 
 

@@ -51,15 +51,17 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from slurm_gpushare.accounting.record import FIELDS, UsageRecord, rows_from_lines
+from slurm_gpushare.accounting.record import FIELDS, UsageRecord, rows_from_lines, series_from_text
 from slurm_gpushare.accounting.spool import DEFAULT_SPOOL_DIR, complete_size, spool_files
 from slurm_gpushare.errors import GpushareError, InputError
 
 #: Where ``accounting ingest`` and ``report`` keep the database unless told otherwise.
 DEFAULT_DB = "/var/lib/slurm-gpushare/accounting.db"
 #: Version of the database layout (table ``meta``, key ``schema``). 2: records have ``restart`` (part of
-#: the unique key); ``spool_progress`` has ``tail_sha1``. A version-1 database is upgraded in place.
-SCHEMA_VERSION = 2
+#: the unique key); ``spool_progress`` has ``tail_sha1``. 3: records have the memory series
+#: (``mem_series_mib`` as text ``"512,2048"``, ``mem_series_width``) and are all ``v`` 3. A database of an
+#: earlier layout is upgraded in place.
+SCHEMA_VERSION = 3
 #: Bytes of spool text per transaction.
 BATCH_BYTES = 16 << 20
 #: Above this much unread spool text, chunks are parsed by worker processes while this one inserts.
@@ -75,7 +77,8 @@ _SQL_TYPES = {
     "share": "TEXT NOT NULL", "mem_asked_mib": "INTEGER", "sm_asked_percent": "INTEGER",
     "mem_granted_mib": "INTEGER NOT NULL", "start": "INTEGER NOT NULL", "end": "INTEGER NOT NULL",
     "mem_peak_mib": "INTEGER", "sm_mean_percent": "REAL", "sm_peak_percent": "REAL",
-    "samples": "INTEGER NOT NULL", "exit_state": "TEXT NOT NULL", "exit_code": "TEXT NOT NULL",
+    "samples": "INTEGER NOT NULL", "mem_series_mib": "TEXT", "mem_series_width": "INTEGER",
+    "exit_state": "TEXT NOT NULL", "exit_code": "TEXT NOT NULL",
     "placement_cost": "REAL",
 }
 _COLUMNS = ", ".join(f'"{name}"' for name in FIELDS)
@@ -101,16 +104,25 @@ CREATE TABLE IF NOT EXISTS skipped (
     file TEXT NOT NULL, line INTEGER NOT NULL, reason TEXT NOT NULL, PRIMARY KEY (file, line)
 );
 """
-_COLUMNS_V1 = ", ".join(f'"{name}"' for name in FIELDS if name not in ("restart", "v"))
-# layout 1 -> 2: rows get restart 0 and v 2 (what reading their version-1 lines now gives), the unique
-# key gets restart, spool_progress gets tail_sha1 ('' = unknown: the file is read again, by key)
+_COLUMNS_V1 = ", ".join(f'"{name}"' for name in FIELDS
+                        if name not in ("restart", "v", "mem_series_mib", "mem_series_width"))
+# layout 1 -> 3: rows get restart 0, no series and v 3 (what reading their version-1 lines now gives), the
+# unique key gets restart, spool_progress gets tail_sha1 ('' = unknown: the file is read again, by key)
 _UPGRADE_1 = f"""
 CREATE TABLE usage_2 {_USAGE_TABLE};
-INSERT OR IGNORE INTO usage_2 ("v", "restart", {_COLUMNS_V1}) SELECT 2, 0, {_COLUMNS_V1} FROM usage;
+INSERT OR IGNORE INTO usage_2 ("v", "restart", {_COLUMNS_V1}) SELECT 3, 0, {_COLUMNS_V1} FROM usage;
 DROP TABLE usage;
 ALTER TABLE usage_2 RENAME TO usage;
 ALTER TABLE spool_progress ADD COLUMN tail_sha1 TEXT NOT NULL DEFAULT '';
-UPDATE meta SET value = '2' WHERE key = 'schema';
+UPDATE meta SET value = '3' WHERE key = 'schema';
+"""
+# layout 2 -> 3: the series columns (null: no series) and v 3 on every row, as reading their version-2
+# lines now gives (so that ingesting such a line again is a duplicate, not a second row)
+_UPGRADE_2 = """
+ALTER TABLE usage ADD COLUMN "mem_series_mib" TEXT;
+ALTER TABLE usage ADD COLUMN "mem_series_width" INTEGER;
+UPDATE usage SET "v" = 3;
+UPDATE meta SET value = '3' WHERE key = 'schema';
 """
 _INSERT = f"INSERT OR IGNORE INTO usage ({_COLUMNS}) VALUES ({', '.join('?' * len(FIELDS))})"
 
@@ -204,8 +216,9 @@ class Store:
                              "PRAGMA cache_size = -65536;")
             old = db.execute("SELECT 1 FROM sqlite_master WHERE name = 'meta'").fetchone() and \
                 db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
-            if old and old[0] == "1":
-                db.executescript("BEGIN IMMEDIATE;" + _UPGRADE_1 + _SCHEMA + "COMMIT;")
+            if old and old[0] in ("1", "2"):
+                db.executescript("BEGIN IMMEDIATE;" + (_UPGRADE_1 if old[0] == "1" else _UPGRADE_2) + _SCHEMA
+                                 + "COMMIT;")
             if create:
                 db.executescript("BEGIN IMMEDIATE;" + _SCHEMA + "COMMIT;")
             elif not db.execute("SELECT 1 FROM sqlite_master WHERE name = 'meta'").fetchone():
@@ -246,7 +259,7 @@ class Store:
         Raises:
             StoreError: SQLite failed (nothing of this call is stored).
         """
-        rows = [tuple(r.to_dict().values()) for r in records]
+        rows = [r.row() for r in records]
         try:
             self._db.execute("BEGIN IMMEDIATE")
             before = self._db.total_changes
@@ -478,7 +491,12 @@ class Store:
             params.append(user)
         sql = f"SELECT {_COLUMNS} FROM usage" + (f" WHERE {' AND '.join(where)}" if where else "")
         sql += ' ORDER BY CAST("job_id" AS INTEGER), "job_id", "step", "node", "gpu_index", "gpu_uuid"'
-        return [UsageRecord(**dict(zip(FIELDS, row, strict=True))) for row in self.query(sql, tuple(params))]
+        out = []
+        for row in self.query(sql, tuple(params)):
+            data = dict(zip(FIELDS, row, strict=True))
+            data["mem_series_mib"] = series_from_text(data["mem_series_mib"])
+            out.append(UsageRecord(**data))
+        return out
 
     def skipped(self) -> list[Skipped]:
         """Every line ever skipped by ingest, by file and line."""

@@ -53,7 +53,8 @@ def records_for_job(info: JobInfo, plan: JobPlan, machine: Machine, *, node: str
         start, end: the job's start and end, epoch seconds (``end`` is clamped to ``start``).
         exit_state, exit_code: see :func:`exit_from_env`.
         usage: what the monitor measured, keyed by MIG device UUID or GPU index
-            (:meth:`UsageTracker.pop`); a device with no entry gets "no data" (None), never 0.
+            (:meth:`UsageTracker.pop`); a device with no entry gets "no data" (None), never 0; its
+            memory series becomes the record's (none when empty).
         gpu_uuids: NVML index -> GPU UUID (``nvmlDeviceGetUUID``); default: the machine description's.
         account: the job's account (``Account=`` of ``scontrol show job``); default ``info.account``
             when JobInfo has it, else ``""``.
@@ -90,8 +91,9 @@ def records_for_job(info: JobInfo, plan: JobPlan, machine: Machine, *, node: str
         u = next((usage[k] for k in keys if k != "" and k in usage), None)
         if u is None:
             return {}
+        series = dict(mem_series_mib=u.series_mib, mem_series_width=u.series_width) if u.series_mib else {}
         return dict(mem_peak_mib=u.peak_mib, sm_mean_percent=u.sm_mean, sm_peak_percent=u.sm_peak,
-                    samples=u.samples)
+                    samples=u.samples, **series)
 
     out: list[UsageRecord] = []
     if plan.kind == "mig":

@@ -147,12 +147,32 @@ def test_chart_draws_asked_granted_peak_on_one_scale():
     assert "no data" in mig[2] and "no data" in mig[3] and "no size" in mig[0]
 
 
+def test_memory_over_time_is_a_sparkline_on_the_granted_memory_with_its_time_span():
+    assert js.sparkline([0, 1024, 1025, 4096, 8192, 9000], 8192) == "▁▁▂▄█!"
+    # 30 samples over an hour in 4 buckets of 8 (the last one of 6): 120 s a sample, 16 min a column
+    r = record(mem_asked_mib=10240, mem_granted_mib=10240, mem_peak_mib=10240, sm_mean_percent=25.0,
+               sm_peak_percent=60.0, mode="mps", share="shard:10", start=1000, end=4600, samples=30,
+               mem_series_mib=(1280, 5120, 10240, 0), mem_series_width=8)
+    lines = chart(js.DeviceStats(r), width=8)
+    assert lines[:4] == chart(js.DeviceStats(record(**{**r.to_dict(), "mem_series_mib": None,
+                                                        "mem_series_width": None})), width=8)
+    assert lines[4] == "  used     ▕▁▄█▁▏    over 60.0 min, 16.0 min a column (8 samples), full height = granted 10G"
+    one = record(samples=1, start=1000, end=1060, mem_series_mib=(4096,), mem_series_width=1)
+    assert js.series_line(one).endswith("over 60 s, 60 s a column (1 sample), full height = granted 10G")
+    assert js.series_line(record()) is None  # no series, no line (records before format 3, sacct)
+    stats = job_stats("42", [r], source="store")
+    assert "▕▁▄█▁▏" in js.to_text(stats) and "only in the accounting database" not in js.to_text(stats)
+    data = json.loads(js.to_json(stats))["devices"][0]
+    assert data["mem_series_mib"] == [1280, 5120, 10240, 0] and data["mem_series_width"] == 8
+
+
 def test_text_and_json_views():
     recs = [r for r in fixture() if r.job_id == "1"]
     stats = job_stats("1", recs, source="sacct")
     text = js.to_text(stats)
     assert text.startswith("job 1  user alice  account physics")
     assert "next time: --gres=gpushare:mem=5G" in text and "sacct" in text
+    assert "memory over time is kept only in the accounting database" in text
     data = json.loads(js.to_json(stats))
     assert data["suggestion"]["request"] == "gpushare:mem=5G" and data["devices"][0]["used_pct"] == 40.0
 
@@ -227,6 +247,13 @@ def test_command_reads_the_store_where_readable(tmp_path, fake_slurm, monkeypatc
     assert "accounting database" in out.output and "--gres=gpushare:mem=5G" in out.output
     assert out.output.count("  granted  ") == 1
     assert fake_slurm["calls"] == []
+    with Store(db) as st:
+        st.add([record(job_id="11", samples=4, mem_series_mib=(1024, 2048, 10240, 4096), mem_series_width=1)])
+    out = CliRunner().invoke(main, ["jobstats", "11", "--db", str(db), "--machines", str(tmp_path)])
+    assert out.exit_code == 0, out.output
+    assert "used     ▕▁▂█▄▏" in out.output
+    out = CliRunner().invoke(main, ["jobstats", "11", "--db", str(db), "--machines", str(tmp_path), "--format", "json"])
+    assert json.loads(out.output)["devices"][0]["mem_series_mib"] == [1024, 2048, 10240, 4096]
 
 
 @pytest.mark.parametrize("given", ["3", "003"])  # Slurm reads 003 as job 3 (jobstats said job 003 was not known)

@@ -9,13 +9,18 @@ import pytest
 
 from slurm_gpushare.accounting.record import (
     FIELDS,
+    FIELDS_V1,
+    FIELDS_V2,
     RECORD_VERSION,
+    SERIES_LEN,
     RecordError,
     Usage,
     UsageRecord,
     UsageTracker,
     exit_from_env,
     rows_from_lines,
+    series_from_text,
+    series_text,
 )
 from slurm_gpushare.errors import InputError
 from slurm_gpushare.node.plan import plan_job
@@ -38,7 +43,7 @@ def record(**kw) -> UsageRecord:
 def test_json_round_trip_keeps_every_field_and_writes_v_first():
     r = record(array_job_id="40", array_task_id=2, step="batch", placement_cost=1.5)
     line = r.to_json()
-    assert "\n" not in line and line.startswith('{"v":2,')
+    assert "\n" not in line and line.startswith('{"v":3,')
     assert list(json.loads(line)) == list(FIELDS)
     assert UsageRecord.from_json(line) == r
     assert UsageRecord.from_json(line.encode()) == r
@@ -51,7 +56,7 @@ def test_no_data_stays_none_never_zero():
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"v": 3}, "record version 3; this slurm-gpushare reads versions 1, 2"),
+    ({"v": 4}, "record version 4; this slurm-gpushare reads versions 1, 2, 3"),
     ({"v": "1"}, "record version '1'"),
     ({"extra": 1}, "unknown key(s) extra"),
     ({"gpu_index": True}, "gpu_index is True, not an integer"),
@@ -64,6 +69,14 @@ def test_no_data_stays_none_never_zero():
     ({"sm_peak_percent": float("nan")}, "not a percentage"),
     ({"mem_asked_mib": -1}, "mem_asked_mib is negative"),
     ({"job_id": ""}, "job_id is empty"),
+    ({"mem_series_mib": [1, "2"], "mem_series_width": 1}, "mem_series_mib is [1, '2'], not a list of integers"),
+    ({"mem_series_mib": [1, True], "mem_series_width": 1}, "not a list of integers"),
+    ({"mem_series_mib": "1,2", "mem_series_width": 1}, "not a list of integers or null"),
+    ({"mem_series_mib": [1, 2]}, "both are null (no series) or neither is"),
+    ({"mem_series_width": 2}, "both are null (no series) or neither is"),
+    ({"mem_series_mib": [1], "mem_series_width": 0}, "mem_series_width is 0, not at least 1"),
+    ({"mem_series_mib": list(range(33)), "mem_series_width": 1}, "has 33 values, more than 32"),
+    ({"mem_series_mib": [-1], "mem_series_width": 1}, "mem_series_mib has a negative value"),
 ])
 def test_reading_is_strict(change, message):
     data = {**record().to_dict(), **change}
@@ -93,7 +106,7 @@ def test_invalid_records_cannot_be_built_either():
 
 def test_batch_parser_agrees_with_the_strict_reader_line_by_line():
     good = [record(job_id=str(i)).to_json().encode() for i in range(5)]
-    bad_version = json.dumps({**record().to_dict(), "v": 3}).encode()
+    bad_version = json.dumps({**record().to_dict(), "v": 4}).encode()
     bool_index = json.dumps({**record().to_dict(), "gpu_index": True}).encode()
     reordered = json.dumps(dict(reversed(list(record(job_id="9").to_dict().items())))).encode()
     lines = [good[0], b"", good[1], b"{garbage", good[2], bad_version, good[3], bool_index, reordered, b"  ",
@@ -101,7 +114,7 @@ def test_batch_parser_agrees_with_the_strict_reader_line_by_line():
     rows, errors = rows_from_lines(lines)
     assert [r[FIELDS.index("job_id")] for r in rows] == ["0", "1", "2", "3", "9", "4"]
     assert [i for i, _ in errors] == [3, 5, 7, 11]
-    assert "version 3" in errors[1][1] and "gpu_index is True" in errors[2][1]
+    assert "version 4" in errors[1][1] and "gpu_index is True" in errors[2][1]
     # the all-good batch takes the column-wise path and gives the same rows
     fast, none = rows_from_lines(good)
     assert none == [] and fast == [tuple(UsageRecord.from_json(g).to_dict().values()) for g in good]
@@ -109,6 +122,77 @@ def test_batch_parser_agrees_with_the_strict_reader_line_by_line():
     nan = json.dumps({**record().to_dict(), "sm_mean_percent": float("nan")}).encode()
     rows, errors = rows_from_lines([*good, nan])
     assert len(rows) == 5 and errors[0][0] == 5
+    # with series: the rows hold them as text, on both paths; a bad series in a batch is found
+    series = [record(job_id=str(i), mem_series_mib=(0, 512, 4096), mem_series_width=2).to_json().encode()
+              for i in range(3)]
+    fast, none = rows_from_lines(series)
+    slow, _ = rows_from_lines([*series, b"{garbage"])
+    assert none == [] and fast == slow and fast[0][FIELDS.index("mem_series_mib")] == "0,512,4096"
+    wrong = json.dumps({**record().to_dict(), "mem_series_mib": [1, True], "mem_series_width": 1}).encode()
+    rows, errors = rows_from_lines([*series, wrong])
+    assert len(rows) == 3 and errors[0][0] == 3 and "not a list of integers" in errors[0][1]
+
+
+def test_version_3_carries_the_memory_series_and_versions_2_and_1_read_without_one():
+    r = record(mem_series_mib=(0, 512, 4096), mem_series_width=4)
+    data = json.loads(r.to_json())
+    assert data["mem_series_mib"] == [0, 512, 4096] and data["mem_series_width"] == 4
+    assert UsageRecord.from_json(r.to_json()) == r and r.row()[FIELDS.index("mem_series_mib")] == "0,512,4096"
+    plain = record()
+    v2 = {k: v for k, v in plain.to_dict().items() if k in FIELDS_V2} | {"v": 2}
+    v1 = {k: v for k, v in v2.items() if k != "restart"} | {"v": 1}
+    for old in (v1, v2):
+        back = UsageRecord.from_dict(old)
+        assert back == plain and back.v == 3 and back.mem_series_mib is None and back.mem_series_width is None
+        assert rows_from_lines([json.dumps(old).encode()]) == ([plain.row()], [])
+    with pytest.raises(RecordError, match="version-2 record with unknown key.*mem_series_mib"):
+        UsageRecord.from_dict({**v2, "mem_series_mib": [1], "mem_series_width": 1})
+    with pytest.raises(RecordError, match="version-3 record with missing key.*mem_series_width"):
+        UsageRecord.from_dict({k: v for k, v in plain.to_dict().items() if k != "mem_series_width"})
+    assert series_from_text(series_text(())) == () and series_from_text(None) is None
+
+
+def test_tracker_buckets_memory_into_a_series_of_constant_size():
+    t = UsageTracker()
+    for mib in [5, 1, 7, 3]:
+        t.add("7", 0, used_mib=mib, sm_percent=None)
+    u = t.usage("7")[0]
+    assert u.series_mib == (5, 1, 7, 3) and u.series_width == 1
+    for i in range(28):  # 32 samples: every bucket full, width 1
+        t.add("7", 0, used_mib=i, sm_percent=None)
+    assert len(t.usage("7")[0].series_mib) == SERIES_LEN and t.usage("7")[0].series_width == 1
+    t.add("7", 0, used_mib=None, sm_percent=None)  # the 33rd: pairs merge, width 2; no reading counts 0
+    u = t.usage("7")[0]
+    assert u.series_width == 2 and u.series_mib[:3] == (5, 7, 1) and u.series_mib[-2:] == (27, 0)
+    assert len(u.series_mib) == 17
+    big = UsageTracker()
+    for i in range(10_000):
+        big.add("8", 0, used_mib=i % 1000, sm_percent=None)
+        s = big.usage("8")[0]
+        assert len(s.series_mib) <= SERIES_LEN and len(s.series_mib) == -(-(i + 1) // s.series_width)
+    assert s.series_width == 512 and s.samples == 10_000 and max(s.series_mib) == 999
+
+
+def test_tracker_state_round_trip_keeps_the_series_and_old_rows_restore_without_one():
+    t = UsageTracker()
+    for mib in range(40):
+        t.add("7", 0, used_mib=mib, sm_percent=10.0)
+    again = UsageTracker()
+    again.restore("7", json.loads(json.dumps(t.state("7"))))
+    assert again.usage("7") == t.usage("7")
+    for tracker in (t, again):
+        tracker.add("7", 0, used_mib=100, sm_percent=None)
+    assert again.usage("7") == t.usage("7") and t.usage("7")[0].series_mib[-1] == 100
+    old = [{k: v for k, v in row.items() if not k.startswith("series")} for row in t.state("7")]
+    prior = UsageTracker()
+    prior.restore("7", old)
+    assert prior.usage("7")[0].series_mib == () and prior.usage("7")[0].samples == 41
+    prior.add("7", 0, used_mib=9, sm_percent=None)
+    assert prior.usage("7")[0].series_mib == (9,)
+    with pytest.raises(InputError, match="series_mib"):
+        prior.restore("7", [{**t.state("7")[0], "series_mib": ["x"]}])
+    with pytest.raises(InputError, match="do not fit the series"):
+        prior.restore("7", [{**t.state("7")[0], "series_width": 0}])
 
 
 def test_tracker_keeps_peaks_and_means_and_no_data():
@@ -118,8 +202,8 @@ def test_tracker_keeps_peaks_and_means_and_no_data():
     t.add("7", 0, used_mib=2000, sm_percent=None)
     t.add("7", "MIG-x", used_mib=500, sm_percent=None)
     u = t.pop("7")
-    assert u[0] == Usage(peak_mib=3000, sm_mean=60.0, sm_peak=80.0, samples=3)
-    assert u["MIG-x"] == Usage(peak_mib=500, sm_mean=None, sm_peak=None, samples=1)
+    assert u[0] == Usage(peak_mib=3000, sm_mean=60.0, sm_peak=80.0, samples=3, series_mib=(1000, 3000, 2000))
+    assert u["MIG-x"] == Usage(peak_mib=500, sm_mean=None, sm_peak=None, samples=1, series_mib=(500,))
     assert t.usage("7") == {} and t.jobs() == ()
 
 
@@ -162,7 +246,8 @@ def _records(detail: str, ac: str = "", tres: str = "TresPerNode=gres:gpu:1", **
 
 
 def test_mps_share_record():
-    usage = {0: Usage(peak_mib=6000, sm_mean=22.5, sm_peak=40.0, samples=60)}
+    usage = {0: Usage(peak_mib=6000, sm_mean=22.5, sm_peak=40.0, samples=60, series_mib=(1000, 6000, 2000),
+                      series_width=32)}
     (r,) = _records("shard:10(IDX:0)", "[gpushare:v1 req=mem=10G+sm=25 grant=gres:shard:10 kind=mps "
                     "mem=10240/10240MiB sm=25]", tres="TresPerNode=gres:shard:10", usage=usage, account="physics")
     assert (r.mode, r.share, r.gpu_index, r.gpu_model, r.gpu_memory_mib) == ("mps", "shard:10", 0, "h100", 81559)
@@ -170,6 +255,7 @@ def test_mps_share_record():
     assert (r.mem_peak_mib, r.sm_mean_percent, r.sm_peak_percent, r.samples) == (6000, 22.5, 40.0, 60)
     assert (r.user, r.account, r.partition, r.job_id, r.v) == ("alice", "physics", "gpu", "77", RECORD_VERSION)
     assert r.gpu_uuid == MACHINE.gpus[0].uuid and r.duration_s == 3600
+    assert (r.mem_series_mib, r.mem_series_width) == ((1000, 6000, 2000), 32)
 
 
 def test_mig_record_has_its_profile_memory_and_no_sm_data():
@@ -180,6 +266,7 @@ def test_mig_record_has_its_profile_memory_and_no_sm_data():
     assert (r.mode, r.share, r.gpu_index, r.gpu_uuid) == ("mig", "1g.10gb", 2, mig_uuid)
     assert (r.mem_asked_mib, r.mem_granted_mib, r.mem_peak_mib) == (10240, 9984, 8000)
     assert r.sm_mean_percent is None and r.sm_peak_percent is None
+    assert r.mem_series_mib is None and r.mem_series_width is None  # a Usage without a series: none
 
 
 def test_two_mig_slices_of_one_gpu_are_two_records_keyed_by_uuid():
@@ -234,10 +321,10 @@ def test_the_restart_count_is_part_of_the_key_and_version_1_reads_as_the_first_r
     first, again = record(job_id="77"), record(job_id="77", restart=1)
     assert first.key != again.key and first.restart == 0
     assert UsageRecord.from_json(again.to_json()) == again
-    v1 = {k: v for k, v in first.to_dict().items() if k != "restart"}
+    v1 = {k: v for k, v in first.to_dict().items() if k in FIELDS_V1}
     v1["v"] = 1
     assert UsageRecord.from_dict(v1) == first
-    assert rows_from_lines([json.dumps(v1).encode()]) == ([tuple(first.to_dict().values())], [])
+    assert rows_from_lines([json.dumps(v1).encode()]) == ([first.row()], [])
     with pytest.raises(RecordError, match="version-1 record with unknown key"):
         UsageRecord.from_dict({**v1, "restart": 1})
     with pytest.raises(RecordError, match="restart is negative"):

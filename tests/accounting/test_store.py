@@ -63,7 +63,7 @@ def test_corrupt_lines_are_skipped_and_named_and_an_unended_last_line_waits(tmp_
     path = _spool(tmp_path / "spool", range(5))
     with open(path, "ab") as f:
         f.write(b'{"v":1,"job_id":"oops"\n')                                        # line 6: corrupt
-        f.write(json.dumps({**record(job_id="5").to_dict(), "v": 3}).encode() + b"\n")  # line 7: newer
+        f.write(json.dumps({**record(job_id="5").to_dict(), "v": 4}).encode() + b"\n")  # line 7: newer
         f.write(record(job_id="6").to_json().encode() + b"\n")                      # line 8: good
         f.write(record(job_id="7").to_json().encode()[:80])                         # line 9: no newline yet
     warned = []
@@ -72,7 +72,7 @@ def test_corrupt_lines_are_skipped_and_named_and_an_unended_last_line_waits(tmp_
         assert r.ingested == 6 and len(r.skipped) == 2
         assert [(s.file, s.line) for s in r.skipped] == [(str(path), 6), (str(path), 7)]
         assert "not a JSON record" in r.skipped[0].reason
-        assert "version 3" in r.skipped[1].reason
+        assert "version 4" in r.skipped[1].reason
         assert [(s.line, s.reason[:35]) for s in r.incomplete] == [(9, "incomplete last line (80 bytes, no ")]
         assert str(r.skipped[0]).startswith(f"{path}:6: ")
         assert warned == list(r.skipped) and st.skipped() == list(r.skipped)
@@ -139,7 +139,8 @@ def test_each_run_of_a_requeued_job_is_its_own_record(tmp_path):
 
 def test_version_1_lines_and_a_version_1_database_are_still_read(tmp_path):
     """Spool lines written by the previous release (no ``restart``) and a database of layout 1."""
-    v1 = {k: v for k, v in record(job_id="5").to_dict().items() if k != "restart"}
+    from slurm_gpushare.accounting.record import FIELDS_V1
+    v1 = {k: v for k, v in record(job_id="5").to_dict().items() if k in FIELDS_V1}
     v1["v"] = 1
     old_db = tmp_path / "old.db"
     import sqlite3
@@ -160,12 +161,50 @@ def test_version_1_lines_and_a_version_1_database_are_still_read(tmp_path):
     spool = tmp_path / "old.jsonl"
     spool.write_text(json.dumps(v1) + "\n" + json.dumps({**v1, "job_id": "6"}) + "\n")
     with Store(old_db) as st:
-        assert st.records() == [record(job_id="5")]  # restart 0, v 2
+        assert st.records() == [record(job_id="5")]  # restart 0, v 3, no series
         r = st.ingest(spool)
         assert (r.ingested, r.duplicates, r.skipped) == (1, 1, ())
         assert [x.job_id for x in st.records()] == ["5", "6"]
     with Store(old_db, create=False) as st:
         assert st.count() == 2
+
+
+def test_a_version_2_database_is_migrated_in_place_and_keeps_the_memory_series(tmp_path):
+    """A database of layout 2 (records without series) gets the series columns by ALTER TABLE; its rows
+    become v 3 without a series, so a version-2 line of a stored record is a duplicate, not a new row."""
+    import sqlite3
+
+    from slurm_gpushare.accounting.record import FIELDS_V2
+    from slurm_gpushare.accounting.store import _SQL_TYPES
+    old = record(job_id="5")
+    v2 = {k: v for k, v in old.to_dict().items() if k in FIELDS_V2} | {"v": 2}
+    old_db = tmp_path / "v2.db"
+    db = sqlite3.connect(old_db)
+    db.executescript(
+        "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+        "INSERT INTO meta VALUES ('schema', '2');"
+        f"CREATE TABLE usage ({', '.join(f'{chr(34)}{c}{chr(34)} {_SQL_TYPES[c]}' for c in FIELDS_V2)}, "
+        'UNIQUE ("job_id", "restart", "step", "node", "gpu_index", "gpu_uuid", "v"));'
+        "CREATE TABLE spool_progress (file TEXT PRIMARY KEY, offset INTEGER NOT NULL, lines INTEGER NOT NULL,"
+        " head_len INTEGER NOT NULL, head_sha1 TEXT NOT NULL, tail_sha1 TEXT NOT NULL DEFAULT '');"
+        "CREATE TABLE skipped (file TEXT NOT NULL, line INTEGER NOT NULL, reason TEXT NOT NULL,"
+        " PRIMARY KEY (file, line));")
+    db.execute(f"INSERT INTO usage VALUES ({', '.join('?' * len(v2))})", list(v2.values()))
+    db.commit()
+    db.close()
+    with_series = record(job_id="6", mem_series_mib=(0, 1024, 4096, 2048), mem_series_width=8)
+    spool = tmp_path / "mixed.jsonl"
+    spool.write_text(json.dumps(v2) + "\n" + with_series.to_json() + "\n")
+    with Store(old_db) as st:
+        assert st.records() == [old] and st.records()[0].v == 3 and st.records()[0].mem_series_mib is None
+        r = st.ingest(spool)
+        assert (r.ingested, r.duplicates, r.skipped) == (1, 1, ())
+        assert st.records(job_id="6") == [with_series]
+        st.add([record(job_id="7", mem_series_mib=(), mem_series_width=1)])
+        assert st.records(job_id="7")[0].mem_series_mib == ()
+    with Store(old_db, create=False) as st:
+        assert st.count() == 3 and st.query("SELECT value FROM meta WHERE key = 'schema'") == [("3",)]
+        assert st.query('SELECT "mem_series_mib" FROM usage WHERE "job_id" = \'6\'') == [("0,1024,4096,2048",)]
 
 
 def test_the_database_and_its_directory_are_private(tmp_path):
