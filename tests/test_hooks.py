@@ -542,10 +542,14 @@ def test_an_unreachable_slurmctld_costs_the_epilog_no_record(node, capsys):
     # the job runs as root here (the test's run dir is root's); the name tells slurmd's from the record's
     env = {"SLURM_JOB_UID": "0", "SLURM_JOB_GID": "0", "SLURM_JOB_USER": "alice",
            "SLURM_JOB_PARTITION": "gpu", "SLURM_JOB_EXIT_CODE2": "0:0"}
-    assert prolog(ctx, {**_env("611"), **env}) == 0
+    node.jobs["612"] = SHOW.format(job="612", node="a100", gres="gpu:a100:1", detail="gpu:a100:1(IDX:5)", ac="")
+    gpu5 = {**_env("612"), **env, "SLURM_JOB_GPUS": "5", "CUDA_VISIBLE_DEVICES": "5"}
+    assert prolog(ctx, {**_env("611"), **env}) == 0 and prolog(ctx, gpu5) == 0
     ctx = replace(ctx, job_record=down)
     assert epilog(ctx, {**_env("611"), **env}) == 0
-    assert epilog(ctx, {**_env("612"), **env, "SLURM_JOB_GPUS": "5", "CUDA_VISIBLE_DEVICES": "5"}) == 0
+    assert epilog(ctx, gpu5) == 0
+    # an Epilog with no Prolog run to pair with (run again after the job's directory went) adds no record
+    assert epilog(ctx, {**_env("611"), **env}) == 0
     recs = [json.loads(line) for f in (node.root / "spool").glob("*.jsonl") for line in f.read_text().splitlines()]
     got = [(r["job_id"], r["user"], r["partition"], r["mode"], r["gpu_index"]) for r in recs]
     assert got == [("611", "alice", "gpu", "mps", 0), ("612", "alice", "gpu", "gpu", 5)], recs

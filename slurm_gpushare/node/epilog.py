@@ -212,8 +212,12 @@ def record_usage(ctx: HookContext, env: dict[str, str], state: dict) -> int:
         try:
             info = job_info(ctx, job_id, env)  # owner from slurmd's environment, the rest from structured output
         except JobFault as e:
+            if read_run(ctx.job_dir(job_id)) is None:
+                # no Prolog run of this job here to pair with (an Epilog run again after its job directory went,
+                # or for a job whose Prolog never ran): nothing to build a record of that another would not hold
+                raise
             # slurmctld down or slow: the record is kept with what slurmd's environment and the Prolog's plan
-            # say (no account where the release does not set it, no AdminComment audit, slurmd's exit code)
+            # and run say (no account where the release does not set it, no AdminComment audit, slurmd's exit code)
             print(f"slurm-gpushare epilog: job {job_id}: slurmctld not reached ({e}); the accounting record "
                   "from slurmd's environment", file=sys.stderr)
             info = job_from_env(job_id, env)
