@@ -290,3 +290,18 @@ def test_before_23_02_the_lowercased_field_still_reads_back():
         out = write_final_summary(FinalJob("77", 1, ("n1",), "77"), [d], sacct=sacct, show_job=lambda j: AUDIT,
                                   sacctmgr=sacctmgr, release=Release(22, 5))
     assert out == f"{AUDIT} {final_segment(spool_recs)}".lower()
+
+
+def test_of_two_records_of_one_device_the_one_that_saw_the_run_is_the_final_segments(tmp_path):
+    # found in CI: an Epilog run again for a run wrote a second record (span 0, no samples) that the final
+    # segment took because it was spooled first
+    poor = record(job_id="78", node="n1", start=5000, end=5000, mem_peak_mib=None, sm_mean_percent=None,
+                  sm_peak_percent=None, samples=0)
+    good = record(job_id="78", node="n1", start=1000, end=4600)
+    assert poor.key == good.key
+    spool = tmp_path / "n1.gpushare.jsonl"
+    spool.write_text(poor.to_json() + "\n" + good.to_json() + "\n")
+    job = FinalJob("78", 0, ("n1",), "78")
+    assert spooled_records([spool], job) == [good]
+    spool.write_text(good.to_json() + "\n" + poor.to_json() + "\n")
+    assert spooled_records([spool], job) == [good]
