@@ -152,6 +152,9 @@ def test_sacct_shows_the_usage_summary_the_monitor_wrote_while_the_job_ran(dbd, 
 
     wait_until(started_in_sacct, f"sacct showing job {job.id} RUNNING")
     assert _sacct(dbd, job.id) == ("RUNNING", ""), "sacct while the job runs"
+    # the node's own monitor (not the --once writer above) must have sampled the app before the job ends: the
+    # final segment is built from its usage file (a job that ends first, under a second here, records 0 MiB)
+    _wait_measured(c, job.id, 3 << 30, 0.3)
 
     go.touch()
     done = dbd.wait(job)  # ends by itself (COMPLETED), as a real job would
