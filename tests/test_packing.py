@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from slurm_gpushare.errors import InputError
 from slurm_gpushare_dev import packing
@@ -155,3 +157,53 @@ def test_the_plot_is_a_png_with_one_column_per_variant(tmp_path):
     packing.plot(runs, path, title="test")
     img = image.imread(path)
     assert img.shape[1] > img.shape[0] > 200   # wide: three columns side by side
+
+
+def test_the_makespan_bound_is_the_tail_or_the_work_left_after_a_submit():
+    def j(i, submit, duration, gpus=1, peak=GPU):
+        return TraceJob(i, submit, duration, 2 * duration, gpus, peak)
+    # the tail: a long job submitted late
+    assert packing.makespan_bound_s([j(0, 0, 10), j(1, 100, 1000)], "exclusive", 8, GPU) == 1100
+    # the work: four whole-GPU jobs at once on 2 GPUs; as gpushare quarters (x 1.2 headroom) the tail decides
+    four = [j(i, 0, 100, peak=GPU // 4) for i in range(4)]
+    assert packing.makespan_bound_s(four, "exclusive", 2, GPU) == 200
+    assert packing.makespan_bound_s(four, "gpushare", 2, GPU) == 100
+    assert packing.makespan_bound_s(four, "fixed", 2, GPU) == 100   # 2 quarters each: 1 GPU's worth x 100 s
+    # the work left after a later submit counts from that submit: 50 + 3 x 100 on one GPU, not 10 + 300
+    late = [j(0, 0, 10), j(1, 50, 100), j(2, 50, 100), j(3, 50, 100)]
+    assert packing.makespan_bound_s(late, "exclusive", 1, GPU) == 350
+    assert math.isnan(packing.makespan_bound_s([], "gpushare", 1, GPU))
+    with pytest.raises(InputError, match="unknown variant"):
+        packing.makespan_bound_s(late, "mig", 1, GPU)
+
+
+def _list_schedule(trace, total_gpus):
+    """Whole-GPU jobs started in submit order as soon as enough GPUs are free: a real schedule's makespan."""
+    free_at = [0.0] * total_gpus
+    ends = []
+    for job in sorted(trace, key=lambda j: j.submit_s):
+        free_at.sort()
+        start = max(job.submit_s, free_at[job.gpus - 1])
+        for k in range(job.gpus):
+            free_at[k] = start + job.duration_s
+        ends.append(start + job.duration_s)
+    return max(ends) - min(j.submit_s for j in trace)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 500), st.integers(1, 400), st.sampled_from([1, 1, 2, 4])),
+                min_size=1, max_size=30), st.sampled_from([4, 8]))
+def test_no_schedule_beats_the_makespan_bound(jobs, total_gpus):
+    trace = [TraceJob(i, float(s), float(d), 2.0 * d, g, GPU) for i, (s, d, g) in enumerate(jobs)]
+    bound = packing.makespan_bound_s(trace, "exclusive", total_gpus, GPU)
+    assert bound <= _list_schedule(trace, total_gpus) + 1e-9
+    # and the bound is tight for a lone job, or jobs that all fit at once
+    if sum(g for _, _, g in jobs) <= total_gpus:
+        assert bound == pytest.approx(_list_schedule(trace, total_gpus))
+
+
+def test_the_table_has_the_least_possible_makespan_row():
+    s = packing.summarize(_run())
+    assert s["makespan_bound_h"] == pytest.approx(
+        packing.makespan_bound_s([r.job for r in _run().records], "gpushare", 2, GPU) / 3600)
+    assert any(line.startswith("  least possible") for line in packing.ratio_table({"gpushare": s}))
