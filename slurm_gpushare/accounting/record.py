@@ -174,6 +174,11 @@ class UsageTracker:
         self._jobs[str(job_id)] = acc
 
 
+#: :meth:`UsageRecord.saw_more` in SQL, for an upsert's ``DO UPDATE ... WHERE``: the new row (``excluded``)
+#: against the stored one (its columns unqualified)
+SAW_MORE_SQL = '(excluded."samples", excluded."end" - excluded."start") > ("samples", "end" - "start")'
+
+
 @dataclass(frozen=True)
 class UsageRecord:
     """One run's reservation and use of one GPU device on one node (format version 3).
@@ -255,6 +260,13 @@ class UsageRecord:
     def key(self) -> tuple[str, int, str, str, int, str, int]:
         """What makes a record unique: job, run (restart count), step, node, GPU index and UUID, version."""
         return (self.job_id, self.restart, self.step, self.node, self.gpu_index, self.gpu_uuid, self.v)
+
+    def saw_more(self, other: UsageRecord) -> bool:
+        """Whether this record of a device saw more of the run than ``other`` (a record of the same key: an
+        Epilog run again for a run spools a second, emptier one): more monitor samples, else a longer span.
+        Where two records share a key, the sacct segment and the store both keep the one that saw more
+        (:data:`SAW_MORE_SQL` is this comparison for the store's upsert)."""
+        return ((self.samples or 0), self.end - self.start) > ((other.samples or 0), other.end - other.start)
 
     @property
     def duration_s(self) -> int:

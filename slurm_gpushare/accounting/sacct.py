@@ -316,11 +316,6 @@ class FinalJob:
         return cls(jid, int(restart) if restart.isdigit() else 0, nodes, sid)
 
 
-def _saw_more(a: UsageRecord, b: UsageRecord) -> bool:
-    """Whether record ``a`` of a device saw more of the run than ``b``: more monitor samples, else a longer span."""
-    return ((a.samples or 0), a.end - a.start) > ((b.samples or 0), b.end - b.start)
-
-
 def spooled_records(spools: Sequence[str | Path], job: FinalJob) -> list[UsageRecord]:
     """The records of ``job``'s run in the spool directories or files (the nodes' Epilogs wrote them; the
     controller reads them where they are mounted). Only the files of the job's nodes are read (all files
@@ -356,7 +351,7 @@ def spooled_records(spools: Sequence[str | Path], job: FinalJob) -> list[UsageRe
                 # one record per device; where an Epilog ran twice for a run, the one that saw the run wins
                 # (more samples, then the longer span), not the one that happened to be spooled first
                 have = found.get(r.key)
-                if have is None or _saw_more(r, have):
+                if have is None or r.saw_more(have):
                     found[r.key] = r
     return sorted(found.values(), key=lambda r: (job.nodes.index(r.node) if r.node in job.nodes else len(job.nodes),
                                                  r.node, r.gpu_index, r.gpu_uuid))

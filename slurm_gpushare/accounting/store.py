@@ -2,7 +2,8 @@
 
 One table, ``usage``, one row per record (columns named as the record's JSON keys, plus the computed
 ``gpu_share``), unique on ``(job_id, restart, step, node, gpu_index, gpu_uuid, v)``: a record ingested
-twice is stored once (``INSERT OR IGNORE``; the first copy wins), and each run of a requeued job is a
+twice is stored once (of two records of one key, the one that saw more of the run:
+:meth:`~slurm_gpushare.accounting.record.UsageRecord.saw_more`), and each run of a requeued job is a
 row of its own. Ingest is resumable and exact:
 
 * spool files are read in chunks of whole lines; the rows of a batch of chunks (about 16 MiB of text,
@@ -51,7 +52,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from slurm_gpushare.accounting.record import FIELDS, UsageRecord, rows_from_lines, series_from_text
+from slurm_gpushare.accounting.record import FIELDS, SAW_MORE_SQL, UsageRecord, rows_from_lines, series_from_text
 from slurm_gpushare.accounting.spool import DEFAULT_SPOOL_DIR, complete_size, spool_files
 from slurm_gpushare.errors import GpushareError, InputError
 
@@ -124,7 +125,12 @@ ALTER TABLE usage ADD COLUMN "mem_series_width" INTEGER;
 UPDATE usage SET "v" = 3;
 UPDATE meta SET value = '3' WHERE key = 'schema';
 """
-_INSERT = f"INSERT OR IGNORE INTO usage ({_COLUMNS}) VALUES ({', '.join('?' * len(FIELDS))})"
+#: a record of a key already stored replaces it only where it saw more of the run (an Epilog run twice for
+#: one run: :meth:`~slurm_gpushare.accounting.record.UsageRecord.saw_more`, as the sacct segment chooses);
+#: the same record ingested again changes nothing
+_INSERT = (f"INSERT INTO usage ({_COLUMNS}) VALUES ({', '.join('?' * len(FIELDS))}) "
+           'ON CONFLICT ("job_id", "restart", "step", "node", "gpu_index", "gpu_uuid", "v") DO UPDATE SET '
+           + ", ".join(f'"{name}" = excluded."{name}"' for name in FIELDS) + f" WHERE {SAW_MORE_SQL}")
 
 
 class StoreError(GpushareError):

@@ -343,3 +343,27 @@ def test_database_errors_name_the_file(tmp_path):
     sqlite3.connect(tmp_path / "other.db").execute("CREATE TABLE t (x)")
     with pytest.raises(StoreError, match="not an accounting database"):
         Store(tmp_path / "other.db", create=False)
+
+
+def test_of_two_records_of_one_key_the_store_keeps_the_one_that_saw_more_whichever_came_first(tmp_path):
+    """An Epilog run again for a run spools a second record of the same key with fewer samples (or none):
+    the store keeps the one that saw more, as the sacct segment does (UsageRecord.saw_more), in either order."""
+    full = record(samples=120, mem_peak_mib=3072, start=1000, end=4600)
+    empty = record(samples=0, mem_peak_mib=None, sm_mean_percent=None, sm_peak_percent=None, start=4600, end=4600)
+    shorter = record(samples=120, mem_peak_mib=1024, start=1000, end=2000)
+    for order in ((full, empty), (empty, full), (shorter, full), (full, shorter)):
+        st = Store(tmp_path / f"acct-{id(order)}.db")
+        st.add([order[0]])
+        st.add([order[1]])
+        kept = st.records()
+        best = order[1] if order[1].saw_more(order[0]) else order[0]
+        assert kept == [best] and best == full, (order, kept)
+        assert st.add([full]) == (0, 1)  # the same record again: nothing changes
+        st.close()
+    # and through ingest of one spool holding both, the emptier one spooled first
+    sp = Spool(tmp_path / "spool", node="a100", clock=lambda: DAY)
+    sp.append([empty])
+    sp.append([full])
+    st = Store(tmp_path / "ingested.db")
+    st.ingest(tmp_path / "spool")
+    assert st.records() == [full]
