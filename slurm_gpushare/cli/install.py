@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import sys
 
 import click
 
@@ -54,6 +55,9 @@ def install_cmd(roles, prefix, slurm_conf_dir, config_dir, run_dir, dry_run, sho
     (or not written by this command) is refused, and then nothing is written, unless --force. Each file
     is replaced atomically. --dry-run writes nothing; --diff shows the changes (like ansible's --diff, and
     with --dry-run like --check --diff). See docs/install.md.
+
+    Exit status: 0 written (or, with --dry-run, the real install would write); 1 with --dry-run when the
+    real install would refuse a changed file (run it with --force, or merge first); 2 an error or a refusal.
     """
     from slurm_gpushare import siteinstall
     from slurm_gpushare.errors import ConfigError
@@ -77,3 +81,5 @@ def install_cmd(roles, prefix, slurm_conf_dir, config_dir, run_dir, dry_run, sho
     click.echo(f"\nslurm.conf lines these files need{'' if not dry_run else ' (once written)'}:")
     for line in siteinstall.slurm_conf_lines(roles, layout):
         click.echo(f"  {line}")
+    if dry_run and any(o.state == "refused" for o in outcomes):
+        sys.exit(1)  # a check that would fail says so in its status, as ansible's --check does
