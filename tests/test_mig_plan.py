@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import socket
 from collections import Counter
 from pathlib import Path
 
@@ -184,13 +185,17 @@ def test_a_request_larger_than_any_slice_keeps_the_gpu_whole():
     assert plan.planned.stranded_mem_mib == 30 * G and plan.planned.unserved_mem_mib == 0
 
 
-def test_weights_change_the_answer():
-    # 10x 10G on one A100: 7 slots at most; with unserved memory free, fewer slots strand less
+def test_the_whole_gpu_weight_decides_between_one_job_and_seven():
+    # one whole-GPU job and seven of 10G on one A100. MIG off serves the whole job, the seven wait:
+    # 4 * 7 * 1/7 = 4.0 (each 10G asks 1/8 of the memory but 1 of 7 compute slices). 7x 1g.10gb serves the
+    # seven and strands slice 7: 4 * 1 + 10/80 = 4.125 by default, 1 + 10/80 = 1.125 with --weight-whole 1
     m = [table_machine("a100-80gb")]
-    d = [Request(10 * G, 10)]
-    assert plan_layout(m, d).planned.served == 7
-    light = plan_layout(m, d, weights=Weights(unserved=0, memory=1, compute=1))
-    assert light.planned.objective <= plan_layout(m, d).planned.objective
+    d = [Request(0, 1, whole=True), Request(10 * G, 7)]
+    default = plan_layout(m, d)
+    assert default.gpus[0].choice.geometry is None and default.planned.objective == pytest.approx(4.0)
+    light = plan_layout(m, d, weights=Weights(whole=1))
+    assert light.gpus[0].choice.geometry is not None and light.planned.served == 7
+    assert light.planned.objective == pytest.approx(1.125)
 
 
 def test_today_is_judged_by_the_same_numbers():
@@ -349,7 +354,23 @@ def test_cli_writes_files_that_parse_and_check(tmp_path):
     check = CliRunner().invoke(main, ["gres-conf", str(out / "h100-mig.planned.json"), "--check", "--gres-conf",
                                       str(out / "gres.conf"), "--slurm-conf", str(slurm_conf), "--slurm-version",
                                       "24.11", "--partition", "gpu=h100-mig"])
-    assert "gres.conf:" not in check.output and "error:" not in check.output, check.output
+    assert check.exit_code == 0 and "match the hardware" in check.output, check.output
+
+
+def test_cli_reads_the_gpus_through_the_nvml_port(tmp_path, monkeypatch):
+    # the probe path (NVML port, here the fake): GPUs with MIG on report their profiles, those with MIG off
+    # none (as NVML), which then take their model's table; the plan is the one of the description
+    demand = tmp_path / "demand.csv"
+    demand.write_text("8G,9\n10G,3\ngpu,1\n")
+    monkeypatch.setenv("GPUSHARE_NVML", f"fake:{PACKAGED / '4x-h100-mig-mixed.json'}")
+    probed = _run("--demand", str(demand))
+    monkeypatch.delenv("GPUSHARE_NVML")
+    described = _run(str(PACKAGED / "4x-h100-mig-mixed.json"), "--demand", str(demand))
+    assert probed.exit_code == 0 and described.exit_code == 0, probed.output + described.output
+    host = socket.gethostname().split(".")[0]  # a probe names the node after this host
+    assert [" ".join(line.split()).replace(host, "h100-mig", 1) for line in probed.output.splitlines()] == \
+        [" ".join(line.split()) for line in described.output.splitlines()]
+    assert "geometries: h100-80gb: " in probed.output
 
 
 def test_cli_dry_run_writes_nothing(tmp_path):
