@@ -223,6 +223,9 @@ def test_bad_fit_weights_and_empty_demand_are_refused():
         plan_layout(m, [Request(G, 1)], weights=Weights(memory=-1))
     with pytest.raises(InputError, match="the demand is empty"):
         plan_layout(m, [])
+    with pytest.raises(InputError, match="the smallest request asks 90G, the largest GPU holds 80G") as e:
+        plan_layout(m, [Request(90 * G, 1), Request(100 * G, 2)])
+    assert "units" in e.value.hint
 
 
 # --- the property: every planned geometry is accepted by the fake NVML -------------------------
@@ -242,6 +245,11 @@ def test_every_planned_geometry_is_accepted_by_the_fake_nvml(key, gpus, demand, 
     mib = max(nominal_profile_mib(p) for p in profiles)
     machine = Machine(hostname="n1", gpus=tuple(Gpu(index=i, minor=i, name="NVIDIA GPU", memory_mib=mib,
                                                     mig_profiles=profiles) for i in range(gpus)))
+    capacity = nominal_gpu_mib(mib) if fit == "nominal" else mib
+    if not any(r.whole or r.mem_mib <= capacity for r in demand):
+        with pytest.raises(InputError, match="nothing in the demand fits a GPU here"):
+            plan_layout([machine], demand, fit=fit)
+        return
     plan = plan_layout([machine], demand, fit=fit)
     layout = layout_document(plan)["nodes"]["n1"]["gpus"]
     target = planned_machine(machine, plan)

@@ -41,6 +41,7 @@ from slurm_gpushare.errors import InputError
 from slurm_gpushare.hardware.machine import Gpu, Machine, MigInstance, MigProfile, nominal_gpu_mib, nominal_profile_mib
 from slurm_gpushare.hardware.migtables import mig_tables, with_table_profiles
 from slurm_gpushare.hardware.port import instance_span
+from slurm_gpushare.memsize import format_mib
 from slurm_gpushare.mig.demand import Request
 from slurm_gpushare.mig.geometry import Geometry, Placed, enumerate_geometries
 
@@ -297,8 +298,8 @@ def plan_layout(machines: Sequence[Machine], demand: Sequence[Request], *, weigh
     whole-GPU slot.
 
     Raises:
-        InputError: no demand, an unknown fit, bad weights, or no MIG-capable GPU among the machines
-            (the hint names the models that have tables).
+        InputError: no demand, an unknown fit, bad weights, no MIG-capable GPU among the machines
+            (the hint names the models that have tables), or no request that fits any of the GPUs.
     """
     weights = weights or Weights()
     weights.check()
@@ -333,6 +334,12 @@ def plan_layout(machines: Sequence[Machine], demand: Sequence[Request], *, weigh
                     options.append(c)
         choices.append(options)
     ref_mib = max(_gpu_capacity(g, fit) for _n, g in entries)
+    if not any(r.whole or r.mem_mib <= ref_mib for r in demand):
+        smallest = min(r.mem_mib for r in demand)
+        raise InputError(f"nothing in the demand fits a GPU here: the smallest request asks {format_mib(smallest)}, "
+                         f"the largest GPU holds {format_mib(ref_mib)}",
+                         hint="plan for the partition whose GPUs serve these requests, or check the demand's units "
+                              "(a bare number is MiB)")
     ref_slices = max(c.slots[0].gpu_slices for options in choices for c in options)
     today = [candidate(g, today_geometry(g), fit) for _n, g in entries]
     today_score = evaluate(today, demand, weights, ref_mib, ref_slices)
