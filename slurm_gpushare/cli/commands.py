@@ -1,3 +1,3 @@
 """Registers every command module with the ``slurm-gpushare`` group (one import per family)."""
 
-from slurm_gpushare.cli import accounting, gres, hardware, install, node, placement, policy, service  # noqa: F401
+from slurm_gpushare.cli import accounting, gres, hardware, install, mig, node, placement, policy, service  # noqa: F401

@@ -1,0 +1,144 @@
+"""``mig plan``: choose a MIG geometry (or MIG off) per GPU from the accounting store or a demand file."""
+
+from __future__ import annotations
+
+import click
+
+from slurm_gpushare.cli import main
+from slurm_gpushare.errors import InputError
+
+
+@main.group()
+def mig() -> None:
+    """MIG layouts that follow demand: plan from accounting (see docs/mig.md).
+
+    'mig plan' proposes a layout and writes what applies it; it changes nothing on any GPU. Applying a
+    layout node by node ('mig apply') is not built yet.
+    """
+
+
+@mig.command("plan")
+@click.argument("machine_files", nargs=-1, type=click.Path())
+@click.option("--model", "model_key", metavar="MODEL",
+              help="plan for GPUs of a MIG table instead of machine descriptions, e.g. a100-80gb (with --gpus)")
+@click.option("--gpus", "gpu_count", type=click.IntRange(1, 64), default=1, show_default=True,
+              help="with --model: how many GPUs (one node)")
+@click.option("--store", "db_path", metavar="DB", help="the accounting database to take the demand from")
+@click.option("--partition", "partitions", multiple=True, metavar="NAME",
+              help="with --store: the partition(s) whose requests to serve (repeatable; default all)")
+@click.option("--since", help="with --store: start of the period (2026-11-01, @EPOCH, now-30days)")
+@click.option("--until", help="with --store: end of the period (same forms; default: the last record's end)")
+@click.option("--demand", "demand_file", type=click.Path(), metavar="FILE",
+              help="a demand file (CSV mem,count[,sm] or JSON; see docs/mig.md) instead of --store")
+@click.option("--fit", type=click.Choice(["nominal", "exact"]), default="nominal", show_default=True,
+              help="memory that holds a request: the size in the profile's name, or NVML's exact MiB (as the "
+                   "site policy's mig.fit)")
+@click.option("--weight-memory", "w_memory", type=float, default=1.0, show_default=True,
+              help="weight of stranded memory (per GPU of memory)")
+@click.option("--weight-compute", "w_compute", type=float, default=1.0, show_default=True,
+              help="weight of stranded compute slices (per GPU of slices)")
+@click.option("--weight-unserved", "w_unserved", type=float, default=4.0, show_default=True,
+              help="weight of requests no slice holds (per GPU share they ask: memory or compute slices)")
+@click.option("--weight-whole", "w_whole", type=float, default=4.0, show_default=True,
+              help="weight of a whole-GPU request without a MIG-off GPU")
+@click.option("--slurm-version", "slurm_version", metavar="YY.MM",
+              help="the Slurm release that reads the gres.conf (default: slurmd -V, else sinfo -V)")
+@click.option("--output-dir", type=click.Path(),
+              help="write DIR/mig-parted.yaml, DIR/layout.json, DIR/gres.conf, DIR/slurm.conf.gres and "
+                   "DIR/NODE.planned.json (DIR is created if its parent exists)")
+@click.option("--dry-run", is_flag=True, help="with --output-dir: say what would be written, write nothing")
+def mig_plan(machine_files, model_key, gpu_count, db_path, partitions, since, until, demand_file, fit, w_memory,
+             w_compute, w_unserved, w_whole, slurm_version, output_dir, dry_run):
+    """Propose a MIG geometry (or MIG off) for every GPU that serves the demand with the least stranded
+    memory and compute, keeping whole GPUs for whole-GPU requests.
+
+    The GPUs come from MACHINE.json files (one node each), from --model with --gpus, or from NVML on this
+    host (no argument). The demand comes from the accounting store (--store DB, --partition, --since,
+    --until: each request's size, weighted by its run time in the period) or from --demand FILE.
+    Prints the plan next to today's layout with both layouts' stranded memory and compute; with
+    --output-dir also writes the mig-parted config, the layout (creation order and placements), the
+    planned machine descriptions and their gres.conf and slurm.conf lines. Changes no GPU.
+    """
+    from slurm_gpushare.mig.output import gres_texts, layout_json, mig_parted_yaml, planned_machine, summary
+    from slurm_gpushare.mig.plan import Weights, plan_layout
+
+    if (db_path is None) == (demand_file is None):
+        raise InputError("give the demand either from the store (--store DB) or from a file (--demand FILE)",
+                         hint="e.g. --store accounting.db --partition gpu --since now-30days, or --demand demand.csv")
+    if demand_file and (partitions or since or until):
+        raise InputError("--partition, --since and --until go with --store",
+                         hint="a demand file holds its own counts")
+    if dry_run and not output_dir:
+        raise InputError("--dry-run goes with --output-dir", hint="without --output-dir nothing is written anyway")
+    machines = _machines(machine_files, model_key, gpu_count)
+    demand = _demand(db_path, demand_file, partitions, since, until)
+    plan = plan_layout(machines, demand, fit=fit,
+                       weights=Weights(memory=w_memory, compute=w_compute, unserved=w_unserved, whole=w_whole))
+    click.echo(summary(plan), nl=False)
+    if not output_dir:
+        return
+    from slurm_gpushare.cli.gres import _output_dir, _release
+    from slurm_gpushare.cli.hardware import write_files_atomically
+    from slurm_gpushare.slurm.nodegres import GresOptions
+
+    planned = [planned_machine(m, plan) for m in machines]
+    gres_text, slurm_text = gres_texts(planned, GresOptions(release=_release(slurm_version)))
+    header = "MIG layout planned by slurm-gpushare mig plan; apply with: nvidia-mig-parted apply -f FILE -c CONFIG"
+    files = {"mig-parted.yaml": mig_parted_yaml(plan, header=header), "layout.json": layout_json(plan),
+             "gres.conf": gres_text, "slurm.conf.gres": "# merge into slurm.conf\n" + slurm_text}
+    files.update({f"{m.hostname}.planned.json": m.to_json() for m in planned})
+    if dry_run:
+        click.echo(f"dry run: would write {', '.join(files)} in {output_dir}")
+        return
+    out, created = _output_dir(output_dir)
+    write_files_atomically({out / name: text for name, text in files.items()})
+    click.echo(("created " + str(out) + ", " if created else "") + f"wrote {', '.join(files)} in {out}", err=True)
+
+
+def _machines(machine_files, model_key, gpu_count):
+    """The machines to plan: files, a table model, or NVML on this host.
+
+    Raises:
+        InputError: files and --model together, an unknown model, --gpus without --model.
+    """
+    from slurm_gpushare.cli.hardware import load_machine
+    from slurm_gpushare.hardware.machine import Gpu, Machine
+
+    if model_key is not None:
+        from slurm_gpushare.hardware.migtables import mig_table
+
+        if machine_files:
+            raise InputError("give machine descriptions or --model, not both")
+        table = mig_table(model_key)
+        gpus = tuple(Gpu(index=i, minor=i, name=f"NVIDIA {table.key.upper()}", memory_mib=table.memory_gib * 1024,
+                         mig_profiles=table.profiles) for i in range(gpu_count))
+        return [Machine(hostname=model_key.replace(".", "-"), gpus=gpus, source=f"MIG table {table.key}")]
+    if gpu_count != 1:
+        raise InputError("--gpus goes with --model", hint="machine descriptions list their own GPUs")
+    if not machine_files:
+        return [load_machine(None)]
+    machines = [load_machine(f) for f in machine_files]
+    names = [m.hostname for m in machines]
+    if len(set(names)) != len(names):
+        raise InputError(f"two machines have the same node name ({', '.join(names)})",
+                         hint="give each description its own hostname (inventory --hostname)")
+    return machines
+
+
+def _demand(db_path, demand_file, partitions, since, until):
+    from slurm_gpushare.mig.demand import demand_from_store, read_demand_file
+
+    if demand_file:
+        return read_demand_file(demand_file)
+    from slurm_gpushare.accounting.report import parse_time
+    from slurm_gpushare.accounting.store import Store, StoreError
+
+    start = parse_time(since, what="--since") if since else None
+    end = parse_time(until, what="--until") if until else None
+    try:
+        store = Store(db_path, create=False)
+    except StoreError as e:
+        raise InputError(f"--store {db_path}: {e.message}", hint="give the database 'accounting ingest' writes, "
+                         "or --demand FILE") from None
+    with store:
+        return demand_from_store(store, partitions=tuple(partitions), since=start, until=end)

@@ -1,0 +1,120 @@
+"""MIG profile tables by GPU model, for GPUs whose profiles NVML does not report yet.
+
+NVML reports a GPU's GPU instance profiles and their placements only while MIG mode is on
+(``nvmlDeviceGetGpuInstanceProfileInfo``, ``nvmlDeviceGetGpuInstancePossiblePlacements``): a node whose
+GPUs run with MIG off cannot say what it could be split into. These tables say it, as package data
+(``slurm_gpushare/data/mig/profiles.json``) in the same :class:`~slurm_gpushare.hardware.machine.MigProfile`
+objects the NVML port serves, so that a MIG planner reads one kind of fact whatever its source, and the
+fake NVML serves a table as a real GPU's profiles (a machine description built with
+:func:`with_table_profiles`).
+
+Facts and their sources (NVIDIA Multi-Instance GPU User Guide):
+
+- profile names, compute slices, number of instances: "Supported MIG Profiles" (the A30, A100, H100,
+  H100 94GB, H200 and B200 tables); GB200's names are those of NVIDIA's MIG Manager (mig-parted)
+  default configuration, on the B200's slice layout;
+- profile ids and placements: "Getting Started with MIG", the ``nvidia-smi mig -lgip`` and ``-lgipp``
+  examples; GPUs with 7 compute slices and 8 memory slices share them
+  (:data:`~slurm_gpushare.hardware.nvidia_smi.SEVEN_SLICE_PLACEMENTS`, by profile id); the A30 (4
+  memory and 4 compute slices) has its own, in the table;
+- memory: recorded ``nvidia-smi mig -lgip`` output where the repository has one (A100 40GB, H100
+  80GB: the GiB column times 1024), else nominal, the size in the profile name (``1g.12gb``: 12288
+  MiB; NVML's ``memorySizeMB`` is a little less). Each model's ``memory`` entry says which.
+
+A GPU is matched to a table by :func:`~slurm_gpushare.hardware.machine.gpu_model` of its NVML name and
+its memory (the table whose ``memory_gib`` is nearest its nominal memory), so ``NVIDIA A100-SXM4-80GB``
+and ``NVIDIA A100 80GB PCIe`` both take ``a100-80gb``.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass, replace
+from importlib import resources
+
+from slurm_gpushare.errors import InputError
+from slurm_gpushare.hardware.machine import Gpu, MigProfile, gpu_model, nominal_gpu_mib
+from slurm_gpushare.hardware.nvidia_smi import SEVEN_SLICE_PLACEMENTS
+
+
+@dataclass(frozen=True)
+class MigTable:
+    """The MIG profiles of one GPU model.
+
+    Attributes:
+        key: the table's name, e.g. ``a100-80gb``, ``h200-141gb``.
+        model: the GPU model it applies to (:func:`~slurm_gpushare.hardware.machine.gpu_model`).
+        memory_source: where the profiles' memory comes from (recorded or nominal).
+        memory_gib: the GPU's nominal memory, GiB (matches a GPU of that model by nearest memory).
+        profiles: the profiles with placements, in NVML profile order.
+    """
+
+    key: str
+    model: str
+    memory_source: str
+    memory_gib: int
+    profiles: tuple[MigProfile, ...]
+
+    @property
+    def memory_slices(self) -> int:
+        """Memory slices of the GPU: the end of the furthest placement (8, or 4 on the A30)."""
+        return max(s + n for p in self.profiles for s, n in p.placements)
+
+    @property
+    def compute_slices(self) -> int:
+        """Compute slices of the GPU: those of its largest profile (7, or 4 on the A30)."""
+        return max(p.slices for p in self.profiles)
+
+
+@functools.cache
+def mig_tables() -> dict[str, MigTable]:
+    """Every packaged table, by key (read once from ``data/mig/profiles.json``)."""
+    data = json.loads((resources.files("slurm_gpushare") / "data" / "mig" / "profiles.json").read_text("utf-8"))
+    out = {}
+    for key, entry in data["models"].items():
+        profiles = []
+        for row in entry["profiles"]:
+            name, profile_id, slices, memory_mib, max_instances, sm_count = row[:6]
+            if len(row) > 6:
+                placements = tuple((int(s), int(n)) for s, n in row[6])
+            else:
+                want, placements = SEVEN_SLICE_PLACEMENTS[profile_id]
+                assert want == slices, f"{key} {name}: profile {profile_id} has {want} slices in the placement table"
+            profiles.append(MigProfile(name=name, profile_id=profile_id, slices=slices, memory_mib=memory_mib,
+                                       max_instances=max_instances, sm_count=sm_count, placements=placements))
+        out[key] = MigTable(key=key, model=entry["model"], memory_gib=entry["memory_gib"],
+                            memory_source=entry["memory"], profiles=tuple(profiles))
+    return out
+
+
+def mig_table(key: str) -> MigTable:
+    """The table named ``key``.
+
+    Raises:
+        InputError: no such table; the hint lists the known ones.
+    """
+    tables = mig_tables()
+    if key not in tables:
+        raise InputError(f"no MIG profile table for GPU model {key!r}",
+                         hint=f"known models: {', '.join(tables)}")
+    return tables[key]
+
+
+def table_for_gpu(gpu: Gpu) -> MigTable | None:
+    """The table of a GPU's model (by NVML name and nearest memory), or None when MIG is unknown for it."""
+    model = gpu_model(gpu.name)
+    candidates = [t for t in mig_tables().values() if t.model == model]
+    if not candidates:
+        return None
+    gib = nominal_gpu_mib(gpu.memory_mib) / 1024
+    return min(candidates, key=lambda t: abs(t.memory_gib - gib))
+
+
+def with_table_profiles(gpu: Gpu) -> Gpu:
+    """The GPU with its table's profiles where it lists none (a GPU with profiles, or without a table,
+    is returned as it is)."""
+    if gpu.mig_profiles:
+        return gpu
+    table = table_for_gpu(gpu)
+    return replace(gpu, mig_profiles=table.profiles) if table is not None else gpu
