@@ -11,8 +11,12 @@ import threading
 import pytest
 
 from slurm_gpushare.hardware import machine as machine_mod
+from slurm_gpushare.slurm.nodegres import GresOptions, node_gres
 from slurm_gpushare.submit import policy as policy_mod
 from slurm_gpushare.submit import service as service_mod
+from slurm_gpushare.submit.inventory import build_inventory
+from slurm_gpushare.submit.policy import PoolIndex, decide
+from slurm_gpushare.submit.policyfile import SitePolicy
 from slurm_gpushare.submit.service import FilterService, InventoryCache, Log
 from slurm_gpushare_dev import synthetic
 from slurm_gpushare_dev.cluster import DEFAULT_NODES, packaged_machine
@@ -255,3 +259,25 @@ def test_at_10000_nodes_every_request_during_a_refresh_is_answered_without_waiti
     assert all(a == before[k] and b == before[k] for k, a, b in during[:200])
     assert on_request_thread == {"builds": 0, "parses": 0}  # no request built a pool or read a file
     assert svc_cold.decided >= len(reqs)
+
+
+def test_a_partition_list_is_decided_from_its_partitions_pools_as_from_its_nodes(counted):
+    """``-p t0,t2``: the pool merged from the partitions' pools gives the decisions a pool built from every
+    node of the partitions gives, and is made without a walk over the nodes."""
+    nodes = synthetic.machines(40, gpus=2)
+    view = synthetic.SlurmView(nodes)
+    view.stale = {"n00001"}
+    opts = GresOptions(shard_unit_mib=SitePolicy().shard_unit_mib)
+    inv = build_inventory(nodes, *view.text(), expected_gres=lambda m, n: node_gres(m, n, opts).counts)
+    policy = SitePolicy()
+    index = PoolIndex(inv, policy)
+    built = counted["pool"]
+    for parts in (("t0", "t1"), ("t0", "t2"), ("t1", "t2", "t3"), ("t3", "gpu"), ("t2", "t2")):
+        for tpn in ("gres:gpushare:mem=3G", "gres:gpushare:mem=10G", "gres:gpushare:mem=30G:2",
+                    "gres:gpushare:mode=gpu:8", "gres:gpushare:mem=70G", "gres:shard:20", "gres:shard:70",
+                    "gres:gpushare:mem=10G+sm=25", "gres:gpushare:mem=500G"):
+            for n in (1, 3, 30):
+                merged = decide(tpn, None, partitions=parts, inventory=inv, policy=policy, nodes=n, pools=index)
+                walked = decide(tpn, None, partitions=parts, inventory=inv, policy=policy, nodes=n)
+                assert merged == walked and merged.audit == walked.audit, (parts, tpn, n)
+    assert counted["pool"] - built == 5  # the walked pools (once per list), none for the merged ones

@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 import re
 from bisect import bisect_left
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from slurm_gpushare.errors import InputError
@@ -164,7 +164,8 @@ MESSAGES: dict[str, tuple[str, str]] = {
 }
 
 _NOUN = {"mig": ("MIG slice", "MIG slices"), "mps": ("MPS share", "MPS shares"), "gpu": ("GPU", "whole GPUs")}
-_SAFE = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.:=+/,%@-")
+#: a character an audit value may not hold (each one becomes "?", in one pass over the text)
+_UNSAFE = re.compile(r"[^a-zA-Z0-9_.:=+/,%@-]")
 
 
 def _error(message_id: str, **fields: object) -> InputError:
@@ -274,7 +275,7 @@ class Decision:
 
 
 def _safe(text: str) -> str:
-    return "".join(c if c in _SAFE else "?" for c in str(text)) or "-"
+    return _UNSAFE.sub("?", str(text)) or "-"
 
 
 # --- the cluster as the policy sees it ---------------------------------------------------------------
@@ -291,10 +292,15 @@ class _OnNodes:
     _max: int = 0
     _held: dict[int, tuple[str, ...]] | None = None
 
-    def finish(self) -> None:
+    def finish(self, parts: tuple[_OnNodes, ...] = ()) -> None:
+        """Precompute; ``parts``: this one was merged from those (finished), whose lists are merged then."""
         self._nodes = tuple(self.per_node)
         self._max = max(self.per_node.values(), default=0)
-        self._held = {v: _holding(self.per_node, v) for v in set(self.per_node.values())}
+        values = set(self.per_node.values())
+        if parts:
+            self._held = {v: _union([p.held(v) for p in parts]) for v in values}
+        else:
+            self._held = {v: _holding(self.per_node, v) for v in values}
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -344,6 +350,8 @@ class _Pool:
     held_shards: dict[tuple[tuple[str, ...], int], tuple[str, ...]] = field(
         default_factory=dict, compare=False, repr=False)
     shard_sizes: dict[str, tuple[int, ...]] = field(default_factory=dict, compare=False, repr=False)  # model -> sizes
+    #: the pools this one was merged from (:func:`_merged`), or ()
+    components: tuple[_Pool, ...] = field(default=(), compare=False, repr=False)
 
     def finish(self) -> None:
         """Precompute what decisions read (nodes holding a count of each type; shard holders by size)."""
@@ -436,7 +444,7 @@ def _resolve_partitions(inventory: ClusterInventory, partitions: tuple[str, ...]
 
 class PoolIndex:
     """The pools of one inventory under one policy: one per partition, built ahead of the requests, and
-    those of partition lists (``-p a,b``), built on first use and kept.
+    those of partition lists (``-p a,b``), merged from their partitions' pools on first use and kept.
 
     Built off the request path (the filter service builds it with each snapshot, in its refresh thread),
     from the previous index when there is one: a partition whose usable nodes offer the same as before
@@ -485,9 +493,7 @@ class PoolIndex:
             return self.single[parts[0]]
         pool = self.multi.get(parts)
         if pool is None:
-            pool = _build_pool([n for n in self.inventory.nodes_in(parts) if n.usable], parts, self.unit,
-                               self.policy)
-            self.built += 1
+            pool = _merged([self.single[p] for p in parts], parts, self.unit)
             if len(self.multi) >= _POOLS_MAX:
                 self.multi = {}
             self.multi[parts] = pool
@@ -557,8 +563,45 @@ def shard_nodes_holding(pool: _Pool, models: tuple[str, ...] | list[str], n: int
     v = min(sizes[bisect_left(sizes, n)] for sizes in (pool.shard_sizes[md] for md in fit))
     held = pool.held_shards.get((fit, v))
     if held is None:
-        held = pool.held_shards[(fit, v)] = _shard_holders(pool, fit, v)
+        held = (_union([shard_nodes_holding(c, fit, n) for c in pool.components]) if pool.components
+                else _shard_holders(pool, fit, v))
+        pool.held_shards[(fit, v)] = held
     return held
+
+
+def _union(runs: list[tuple[str, ...]]) -> tuple[str, ...]:
+    """The sorted union of sorted node-name tuples."""
+    runs = [r for r in runs if r]
+    return runs[0] if len(runs) == 1 else tuple(sorted(set().union(*runs)))
+
+
+def _merged(pools: list[_Pool], parts: tuple[str, ...], unit: int) -> _Pool:
+    """The pool of the nodes of several partitions, from each partition's pool (what :func:`_build_pool` gives
+    for all their nodes, but for the order of its node lists; a node in several partitions offers the same
+    in each), without a walk over the nodes' descriptions."""
+    out = _Pool(parts, unit, components=tuple(pools))
+    sources: dict[tuple[str, str], list[_OnNodes]] = {}
+    for p in pools:
+        for kind, theirs in (("whole", p.whole), ("mig", p.mig)):
+            mine: dict = getattr(out, kind)
+            for gtype, on in theirs.items():
+                m = mine.get(gtype)
+                if m is None:
+                    m = mine[gtype] = replace(on, per_node=dict(on.per_node))
+                else:
+                    m.per_node.update(on.per_node)
+                    if isinstance(on, _Whole) and on.memory_mib < m.memory_mib:  # the smallest GPU counts
+                        m.memory_mib, m.capacity_mib = on.memory_mib, on.capacity_mib
+                sources.setdefault((kind, gtype), []).append(on)
+        for md, most in p.shards.items():
+            out.shards[md] = max(out.shards.get(md, 0), most)
+            out.shard_nodes[md] = list(dict.fromkeys(out.shard_nodes.get(md, []) + p.shard_nodes.get(md, [])))
+            out.shard_per_node.setdefault(md, {}).update(p.shard_per_node.get(md, {}))
+        out.mps = out.mps or p.mps
+    for (kind, gtype), ons in sources.items():
+        (out.whole if kind == "whole" else out.mig)[gtype].finish(tuple(ons))
+    out.shard_sizes = {md: tuple(sorted(set(per.values()))) for md, per in out.shard_per_node.items()}
+    return out
 
 
 def _shard_holders(pool: _Pool, models: tuple[str, ...], n: int) -> tuple[str, ...]:

@@ -233,12 +233,13 @@ class InventoryCache:
         log: structured logger.
         policy: the site policy decided with until :meth:`refresh` is given another (default: the
             built-in defaults). Its ``shard_unit`` is the GPU memory per shard the inventory is built with.
-        freeze_gc: after each refresh, move every object alive to the garbage collector's permanent
-            generation (``gc.freeze``): a full collection then walks only what was made since, where
-            walking a 10,000-node snapshot held the interpreter lock, and so the requests, for up to
-            0.7 s (benchmarks/filterd_scale). The objects of an old snapshot are still freed when the
-            last reference goes (reference counting); only cyclic garbage made before a refresh is never
-            collected (the inventory makes none). ``serve`` sets it.
+        freeze_gc: no garbage collection while a refresh builds, and after it every object alive moved
+            to the collector's permanent generation (``gc.freeze``): a collection then walks only what
+            was made since. At 10,000 nodes a full collection over the snapshot held the interpreter lock,
+            and so the requests, for up to 0.7 s, and one over the freshly parsed ``sinfo`` text for 40-50 ms
+            (benchmarks/filterd_scale). The objects of an old snapshot are still freed when the last
+            reference goes (reference counting); only cyclic garbage made during or before a refresh is
+            never collected (the inventory and the requests make none). ``serve`` sets it.
     """
 
     def __init__(self, machines_dir: Path, *, slurm_source, log: Log, policy: SitePolicy | None = None,
@@ -280,6 +281,18 @@ class InventoryCache:
         Returns:
             Whether a new snapshot is in force.
         """
+        gc_was = gc.isenabled()
+        if self.freeze_gc:
+            gc.disable()
+        try:
+            return self._refresh(reason, policy)
+        finally:
+            if self.freeze_gc:
+                gc.freeze()
+                if gc_was:
+                    gc.enable()
+
+    def _refresh(self, reason: str, policy: SitePolicy | None) -> bool:
         with self.lock:
             old = self.policy
             target = policy or self.pending or old
@@ -300,8 +313,6 @@ class InventoryCache:
             self.error = None
             self.pending = None
             del before
-            if self.freeze_gc:
-                gc.freeze()
         self.log("inventory", reason=reason, nodes=len(inv.nodes), policy=target.source,
                  usable=sum(1 for n in inv.nodes.values() if n.usable), problems=list(inv.problems))
         if target is not old:
