@@ -949,14 +949,29 @@ def serve(socket_path: Path, machines_dir: Path, *, policy_path: Path | None = N
         reload_event: optional event that asks for a reload when set, as SIGHUP does (tests).
 
     SIGHUP reloads the site policy and the inventory together (:func:`reload`): a policy file that is
-    not valid keeps the policy in force and is logged (``policy_rejected``).
+    not valid keeps the policy in force and is logged (``policy_rejected``). While it runs, the
+    interpreter's thread switch interval is :data:`SWITCH_INTERVAL_S` and the inventory is refreshed
+    with ``freeze_gc`` (:class:`InventoryCache`); both are put back when it returns.
 
     Raises:
         InputError: another filter service listens on one of the sockets.
         ConfigError: the policy file at start cannot be read or is not valid.
     """
     log = Log(log_stream)
+    switch_was = sys.getswitchinterval()
     sys.setswitchinterval(SWITCH_INTERVAL_S)
+    try:
+        return _serve(socket_path, machines_dir, log, policy_path=policy_path, refresh_s=refresh_s,
+                      socket_mode=socket_mode, slurm_source=slurm_source, ready=ready, limits=limits, stop=stop,
+                      controller_socket_path=controller_socket_path, default_policy_path=default_policy_path,
+                      reload_event=reload_event)
+    finally:  # as it was (tests run the service in a thread of theirs)
+        sys.setswitchinterval(switch_was)
+        gc.unfreeze()
+
+
+def _serve(socket_path: Path, machines_dir: Path, log: Log, *, policy_path, refresh_s, socket_mode, slurm_source,
+           ready, limits, stop, controller_socket_path, default_policy_path, reload_event) -> int:
     source = PolicySource(Path(policy_path) if policy_path else None,
                           Path(default_policy_path) if default_policy_path else None)
     policy = source.load()
