@@ -700,6 +700,7 @@ def nominal_profile_mib(profile: MigProfile) -> int:
     return profile.memory_mib
 
 
+@functools.lru_cache(maxsize=4096)  # pure, and asked for every GPU of every node each time a pool is built
 def gpu_model(name: str) -> str:
     """Short lower-case GPU model for GRES ``Type=`` from an NVML product name (``nvmlDeviceGetName``).
 

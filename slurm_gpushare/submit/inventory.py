@@ -106,6 +106,9 @@ class ClusterInventory:
     default_partition: str | None
     problems: tuple[str, ...] = ()
     shard_unit_mib: int = 1024
+    #: node name -> (its ``sinfo`` entry, its description) the node was built from: what
+    #: :func:`build_inventory` compares to reuse a node of the previous snapshot
+    sources: dict[str, tuple] = field(default_factory=dict, compare=False, repr=False)
 
     def nodes_in(self, partitions: tuple[str, ...] | list[str] | None) -> list[NodeInventory]:
         """Nodes of the given partitions (the default partition when None or empty), sorted by name.
@@ -146,7 +149,8 @@ def parse_partitions(text: str) -> tuple[dict[str, tuple[str, ...]], str | None]
 
 
 def build_inventory(machines: dict[str, Machine], sinfo_json: str, partitions_text: str, *,
-                    shard_unit_mib: int = 1024, expected_gres=None) -> ClusterInventory:
+                    shard_unit_mib: int = 1024, expected_gres=None,
+                    previous: ClusterInventory | None = None) -> ClusterInventory:
     """Join machine descriptions with Slurm's view into a :class:`ClusterInventory` (pure).
 
     Args:
@@ -158,6 +162,10 @@ def build_inventory(machines: dict[str, Machine], sinfo_json: str, partitions_te
         expected_gres: ``f(machine, node_name) -> {(name, type): count}`` giving the GPU GRES the
             description calls for (the gres.conf generator's counts); when given, a node whose Slurm
             ``gpu`` GRES differ is marked stale.
+        previous: the inventory built before with the same ``shard_unit_mib`` and ``expected_gres``: a
+            node whose ``sinfo`` entry is equal and whose description is the same object (or an equal
+            one) is that inventory's :class:`NodeInventory` object, not built again (nor is
+            ``expected_gres`` called for it), so that a refresh costs what changed.
 
     Raises:
         SlurmError: sinfo output that is not JSON, names no release, or lacks a field of its release's
@@ -167,14 +175,24 @@ def build_inventory(machines: dict[str, Machine], sinfo_json: str, partitions_te
     parts, default = parse_partitions(partitions_text)
     nodes: dict[str, NodeInventory] = {}
     problems: list[str] = []
+    sources: dict[str, tuple] = {}
+    old = previous.sources if previous is not None and previous.shard_unit_mib == shard_unit_mib else {}
     for raw in raw_nodes:
         name = raw.name
+        machine = machines.get(name)
+        sources[name] = (raw, machine)
+        was = old.get(name)
+        if was is not None and was[0] == raw and (was[1] is machine or was[1] == machine):
+            node = previous.nodes[name]  # type: ignore[union-attr]  # old is empty without previous
+            if node.problem:
+                problems.append(node.problem)
+            nodes[name] = node
+            continue
         problem: str | None = None
         try:
             gres = parse_gres_counts(raw.gres)
         except InputError as e:
             gres, problem = {}, str(e)
-        machine = machines.get(name)
         if machine is None:
             if any(n in ("gpu", "shard", "mps") for n, _t in gres):
                 problem = f"node {name} has GPU GRES but no machine description"
@@ -189,7 +207,7 @@ def build_inventory(machines: dict[str, Machine], sinfo_json: str, partitions_te
         nodes[name] = NodeInventory(name, raw.partitions, raw.state, gres, machine, problem)
     for name in sorted(set(machines) - set(nodes)):
         problems.append(f"machine description for {name} names no node Slurm knows")
-    return ClusterInventory(nodes, parts, default, tuple(problems), shard_unit_mib)
+    return ClusterInventory(nodes, parts, default, tuple(problems), shard_unit_mib, sources)
 
 
 def _fmt(gres: dict[tuple[str, str], int]) -> str:

@@ -34,7 +34,8 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from bisect import bisect_left
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from slurm_gpushare.errors import InputError
@@ -163,7 +164,8 @@ MESSAGES: dict[str, tuple[str, str]] = {
 }
 
 _NOUN = {"mig": ("MIG slice", "MIG slices"), "mps": ("MPS share", "MPS shares"), "gpu": ("GPU", "whole GPUs")}
-_SAFE = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.:=+/,%@-")
+#: a character an audit value may not hold (each one becomes "?", in one pass over the text)
+_UNSAFE = re.compile(r"[^a-zA-Z0-9_.:=+/,%@-]")
 
 
 def _error(message_id: str, **fields: object) -> InputError:
@@ -273,24 +275,47 @@ class Decision:
 
 
 def _safe(text: str) -> str:
-    return "".join(c if c in _SAFE else "?" for c in str(text)) or "-"
+    return _UNSAFE.sub("?", str(text)) or "-"
 
 
 # --- the cluster as the policy sees it ---------------------------------------------------------------
 
 
 class _OnNodes:
-    """Where one GRES type is: ``per_node`` maps each usable node to its count of that type."""
+    """Where one GRES type is: ``per_node`` maps each usable node to its count of that type.
+
+    :meth:`finish` (called once the pool is built) computes what decisions ask of it, so that a
+    decision costs a lookup, not a walk over the nodes."""
 
     per_node: dict[str, int]
+    _nodes: tuple[str, ...] | None = None
+    _max: int = 0
+    _held: dict[int, tuple[str, ...]] | None = None
+
+    def finish(self, parts: tuple[_OnNodes, ...] = ()) -> None:
+        """Precompute; ``parts``: this one was merged from those (finished), whose lists are merged then."""
+        self._nodes = tuple(self.per_node)
+        self._max = max(self.per_node.values(), default=0)
+        values = set(self.per_node.values())
+        if parts:
+            self._held = {v: _union([p.held(v) for p in parts]) for v in values}
+        else:
+            self._held = {v: _holding(self.per_node, v) for v in values}
 
     @property
-    def nodes(self) -> list[str]:
-        return list(self.per_node)
+    def nodes(self) -> tuple[str, ...]:
+        return self._nodes if self._nodes is not None else tuple(self.per_node)
 
     @property
     def max_on_node(self) -> int:
-        return max(self.per_node.values(), default=0)
+        return self._max if self._held is not None else max(self.per_node.values(), default=0)
+
+    def held(self, count: int) -> tuple[str, ...]:
+        """Nodes with at least ``count`` of this type, sorted (:func:`_holding`, precomputed)."""
+        if self._held is None:
+            return _holding(self.per_node, count)
+        fits = [v for v in self._held if v >= count]
+        return self._held[min(fits)] if fits else ()
 
 
 @dataclass
@@ -321,6 +346,24 @@ class _Pool:
     shard_nodes: dict[str, list[str]] = field(default_factory=dict)  # model -> nodes
     shard_per_node: dict[str, dict[str, int]] = field(default_factory=dict)  # model -> node -> most on one GPU
     mps: bool = False
+    #: (models, n) -> nodes holding n shards on a GPU of one of models (:func:`shard_nodes_holding`)
+    held_shards: dict[tuple[tuple[str, ...], int], tuple[str, ...]] = field(
+        default_factory=dict, compare=False, repr=False)
+    shard_sizes: dict[str, tuple[int, ...]] = field(default_factory=dict, compare=False, repr=False)  # model -> sizes
+    #: the pools this one was merged from (:func:`_merged`), or ()
+    components: tuple[_Pool, ...] = field(default=(), compare=False, repr=False)
+
+    def finish(self) -> None:
+        """Precompute what decisions read (nodes holding a count of each type; shard holders by size)."""
+        for on in (*self.mig.values(), *self.whole.values()):
+            on.finish()
+        self.shard_sizes = {md: tuple(sorted(set(per.values()))) for md, per in self.shard_per_node.items()}
+        for v in {x for sizes in self.shard_sizes.values() for x in sizes}:
+            fit = tuple(md for md in sorted(self.shards) if self.shards[md] >= v)
+            self.held_shards[(fit, v)] = _shard_holders(self, fit, v)
+        for md, sizes in self.shard_sizes.items():
+            for v in sizes:
+                self.held_shards[((md,), v)] = _shard_holders(self, (md,), v)
 
     @property
     def where(self) -> str:
@@ -383,6 +426,7 @@ def _build_pool(nodes: list[NodeInventory], parts: tuple[str, ...], unit: int, p
                     on[node.name] = max(on.get(node.name, 0), n)
         if any(name == "mps" and count > 0 for (name, _t), count in node.gres.items()):
             pool.mps = True
+    pool.finish()
     return pool
 
 
@@ -398,28 +442,100 @@ def _resolve_partitions(inventory: ClusterInventory, partitions: tuple[str, ...]
     return parts
 
 
-#: Pools already built, per (inventory, partitions, policy) object: the filter service decides every
-#: job from one snapshot, so the pool of a partition is built once per snapshot, not once per job.
+class PoolIndex:
+    """The pools of one inventory under one policy: one per partition, built ahead of the requests, and
+    those of partition lists (``-p a,b``), merged from their partitions' pools on first use and kept.
+
+    Built off the request path (the filter service builds it with each snapshot, in its refresh thread),
+    from the previous index when there is one: a partition whose usable nodes offer the same as before
+    (same machine description, GRES and usability, node by node: a node's state plays no part) keeps
+    its pool object, so a decision remembered with that pool object (:meth:`token`) still holds. The
+    partition lists the previous index had are built again too (or kept when all their partitions' pools
+    are). Thread-safe for readers: a pool is put into a dict whole (one store).
+
+    Args:
+        inventory: the cluster snapshot.
+        policy: the site policy (fit rules and the shard unit shape the pools).
+        previous: the index of the snapshot before, or None.
+    """
+
+    def __init__(self, inventory: ClusterInventory, policy: SitePolicy, previous: PoolIndex | None = None):
+        self.inventory = inventory
+        self.policy = policy
+        self.unit = inventory.shard_unit_mib if inventory.shard_unit_mib > 0 else policy.shard_unit_mib
+        prev = previous if previous is not None and previous.policy is policy and previous.unit == self.unit else None
+        names = (tuple(sorted(inventory.partitions)), inventory.default_partition)
+        self.names: tuple[tuple[str, ...], str | None] = prev.names if prev and prev.names == names else names
+        self._keys: dict[str, tuple] = {}
+        self.single: dict[str, _Pool] = {}
+        self.built = 0  # pools built by this index (counted by the tests)
+        for p in names[0]:
+            nodes = [n for n in inventory.nodes_in((p,)) if n.usable]
+            key = tuple((n.name, n.machine, tuple(sorted(n.gres.items()))) for n in nodes)
+            if prev is not None and prev._keys.get(p) == key:
+                self.single[p] = prev.single[p]
+                key = prev._keys[p]
+            else:
+                self.single[p] = _build_pool(nodes, (p,), self.unit, policy)
+                self.built += 1
+            self._keys[p] = key
+        self.multi: dict[tuple[str, ...], _Pool] = {}
+        if prev is not None:
+            for parts, pool in list(prev.multi.items()):
+                if all(p in self.single and self.single[p] is prev.single.get(p) for p in parts):
+                    self.multi[parts] = pool
+                elif all(p in self.single for p in parts):
+                    self.get(parts)
+
+    def get(self, parts: tuple[str, ...]) -> _Pool:
+        """The pool of existing partitions ``parts`` (built now and kept when not built yet)."""
+        if len(parts) == 1:
+            return self.single[parts[0]]
+        pool = self.multi.get(parts)
+        if pool is None:
+            pool = _merged([self.single[p] for p in parts], parts, self.unit)
+            if len(self.multi) >= _POOLS_MAX:
+                self.multi = {}
+            self.multi[parts] = pool
+        return pool
+
+    def token(self, partitions: tuple[str, ...] | None) -> tuple:
+        """What a decision for ``partitions`` (None: the default) reads of this index: the policy, the
+        partition names and the pools. Two indexes whose tokens for the same partitions are element by
+        element the same objects (``is``) give the same decision for the same request."""
+        parts = tuple(dict.fromkeys(p for p in (partitions or ()) if p)) or (self.names[1],)
+        pool = self.single.get(parts[0]) if len(parts) == 1 else self.multi.get(parts)  # type: ignore[arg-type]
+        if pool is None or pool.empty:  # a refusal that names the partitions that have GPUs reads them all
+            return (self.policy, self.names, pool, *self.single.values())
+        return (self.policy, self.names, pool)
+
+
+#: Pools already built, per (inventory, partitions, policy) object, for callers that give no
+#: :class:`PoolIndex`: the pool of a partition is built once per snapshot, not once per job.
 #: The entry keeps the inventory and policy alive, so an ``id`` is never reused while cached.
 _POOLS: dict[tuple[int, tuple[str, ...], int], tuple[ClusterInventory, SitePolicy, _Pool]] = {}
 _POOLS_MAX = 256
 
 
-def _pool_for(inventory: ClusterInventory, parts: tuple[str, ...], policy: SitePolicy) -> _Pool:
-    key = (id(inventory), parts, id(policy))
-    hit = _POOLS.get(key)
-    if hit is not None and hit[0] is inventory and hit[1] is policy:
-        pool = hit[2]
+def _pool_for(inventory: ClusterInventory, parts: tuple[str, ...], policy: SitePolicy,
+              pools: PoolIndex | None = None, *, direct: bool = False) -> _Pool:
+    if pools is not None and pools.inventory is inventory and pools.policy is policy:
+        pool = pools.get(parts)
     else:
-        unit = inventory.shard_unit_mib if inventory.shard_unit_mib > 0 else policy.shard_unit_mib
-        pool = _build_pool([n for n in inventory.nodes_in(parts) if n.usable], parts, unit, policy)
-        if len(_POOLS) >= _POOLS_MAX:
-            _POOLS.clear()
-        _POOLS[key] = (inventory, policy, pool)
-    unit = pool.unit_mib
-    if pool.empty:
-        others = [p for p in sorted(inventory.partitions) if p not in parts and not _build_pool(
-            [n for n in inventory.nodes_in((p,)) if n.usable], (p,), unit, policy).empty]
+        pools = None
+        key = (id(inventory), parts, id(policy))
+        hit = _POOLS.get(key)
+        if hit is not None and hit[0] is inventory and hit[1] is policy:
+            pool = hit[2]
+        else:
+            unit = inventory.shard_unit_mib if inventory.shard_unit_mib > 0 else policy.shard_unit_mib
+            pool = _build_pool([n for n in inventory.nodes_in(parts) if n.usable], parts, unit, policy)
+            if len(_POOLS) >= _POOLS_MAX:
+                _POOLS.clear()
+            _POOLS[key] = (inventory, policy, pool)
+    if pool.empty and not direct:
+        others = [p for p in sorted(inventory.partitions) if p not in parts
+                  and not _pool_for(inventory, (p,), policy, pools, direct=True).empty]
         if others:
             raise _error("no-gpus", where=pool.where, others=_where(tuple(others)))
         raise _error("no-gpus-anywhere", where=pool.where)
@@ -435,7 +551,60 @@ def _holding(per_node: dict[str, int], count: int) -> tuple[str, ...]:
 
 
 def shard_nodes_holding(pool: _Pool, models: tuple[str, ...] | list[str], n: int) -> tuple[str, ...]:
-    """Nodes with a whole GPU of one of ``models`` that holds ``n`` shards, sorted."""
+    """Nodes with a whole GPU of one of ``models`` that holds ``n`` shards, sorted.
+
+    A model whose GPUs hold fewer than ``n`` shards adds no node, and a node holds ``n`` exactly where it
+    holds the smallest size at least ``n`` that a GPU of those models has; so the answer is kept per
+    (models that hold ``n``, that size): precomputed by :meth:`_Pool.finish` for one model and for all
+    models, remembered for other sets."""
+    fit = tuple(sorted(md for md in set(models) if pool.shards.get(md, 0) >= n))
+    if not fit:
+        return ()
+    v = min(sizes[bisect_left(sizes, n)] for sizes in (pool.shard_sizes[md] for md in fit))
+    held = pool.held_shards.get((fit, v))
+    if held is None:
+        held = (_union([shard_nodes_holding(c, fit, n) for c in pool.components]) if pool.components
+                else _shard_holders(pool, fit, v))
+        pool.held_shards[(fit, v)] = held
+    return held
+
+
+def _union(runs: list[tuple[str, ...]]) -> tuple[str, ...]:
+    """The sorted union of sorted node-name tuples."""
+    runs = [r for r in runs if r]
+    return runs[0] if len(runs) == 1 else tuple(sorted(set().union(*runs)))
+
+
+def _merged(pools: list[_Pool], parts: tuple[str, ...], unit: int) -> _Pool:
+    """The pool of the nodes of several partitions, from each partition's pool (what :func:`_build_pool` gives
+    for all their nodes, but for the order of its node lists; a node in several partitions offers the same
+    in each), without a walk over the nodes' descriptions."""
+    out = _Pool(parts, unit, components=tuple(pools))
+    sources: dict[tuple[str, str], list[_OnNodes]] = {}
+    for p in pools:
+        for kind, theirs in (("whole", p.whole), ("mig", p.mig)):
+            mine: dict = getattr(out, kind)
+            for gtype, on in theirs.items():
+                m = mine.get(gtype)
+                if m is None:
+                    m = mine[gtype] = replace(on, per_node=dict(on.per_node))
+                else:
+                    m.per_node.update(on.per_node)
+                    if isinstance(on, _Whole) and on.memory_mib < m.memory_mib:  # the smallest GPU counts
+                        m.memory_mib, m.capacity_mib = on.memory_mib, on.capacity_mib
+                sources.setdefault((kind, gtype), []).append(on)
+        for md, most in p.shards.items():
+            out.shards[md] = max(out.shards.get(md, 0), most)
+            out.shard_nodes[md] = list(dict.fromkeys(out.shard_nodes.get(md, []) + p.shard_nodes.get(md, [])))
+            out.shard_per_node.setdefault(md, {}).update(p.shard_per_node.get(md, {}))
+        out.mps = out.mps or p.mps
+    for (kind, gtype), ons in sources.items():
+        (out.whole if kind == "whole" else out.mig)[gtype].finish(tuple(ons))
+    out.shard_sizes = {md: tuple(sorted(set(per.values()))) for md, per in out.shard_per_node.items()}
+    return out
+
+
+def _shard_holders(pool: _Pool, models: tuple[str, ...], n: int) -> tuple[str, ...]:
     return tuple(sorted({x for md in models for x, most in pool.shard_per_node.get(md, {}).items() if most >= n}))
 
 
@@ -445,7 +614,7 @@ def _candidates(kind: str, req: GpushareRequest, pool: _Pool, policy: SitePolicy
     out: list[Candidate] = []
     if kind == "mig" and mem is not None:
         for gtype, m in sorted(pool.mig.items()):
-            if m.max_on_node < count or mem > m.capacity_mib or len(_holding(m.per_node, count)) < nodes:
+            if m.max_on_node < count or mem > m.capacity_mib or len(m.held(count)) < nodes:
                 continue
             waste = m.capacity_mib - mem
             if auto and waste > policy.mig_max_waste * m.capacity_mib:
@@ -463,7 +632,7 @@ def _candidates(kind: str, req: GpushareRequest, pool: _Pool, policy: SitePolicy
     elif kind == "gpu":
         for model, w in sorted(pool.whole.items()):
             if (w.max_on_node < count or (mem is not None and mem > w.capacity_mib)
-                    or len(_holding(w.per_node, count)) < nodes):
+                    or len(w.held(count)) < nodes):
                 continue
             waste = w.capacity_mib - (mem or 0)
             out.append(Candidate("gpu", "gpu", model, count, (model,), w.capacity_mib, w.memory_mib, waste,
@@ -633,7 +802,7 @@ def _refusal(req: GpushareRequest, kinds: tuple[str, ...], pool: _Pool, policy: 
 def decide(tres_per_node: str | None, tres_per_job: str | None, *, partitions: tuple[str, ...] | None,
            inventory: ClusterInventory, policy: SitePolicy, nodes: int = 1, tres_per_task: str | None = None,
            tres_per_socket: str | None = None, mem_per_tres: str | None = None, cpus_per_tres: str | None = None,
-           ntasks_per_tres: object = None, granted_share: bool = False) -> Decision:
+           ntasks_per_tres: object = None, granted_share: bool = False, pools: PoolIndex | None = None) -> Decision:
     """Decide what to do with one job's GRES request (job_submit / job_modify). Pure; never raises
     for a bad request.
 
@@ -668,6 +837,9 @@ def decide(tres_per_node: str | None, tres_per_job: str | None, *, partitions: t
         granted_share: ``tres_per_node`` is what a ``gpushare`` request was granted (a share, a MIG slice or
             whole GPUs; an update of a pending job that holds it, the service's ``move``): the options
             refused beside ``gpushare`` are refused beside it too, as they were at submit.
+        pools: the :class:`PoolIndex` of ``inventory`` and ``policy`` (the filter service builds one with
+            each snapshot, so that no decision builds a pool); None, or one of another inventory or
+            policy: pools are built on first use and kept per inventory (the same decisions).
 
     Returns:
         ``pass`` for jobs without ``gpushare``/``shard``/``mps`` items (and direct ones when
@@ -701,7 +873,7 @@ def decide(tres_per_node: str | None, tres_per_job: str | None, *, partitions: t
             _refuse_per_gpu_options(tres_per_task, tres_per_socket, mem_per_tres, cpus_per_tres, ntasks_per_tres)
         if not policed:
             return Decision("pass", tres_per_node)
-        return _decide(tres_per_node or "", tres_per_job or "", partitions, inventory, policy, audit)
+        return _decide(tres_per_node or "", tres_per_job or "", partitions, inventory, policy, audit, pools)
     except InputError as e:
         text = f"gpushare: {e.message}" + (f"; {e.hint}" if e.hint else "")
         audit.update(action="reject", reason=text[len("gpushare: "):])
@@ -764,7 +936,7 @@ def _request_text(*tres: str | None) -> str:
 
 
 def _decide(tpn: str, tpj: str, partitions: tuple[str, ...] | None, inventory: ClusterInventory,
-            policy: SitePolicy, audit: dict[str, Any]) -> Decision:
+            policy: SitePolicy, audit: dict[str, Any], pools: PoolIndex | None = None) -> Decision:
     items = parse_tres(tpn)
     has_gpushare = any(it.name == "gpushare" for it in items)
     job_items = parse_tres(tpj) if tpj and (has_gpushare or mentions_share(tpj)) else ()
@@ -784,7 +956,7 @@ def _decide(tpn: str, tpj: str, partitions: tuple[str, ...] | None, inventory: C
         req = parse_gpushare(items)
         audit["request"] = req.text
         parts = _resolve_partitions(inventory, partitions)
-        pool = _pool_for(inventory, parts, policy)
+        pool = _pool_for(inventory, parts, policy, pools)
         chosen, considered, reason = _choose(req, pool, policy, parts, audit.get("nodes", 1))
         first = next(it for it in items if it.name == "gpushare")
         new_item = GresItem(chosen.name, chosen.type, chosen.count, prefix=first.prefix or prefix)
@@ -801,7 +973,7 @@ def _decide(tpn: str, tpj: str, partitions: tuple[str, ...] | None, inventory: C
                      candidates=[c.label for c in considered],
                      models_considered=sorted({m for c in considered for m in c.models}), reason=reason)
         return Decision("rewrite", ",".join(out), audit, _granted_message(req, chosen), SUCCESS)
-    return _direct(items, prefix, partitions, inventory, policy, audit)
+    return _direct(items, prefix, partitions, inventory, policy, audit, pools)
 
 
 def _granted_message(req: GpushareRequest, c: Candidate) -> str:
@@ -819,8 +991,9 @@ def _granted_message(req: GpushareRequest, c: Candidate) -> str:
 
 
 def _direct(items: tuple[GresItem, ...], prefix: str, partitions: tuple[str, ...] | None,
-            inventory: ClusterInventory, policy: SitePolicy, audit: dict[str, Any]) -> Decision:
-    """Police direct ``shard:N`` / ``mps:N`` requests."""
+            inventory: ClusterInventory, policy: SitePolicy, audit: dict[str, Any],
+            pools: PoolIndex | None = None) -> Decision:
+    """Police direct ``shard:N`` / ``mps:N`` requests (from the partitions' pool, built once per snapshot)."""
     shards = [it for it in items if it.name == "shard"]
     mps = [it for it in items if it.name == "mps"]
     if shards and mps:
@@ -840,7 +1013,7 @@ def _direct(items: tuple[GresItem, ...], prefix: str, partitions: tuple[str, ...
         raise _error("direct-no-share", item=it.body, where=_where(parts),
                      allowed=", ".join(f"mode={k}" for k in allowed) or "none")
     unit = inventory.shard_unit_mib if inventory.shard_unit_mib > 0 else policy.shard_unit_mib
-    pool = _build_pool([x for x in inventory.nodes_in(parts) if x.usable], parts, unit, policy)
+    pool = _pool_for(inventory, parts, policy, pools, direct=True)
     if it.name == "shard":
         if not pool.shards:
             raise _error("shard-none", where=pool.where)
@@ -883,6 +1056,7 @@ __all__ = [
     "KINDS",
     "MESSAGES",
     "MPS_PER_GPU",
+    "PoolIndex",
     "SUCCESS",
     "decide",
     "nodes_needed",

@@ -8,12 +8,15 @@ h100-nvs drained (``scontrol update nodename=h100-nvs state=drain``).
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from slurm_gpushare.errors import SlurmError
-from slurm_gpushare.slurm.sinfo import SinfoNode, sinfo_nodes
+from slurm_gpushare.slurm.sinfo import SinfoNode, load_piecewise, sinfo_nodes
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "slurm"
 RELEASES = ("22.05", "24.11", "26.05")
@@ -95,3 +98,26 @@ def test_output_without_meta_or_not_json_is_refused():
         sinfo_nodes('{"nodes": []}')
     with pytest.raises(SlurmError, match="not JSON"):
         sinfo_nodes("sinfo: error: ...")
+
+
+_JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5),
+                     lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=4), kids, max_size=4),
+                     max_leaves=20)
+
+
+@given(doc=st.dictionaries(st.text(max_size=6), _JSON, max_size=5), indent=st.sampled_from([None, 0, 2]),
+       cut=st.integers(min_value=0, max_value=400))
+def test_reading_sinfo_piecewise_gives_what_json_gives_and_its_errors(doc, indent, cut):
+    """The top-level lists read element by element (the filter service's refresh thread then never holds the
+    interpreter lock for one long decode) give the very value ``json.loads`` gives; text cut short (not
+    JSON) raises the error ``json.loads`` raises."""
+    text = json.dumps(doc, indent=indent)
+    assert load_piecewise(text) == json.loads(text)
+    short = text[:cut]
+    try:
+        expected = json.loads(short)
+    except ValueError as e:
+        with pytest.raises(ValueError, match=re.escape(str(e))):
+            load_piecewise(short)
+    else:
+        assert load_piecewise(short) == expected
