@@ -287,6 +287,7 @@ class JobRecord:
         started, ended: when its script started and ended.
         reserved_mib: GPU memory its grant holds (:func:`reserved_mib`).
         exit_code: the fake GPU app's exit status (2: out of memory under its limit).
+        where: the node and ``CUDA_VISIBLE_DEVICES`` its script saw (``"pk01 0,1"``; "" when it never ran).
     """
 
     job: TraceJob
@@ -295,6 +296,7 @@ class JobRecord:
     ended: float | None
     reserved_mib: int
     exit_code: int | None
+    where: str = ""
 
 
 @dataclass
