@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from slurm_gpushare.errors import SlurmError
 from slurm_gpushare.node.config import NodeConfig
 from slurm_gpushare.node.context import HookContext, NodeFault
 from slurm_gpushare.node.doctor import doctor
@@ -748,3 +749,49 @@ def test_an_epilog_whose_node_config_is_broken_still_writes_the_record_it_can(no
     (path,) = spool_files(spool)
     (line,) = path.read_text().splitlines()
     assert json.loads(line)["job_id"] == "803" and json.loads(line)["mem_granted_mib"] == 10240
+
+
+def _guarded(node, running: dict[str, int] | None, requeue_fails: bool = False):
+    """The node's context with recorded requeues and the running jobs squeue reports (None: squeue fails)."""
+    requeued: list[str] = []
+
+    def requeue(job):
+        if requeue_fails:
+            raise SlurmError("scontrol requeue: Requested operation is presently disabled")
+        requeued.append(job)
+
+    def owners(_node):
+        if running is None:
+            raise SlurmError("squeue: slurm_load_jobs error: Unable to contact slurm controller")
+        return running
+
+    ctx = replace(node.ctx, requeue=requeue, job_owners=owners)
+    return ctx, requeued
+
+
+def test_a_whole_gpu_still_used_by_a_share_requeues_the_job_given_it(node):
+    """Slurm 22.05 frees a GPU of shards when one of its shard jobs ends while another still runs there, and
+    gives it whole to the next gpu job (tests/test_shard_sharing_slurm.py): the Prolog requeues that job."""
+    _shard_job(node, job="101", idx="3")
+    assert prolog(node.ctx, _env("101")) == 0  # a share on GPU 3
+    node.jobs["6"] = SHOW.format(job="6", node="a100", gres="gpu:a100:1", detail="gpu:a100:1(IDX:3)", ac="")
+    ctx, requeued = _guarded(node, {"101": 0, "6": 0})
+    assert prolog(ctx, _env("6")) == 0 and requeued == ["6"]
+    assert not ctx.job_dir("6").exists()  # nothing prepared: no run recorded for this start
+    log = (node.root / "run" / "a100" / "node.log").read_text()
+    assert "job 6 requeued" in log and "GPU 3 (job 101)" in log, log
+    # another GPU, or a share whose job no longer runs (its directory outlived it), requeues nothing
+    node.jobs["7"] = SHOW.format(job="7", node="a100", gres="gpu:a100:1", detail="gpu:a100:1(IDX:4)", ac="")
+    ctx, requeued = _guarded(node, {"101": 0, "7": 0})
+    assert prolog(ctx, _env("7")) == 0 and requeued == [] and (ctx.job_dir("7") / "run.json").exists()
+    ctx, requeued = _guarded(node, {"6": 0})
+    assert prolog(ctx, _env("6")) == 0 and requeued == [] and (ctx.job_dir("6") / "run.json").exists()
+    # slurmctld not reached: the share is taken as running (the job is tried again later)
+    node.jobs["8"] = SHOW.format(job="8", node="a100", gres="gpu:a100:2", detail="gpu:a100:2(IDX:2-3)", ac="")
+    ctx, requeued = _guarded(node, None)
+    assert prolog(ctx, _env("8")) == 0 and requeued == ["8"]
+    # a job that cannot be requeued is cancelled, the node stays up
+    ctx, requeued = _guarded(node, {"101": 0, "8": 0}, requeue_fails=True)
+    assert prolog(ctx, _env("8")) == 0 and node.cancelled == ["8"] and not node.drained
+    for job in ("101", "6", "7"):
+        epilog(node.ctx, _env(job))

@@ -57,6 +57,7 @@ class HookContext:
     show_node: Callable[[str], str] = commands.show_node  # node -> text of `scontrol -d show node`
     drain: Callable[[str, str], None] | None = None  # (node, reason); default: scontrol update
     cancel: Callable[[str], None] = commands.cancel_job  # job id -> None; scancel
+    requeue: Callable[[str], None] = commands.requeue_job  # job id -> None; scontrol requeue
     job_owners: Callable[[str], dict[str, int]] = commands.running_job_owners  # node -> {job id: uid}; squeue
     listpids: Callable[[str], str] = commands.listpids  # node -> `scontrol listpids` text
 

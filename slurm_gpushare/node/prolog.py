@@ -133,6 +133,8 @@ def prolog(ctx: HookContext, env: dict[str, str]) -> int:
             info, (plan, machine, gres) = record_and_plan(ctx, job_id, env)
         if plan.kind == "none":
             return 0
+        if plan.kind == "gpu" and wait_for_shares(ctx, job_id, plan):
+            return 0
         job_dir = ctx.job_dir(job_id)
         with job_lock(job_dir):
             write_run(job_dir, restart=restart_from_env(env), start=info.start_time or int(time.time()))
@@ -152,6 +154,58 @@ def prolog(ctx: HookContext, env: dict[str, str]) -> int:
         ctx.do_drain(f"gpushare prolog job {job_id}: {e}")
         raise
     return 0
+
+
+def shares_on(ctx: HookContext, job_id: str, gpus: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
+    """Other jobs' MPS shares on ``gpus`` (NVML indices) here: job id -> the GPUs of ``gpus`` its share uses, read
+    from the job directories the Prolog writes (``<run_dir>/jobs/<id>/state.json``, root's only: no user writes
+    them). A directory may outlive its job (a node that went down before the Epilog): the caller asks
+    slurmctld which of these still run."""
+    found: dict[str, tuple[int, ...]] = {}
+    try:
+        entries = [e for e in os.scandir(ctx.run_dir / "jobs") if e.name.isdigit() and e.name != job_id]
+    except OSError:
+        return found
+    for e in entries:
+        plan = (read_state(Path(e.path)) or {}).get("plan") or {}
+        if plan.get("kind") == "mps":
+            held = tuple(g for g in plan.get("gpu_indices") or () if g in gpus)
+            if held:
+                found[e.name] = held
+    return found
+
+
+def wait_for_shares(ctx: HookContext, job_id: str, plan: JobPlan) -> bool:
+    """Requeue a job given whole GPUs that another running job's MPS share still uses. Returns whether it was
+    requeued (or, when it cannot be, cancelled): the Prolog then prepares nothing.
+
+    Slurm 22.05.8 marks a GPU free of shards once one of its shard jobs ends, while others still run there, and
+    then gives it whole to the next ``gpu`` job (measured on the dev cluster; 24.11.5 and 26.05.3 keep it:
+    tests/test_shard_sharing_slurm.py): that job's user would be told the whole GPU that the share's MPS limit
+    also promised. Requeued, the job waits (slurmctld's ``Reason=BeginTime``) and is tried again, until the share
+    has ended. Costs a directory listing; slurmctld is asked (``squeue``) only when a share is found, to skip a
+    job directory that outlived its job. A job that cannot be requeued (``--no-requeue``) is cancelled, the
+    reason in the node log (:func:`~slurm_gpushare.node.context.fail_job`).
+    """
+    found = shares_on(ctx, job_id, plan.gpu_indices)
+    if not found:
+        return False
+    try:
+        running = ctx.job_owners(ctx.node)
+        found = {j: g for j, g in found.items() if j in running}
+    except GpushareError:
+        pass  # slurmctld not reached: take the directories as they are (the job is tried again later)
+    if not found:
+        return False
+    on = ", ".join(f"GPU {','.join(map(str, g))} (job {j})" for j, g in sorted(found.items()))
+    why = f"given whole GPUs that another job's MPS share still uses: {on}; Slurm freed them too early"
+    try:
+        ctx.requeue(job_id)
+    except GpushareError as e:
+        fail_job(ctx, job_id, JobFault(f"{why}; requeue failed ({e})"), "prolog")
+        return True
+    log_event(ctx, "prolog", f"job {job_id} requeued: {why}")
+    return True
 
 
 #: An ``Include`` line of gres.conf (gres.conf(5)): the file is then not read alone.

@@ -95,6 +95,16 @@ def cancel_job(job_id: str | int, **kw) -> None:
     run(["scancel", str(job_id)], **kw)
 
 
+def requeue_job(job_id: str | int, **kw) -> None:
+    """``scontrol requeue JOBID`` (scontrol(1); root): put a job that cannot run here yet back in the queue;
+    slurmctld makes it wait before it is eligible again (``Reason=BeginTime``, measured on 22.05.8).
+
+    Raises:
+        SlurmError: scontrol failed (e.g. a job submitted with ``--no-requeue``).
+    """
+    run(["scontrol", "requeue", str(job_id)], **kw)
+
+
 def running_jobs(node: str, **kw) -> list[str]:
     """Jobs with an allocation on ``node``, sorted, each once:
     ``squeue -h -w NODE -t RUNNING,COMPLETING,CONFIGURING -o %A`` (squeue(1); COMPLETING so that a job stays
