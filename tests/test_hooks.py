@@ -795,3 +795,32 @@ def test_a_whole_gpu_still_used_by_a_share_requeues_the_job_given_it(node):
     assert prolog(ctx, _env("8")) == 0 and node.cancelled == ["8"] and not node.drained
     for job in ("101", "6", "7"):
         epilog(node.ctx, _env(job))
+
+
+def test_the_last_share_s_epilog_makes_the_requeued_job_eligible(node):
+    """A job requeued for shares on its GPU starts as soon as the last of them has ended, not after slurmctld's
+    requeue delay: each share's Epilog takes itself off the job's list, the last one brings its start forward."""
+    _shard_job(node, job="101", idx="3")
+    _shard_job(node, job="102", idx="3")
+    assert prolog(node.ctx, _env("101")) == 0 and prolog(node.ctx, _env("102")) == 0
+    node.jobs["6"] = SHOW.format(job="6", node="a100", gres="gpu:a100:1", detail="gpu:a100:1(IDX:3)", ac="")
+    ctx, requeued = _guarded(node, {"101": 0, "102": 0, "6": 0})
+    woken: list[str] = []
+    ctx = replace(ctx, start_now=woken.append)
+    assert prolog(ctx, _env("6")) == 0 and requeued == ["6"]
+    waiting = node.root / "run" / "a100" / "waiting" / "6"
+    assert json.loads(waiting.read_text()) == {"shares": ["101", "102"]}
+    assert oct(waiting.stat().st_mode & 0o777) == "0o600" and oct(waiting.parent.stat().st_mode & 0o777) == "0o700"
+    assert epilog(ctx, _env("101")) == 0 and woken == []  # 102 still shares GPU 3
+    assert json.loads(waiting.read_text()) == {"shares": ["102"]}
+    assert epilog(ctx, _env("102")) == 0 and woken == ["6"] and not waiting.exists()
+    assert "job 6 made eligible" in (node.root / "run" / "a100" / "node.log").read_text()
+    # a job gone meanwhile (scontrol fails) is forgotten, the Epilog still succeeds; a corrupt file is dropped
+    waiting.write_text(json.dumps({"shares": ["103"]}))
+    (waiting.parent / "9").write_text("{not json")
+
+    def gone(job):
+        raise SlurmError(f"scontrol update: Invalid job id specified ({job})")
+
+    assert epilog(replace(ctx, start_now=gone), {"SLURM_JOB_ID": "103", "SLURMD_NODENAME": "a100"}) == 0
+    assert not list(waiting.parent.iterdir())

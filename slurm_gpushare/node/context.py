@@ -58,6 +58,7 @@ class HookContext:
     drain: Callable[[str, str], None] | None = None  # (node, reason); default: scontrol update
     cancel: Callable[[str], None] = commands.cancel_job  # job id -> None; scancel
     requeue: Callable[[str], None] = commands.requeue_job  # job id -> None; scontrol requeue
+    start_now: Callable[[str], None] = commands.start_now  # job id -> None; scontrol update StartTime=now
     job_owners: Callable[[str], dict[str, int]] = commands.running_job_owners  # node -> {job id: uid}; squeue
     listpids: Callable[[str], str] = commands.listpids  # node -> `scontrol listpids` text
 

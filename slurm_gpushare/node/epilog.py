@@ -13,6 +13,7 @@ same); accounting never fails the Epilog.
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import time
@@ -33,7 +34,7 @@ from slurm_gpushare.node.context import (
     plan_with_machine,
     stuck_reason,
 )
-from slurm_gpushare.node.jobdir import JobDaemon, job_daemons, job_lock, read_run, read_state
+from slurm_gpushare.node.jobdir import WAITING_DIR, JobDaemon, job_daemons, job_lock, read_run, read_state
 from slurm_gpushare.node.leftovers import EndedJob, drain_reason, sweep
 from slurm_gpushare.node.mps import MpsDaemon, MpsSettings
 from slurm_gpushare.node.plan import JobPlan
@@ -61,10 +62,53 @@ def epilog(ctx: HookContext, env: dict[str, str]) -> int:
             problem = cleanup_job(ctx, job_id)
     if not problem and gpu_job:
         problem = sweep_leftovers(ctx, env, start=run[1] if run else None)
+    wake_waiting(ctx, job_id)
     if problem:
         ctx.do_drain(problem)
         return 1
     return 0
+
+
+def wake_waiting(ctx: HookContext, job_id: str) -> list[str]:
+    """Jobs the Prolog requeued because their whole GPUs held other jobs' MPS shares
+    (:func:`~slurm_gpushare.node.prolog.wait_for_shares`, ``<run_dir>/waiting/<id>``) whose last share was
+    ``job_id``: each is made eligible now (``scontrol update StartTime=now``) instead of after slurmctld's
+    requeue delay, and forgotten; a job still waiting for other shares keeps the rest. Nothing here fails the
+    Epilog: a job that is gone, or slurmctld not reached, is logged (the job then starts after the delay).
+
+    Returns:
+        the jobs made eligible.
+    """
+    import json
+
+    from slurm_gpushare.atomicfile import read_own_file, write_atomic
+
+    woken: list[str] = []
+    try:
+        entries = [e for e in os.scandir(ctx.run_dir / WAITING_DIR) if e.name.isdigit()]
+    except OSError:
+        return woken
+    for e in entries:
+        path = Path(e.path)
+        try:
+            shares = [str(j) for j in json.loads(read_own_file(path, max_bytes=65536))["shares"]]
+        except (OSError, ValueError, KeyError, TypeError):
+            path.unlink(missing_ok=True)
+            continue
+        if job_id not in shares:
+            continue
+        left = [j for j in shares if j != job_id]
+        if left:
+            write_atomic(path, json.dumps({"shares": left}), mode=0o600, fsync=False)
+            continue
+        path.unlink(missing_ok=True)
+        try:
+            ctx.start_now(e.name)
+            woken.append(e.name)
+            log_event(ctx, "epilog", f"job {e.name} made eligible: the MPS share it waited for (job {job_id}) ended")
+        except GpushareError as err:
+            log_event(ctx, "epilog", f"job {e.name}: not made eligible after job {job_id}'s share ended: {err}")
+    return woken
 
 
 def ended_job(ctx: HookContext, env: dict[str, str], start: float | None) -> EndedJob:

@@ -11,6 +11,7 @@ was refused at submit time and never gets here.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
@@ -33,6 +34,7 @@ from slurm_gpushare.node.context import (
 )
 from slurm_gpushare.node.jobdir import (
     STATE_VERSION,
+    WAITING_DIR,
     job_lock,
     make_job_dir,
     read_state,
@@ -182,10 +184,11 @@ def wait_for_shares(ctx: HookContext, job_id: str, plan: JobPlan) -> bool:
     Slurm 22.05.8 marks a GPU free of shards once one of its shard jobs ends, while others still run there, and
     then gives it whole to the next ``gpu`` job (measured on the dev cluster; 24.11.5 and 26.05.3 keep it:
     tests/test_shard_sharing_slurm.py): that job's user would be told the whole GPU that the share's MPS limit
-    also promised. Requeued, the job waits (slurmctld's ``Reason=BeginTime``) and is tried again, until the share
-    has ended. Costs a directory listing; slurmctld is asked (``squeue``) only when a share is found, to skip a
-    job directory that outlived its job. A job that cannot be requeued (``--no-requeue``) is cancelled, the
-    reason in the node log (:func:`~slurm_gpushare.node.context.fail_job`).
+    also promised. Requeued, the job waits (slurmctld's ``Reason=BeginTime``) and is tried again once the share
+    has ended: the last share's Epilog brings its start forward (:func:`~slurm_gpushare.node.epilog.wake_waiting`),
+    else slurmctld's requeue delay passes first. Costs a directory listing; slurmctld is asked (``squeue``) only
+    when a share is found, to skip a job directory that outlived its job. A job that cannot be requeued
+    (``--no-requeue``) is cancelled, the reason in the node log (:func:`~slurm_gpushare.node.context.fail_job`).
     """
     found = shares_on(ctx, job_id, plan.gpu_indices)
     if not found:
@@ -205,7 +208,19 @@ def wait_for_shares(ctx: HookContext, job_id: str, plan: JobPlan) -> bool:
         fail_job(ctx, job_id, JobFault(f"{why}; requeue failed ({e})"), "prolog")
         return True
     log_event(ctx, "prolog", f"job {job_id} requeued: {why}")
+    try:  # the shares' Epilogs bring its start forward once the last of them has ended (epilog.wake_waiting)
+        path = waiting_path(ctx, job_id)
+        path.parent.mkdir(mode=0o700, exist_ok=True)
+        write_atomic(path, json.dumps({"shares": sorted(found)}), mode=0o600, fsync=False)
+    except OSError as e:
+        log_event(ctx, "prolog", f"job {job_id}: not remembered as waiting ({e.strerror}): it starts after "
+                                 "slurmctld's requeue delay")
     return True
+
+
+def waiting_path(ctx: HookContext, job_id: str) -> Path:
+    """Where :func:`wait_for_shares` remembers a requeued job (root's, mode 0600)."""
+    return ctx.run_dir / WAITING_DIR / job_id
 
 
 #: An ``Include`` line of gres.conf (gres.conf(5)): the file is then not read alone.
