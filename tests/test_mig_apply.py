@@ -1,0 +1,370 @@
+"""mig apply without Slurm daemons: the state machine on the fake NVML (opened from a description file, as the
+dev cluster's hooks open it) with a recorded sequence of Slurm calls, a kill at every step and mid-step
+followed by a rerun, the fallback to the old layout, and the errors for bad input."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import yaml
+
+import slurm_gpushare.mig.apply as apply_mod
+from slurm_gpushare.errors import InputError
+from slurm_gpushare.gresconf.render import generate_node_gres, render_gres_conf, render_slurm_conf
+from slurm_gpushare.hardware.fake import FakeNvml, derived_gpus
+from slurm_gpushare.hardware.machine import Machine
+from slurm_gpushare.hardware.ports import open_nvml
+from slurm_gpushare.mig.apply import (
+    KILL_ENV,
+    STEPS,
+    Apply,
+    ApplyError,
+    NodeState,
+    current_layout,
+    gres_items,
+    parse_node,
+    read_layout,
+    replace_gres_lines,
+)
+from slurm_gpushare.mig.demand import Request
+from slurm_gpushare.mig.output import layout_json, mig_parted_yaml
+from slurm_gpushare.mig.plan import plan_layout
+from slurm_gpushare.slurm.nodegres import GresOptions
+
+ROOT = Path(__file__).resolve().parent.parent
+MIXED = ROOT / "slurm_gpushare" / "data" / "machines" / "4x-h100-mig-mixed.json"
+A100 = ROOT / "slurm_gpushare" / "data" / "machines" / "8x-a100-nv12-bridge.json"
+NODE = "h100-mig"
+OTHER = "a100-nvb"
+OPTS = GresOptions(device_dir="/dev")
+
+#: GPUs 2 and 3 of the mixed node hold 4g.40gb + 3x 1g.10gb; the target: 7x 1g.10gb on GPU 2, GPU 3 kept
+SEVEN = [{"profile": "1g.10gb", "profile_id": 19, "start": s} for s in range(7)]
+
+
+class Killed(Exception):
+    """Stands in for SIGKILL in a unit test."""
+
+
+class FakeSlurm:
+    """slurmctld as apply sees it: one node's state and reason, its GPU jobs, the Gres= slurmctld shows
+    (slurm.conf's once reconfigured and slurmd restarted), every call recorded."""
+
+    def __init__(self, slurm_conf: Path, *, jobs: list[list[str]] | None = None, drained: str | None = None,
+                 known=(NODE, OTHER)):
+        self.calls: list[tuple] = []
+        self.slurm_conf = slurm_conf
+        self.jobs = list(jobs or [])
+        self.reason = drained
+        self.known = known
+        self.gres = self._conf_gres()
+        self.start = 1
+        self.reconfigured = False
+        self.on_call = None
+
+    def _conf_gres(self) -> str:
+        line = next(ln for ln in self.slurm_conf.read_text().splitlines() if ln.startswith(f"NodeName={NODE} "))
+        return next(kv for kv in line.split() if kv.startswith("Gres=")).split("=", 1)[1]
+
+    def _call(self, *call) -> None:
+        self.calls.append(call)
+        if self.on_call:
+            self.on_call(call)
+
+    def node(self, node: str) -> NodeState:
+        self._call("show", node)
+        if node not in self.known:
+            raise InputError(f"unknown node {node}")
+        state = "IDLE+DRAIN" if self.reason else "IDLE"
+        return NodeState(state, self.reason, self.gres, str(self.start))
+
+    def drain(self, node: str, reason: str) -> None:
+        self._call("drain", node, reason)
+        self.reason = reason
+
+    def resume(self, node: str) -> None:
+        self._call("resume", node)
+        self.reason = None
+
+    def gpu_jobs(self, node: str) -> list[str]:
+        self._call("jobs", node)
+        return self.jobs.pop(0) if self.jobs else []
+
+    def reconfigure(self) -> None:
+        self._call("reconfigure")
+        self.reconfigured = True
+
+    def restart_slurmd(self, node: str) -> None:
+        self._call("restart", node)
+        self.start += 1
+        if self.reconfigured:
+            self.gres = self._conf_gres()
+
+
+@pytest.fixture
+def site(tmp_path):
+    """A node's files: its description (served by the fake NVML from that file), gres.conf and slurm.conf of
+    two nodes, a layout file."""
+    m = Machine.load(MIXED)
+    m = replace(m, hostname=NODE, gpus=tuple(derived_gpus(m)))
+    other = Machine.load(A100)
+    machine = tmp_path / f"{NODE}.json"
+    machine.write_text(m.to_json())
+    nodes = [generate_node_gres(m, NODE, OPTS), generate_node_gres(other, OTHER, OPTS)]
+    (tmp_path / "gres.conf").write_text(render_gres_conf(nodes, header="site gres.conf"))
+    (tmp_path / "slurm.conf").write_text("ClusterName=c\n" + render_slurm_conf(nodes) + "PartitionName=gpu Nodes=ALL\n")
+    layout = {"version": 1, "nodes": {NODE: {"gpus": [
+        {"index": 2, "name": m.gpu(2).name, "mig_enabled": True, "instances": SEVEN},
+        {"index": 3, "name": m.gpu(3).name, "mig_enabled": True, "instances": [
+            {"profile": "4g.40gb", "profile_id": 5, "start": 0},
+            *({"profile": "1g.10gb", "profile_id": 19, "start": s} for s in (4, 5, 6))]},
+    ]}}}
+    (tmp_path / "layout.json").write_text(json.dumps(layout))
+    return tmp_path
+
+
+def make(site: Path, slurm: FakeSlurm, layout: str = "layout.json", **kw) -> Apply:
+    kw.setdefault("poll_s", 0)
+    kw.setdefault("open_port", lambda: open_nvml(f"fake:{site / f'{NODE}.json'}"))
+    return Apply(node=NODE, layout=str(site / layout), targets=read_layout(site / layout, NODE),
+                 machine_path=site / f"{NODE}.json", state_path=site / "run" / "mig-apply.json",
+                 gres_conf=site / "gres.conf", slurm_conf=site / "slurm.conf", gres_options=OPTS,
+                 run_dir=site / "run", slurm=slurm, out=lambda line: None, sleep=lambda s: None, **kw)
+
+
+def run_once(job: Apply):
+    state = job.read_state() or job.prepare()
+    return job.run(state)
+
+
+def nvml_layout(site: Path) -> dict[int, list[tuple[str, int]]]:
+    """What a fresh fake NVML opened from the description file reports (another process's view)."""
+    with open_nvml(f"fake:{site / f'{NODE}.json'}") as port:
+        return {i: [(p.profile, p.start) for p in v] for i, v in current_layout(port, range(4)).items()}
+
+
+def node_lines(text: str, node: str) -> list[str]:
+    return [ln for ln in text.splitlines() if ln.startswith(f"NodeName={node} ")]
+
+
+def assert_consistent(site: Path) -> None:
+    """gres.conf's and slurm.conf's lines of the node are those rendered from what NVML reports."""
+    machine = Machine.load(site / f"{NODE}.json")
+    with open_nvml(f"fake:{site / f'{NODE}.json'}") as port:
+        machine = apply_mod.with_instances(machine, port)
+    want = generate_node_gres(machine, NODE, OPTS)
+    assert node_lines((site / "gres.conf").read_text(), NODE) == [r.render(NODE) for r in want.records]
+    conf_line = node_lines((site / "slurm.conf").read_text(), NODE)[0]
+    assert f"Gres={want.gres_value}" in conf_line.split()
+
+
+TARGET = {0: [], 1: [], 2: [("1g.10gb", s) for s in range(7)],
+          3: [("4g.40gb", 0), ("1g.10gb", 4), ("1g.10gb", 5), ("1g.10gb", 6)]}
+
+
+def test_fake_nvml_opened_from_a_file_writes_mig_changes_back(tmp_path):
+    path = tmp_path / "m.json"
+    path.write_text(Machine.load(MIXED).to_json())
+    path.chmod(0o644)
+    with open_nvml(f"fake:{path}") as port:
+        gi = port.gpu_instances(2)[0].gi_id
+        port.destroy_gpu_instance(2, gi)
+    with open_nvml(f"fake:{path}") as again:
+        assert gi not in {i.gi_id for i in again.gpu_instances(2)}
+        made = again.create_gpu_instance(2, 19, 0)
+    assert (path.stat().st_mode & 0o777) == 0o644
+    with FakeNvml(Machine.load(path)) as third:
+        assert made in third.gpu_instances(2)
+        # without a path nothing is written
+        before = path.read_text()
+        third.destroy_gpu_instance(2, made.gi_id)
+    assert path.read_text() == before
+
+
+def test_apply_changes_the_layout_files_and_slurm_in_order(site):
+    other_gres = node_lines((site / "gres.conf").read_text(), OTHER)
+    other_conf = node_lines((site / "slurm.conf").read_text(), OTHER)
+    slurm = FakeSlurm(site / "slurm.conf", jobs=[["7"], ["7"], []])
+    state = run_once(make(site, slurm))
+    assert state["goal"] == "target"
+    assert nvml_layout(site) == TARGET
+    assert_consistent(site)
+    # the other node's lines are untouched
+    assert node_lines((site / "gres.conf").read_text(), OTHER) == other_gres
+    assert node_lines((site / "slurm.conf").read_text(), OTHER) == other_conf
+    kinds = [c[0] for c in slurm.calls if c[0] != "show"]
+    assert kinds == ["drain", "jobs", "jobs", "jobs", "reconfigure", "restart", "resume"]
+    drain = next(c for c in slurm.calls if c[0] == "drain")
+    assert drain[2].startswith("gpushare mig apply: to layout.json, state ")
+    assert gres_items(slurm.gres) == gres_items("gpu:h100:2,gpu:h100_1g.10gb:10,gpu:h100_4g.40gb:1,shard:158")
+    assert not (site / "run" / "mig-apply.json").exists()
+    assert json.loads((site / "run" / "mig-apply.last.json").read_text())["step"] == "resume"
+
+
+def test_a_second_apply_of_the_same_layout_does_nothing(site):
+    job = make(site, FakeSlurm(site / "slurm.conf"))
+    assert not apply_mod.same_profiles(job.prepare()["old"], job.prepare()["target"], placements=True)
+    run_once(job)
+    fresh = make(site, FakeSlurm(site / "slurm.conf")).prepare()
+    assert apply_mod.same_profiles(fresh["old"], fresh["target"], placements=True)
+
+
+def test_past_the_deadline_the_drain_is_undone_and_nothing_changes(site):
+    before = nvml_layout(site)
+    conf = (site / "gres.conf").read_text()
+    clock = iter(range(0, 10_000, 30))
+    slurm = FakeSlurm(site / "slurm.conf", jobs=[["41", "42"]] * 100)
+    with pytest.raises(ApplyError, match=r"still runs GPU job\(s\) 41, 42 after 60 s: layout unchanged"):
+        run_once(make(site, slurm, deadline_s=60, clock=lambda: float(next(clock))))
+    assert nvml_layout(site) == before
+    assert (site / "gres.conf").read_text() == conf
+    assert [c[0] for c in slurm.calls if c[0] not in ("show", "jobs")] == ["drain", "resume"]
+    assert slurm.reason is None
+    assert not (site / "run" / "mig-apply.json").exists()
+
+
+def test_a_node_drained_by_someone_else_is_left_drained(site):
+    slurm = FakeSlurm(site / "slurm.conf", drained="disk replacement")
+    run_once(make(site, slurm))
+    assert nvml_layout(site) == TARGET
+    assert not [c for c in slurm.calls if c[0] in ("drain", "resume")]
+    assert slurm.reason == "disk replacement"
+
+
+def test_a_reason_changed_meanwhile_is_not_resumed(site):
+    slurm = FakeSlurm(site / "slurm.conf")
+
+    def admin_redrains(call):
+        if call[0] == "reconfigure":
+            slurm.reason = "bad DIMM"
+
+    slurm.on_call = admin_redrains
+    state = run_once(make(site, slurm))
+    assert state["left_drained"] == "bad DIMM"
+    assert "resume" not in [c[0] for c in slurm.calls]
+
+
+KILL_POINTS = [*STEPS, "mig-change:1", "mig-change:3", "mig-change:5"]
+
+
+@pytest.mark.parametrize("point", KILL_POINTS)
+def test_killed_at_any_step_a_rerun_ends_resumed_in_the_target(site, monkeypatch, point):
+    monkeypatch.setenv(KILL_ENV, point)
+
+    def kill(pid, sig):
+        raise Killed(point)
+
+    monkeypatch.setattr(apply_mod.os, "kill", kill)
+    slurm = FakeSlurm(site / "slurm.conf")
+    with pytest.raises(Killed):
+        run_once(make(site, slurm))
+    saved = json.loads((site / "run" / "mig-apply.json").read_text())
+    assert saved["reason"].startswith("gpushare mig apply:")  # a drained node has its record
+    assert saved["node"] == NODE and saved["old"] and saved["target"]
+    monkeypatch.delenv(KILL_ENV)
+    run_once(make(site, slurm))
+    assert nvml_layout(site) == TARGET
+    assert_consistent(site)
+    assert slurm.reason is None
+    assert not (site / "run" / "mig-apply.json").exists()
+
+
+def test_nvml_refusing_the_target_restores_the_old_layout(site):
+    old = nvml_layout(site)
+    path = site / f"{NODE}.json"
+    slurm = FakeSlurm(site / "slurm.conf")
+
+    calls = []
+
+    def third_fails(gpu):  # the third create fails, once: an NVML error the placement rules did not foresee
+        calls.append(gpu)
+        return 999 if len(calls) == 3 else None
+
+    def port():
+        return FakeNvml(Machine.load(path), path=path, fail={"nvmlDeviceCreateGpuInstanceWithPlacement": third_fails})
+
+    with pytest.raises(ApplyError, match="the target layout was refused.*old layout was restored"):
+        run_once(make(site, slurm, open_port=port))
+    assert nvml_layout(site) == old
+    assert_consistent(site)
+    assert slurm.reason is None
+
+
+def test_dry_run_lists_the_steps_and_changes_nothing(site):
+    before = (site / f"{NODE}.json").read_text()
+    slurm = FakeSlurm(site / "slurm.conf")
+    job = make(site, slurm)
+    lines = job.describe(job.prepare())
+    assert [ln.split(":")[0] for ln in lines] == ["drain", "wait-jobs", "stop-mps", "mig", "mig", "files", "slurm",
+                                                  "resume"]
+    assert "GPU 2: 1g.10gb@1 1g.10gb@2 1g.10gb@3 4g.40gb@4" not in "\n".join(lines)
+    assert any("destroy 4g.40gb@0" in ln and ln.startswith("mig: GPU 2") for ln in lines)
+    assert (site / f"{NODE}.json").read_text() == before
+    assert [c[0] for c in slurm.calls] == ["show"]
+
+
+def test_a_mig_parted_config_of_mig_plan_is_applied(site):
+    machine = Machine.load(site / f"{NODE}.json")
+    part = replace(machine, gpus=tuple(g for g in machine.gpus if g.mig_enabled))
+    plan = plan_layout([part], [Request(mem_mib=10 * 1024, weight=14)])
+    (site / "plan.yaml").write_text(mig_parted_yaml(plan))
+    (site / "plan.json").write_text(layout_json(plan))
+    for name in ("plan.yaml", "plan.json"):
+        targets = read_layout(site / name, NODE)
+        assert sorted(targets) == [2, 3]
+    slurm = FakeSlurm(site / "slurm.conf")
+    run_once(make(site, slurm, layout="plan.yaml"))
+    got = nvml_layout(site)
+    want = yaml.safe_load((site / "plan.yaml").read_text())["mig-configs"][f"gpushare-{NODE}"]
+    for entry in want:
+        for d in entry["devices"]:
+            assert sorted(p for p, _ in got[d]) == sorted(p for p, n in entry["mig-devices"].items() for _ in range(n))
+    assert_consistent(site)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda g: g.update(name="NVIDIA A100-SXM4-80GB"), "GPU 2 is a NVIDIA A100-SXM4-80GB in the layout"),
+    (lambda g: g["instances"].__setitem__(1, {"profile": "1g.10gb", "profile_id": 19, "start": 0}),
+     "invalid geometry: .*overlaps"),
+    (lambda g: g["instances"].__setitem__(0, {"profile": "3g.40gb", "profile_id": 9, "start": 1}),
+     "invalid geometry: .*cannot start at memory slice 1"),
+    (lambda g: g["instances"].__setitem__(0, {"profile": "2g.12gb", "profile_id": 5, "start": 0}),
+     "offers no MIG profile 2g.12gb"),
+    (lambda g: g.update(mig_enabled=False, instances=[]), "GPU 2 has MIG on; the layout wants it off"),
+])
+def test_bad_layouts_are_refused_before_the_drain(site, edit, message):
+    data = json.loads((site / "layout.json").read_text())
+    edit(data["nodes"][NODE]["gpus"][0])
+    (site / "layout.json").write_text(json.dumps(data))
+    slurm = FakeSlurm(site / "slurm.conf")
+    with pytest.raises(InputError, match=message):
+        make(site, slurm).prepare()
+    assert not [c for c in slurm.calls if c[0] != "show"]
+
+
+def test_unknown_node_and_a_node_missing_from_the_layout(site):
+    slurm = FakeSlurm(site / "slurm.conf", known=())
+    with pytest.raises(InputError, match="unknown node h100-mig"):
+        make(site, slurm).prepare()
+    with pytest.raises(InputError, match="has no node gpu99"):
+        read_layout(site / "layout.json", "gpu99")
+
+
+def test_parse_node_reads_reason_and_gres():
+    text = ("NodeName=h100-mig Arch=x86_64 CoresPerSocket=32\n   Gres=gpu:h100:2(S:0),gpu:h100_1g.10gb:6(S:1),"
+            "shard:h100_1g.10gb:0,shard:158(S:0)\n   State=IDLE+DRAIN ThreadsPerCore=2\n"
+            "   SlurmdStartTime=2026-12-02T01:00:00\n"
+            "   Reason=gpushare mig apply: to layout.json, state /run/x [root@2026-12-02T01:02:03]\n")
+    n = parse_node(text)
+    assert n.drained and n.reason == "gpushare mig apply: to layout.json, state /run/x"
+    assert gres_items(n.gres) == {"gpu:h100:2", "gpu:h100_1g.10gb:6", "shard:158"}
+    assert n.slurmd_start == "2026-12-02T01:00:00"
+    assert parse_node("NodeName=a State=IDLE\n").reason is None
+
+
+def test_gres_lines_of_a_hostlist_line_are_refused():
+    with pytest.raises(InputError, match="names h100-mig among other nodes"):
+        replace_gres_lines("NodeName=h100-mig,a100 Name=gpu File=/dev/nvidia0\n", NODE, [], source="gres.conf")
