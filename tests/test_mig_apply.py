@@ -5,6 +5,7 @@ followed by a rerun, the fallback to the old layout, and the errors for bad inpu
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -368,3 +369,54 @@ def test_parse_node_reads_reason_and_gres():
 def test_gres_lines_of_a_hostlist_line_are_refused():
     with pytest.raises(InputError, match="names h100-mig among other nodes"):
         replace_gres_lines("NodeName=h100-mig,a100 Name=gpu File=/dev/nvidia0\n", NODE, [], source="gres.conf")
+
+
+STUB_SCONTROL = """#!/bin/sh
+# scontrol as slurmctld would answer for one node (show node), and 'not found' for any other
+if [ "$1 $2" = "-d show" ] && [ "$4" = "h100-mig" ]; then
+  echo "NodeName=h100-mig Arch=x86_64"
+  echo "   Gres=gpu:h100:2(S:0),gpu:h100_4g.40gb:2(S:1),gpu:h100_1g.10gb:6(S:1),shard:158(S:0)"
+  echo "   State=IDLE ThreadsPerCore=2"
+  echo "   SlurmdStartTime=2026-12-02T01:00:00"
+  exit 0
+fi
+echo "Node $4 not found" >&2
+exit 1
+"""
+
+
+def _cli(site: Path, monkeypatch, *args: str):
+    from click.testing import CliRunner
+
+    from slurm_gpushare.cli import main
+
+    bin_dir = site / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "scontrol").write_text(STUB_SCONTROL)
+    (bin_dir / "scontrol").chmod(0o755)
+    (site / "node.toml").write_text(f'version = 1\nrun_dir = "{site}/run"\nmachine = "{site}/{{node}}.json"\n')
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("SLURM_CONF", str(site / "slurm.conf"))
+    monkeypatch.setenv("GPUSHARE_NVML", f"fake:{site / f'{NODE}.json'}")
+    return CliRunner().invoke(main, ["mig", "apply", *args, "--config", str(site / "node.toml"),
+                                     "--slurm-version", "22.05"])
+
+
+def test_cli_dry_run_prints_the_steps_and_changes_nothing(site, monkeypatch):
+    before = {p.name: p.read_text() for p in site.iterdir() if p.is_file()}
+    r = _cli(site, monkeypatch, NODE, "--layout", str(site / "layout.json"), "--dry-run")
+    assert r.exit_code == 0, r.output
+    assert "drain: scontrol update nodename=h100-mig state=drain reason=\"gpushare mig apply: to layout.json" \
+        in r.output
+    assert "mig: GPU 2: 4g.40gb@0 1g.10gb@4 1g.10gb@5 1g.10gb@6 -> 1g.10gb@0" in r.output
+    assert {p.name: p.read_text() for p in site.iterdir() if p.is_file() and p.name in before} == before
+    assert not (site / "run" / "mig-apply.json").exists()
+
+
+def test_cli_unknown_node_is_one_line_and_exit_2(site, monkeypatch):
+    data = json.loads((site / "layout.json").read_text())
+    data["nodes"]["gpu99"] = data["nodes"][NODE]
+    (site / "layout.json").write_text(json.dumps(data))
+    r = _cli(site, monkeypatch, "gpu99", "--layout", str(site / "layout.json"), "--dry-run")
+    assert r.exit_code == 2, r.output
+    assert "unknown node gpu99" in r.output and "sinfo -N" in r.output

@@ -36,12 +36,15 @@ NODES = {MIG: "4x-h100-mig-mixed.json", OTHER: "8x-rtx4090-pcie.json"}
 
 RESTART = """\
 #!/bin/sh
-# restart one slurmd of the dev cluster: stop the one its pid file names, start it again (it daemonizes)
-pid=$(cat "@ROOT@/run/slurmd-$1.pid" 2>/dev/null)
-if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
+# restart one slurmd of the dev cluster (it daemonizes): stop the one its pid file names (again if the file
+# names another one meanwhile: 23.11 and later re-exec slurmd on 'scontrol reconfigure'), start it again
+for try in 1 2 3; do
+  pid=$(cat "@ROOT@/run/slurmd-$1.pid" 2>/dev/null)
+  if [ -z "$pid" ] || ! kill -0 "$pid" 2>/dev/null; then break; fi
   kill "$pid"
   while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
-fi
+  sleep 0.5
+done
 exec env SLURM_CONF="@ROOT@/etc/slurm.conf" slurmd -N "$1"
 """
 
