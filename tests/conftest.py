@@ -304,8 +304,8 @@ def private_cluster(prefix: str, port_base: int, machines: dict[str, str], **opt
     root = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
     os.chmod(root, 0o755)
     c = DevCluster(root / "c", port_base, {n: packaged_machine(f) for n, f in machines.items()}, **options)
-    c.up(out=open(os.devnull, "w"))
     try:
+        c.up(out=open(os.devnull, "w"))
         yield c, root
     finally:
         c.down(out=open(os.devnull, "w"))

@@ -52,7 +52,7 @@ class Killed(Exception):
 
 class FakeSlurm:
     """slurmctld as apply sees it: one node's state and reason, its GPU jobs, the Gres= slurmctld shows
-    (slurm.conf's once reconfigured and slurmd restarted), every call recorded."""
+    (slurm.conf's once slurmctld restarted and slurmd started again), every call recorded."""
 
     def __init__(self, slurm_conf: Path, *, jobs: list[list[str]] | None = None, drained: str | None = None,
                  known=(NODE, OTHER)):
@@ -63,7 +63,8 @@ class FakeSlurm:
         self.known = known
         self.gres = self._conf_gres()
         self.start = 1
-        self.reconfigured = False
+        self.slurmd_up = True
+        self.ctld_config = self._conf_gres()
         self.on_call = None
 
     def _conf_gres(self) -> str:
@@ -94,15 +95,21 @@ class FakeSlurm:
         self._call("jobs", node)
         return self.jobs.pop(0) if self.jobs else []
 
-    def reconfigure(self) -> None:
-        self._call("reconfigure")
-        self.reconfigured = True
+    def stop_slurmd(self, node: str) -> None:
+        self._call("stop-slurmd", node)
+        self.slurmd_up = False
 
-    def restart_slurmd(self, node: str) -> None:
-        self._call("restart", node)
+    def restart_slurmctld(self) -> None:
+        self._call("restart-slurmctld")
+        self.ctld_config = self._conf_gres()
+        if self.slurmd_up:  # an old slurmd registers its old GRES against the new slurm.conf: Slurm drains
+            self.reason = "gres/gpu count reported lower than configured"
+
+    def start_slurmd(self, node: str) -> None:
+        self._call("start-slurmd", node)
+        self.slurmd_up = True
         self.start += 1
-        if self.reconfigured:
-            self.gres = self._conf_gres()
+        self.gres = self.ctld_config
 
 
 @pytest.fixture
@@ -197,10 +204,11 @@ def test_apply_changes_the_layout_files_and_slurm_in_order(site):
     assert node_lines((site / "gres.conf").read_text(), OTHER) == other_gres
     assert node_lines((site / "slurm.conf").read_text(), OTHER) == other_conf
     kinds = [c[0] for c in slurm.calls if c[0] != "show"]
-    assert kinds == ["drain", "jobs", "jobs", "jobs", "reconfigure", "restart", "resume"]
+    assert kinds == ["drain", "jobs", "jobs", "jobs", "stop-slurmd", "restart-slurmctld", "start-slurmd", "resume"]
     drain = next(c for c in slurm.calls if c[0] == "drain")
     assert drain[2].startswith("gpushare mig apply: to layout.json, state ")
     assert gres_items(slurm.gres) == gres_items("gpu:h100:2,gpu:h100_1g.10gb:10,gpu:h100_4g.40gb:1,shard:158")
+    assert slurm.reason is None
     assert not (site / "run" / "mig-apply.json").exists()
     assert json.loads((site / "run" / "mig-apply.last.json").read_text())["step"] == "resume"
 
@@ -239,7 +247,7 @@ def test_a_reason_changed_meanwhile_is_not_resumed(site):
     slurm = FakeSlurm(site / "slurm.conf")
 
     def admin_redrains(call):
-        if call[0] == "reconfigure":
+        if call[0] == "restart-slurmctld":
             slurm.reason = "bad DIMM"
 
     slurm.on_call = admin_redrains
@@ -354,6 +362,32 @@ def test_unknown_node_and_a_node_missing_from_the_layout(site):
         read_layout(site / "layout.json", "gpu99")
 
 
+def test_22_05_needs_a_slurmctld_restart_command(site, monkeypatch):
+    monkeypatch.chdir(site)
+    r = _cli(site, monkeypatch, NODE, "--layout", str(site / "layout.json"), "--dry-run")
+    assert r.exit_code == 0
+    from click.testing import CliRunner
+
+    from slurm_gpushare.cli import main
+
+    r = CliRunner().invoke(main, ["mig", "apply", NODE, "--layout", str(site / "layout.json"), "--config",
+                                  str(site / "node.toml"), "--slurm-version", "22.05", "--dry-run"])
+    assert r.exit_code == 2 and "give --restart-slurmctld CMD" in r.output, r.output
+
+
+@pytest.mark.parametrize("shown, want, ok", [
+    ("gpu:h100:2(S:0),gpu:h100_1g.10gb:14(S:1),shard:h100:158(S:0),shard:h100_1g.10gb:0(S:1)",
+     "gpu:h100:2,gpu:h100_1g.10gb:14,shard:158", True),
+    ("gpu:h100:2(S:0),gpu:h100_4g.40gb:2(S:1),gpu:h100_1g.10gb:6(S:1),shard:h100:158(S:0)",
+     "gpu:h100:2,gpu:h100_1g.10gb:14,shard:158", False),
+    ("gpu:h100:2(S:0),gpu:h100_4g.40gb:1(S:1),gpu:h100_1g.10gb:14(S:1),shard:h100:158(S:0)",
+     "gpu:h100:2,gpu:h100_1g.10gb:14,shard:158", False),
+    ("gpu:h100:2,gpu:h100_1g.10gb:14,shard:h100:150", "gpu:h100:2,gpu:h100_1g.10gb:14,shard:158", False),
+])
+def test_gres_matches(shown, want, ok):
+    assert apply_mod.gres_matches(shown, want) is ok
+
+
 def test_parse_node_reads_reason_and_gres():
     text = ("NodeName=h100-mig Arch=x86_64 CoresPerSocket=32\n   Gres=gpu:h100:2(S:0),gpu:h100_1g.10gb:6(S:1),"
             "shard:h100_1g.10gb:0,shard:158(S:0)\n   State=IDLE+DRAIN ThreadsPerCore=2\n"
@@ -399,7 +433,7 @@ def _cli(site: Path, monkeypatch, *args: str):
     monkeypatch.setenv("SLURM_CONF", str(site / "slurm.conf"))
     monkeypatch.setenv("GPUSHARE_NVML", f"fake:{site / f'{NODE}.json'}")
     return CliRunner().invoke(main, ["mig", "apply", *args, "--config", str(site / "node.toml"),
-                                     "--slurm-version", "22.05"])
+                                     "--slurm-version", "24.11"])
 
 
 def test_cli_dry_run_prints_the_steps_and_changes_nothing(site, monkeypatch):

@@ -114,17 +114,23 @@ def mig_plan(machine_files, model_key, gpu_count, db_path, partitions, since, un
               help="seconds to wait for the node's GPU jobs; then the drain is undone and nothing changes")
 @click.option("--slurm-timeout", "slurm_timeout_s", type=click.FloatRange(1), default=120.0, show_default=True,
               help="seconds to wait for slurmctld to show the node's new GRES")
-@click.option("--restart-slurmd", "restart_command", default="systemctl restart slurmd", show_default=True,
-              help="command that restarts this node's slurmd ({node}: the node name)")
+@click.option("--stop-slurmd", "stop_command", default="systemctl stop slurmd", show_default=True,
+              help="command that stops this node's slurmd ({node}: the node name)")
+@click.option("--start-slurmd", "start_command", default="systemctl start slurmd", show_default=True,
+              help="command that starts this node's slurmd ({node}: the node name)")
+@click.option("--restart-slurmctld", "ctld_command", metavar="CMD",
+              help="command that restarts slurmctld (e.g. 'ssh slurmctl systemctl restart slurmctld'); default "
+                   "'scontrol reconfigure', which does from Slurm 23.11 on; needed for 22.05")
 @click.option("--dry-run", is_flag=True, help="print the steps, change nothing")
 def mig_apply(node, layout_file, config_path, state_dir, gres_conf, slurm_conf, device_dir, slurm_version,
-              deadline_s, slurm_timeout_s, restart_command, dry_run):
+              deadline_s, slurm_timeout_s, stop_command, start_command, ctld_command, dry_run):
     """Apply a planned MIG layout to NODE (run as root on NODE), without losing a job.
 
     Steps: drain NODE with a reason, wait until its GPU jobs end (at most --deadline: then resume,
     nothing changed, exit 5), stop its MPS daemons, destroy and create GPU instances through NVML, write
-    the machine description, gres.conf and slurm.conf, scontrol reconfigure and restart slurmd, wait
-    for slurmctld to show the new GRES, resume (only while the drain reason is still ours). Each step is
+    the machine description, gres.conf and slurm.conf, stop slurmd, restart slurmctld (--restart-slurmctld,
+    or scontrol reconfigure from Slurm 23.11 on), start slurmd, wait for slurmctld to show the new GRES,
+    resume (only while the drain reason is still ours). Each step is
     recorded in a state file; run the same command again after an interruption and it continues (see
     docs/mig.md). The MIG mode of a GPU is not changed.
     """
@@ -132,7 +138,7 @@ def mig_apply(node, layout_file, config_path, state_dir, gres_conf, slurm_conf, 
 
     from slurm_gpushare.cli.gres import _installed_path, _release, check_device_dir
     from slurm_gpushare.hardware.ports import open_nvml
-    from slurm_gpushare.mig.apply import STATE_NAME, Apply, CommandSlurm, read_layout
+    from slurm_gpushare.mig.apply import RECONFIGURE_RESTARTS, STATE_NAME, Apply, CommandSlurm, read_layout
     from slurm_gpushare.node.config import load_node_config
     from slurm_gpushare.slurm.nodegres import GresOptions
 
@@ -141,12 +147,18 @@ def mig_apply(node, layout_file, config_path, state_dir, gres_conf, slurm_conf, 
     run_dir = config.run_dir_for(node)
     state_path = Path(state_dir or run_dir) / STATE_NAME
     targets = read_layout(layout_file, node)
+    release = _release(slurm_version)
+    if ctld_command is None and release < RECONFIGURE_RESTARTS:
+        raise InputError(f"Slurm {release} takes a changed count of MIG devices only when slurmctld restarts "
+                         "('scontrol reconfigure' logs \"Attempt to change gres/gpu Count ... invalid with File "
+                         "configuration\")", hint="give --restart-slurmctld CMD, e.g. 'ssh slurmctl systemctl "
+                         "restart slurmctld'")
     job = Apply(node=node, layout=str(layout_file), targets=targets, machine_path=config.machine_for(node),
                 state_path=state_path, gres_conf=_installed_path(gres_conf, "gres.conf"),
                 slurm_conf=_installed_path(slurm_conf, "slurm.conf"),
                 gres_options=GresOptions(device_dir=device_dir, shard_unit_mib=config.shard_unit_mib,
-                                         release=_release(slurm_version)),
-                run_dir=run_dir, slurm=CommandSlurm(restart_command), open_port=open_nvml,
+                                         release=release),
+                run_dir=run_dir, slurm=CommandSlurm(stop_command, start_command, ctld_command), open_port=open_nvml,
                 deadline_s=deadline_s, slurm_timeout_s=slurm_timeout_s,
                 out=lambda line: click.echo(line, err=True))
     saved = job.read_state()

@@ -19,11 +19,12 @@ The steps (:data:`STEPS`), each recorded in a state file before it starts and on
 5. ``files``: the node's machine description gets the instances NVML reports, gres.conf gets the
    node's lines rendered from it (:func:`~slurm_gpushare.gresconf.render.generate_node_gres`, the
    ``gres-conf`` generator), slurm.conf the node's ``Gres=``; each file replaced whole.
-6. ``slurm``: ``scontrol reconfigure`` (slurmctld reads the new slurm.conf and gres.conf; 23.11 and later
-   restart slurmctld and slurmd themselves), then slurmd is restarted (gres.conf(5): a change of the
-   records with ``File=`` needs it), then apply waits until slurmctld shows the node's new ``Gres=`` from
-   a slurmd started after the change. That order keeps slurmctld from seeing the new GRES from slurmd
-   against the old slurm.conf, which drains the node with Slurm's own reason (docs/mig.md).
+6. ``slurm``: the node's slurmd is stopped, slurmctld restarted (``scontrol reconfigure`` from 23.11 on, which
+   restarts it; 22.05 needs a real restart: its reconfigure refuses a changed count of ``File=`` GRES, see
+   :data:`RECONFIGURE_RESTARTS`), slurmd started, then apply waits until slurmctld shows the node's new
+   ``Gres=`` from a slurmd started after the change. slurmd is stopped first so that no slurmd with the old
+   GRES registers with a slurmctld holding the new slurm.conf (which drains the node with Slurm's own
+   reason, replacing apply's).
 7. ``resume``: ``scontrol update nodename=NODE state=resume`` only when the node's drain reason is still
    the one apply set.
 
@@ -57,6 +58,7 @@ from slurm_gpushare.hardware.port import NvmlPort, plan_gpu_instance
 from slurm_gpushare.mig.geometry import enumerate_geometries
 from slurm_gpushare.slurm.hostlist import expand_hostlist
 from slurm_gpushare.slurm.nodegres import GresOptions
+from slurm_gpushare.slurm.release import Release
 
 #: The steps in order (see the module docstring).
 STEPS = ("drain", "wait-jobs", "stop-mps", "mig", "files", "slurm", "resume")
@@ -369,19 +371,25 @@ class SlurmOps(Protocol):
     def gpu_jobs(self, node: str) -> list[str]:
         """Job ids with GPU GRES running on the node."""
 
-    def reconfigure(self) -> None:
-        """``scontrol reconfigure``."""
+    def stop_slurmd(self, node: str) -> None:
+        """Stop the node's slurmd (nothing when it is stopped)."""
 
-    def restart_slurmd(self, node: str) -> None:
-        """Restart the node's slurmd."""
+    def start_slurmd(self, node: str) -> None:
+        """Start the node's slurmd."""
+
+    def restart_slurmctld(self) -> None:
+        """Make slurmctld read slurm.conf and gres.conf anew (a restart, or ``scontrol reconfigure``)."""
 
 
 @dataclass
 class CommandSlurm:
-    """:class:`SlurmOps` through the Slurm clients (:mod:`slurm_gpushare.slurm.commands`) and a command that
-    restarts the node's slurmd (``systemctl restart slurmd``; ``{node}`` is replaced by the node name)."""
+    """:class:`SlurmOps` through the Slurm clients (:mod:`slurm_gpushare.slurm.commands`) and the site's
+    commands that stop and start the node's slurmd and restart slurmctld (``{node}`` is replaced by the
+    node name). ``restart_slurmctld`` None: ``scontrol reconfigure``, which restarts slurmctld from 23.11 on."""
 
-    restart_command: str = "systemctl restart slurmd"
+    stop_command: str = "systemctl stop slurmd"
+    start_command: str = "systemctl start slurmd"
+    restart_slurmctld_command: str | None = None
 
     def node(self, node: str) -> NodeState:
         """``scontrol show node NODE`` (commands.show_node).
@@ -419,27 +427,74 @@ class CommandSlurm:
         return sorted(j for j, gres in commands.node_job_gres(node).items()
                       if any(g in gres for g in _GPU_GRES))
 
-    def reconfigure(self) -> None:
-        """commands.reconfigure."""
-        from slurm_gpushare.slurm import commands
-
-        commands.reconfigure()
-
-    def restart_slurmd(self, node: str) -> None:
-        """Run the restart command.
+    def stop_slurmd(self, node: str) -> None:
+        """Run the stop command (``--stop-slurmd``).
 
         Raises:
             SlurmError: it failed or took more than 120 s.
         """
-        argv = [a.replace("{node}", node) for a in shlex.split(self.restart_command)]
-        try:
-            p = subprocess.run(argv, capture_output=True, text=True, timeout=120)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            raise SlurmError(f"restarting slurmd ({' '.join(argv)}) failed: {e}",
-                             hint="give the command that restarts this node's slurmd: --restart-slurmd") from None
-        if p.returncode != 0:
-            raise SlurmError(f"restarting slurmd ({' '.join(argv)}) exited {p.returncode}: {p.stderr.strip()[:300]}",
-                             hint="give the command that restarts this node's slurmd: --restart-slurmd")
+        _site_command(self.stop_command, node, "--stop-slurmd")
+
+    def start_slurmd(self, node: str) -> None:
+        """Run the start command (``--start-slurmd``).
+
+        Raises:
+            SlurmError: it failed or took more than 120 s.
+        """
+        _site_command(self.start_command, node, "--start-slurmd")
+
+    def restart_slurmctld(self) -> None:
+        """Run ``--restart-slurmctld``, or ``scontrol reconfigure`` without one.
+
+        Raises:
+            SlurmError: it failed.
+        """
+        if self.restart_slurmctld_command is None:
+            from slurm_gpushare.slurm import commands
+
+            commands.reconfigure()
+        else:
+            _site_command(self.restart_slurmctld_command, "", "--restart-slurmctld")
+
+
+def _site_command(command: str, node: str, option: str) -> None:
+    argv = [a.replace("{node}", node) for a in shlex.split(command)]
+    try:
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise SlurmError(f"{' '.join(argv)} failed: {e}", hint=f"give the site's command with {option}") from None
+    if p.returncode != 0:
+        raise SlurmError(f"{' '.join(argv)} exited {p.returncode}: {p.stderr.strip()[:300]}",
+                         hint=f"give the site's command with {option}")
+
+
+#: The first release whose ``scontrol reconfigure`` takes a changed count of ``File=`` GRES: 23.11 restarts
+#: slurmctld on it. 22.05 refuses (measured on the dev cluster: slurmctld logs "Attempt to change gres/gpu Count
+#: on node NODE from 10 to 16 invalid with File configuration" and keeps the old GRES).
+RECONFIGURE_RESTARTS = Release(23, 11)
+
+
+def gres_matches(shown: str, want: str) -> bool:
+    """Whether slurmctld's ``Gres=`` (``scontrol show node``) is the ``Gres=`` value written to slurm.conf: every
+    typed item with its count, an untyped item as the sum over its types (slurmctld shows ``shard:h100:158``
+    for ``shard:158``), and no other type of a written name with a count."""
+    def counts(value: str) -> dict[tuple[str, str], int]:
+        out: dict[tuple[str, str], int] = {}
+        for item in gres_items(value):
+            parts = item.split(":")
+            if len(parts) == 2 and parts[1].isdigit():
+                out[(parts[0], "")] = int(parts[1])
+            elif len(parts) == 3 and parts[2].isdigit():
+                out[(parts[0], parts[1])] = int(parts[2])
+        return out
+
+    have, need = counts(shown), counts(want)
+    for (name, type_), n in need.items():
+        got = have.get((name, type_), 0) if type_ else sum(v for (nm, _t), v in have.items() if nm == name)
+        if got != n:
+            return False
+    typed_names = {name for name, type_ in need if type_}
+    return all(k in need for k in have if k[1] and k[0] in typed_names)  # no type left over from before
 
 
 # --- files --------------------------------------------------------------------------------------
@@ -661,8 +716,8 @@ class Apply:
                          f"create {label(create)})")
         lines.append(f"files: {self.machine_path}, {self.gres_conf} ({self.node}'s lines), {self.slurm_conf} "
                      f"(NodeName={self.node} Gres=)")
-        lines.append(f"slurm: scontrol reconfigure, restart slurmd of {self.node}, wait for its new Gres= "
-                     f"(at most {self.slurm_timeout_s:g} s)")
+        lines.append(f"slurm: stop slurmd of {self.node}, restart slurmctld (or scontrol reconfigure), start slurmd, "
+                     f"wait for its new Gres= (at most {self.slurm_timeout_s:g} s)")
         lines.append(f"resume: scontrol update nodename={self.node} state=resume (only while the reason is ours)")
         return lines
 
@@ -804,23 +859,42 @@ class Apply:
                 self.out(f"  wrote {path}")
 
     def _slurm(self, state: dict) -> None:
-        want = gres_items(state["gres"])
         before = state.setdefault("slurmd_start_before", self.slurm.node(self.node).slurmd_start)
         self._save(state)
-        self.slurm.reconfigure()
-        self.slurm.restart_slurmd(self.node)
+        # slurmd stopped first: the old one cannot register its old GRES with a slurmctld that reads the new
+        # slurm.conf (which drains the node with Slurm's reason, "gres/gpu count reported lower than configured")
+        self.slurm.stop_slurmd(self.node)
+        self.slurm.restart_slurmctld()
+        self._wait(lambda: self.slurm.node(self.node), "slurmctld answering after its restart",
+                   lambda: "scontrol show node fails")
+        self.slurm.start_slurmd(self.node)
+
+        def taken() -> bool:
+            now = self.slurm.node(self.node)
+            return gres_matches(now.gres, state["gres"]) and now.slurmd_start != before and \
+                "NOT_RESPONDING" not in now.state and not now.state.startswith("DOWN")
+
+        def seen() -> str:
+            try:
+                now = self.slurm.node(self.node)
+            except GpushareError as e:
+                return str(e)
+            return f"it shows Gres={now.gres}, State={now.state}, Reason={now.reason}"
+
+        self._wait(taken, f"slurmctld showing {self.node} with Gres={state['gres']} from a restarted slurmd", seen)
+
+    def _wait(self, cond: Callable[[], object], what: str, seen: Callable[[], str]) -> None:
         since = self.clock()
         while True:
-            now = self.slurm.node(self.node)
-            if gres_items(now.gres) == want and now.slurmd_start != before and "NOT_RESPONDING" not in now.state \
-                    and not now.state.startswith("DOWN"):
-                return
+            try:
+                if cond():
+                    return
+            except SlurmError:
+                pass  # slurmctld restarting
             if self.clock() - since >= self.slurm_timeout_s:
-                raise ApplyError(f"slurmctld does not show {self.node} with Gres={state['gres']} after "
-                                 f"{self.slurm_timeout_s:g} s (it shows Gres={now.gres}, State={now.state}, "
-                                 f"Reason={now.reason})",
-                                 hint=f"look at slurmd's log on {self.node}; the node stays drained and the state "
-                                      f"file {self.state_path} says why; rerun mig apply to try again")
+                raise ApplyError(f"no {what} after {self.slurm_timeout_s:g} s ({seen()})",
+                                 hint=f"look at the slurmd and slurmctld logs; {self.node} stays drained and the "
+                                      f"state file {self.state_path} says why; rerun mig apply to try again")
             self.sleep(self.poll_s)
 
     def _resume(self, state: dict) -> None:
