@@ -263,13 +263,12 @@ KILL_POINTS = [*STEPS, "mig-change:1", "mig-change:3", "mig-change:5"]
 def test_killed_at_any_step_a_rerun_ends_resumed_in_the_target(site, monkeypatch, point):
     monkeypatch.setenv(KILL_ENV, point)
 
-    def kill(pid, sig):
+    def kill():
         raise Killed(point)
 
-    monkeypatch.setattr(apply_mod.os, "kill", kill)
     slurm = FakeSlurm(site / "slurm.conf")
     with pytest.raises(Killed):
-        run_once(make(site, slurm))
+        run_once(make(site, slurm, kill=kill))
     saved = json.loads((site / "run" / "mig-apply.json").read_text())
     assert saved["reason"].startswith("gpushare mig apply:")  # a drained node has its record
     assert saved["node"] == NODE and saved["old"] and saved["target"]
@@ -454,3 +453,27 @@ def test_cli_unknown_node_is_one_line_and_exit_2(site, monkeypatch):
     r = _cli(site, monkeypatch, "gpu99", "--layout", str(site / "layout.json"), "--dry-run")
     assert r.exit_code == 2, r.output
     assert "unknown node gpu99" in r.output and "sinfo -N" in r.output
+
+
+def test_stop_mps_stops_a_job_daemon_left_in_the_run_dir(site):
+    import subprocess
+    import time
+
+    pipe = site / "run" / "jobs" / "77" / "mps" / "pipe"
+    pipe.mkdir(parents=True)
+    env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(pipe)}
+    # a process that looks like a job's MPS control daemon (its name and pipe directory)
+    proc = subprocess.Popen(["bash", "-c", "exec -a nvidia-cuda-mps-control sleep 600"], env=env)
+    try:
+        from slurm_gpushare.node.jobdir import job_daemons
+
+        deadline = time.monotonic() + 10
+        while not any(d.pid == proc.pid for d in job_daemons(site / "run")):
+            assert time.monotonic() < deadline, "the stand-in daemon is not found by process"
+            time.sleep(0.05)
+        make(site, FakeSlurm(site / "slurm.conf"))._stop_mps({})
+        assert proc.wait(timeout=30) != 0  # signalled
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

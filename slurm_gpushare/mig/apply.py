@@ -600,6 +600,8 @@ class Apply:
         slurm_timeout_s: longest wait for slurmctld to show the new GRES.
         poll_s: seconds between polls.
         out: progress lines.
+        sleep, clock: waiting and the time (seconds), injected by tests.
+        kill: what the test hook :data:`KILL_ENV` calls (SIGKILL of this process).
     """
 
     node: str
@@ -619,6 +621,7 @@ class Apply:
     out: Callable[[str], None] = field(default=lambda line: print(line, file=sys.stderr))
     sleep: Callable[[float], None] = time.sleep
     clock: Callable[[], float] = time.time
+    kill: Callable[[], None] = field(default=lambda: os.kill(os.getpid(), signal.SIGKILL))
     _changes: int = field(default=0, init=False)
 
     # --- state file ---
@@ -650,12 +653,12 @@ class Apply:
         state["step"], state["status"] = step, status
         self._save(state)
         if status == "done" and os.environ.get(KILL_ENV) == step:
-            os.kill(os.getpid(), signal.SIGKILL)
+            self.kill()
 
     def _changed(self) -> None:
         self._changes += 1
         if os.environ.get(KILL_ENV) == f"mig-change:{self._changes}":
-            os.kill(os.getpid(), signal.SIGKILL)
+            self.kill()
 
     # --- plan ---
 
