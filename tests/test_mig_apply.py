@@ -314,6 +314,23 @@ def test_dry_run_lists_the_steps_and_changes_nothing(site):
     assert [c[0] for c in slurm.calls] == ["show"]
 
 
+def test_a_whole_node_plan_with_mig_modes_kept_is_applied(site):
+    machine = Machine.load(site / f"{NODE}.json")
+    free = plan_layout([machine], [Request(mem_mib=10 * 1024, weight=14)])
+    kept = plan_layout([machine], [Request(mem_mib=10 * 1024, weight=14)], keep_mig_mode=True)
+    assert [p.choice.geometry is not None for p in free.gpus] != [g.mig_enabled for g in machine.gpus]
+    assert [p.choice.geometry is not None for p in kept.gpus] == [g.mig_enabled for g in machine.gpus]
+    (site / "free.json").write_text(layout_json(free))
+    (site / "kept.json").write_text(layout_json(kept))
+    with pytest.raises(InputError, match="MIG off; the layout wants it on"):
+        make(site, FakeSlurm(site / "slurm.conf"), layout="free.json").prepare()
+    run_once(make(site, FakeSlurm(site / "slurm.conf"), layout="kept.json"))
+    want = {p.gpu.index: sorted((i.profile.name, i.start) for i in p.choice.geometry.instances) if p.choice.geometry
+            else [] for p in kept.gpus}
+    assert {i: sorted(v) for i, v in nvml_layout(site).items()} == want
+    assert_consistent(site)
+
+
 def test_a_mig_parted_config_of_mig_plan_is_applied(site):
     machine = Machine.load(site / f"{NODE}.json")
     part = replace(machine, gpus=tuple(g for g in machine.gpus if g.mig_enabled))

@@ -74,11 +74,11 @@ def mc():
 
 
 def _layouts(c: DevCluster, root: Path) -> dict[str, Path]:
-    """Two layouts of the MIG node's MIG GPUs: 'small' from mig plan for a demand of 10 GB requests
-    (7x 1g.10gb each), and 'today' (the packaged 4g.40gb + 3x 1g.10gb)."""
+    """Two layouts of the MIG node: 'small', mig plan's for the whole node with MIG modes kept and a demand of
+    10 GB requests (7x 1g.10gb on each MIG GPU), and 'today' (the packaged 4g.40gb + 3x 1g.10gb)."""
     machine = Machine.load(c.root / "machines" / f"{MIG}.json")
     mig_gpus = replace(machine, gpus=tuple(g for g in machine.gpus if g.mig_enabled))
-    small = plan_layout([mig_gpus], [Request(mem_mib=10 * 1024, weight=14)])
+    small = plan_layout([machine], [Request(mem_mib=10 * 1024, weight=14)], keep_mig_mode=True)
     out = {"small": root / "small.json", "today": root / "today.json"}
     out["small"].write_text(layout_json(small))
     doc = {"version": 1, "nodes": {MIG: {"gpus": [
@@ -125,7 +125,7 @@ def _layout_now(c: DevCluster) -> dict[int, list[tuple[str, int]]]:
 
 def _wanted(layout: Path) -> dict[int, list[tuple[str, int]]]:
     doc = json.loads(layout.read_text())["nodes"][MIG]["gpus"]
-    return {g["index"]: sorted((i["profile"], i["start"]) for i in g["instances"]) for g in doc}
+    return {g["index"]: sorted((i["profile"], i["start"]) for i in g["instances"]) for g in doc if g["mig_enabled"]}
 
 
 def _consistent(c: DevCluster) -> None:

@@ -42,6 +42,8 @@ def mig() -> None:
               help="weight of requests no slice holds (per GPU share they ask: memory or compute slices)")
 @click.option("--weight-whole", "w_whole", type=float, default=4.0, show_default=True,
               help="weight of a whole-GPU request without a MIG-off GPU")
+@click.option("--keep-mig-mode", is_flag=True,
+              help="every GPU keeps its MIG mode (what 'mig apply' changes without a GPU reset)")
 @click.option("--slurm-version", "slurm_version", metavar="YY.MM",
               help="the Slurm release that reads the gres.conf (default: slurmd -V, else sinfo -V)")
 @click.option("--output-dir", type=click.Path(),
@@ -49,7 +51,7 @@ def mig() -> None:
                    "DIR/NODE.planned.json (DIR is created if its parent exists)")
 @click.option("--dry-run", is_flag=True, help="with --output-dir: say what would be written, write nothing")
 def mig_plan(machine_files, model_key, gpu_count, db_path, partitions, since, until, demand_file, fit, w_memory,
-             w_compute, w_unserved, w_whole, slurm_version, output_dir, dry_run):
+             w_compute, w_unserved, w_whole, keep_mig_mode, slurm_version, output_dir, dry_run):
     """Propose a MIG geometry (or MIG off) for every GPU that serves the demand with the least stranded
     memory and compute, keeping whole GPUs for whole-GPU requests.
 
@@ -73,7 +75,7 @@ def mig_plan(machine_files, model_key, gpu_count, db_path, partitions, since, un
         raise InputError("--dry-run goes with --output-dir", hint="without --output-dir nothing is written anyway")
     machines = _machines(machine_files, model_key, gpu_count)
     demand = _demand(db_path, demand_file, partitions, since, until)
-    plan = plan_layout(machines, demand, fit=fit,
+    plan = plan_layout(machines, demand, fit=fit, keep_mig_mode=keep_mig_mode,
                        weights=Weights(memory=w_memory, compute=w_compute, unserved=w_unserved, whole=w_whole))
     click.echo(summary(plan), nl=False)
     if not output_dir:
