@@ -494,3 +494,20 @@ def test_stop_mps_stops_a_job_daemon_left_in_the_run_dir(site):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_cli_plan_keep_mig_mode_keeps_every_gpu_s_mode(tmp_path):
+    from click.testing import CliRunner
+
+    from slurm_gpushare.cli import main
+
+    (tmp_path / "demand.csv").write_text("mem,count\n6G,10\n8G,8\n10G,4\n20G,1\ngpu,1\n")
+    args = ["mig", "plan", str(MIXED), "--demand", str(tmp_path / "demand.csv")]
+    rows = {}
+    for flag in ((), ("--keep-mig-mode",)):
+        r = CliRunner().invoke(main, [*args, *flag])
+        assert r.exit_code == 0, r.output
+        rows[flag] = [ln.split(None, 2)[2] for ln in r.output.splitlines() if ln.startswith("h100-mig ")]
+    assert rows[()][0].endswith("7x 1g.10gb")  # free to turn MIG on
+    assert [r.split("  ")[-1].strip() for r in rows[("--keep-mig-mode",)]] == \
+        ["MIG off", "MIG off", "7x 1g.10gb", "7x 1g.10gb"]

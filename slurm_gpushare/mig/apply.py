@@ -182,7 +182,7 @@ def _from_mig_parted(data: dict, p: Path, node: str) -> dict[int, GpuTarget]:
 
 
 @dataclass(frozen=True)
-class Placed:
+class Planned:
     """A GPU instance with its profile id and placement (a resolved target, or a live instance)."""
 
     profile: str
@@ -194,26 +194,27 @@ class Placed:
         return {"profile": self.profile, "profile_id": self.profile_id, "start": self.start}
 
     @classmethod
-    def from_dict(cls, d: Mapping) -> Placed:
+    def from_dict(cls, d: Mapping) -> Planned:
         """From :meth:`to_dict`'s form."""
         return cls(str(d["profile"]), int(d["profile_id"]), int(d["start"]))
 
 
-def current_layout(port: NvmlPort, indices: Sequence[int]) -> dict[int, list[Placed]]:
+def current_layout(port: NvmlPort, indices: Sequence[int]) -> dict[int, list[Planned]]:
     """The live GPU instances of these GPUs (``NvmlPort.gpu_instances``), one per GPU instance, by start."""
-    out: dict[int, list[Placed]] = {}
+    out: dict[int, list[Planned]] = {}
     for i in indices:
         profiles = {p.name: p for p in port.gpu_instance_profiles(i)}
-        seen: dict[int, Placed] = {}
+        seen: dict[int, Planned] = {}
         for inst in port.gpu_instances(i):
             if inst.gi_id not in seen:
                 prof = profiles.get(inst.profile)
-                seen[inst.gi_id] = Placed(inst.profile, prof.profile_id if prof else -1, inst.start)
+                seen[inst.gi_id] = Planned(inst.profile, prof.profile_id if prof else -1, inst.start)
         out[i] = sorted(seen.values(), key=lambda s: s.start)
     return out
 
 
-def resolve(port: NvmlPort, machine: Machine, targets: Mapping[int, GpuTarget], layout: str) -> dict[int, list[Placed]]:
+def resolve(port: NvmlPort, machine: Machine, targets: Mapping[int, GpuTarget],
+            layout: str) -> dict[int, list[Planned]]:
     """Check the targets against this node's GPUs and the placement rules; their placed instances.
 
     Every GPU of the layout must exist with the same model and MIG mode (apply changes instances, not
@@ -226,7 +227,7 @@ def resolve(port: NvmlPort, machine: Machine, targets: Mapping[int, GpuTarget], 
         InputError: another GPU model, a MIG mode change, an unknown profile or an invalid geometry.
     """
     n = port.device_count()
-    out: dict[int, list[Placed]] = {}
+    out: dict[int, list[Planned]] = {}
     for i, t in sorted(targets.items()):
         if not 0 <= i < n:
             raise InputError(f"--layout {layout}: GPU {i} does not exist on {machine.hostname} ({n} GPUs)")
@@ -254,7 +255,7 @@ def resolve(port: NvmlPort, machine: Machine, targets: Mapping[int, GpuTarget], 
     return out
 
 
-def _place(i: int, profiles: tuple[MigProfile, ...], t: GpuTarget, layout: str) -> list[Placed]:
+def _place(i: int, profiles: tuple[MigProfile, ...], t: GpuTarget, layout: str) -> list[Planned]:
     by_name = {p.name: p for p in profiles}
     for s in t.slices:
         if s.profile not in by_name:
@@ -264,12 +265,12 @@ def _place(i: int, profiles: tuple[MigProfile, ...], t: GpuTarget, layout: str) 
         want = sorted(s.profile for s in t.slices)
         for g in enumerate_geometries(profiles, gpu=i).geometries:
             if sorted(p.profile.name for p in g.instances) == want:
-                return [Placed(p.profile.name, p.profile.profile_id, p.start) for p in g.instances]
+                return [Planned(p.profile.name, p.profile.profile_id, p.start) for p in g.instances]
         raise InputError(f"--layout {layout}: GPU {i}: {', '.join(want)} do not fit one GPU together",
                          hint="no placement of these profiles passes the MIG placement rules")
     if any(s.start is None for s in t.slices):
         raise InputError(f"--layout {layout}: GPU {i}: some instances have a start, others not")
-    placed: list[Placed] = []
+    placed: list[Planned] = []
     live: list[MigInstance] = []
     for s in sorted(t.slices, key=lambda s: s.start or 0):
         prof = by_name[s.profile]
@@ -279,7 +280,7 @@ def _place(i: int, profiles: tuple[MigProfile, ...], t: GpuTarget, layout: str) 
         except MigPlacementError as e:
             raise InputError(f"--layout {layout}: invalid geometry: {e.message}", hint=e.hint) from None
         live.append(MigInstance(profile=prof.name, gi_id=len(live) + 1, ci_id=0, start=s.start or 0, uuid=""))
-        placed.append(Placed(prof.name, prof.profile_id, s.start or 0))
+        placed.append(Planned(prof.name, prof.profile_id, s.start or 0))
     return placed
 
 
@@ -292,12 +293,12 @@ def same_profiles(a: Mapping[str, list], b: Mapping[str, list], *, placements: b
     return key(a) == key(b)
 
 
-def label(instances: Sequence[Placed]) -> str:
+def label(instances: Sequence[Planned]) -> str:
     """``1g.10gb@0 1g.10gb@1 ...`` or ``none``."""
     return " ".join(f"{p.profile}@{p.start}" for p in instances) or "none"
 
 
-def changes(current: Sequence[Placed], target: Sequence[Placed]) -> tuple[list[Placed], list[Placed]]:
+def changes(current: Sequence[Planned], target: Sequence[Planned]) -> tuple[list[Planned], list[Planned]]:
     """What turns ``current`` into ``target``: the instances to destroy, then those to create (by start)."""
     keep = list(target)
     destroy = []
@@ -699,8 +700,8 @@ class Apply:
                                       "(slurm-gpushare inventory)")
 
     @staticmethod
-    def _layout(state: dict, key: str) -> dict[int, list[Placed]]:
-        return {int(i): [Placed.from_dict(d) for d in v] for i, v in state[key].items()}
+    def _layout(state: dict, key: str) -> dict[int, list[Planned]]:
+        return {int(i): [Planned.from_dict(d) for d in v] for i, v in state[key].items()}
 
     def describe(self, state: dict) -> list[str]:
         """The steps a run from ``state`` would take, in words (``--dry-run``)."""
@@ -829,7 +830,7 @@ class Apply:
                 raise ApplyError(f"{state['error']}, and restoring the old layout failed: {e.message}",
                                  hint="the node stays drained; fix the GPU, then rerun") from None
 
-    def _make(self, port: NvmlPort, want: dict[int, list[Placed]]) -> None:
+    def _make(self, port: NvmlPort, want: dict[int, list[Planned]]) -> None:
         for i in sorted(want):
             current = current_layout(port, [i])[i]
             destroy, create = changes(current, want[i])
