@@ -416,6 +416,13 @@ def test_parse_node_reads_reason_and_gres():
     assert parse_node("NodeName=a State=IDLE\n").reason is None
 
 
+def test_gres_lines_behind_an_include_are_refused():
+    with pytest.raises(InputError, match="Include lines: h100-mig's lines may be in an included file"):
+        replace_gres_lines("AutoDetect=off\nInclude /etc/slurm/gres.d/nodes.conf\n", NODE, ["x"], source="gres.conf")
+    assert replace_gres_lines("AutoDetect=off\n", NODE, ["NodeName=h100-mig Name=gpu"], source="g") == \
+        "AutoDetect=off\n\nNodeName=h100-mig Name=gpu\n"
+
+
 def test_gres_lines_of_a_hostlist_line_are_refused():
     with pytest.raises(InputError, match="names h100-mig among other nodes"):
         replace_gres_lines("NodeName=h100-mig,a100 Name=gpu File=/dev/nvidia0\n", NODE, [], source="gres.conf")

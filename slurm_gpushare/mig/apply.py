@@ -524,7 +524,8 @@ def replace_gres_lines(text: str, node: str, new_lines: Sequence[str], *, source
 
     Raises:
         InputError: a line names the node among others (``NodeName=gpu[01-04]``): it cannot be changed
-            for one node.
+            for one node; or the file has no line of the node but ``Include`` lines (its lines may be in an
+            included file, which apply does not rewrite: new lines here would duplicate them).
     """
     out: list[str] = []
     at: int | None = None
@@ -540,6 +541,10 @@ def replace_gres_lines(text: str, node: str, new_lines: Sequence[str], *, source
         if line.startswith(f"# {node}: "):
             continue  # our own header of the node's block, rewritten below
         out.append(line)
+    if at is None and any(re.match(r"\s*include\s", ln, re.I) for ln in lines):
+        raise InputError(f"{source} has no NodeName={node} line but Include lines: {node}'s lines may be in an "
+                         "included file, which mig apply does not rewrite",
+                         hint=f"give that file with --gres-conf, or move {node}'s lines into {source}")
     if at is None:
         if out and out[-1].strip():
             out.append("")
