@@ -54,7 +54,7 @@ from slurm_gpushare.atomicfile import write_atomic
 from slurm_gpushare.errors import ClusterError, GpushareError
 from slurm_gpushare.gresconf.render import generate_node_gres, render_gres_conf, render_slurm_conf
 from slurm_gpushare.hardware.fake import PROCESS_TABLE_ENV, ProcessTable, derived_gpus
-from slurm_gpushare.hardware.machine import Machine
+from slurm_gpushare.hardware.machine import Machine, mig_cap_minors
 from slurm_gpushare.hardware.ports import ENV as NVML_ENV
 from slurm_gpushare.memsize import format_mib
 from slurm_gpushare.procinfo import pid_alive
@@ -94,6 +94,9 @@ FILTER_TIMEOUT_ENV = "GPUSHARE_DEV_FILTER_TIMEOUT"
 NVIDIA_MAJOR = 195
 #: nvidia-caps has a dynamic major on real nodes; any free major serves the fake devices.
 NVIDIA_CAPS_MAJOR = 239
+#: GPU instance ids per GPU in the driver's nvidia-caps table (``/proc/driver/nvidia-caps/mig-minors``:
+#: ``gpu<G>/gi<I>`` for I up to 14).
+MIG_GI_IDS = 14
 #: Memory the fake nodes claim (MiB); config_overrides lets slurmd accept more than the host has.
 NODE_REAL_MEMORY_MIB = 512000
 #: Longest path a unix socket can bind (sun_path is 108 bytes with its terminating NUL).
@@ -932,10 +935,15 @@ class DevCluster:
             d.mkdir(parents=True, exist_ok=True)
             for g in m.gpus:
                 _mknod(d / f"nvidia{g.minor}", NVIDIA_MAJOR, g.minor)
-                for inst in g.mig_instances:
-                    for cap in inst.caps:
-                        (d / "nvidia-caps").mkdir(exist_ok=True)
-                        _mknod(d / "nvidia-caps" / f"nvidia-cap{cap}", NVIDIA_CAPS_MAJOR, cap)
+                caps = {cap for inst in g.mig_instances for cap in inst.caps}
+                if g.mig_enabled:
+                    # every GPU instance id the driver can give (and its first compute instance): the devices
+                    # a MIG layout made later (mig apply, through the fake NVML) names, as the driver's
+                    # nvidia-caps devices exist on a real node
+                    caps |= {cap for gi in range(1, MIG_GI_IDS + 1) for cap in mig_cap_minors(g.minor, gi, 0)}
+                for cap in sorted(caps):
+                    (d / "nvidia-caps").mkdir(exist_ok=True)
+                    _mknod(d / "nvidia-caps" / f"nvidia-cap{cap}", NVIDIA_CAPS_MAJOR, cap)
 
     @property
     def installed_command(self) -> list[str]:

@@ -290,6 +290,28 @@ def bare(tres: str) -> str:
     return ",".join(it.body for it in parse(tres))
 
 
+def private_cluster(prefix: str, port_base: int, machines: dict[str, str], **options):
+    """A module fixture's body: a dev cluster of its own (``machines``: node name -> packaged description) in a
+    fresh ``/tmp/<prefix>*`` directory, up for the module, down and removed afterwards. Yields the cluster
+    and the directory it lies in (for the test's own files)."""
+    import tempfile
+
+    from slurm_gpushare_dev.cluster import packaged_machine
+
+    reason = _slurm_unavailable()
+    if reason:
+        _skip_or_fail(reason)
+    root = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    os.chmod(root, 0o755)
+    c = DevCluster(root / "c", port_base, {n: packaged_machine(f) for n, f in machines.items()}, **options)
+    try:
+        c.up(out=open(os.devnull, "w"))
+        yield c, root
+    finally:
+        c.down(out=open(os.devnull, "w"))
+        shutil.rmtree(root, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory) -> DevCluster:
     """The default dev cluster, up for the whole session (reused when already running)."""

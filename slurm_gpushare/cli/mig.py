@@ -12,8 +12,9 @@ from slurm_gpushare.errors import InputError
 def mig() -> None:
     """MIG layouts that follow demand: plan from accounting (see docs/mig.md).
 
-    'mig plan' proposes a layout and writes what applies it; it changes nothing on any GPU. Applying a
-    layout node by node ('mig apply') is not built yet.
+    'mig plan' proposes a layout and writes what applies it; it changes nothing on any GPU. 'mig apply'
+    applies a plan's layout to one node: drain, wait for its GPU jobs, change the GPU instances, rewrite
+    gres.conf and slurm.conf, make Slurm take them, resume; crash-safe through a state file.
     """
 
 
@@ -41,6 +42,8 @@ def mig() -> None:
               help="weight of requests no slice holds (per GPU share they ask: memory or compute slices)")
 @click.option("--weight-whole", "w_whole", type=float, default=4.0, show_default=True,
               help="weight of a whole-GPU request without a MIG-off GPU")
+@click.option("--keep-mig-mode", is_flag=True,
+              help="every GPU keeps its MIG mode (what 'mig apply' changes without a GPU reset)")
 @click.option("--slurm-version", "slurm_version", metavar="YY.MM",
               help="the Slurm release that reads the gres.conf (default: slurmd -V, else sinfo -V)")
 @click.option("--output-dir", type=click.Path(),
@@ -48,7 +51,7 @@ def mig() -> None:
                    "DIR/NODE.planned.json (DIR is created if its parent exists)")
 @click.option("--dry-run", is_flag=True, help="with --output-dir: say what would be written, write nothing")
 def mig_plan(machine_files, model_key, gpu_count, db_path, partitions, since, until, demand_file, fit, w_memory,
-             w_compute, w_unserved, w_whole, slurm_version, output_dir, dry_run):
+             w_compute, w_unserved, w_whole, keep_mig_mode, slurm_version, output_dir, dry_run):
     """Propose a MIG geometry (or MIG off) for every GPU that serves the demand with the least stranded
     memory and compute, keeping whole GPUs for whole-GPU requests.
 
@@ -72,7 +75,7 @@ def mig_plan(machine_files, model_key, gpu_count, db_path, partitions, since, un
         raise InputError("--dry-run goes with --output-dir", hint="without --output-dir nothing is written anyway")
     machines = _machines(machine_files, model_key, gpu_count)
     demand = _demand(db_path, demand_file, partitions, since, until)
-    plan = plan_layout(machines, demand, fit=fit,
+    plan = plan_layout(machines, demand, fit=fit, keep_mig_mode=keep_mig_mode,
                        weights=Weights(memory=w_memory, compute=w_compute, unserved=w_unserved, whole=w_whole))
     click.echo(summary(plan), nl=False)
     if not output_dir:
@@ -93,6 +96,104 @@ def mig_plan(machine_files, model_key, gpu_count, db_path, partitions, since, un
     out, created = _output_dir(output_dir)
     write_files_atomically({out / name: text for name, text in files.items()})
     click.echo(("created " + str(out) + ", " if created else "") + f"wrote {', '.join(files)} in {out}", err=True)
+
+
+@mig.command("apply")
+@click.argument("node")
+@click.option("--layout", "layout_file", required=True, type=click.Path(), metavar="FILE",
+              help="layout.json or mig-parted.yaml of 'mig plan --output-dir' (the node's entry is applied)")
+@click.option("--config", "config_path", help="node config TOML (default /etc/slurm/gpushare/node.toml): "
+              "run_dir, machine, shard_unit")
+@click.option("--state-dir", type=click.Path(), help="where the state file lives (default: the node's run_dir)")
+@click.option("--gres-conf", "gres_conf", type=click.Path(), help="gres.conf to rewrite (default: next to $SLURM_CONF, "
+              "else /etc/slurm/gres.conf)")
+@click.option("--slurm-conf", "slurm_conf", type=click.Path(), help="slurm.conf whose NodeName=NODE Gres= to rewrite "
+              "(default: $SLURM_CONF, else /etc/slurm/slurm.conf)")
+@click.option("--device-dir", default="/dev", show_default=True, help="device directory of gres.conf File= values")
+@click.option("--slurm-version", "slurm_version", metavar="YY.MM",
+              help="the Slurm release that reads the gres.conf (default: slurmd -V, else sinfo -V)")
+@click.option("--deadline", "deadline_s", type=click.FloatRange(0), default=3600.0, show_default=True,
+              help="seconds to wait for the node's GPU jobs; then the drain is undone and nothing changes")
+@click.option("--slurm-timeout", "slurm_timeout_s", type=click.FloatRange(1), default=120.0, show_default=True,
+              help="seconds to wait for slurmctld to show the node's new GRES")
+@click.option("--stop-slurmd", "stop_command", default="systemctl stop slurmd", show_default=True,
+              help="command that stops this node's slurmd ({node}: the node name)")
+@click.option("--start-slurmd", "start_command", default="systemctl start slurmd", show_default=True,
+              help="command that starts this node's slurmd ({node}: the node name)")
+@click.option("--restart-slurmctld", "ctld_command", metavar="CMD",
+              help="command that restarts slurmctld (e.g. 'ssh slurmctl systemctl restart slurmctld'); default "
+                   "'scontrol reconfigure', which does from Slurm 23.11 on; needed for 22.05")
+@click.option("--dry-run", is_flag=True, help="print the steps, change nothing")
+def mig_apply(node, layout_file, config_path, state_dir, gres_conf, slurm_conf, device_dir, slurm_version,
+              deadline_s, slurm_timeout_s, stop_command, start_command, ctld_command, dry_run):
+    """Apply a planned MIG layout to NODE (run as root on NODE), without losing a job.
+
+    Steps: drain NODE with a reason, wait until its GPU jobs end (at most --deadline: then resume,
+    nothing changed, exit 5), stop its MPS daemons, destroy and create GPU instances through NVML, write
+    the machine description, gres.conf and slurm.conf, stop slurmd, restart slurmctld (--restart-slurmctld,
+    or scontrol reconfigure from Slurm 23.11 on), start slurmd, wait for slurmctld to show the new GRES,
+    resume (only while the drain reason is still ours). Each step is
+    recorded in a state file; run the same command again after an interruption and it continues (see
+    docs/mig.md). The MIG mode of a GPU is not changed.
+    """
+    from pathlib import Path
+
+    from slurm_gpushare.cli.gres import _installed_path, _release, check_device_dir
+    from slurm_gpushare.hardware.ports import open_nvml
+    from slurm_gpushare.mig.apply import RECONFIGURE_RESTARTS, STATE_NAME, Apply, CommandSlurm, read_layout
+    from slurm_gpushare.node.config import load_node_config
+    from slurm_gpushare.slurm.nodegres import GresOptions
+
+    check_device_dir(device_dir)
+    config = load_node_config(config_path)
+    run_dir = config.run_dir_for(node)
+    state_path = Path(state_dir or run_dir) / STATE_NAME
+    targets = read_layout(layout_file, node)
+    release = _release(slurm_version)
+    if ctld_command is None and release < RECONFIGURE_RESTARTS:
+        raise InputError(f"Slurm {release} takes a changed count of MIG devices only when slurmctld restarts "
+                         "('scontrol reconfigure' logs \"Attempt to change gres/gpu Count ... invalid with File "
+                         "configuration\")", hint="give --restart-slurmctld CMD, e.g. 'ssh slurmctl systemctl "
+                         "restart slurmctld'")
+    job = Apply(node=node, layout=str(layout_file), targets=targets, machine_path=config.machine_for(node),
+                state_path=state_path, gres_conf=_installed_path(gres_conf, "gres.conf"),
+                slurm_conf=_installed_path(slurm_conf, "slurm.conf"),
+                gres_options=GresOptions(device_dir=device_dir, shard_unit_mib=config.shard_unit_mib,
+                                         release=release),
+                run_dir=run_dir, slurm=CommandSlurm(stop_command, start_command, ctld_command), open_port=open_nvml,
+                deadline_s=deadline_s, slurm_timeout_s=slurm_timeout_s,
+                out=lambda line: click.echo(line, err=True))
+    saved = job.read_state()
+    fresh = job.prepare()
+    if saved is not None:
+        if saved["target"] != fresh["target"] and saved.get("goal") == "target":
+            # a rerun resolves the layout again against the layout NVML has now: placements agree
+            # when it is the same layout
+            from slurm_gpushare.mig.apply import same_profiles
+
+            if not same_profiles(saved["target"], fresh["target"]):
+                raise InputError(f"an apply of {node} to {saved['layout']} is in progress ({state_path}, step "
+                                 f"{saved['step']}); --layout {layout_file} is another layout",
+                                 hint=f"rerun with --layout {saved['layout']} to finish it first")
+        click.echo(f"mig apply {node}: continuing the apply recorded in {state_path} (step {saved['step']}, "
+                   f"{saved['status']})", err=True)
+        state = saved
+    else:
+        state = fresh
+        if _unchanged(fresh) and not dry_run:
+            click.echo(f"{node}: already in the layout of {layout_file}; nothing to do")
+            return
+    if dry_run:
+        click.echo("\n".join(job.describe(state)))
+        return
+    job.run(state)
+    click.echo(f"{node}: MIG layout of {layout_file} applied, gres.conf and slurm.conf rewritten, node resumed")
+
+
+def _unchanged(state: dict) -> bool:
+    from slurm_gpushare.mig.apply import same_profiles
+
+    return same_profiles(state["old"], state["target"], placements=True)
 
 
 def _machines(machine_files, model_key, gpu_count):

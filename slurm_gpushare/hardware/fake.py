@@ -176,6 +176,11 @@ class FakeNvml:
         clock: seconds, for scheduled processes (default ``time.time``, the clock a
             :class:`ProcessTable` written by other processes uses).
         process_table: a :class:`ProcessTable` directory whose live entries are processes too.
+        path: the description file ``machine`` was read from: MIG changes (:meth:`create_gpu_instance`,
+            :meth:`destroy_gpu_instance`) are written back to it whole (``write_atomic``), so that other
+            processes opening the fake from that file (the hooks, ``slurmd -G`` stand-ins, a rerun of
+            ``mig apply``) see the changed layout, as every process on a real node sees the driver's.
+            None: changes live in this object only.
 
     Raises:
         MachineDescriptionError: the description cannot be served as NVML would (indices not
@@ -185,8 +190,11 @@ class FakeNvml:
     """
 
     def __init__(self, machine: Machine, *, fail: dict[str, FailRule] | None = None,
-                 clock: Callable[[], float] = time.time, process_table: str | Path | None = None):
+                 clock: Callable[[], float] = time.time, process_table: str | Path | None = None,
+                 path: str | Path | None = None):
         self._source = f"fake NVML for {machine.hostname}"
+        self._machine = machine
+        self._path = Path(path) if path is not None else None
         self._clock = clock
         self._scheduled: list[ScheduledProcess] = []
         self._table = ProcessTable(process_table) if process_table else None
@@ -517,6 +525,7 @@ class FakeNvml:
         inst = MigInstance(profile=profile.name, gi_id=gi_id, ci_id=0, start=placement[0],
                            uuid=fake_mig_uuid(g.uuid, gi_id, 0), caps=mig_caps(g.minor, gi_id, 0))
         state.instances = sorted([*state.instances, inst], key=lambda m: (m.gi_id, m.ci_id))
+        self._persist()
         return inst
 
     def destroy_gpu_instance(self, index: int, gi_id: int) -> None:
@@ -537,6 +546,21 @@ class FakeNvml:
             self._nvml("nvmlComputeInstanceDestroy", index, *where, f"ci {inst.ci_id}")
         self._nvml("nvmlGpuInstanceDestroy", index, *where)
         state.instances = [inst for inst in state.instances if inst.gi_id != gi_id]
+        self._persist()
+
+    def _persist(self) -> None:
+        """Write the live MIG instances back to the description file (when opened from one): the
+        description as read, each GPU's ``mig_instances`` replaced, the file replaced whole."""
+        if self._path is None:
+            return
+        by_index = {s.gpu.index: tuple(s.instances) for s in self._state}
+        gpus = tuple(replace(g, mig_instances=by_index.get(g.index, g.mig_instances)) for g in self._machine.gpus)
+        self._machine = replace(self._machine, gpus=gpus)
+        try:
+            mode: int | None = self._path.stat().st_mode & 0o7777  # readers (jobs' users) keep reading it
+        except OSError:
+            mode = None
+        write_atomic(self._path, self._machine.to_json(), mode=mode)
 
     # --- accounting --------------------------------------------------------------------------------
 

@@ -22,7 +22,8 @@ def open_nvml(spec: str | None = None) -> NvmlPort:
     Args:
         spec: ``nvml`` (default: the real library through pynvml) or ``fake:PATH`` (a
             :class:`~slurm_gpushare.hardware.fake.FakeNvml` serving the machine description at
-            PATH; with ``GPUSHARE_FAKE_GPU_PROCESSES=DIR`` its processes include the live entries of
+            PATH, which its MIG changes are written back to; with
+            ``GPUSHARE_FAKE_GPU_PROCESSES=DIR`` its processes include the live entries of
             that :class:`~slurm_gpushare.hardware.fake.ProcessTable`).
             Default: the ``GPUSHARE_NVML`` environment variable, else ``nvml``.
 
@@ -38,5 +39,6 @@ def open_nvml(spec: str | None = None) -> NvmlPort:
     if spec.startswith("fake:") and len(spec) > 5:
         from slurm_gpushare.hardware.fake import PROCESS_TABLE_ENV, FakeNvml
 
-        return FakeNvml(Machine.load(spec[5:]), process_table=os.environ.get(PROCESS_TABLE_ENV) or None)
+        return FakeNvml(Machine.load(spec[5:]), process_table=os.environ.get(PROCESS_TABLE_ENV) or None,
+                        path=spec[5:])
     raise InputError(f"{ENV}={spec!r} is not an NVML port", hint="use 'nvml' or 'fake:/path/machine.json'")

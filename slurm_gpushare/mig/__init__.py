@@ -1,4 +1,5 @@
 """MIG layouts that follow demand: every geometry a GPU can hold (:mod:`~slurm_gpushare.mig.geometry`), the
 demand from accounting or a file (:mod:`~slurm_gpushare.mig.demand`), the plan (:mod:`~slurm_gpushare.mig.plan`)
-and what it writes (:mod:`~slurm_gpushare.mig.output`). See docs/mig.md.
+what it writes (:mod:`~slurm_gpushare.mig.output`) and applying it to a node (:mod:`~slurm_gpushare.mig.apply`).
+See docs/mig.md.
 """

@@ -291,11 +291,12 @@ def plannable_gpu(gpu: Gpu) -> Gpu:
 
 
 def plan_layout(machines: Sequence[Machine], demand: Sequence[Request], *, weights: Weights | None = None,
-                fit: str = "nominal") -> Plan:
+                fit: str = "nominal", keep_mig_mode: bool = False) -> Plan:
     """Choose a geometry or MIG off for every GPU of ``machines`` to serve ``demand``.
 
     GPUs without MIG profiles (no MIG, or a model without a table) stay as they are: MIG off, a
-    whole-GPU slot.
+    whole-GPU slot. With ``keep_mig_mode`` every GPU keeps its MIG mode (a GPU with MIG on gets a
+    geometry, one with MIG off stays off): the layouts ``mig apply`` can make without a GPU reset.
 
     Raises:
         InputError: no demand, an unknown fit, bad weights, no MIG-capable GPU among the machines
@@ -332,6 +333,8 @@ def plan_layout(machines: Sequence[Machine], demand: Sequence[Request], *, weigh
                 if key not in seen:
                     seen.add(key)
                     options.append(c)
+        if keep_mig_mode:
+            options = [c for c in options if (c.geometry is not None) == g.mig_enabled] or options[:1]
         choices.append(options)
     ref_mib = max(_gpu_capacity(g, fit) for _n, g in entries)
     if not any(r.whole or r.mem_mib <= ref_mib for r in demand):

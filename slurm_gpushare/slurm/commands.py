@@ -260,3 +260,38 @@ def admin_level(user: str, **kw) -> str:
         SlurmError: sacctmgr failed (no slurmdbd).
     """
     return run(["sacctmgr", "-n", "-P", "show", "user", user, "format=AdminLevel"], **kw)
+
+
+def resume_node(node: str, **kw) -> None:
+    """``scontrol update nodename=NODE state=resume`` (scontrol(1) "update"; root): the drain is lifted.
+
+    Raises:
+        SlurmError: scontrol failed.
+    """
+    run(["scontrol", "update", f"nodename={node}", "state=resume"], **kw)
+
+
+def reconfigure(**kw) -> None:
+    """``scontrol reconfigure`` (scontrol(1); root): slurmctld and the slurmd re-read slurm.conf and gres.conf.
+
+    Raises:
+        SlurmError: scontrol failed.
+    """
+    run(["scontrol", "reconfigure"], **kw)
+
+
+def node_job_gres(node: str, **kw) -> dict[str, str]:
+    """The jobs with an allocation on ``node`` and the GRES each asked per node:
+    ``squeue -h -w NODE -t RUNNING,COMPLETING,CONFIGURING -o "%A %b"`` (squeue(1): ``%b`` is the job's
+    ``tres-per-node``, ``gres:gpu:1`` (22.05) or ``gres/gpu:1`` (23.02 on), ``N/A`` when none).
+
+    Raises:
+        SlurmError: squeue failed.
+    """
+    out = run(["squeue", "-h", "-w", node, "-t", "RUNNING,COMPLETING,CONFIGURING", "-o", "%A %b"], **kw)
+    jobs: dict[str, str] = {}
+    for line in out.splitlines():
+        parts = line.split(None, 1)
+        if parts and parts[0].isdigit():
+            jobs[parts[0]] = parts[1].strip() if len(parts) > 1 else ""
+    return jobs

@@ -1,0 +1,922 @@
+"""``mig apply``: change one node's MIG layout without losing a job, and survive being killed at any step.
+
+The steps (:data:`STEPS`), each recorded in a state file before it starts and once it is done:
+
+1. ``drain``: ``scontrol update nodename=NODE state=drain reason="gpushare mig apply: ..."`` (the reason
+   names the layout and the state file). A node already drained with another reason stays drained
+   by its owner: apply never resumes it.
+2. ``wait-jobs``: until no job with GPU GRES (``squeue %b`` naming ``gpu``, ``shard`` or ``gpushare``) runs
+   on the node, at most ``deadline`` seconds from the step's first start; past it the drain is undone
+   (resume, when the reason is still ours), the layout is left as it was and :class:`ApplyError` says
+   which jobs still run.
+3. ``stop-mps``: the node's MPS control daemons, per job (found by process, ``node.jobdir.job_daemons``)
+   and shared (``<run_dir>/shared/*``), are stopped.
+4. ``mig``: on each GPU of the layout, the GPU instances that are not in the target are destroyed
+   (``nvmlGpuInstanceDestroy``) and the missing ones created at their placements
+   (``nvmlDeviceCreateGpuInstanceWithPlacement``), through the NVML port. The target was checked with
+   :func:`~slurm_gpushare.hardware.port.plan_gpu_instance` before the drain. When NVML refuses, the old
+   layout is restored the same way and apply goes on with it (files, Slurm, resume), then fails.
+5. ``files``: the node's machine description gets the instances NVML reports, gres.conf gets the
+   node's lines rendered from it (:func:`~slurm_gpushare.gresconf.render.generate_node_gres`, the
+   ``gres-conf`` generator), slurm.conf the node's ``Gres=``; each file replaced whole.
+6. ``slurm``: the node's slurmd is stopped, slurmctld restarted (``scontrol reconfigure`` from 23.11 on, which
+   restarts it; 22.05 needs a real restart: its reconfigure refuses a changed count of ``File=`` GRES, see
+   :data:`RECONFIGURE_RESTARTS`), slurmd started, then apply waits until slurmctld shows the node's new
+   ``Gres=`` from a slurmd started after the change. slurmd is stopped first so that no slurmd with the old
+   GRES registers with a slurmctld holding the new slurm.conf (which drains the node with Slurm's own
+   reason, replacing apply's).
+7. ``resume``: ``scontrol update nodename=NODE state=resume`` only when the node's drain reason is still
+   the one apply set.
+
+A rerun with a state file continues at the recorded step (a step is written to be done twice: each
+reads NVML and Slurm afresh), so a kill at any point ends in the target layout or, when that cannot be
+made, the old one; the node is drained only while a state file says why. The state file is
+``<run_dir>/mig-apply.json`` (node.toml ``run_dir``) unless given; once done it becomes
+``mig-apply.last.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Protocol
+
+from slurm_gpushare.atomicfile import write_atomic
+from slurm_gpushare.errors import GpushareError, InputError, MigPlacementError, NvmlError, SlurmError
+from slurm_gpushare.gresconf.render import generate_node_gres
+from slurm_gpushare.hardware.machine import Machine, MigInstance, MigProfile
+from slurm_gpushare.hardware.port import NvmlPort, plan_gpu_instance
+from slurm_gpushare.mig.geometry import enumerate_geometries
+from slurm_gpushare.slurm.hostlist import expand_hostlist
+from slurm_gpushare.slurm.nodegres import GresOptions
+from slurm_gpushare.slurm.release import Release
+
+#: The steps in order (see the module docstring).
+STEPS = ("drain", "wait-jobs", "stop-mps", "mig", "files", "slurm", "resume")
+#: Every drain reason apply sets starts with this.
+REASON_PREFIX = "gpushare mig apply:"
+#: Test hook: ``STEP`` SIGKILLs apply once that step is recorded done, ``mig-change:N`` after the N-th
+#: instance destroyed or created. For the kill tests only (tests/test_mig_apply_slurm.py).
+KILL_ENV = "GPUSHARE_MIG_APPLY_KILL_AFTER"
+STATE_VERSION = 1
+STATE_NAME = "mig-apply.json"
+LAST_NAME = "mig-apply.last.json"
+#: GRES names that make a job a GPU job for ``wait-jobs``.
+_GPU_GRES = ("gpu", "shard")
+
+
+class ApplyError(GpushareError):
+    """``mig apply`` stopped: jobs past the deadline, NVML refused (old layout restored), Slurm did not
+    take the change, or the node was drained by someone else meanwhile."""
+
+    exit_code = 5
+
+
+# --- the layout ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Slice:
+    """One GPU instance of a target: profile and placement start (None: any, from a mig-parted config)."""
+
+    profile: str
+    start: int | None = None
+
+
+@dataclass(frozen=True)
+class GpuTarget:
+    """What one GPU is to hold.
+
+    Attributes:
+        index: NVML index.
+        name: the GPU's model name as the layout file records it (None: not recorded).
+        mig_enabled: MIG on or off.
+        slices: the GPU instances in creation order.
+    """
+
+    index: int
+    name: str | None
+    mig_enabled: bool
+    slices: tuple[Slice, ...]
+
+
+def read_layout(path: str | Path, node: str) -> dict[int, GpuTarget]:
+    """The node's GPUs in a layout file of ``mig plan``: ``layout.json`` (placements) or ``mig-parted.yaml``
+    (config ``gpushare-NODE``: counts per profile, placements chosen at apply time).
+
+    Raises:
+        InputError: unreadable file, not one of the two formats, the node not in it.
+    """
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"--layout {p}: cannot read it: {e}") from None
+    data = _parse(text, p)
+    if isinstance(data, dict) and "nodes" in data:
+        return _from_layout_json(data, p, node)
+    if isinstance(data, dict) and "mig-configs" in data:
+        return _from_mig_parted(data, p, node)
+    raise InputError(f"--layout {p}: neither a layout.json nor a mig-parted config",
+                     hint="give the layout.json or mig-parted.yaml that 'mig plan --output-dir' writes")
+
+
+def _parse(text: str, p: Path):
+    try:
+        return json.loads(text)
+    except ValueError:
+        pass
+    import yaml
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise InputError(f"--layout {p}: neither JSON nor YAML: {e}") from None
+
+
+def _from_layout_json(data: dict, p: Path, node: str) -> dict[int, GpuTarget]:
+    nodes = data.get("nodes") or {}
+    if node not in nodes:
+        raise InputError(f"--layout {p} has no node {node}", hint=f"it has: {', '.join(nodes) or 'none'}")
+    out: dict[int, GpuTarget] = {}
+    try:
+        for g in nodes[node]["gpus"]:
+            slices = tuple(Slice(str(i["profile"]), int(i["start"])) for i in g.get("instances", ()))
+            out[int(g["index"])] = GpuTarget(int(g["index"]), g.get("name"), bool(g["mig_enabled"]), slices)
+    except (KeyError, TypeError, ValueError) as e:
+        raise InputError(f"--layout {p}: node {node}: malformed GPU entry ({e!r})",
+                         hint="each GPU needs index, mig_enabled and instances [{profile, start}]") from None
+    return out
+
+
+def _from_mig_parted(data: dict, p: Path, node: str) -> dict[int, GpuTarget]:
+    configs = data.get("mig-configs") or {}
+    name = f"gpushare-{node}"
+    if name not in configs:
+        raise InputError(f"--layout {p} has no mig-parted config {name}",
+                         hint=f"it has: {', '.join(configs) or 'none'}")
+    out: dict[int, GpuTarget] = {}
+    try:
+        for entry in configs[name]:
+            devices = entry["devices"]
+            if devices == "all":
+                raise InputError(f"--layout {p}: {name}: 'devices: all' names no GPU",
+                                 hint="list the GPU indices, as 'mig plan' writes them")
+            counts = entry.get("mig-devices") or {}
+            slices = tuple(Slice(str(prof)) for prof, n in counts.items() for _ in range(int(n)))
+            for d in devices:
+                out[int(d)] = GpuTarget(int(d), None, bool(entry["mig-enabled"]), slices)
+    except (KeyError, TypeError, ValueError) as e:
+        raise InputError(f"--layout {p}: {name}: malformed entry ({e!r})",
+                         hint="entries are {devices: [..], mig-enabled: bool, mig-devices: {profile: count}}") from None
+    return out
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A GPU instance with its profile id and placement (a resolved target, or a live instance)."""
+
+    profile: str
+    profile_id: int
+    start: int
+
+    def to_dict(self) -> dict:
+        """As the state file holds it."""
+        return {"profile": self.profile, "profile_id": self.profile_id, "start": self.start}
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> Planned:
+        """From :meth:`to_dict`'s form."""
+        return cls(str(d["profile"]), int(d["profile_id"]), int(d["start"]))
+
+
+def current_layout(port: NvmlPort, indices: Sequence[int]) -> dict[int, list[Planned]]:
+    """The live GPU instances of these GPUs (``NvmlPort.gpu_instances``), one per GPU instance, by start."""
+    out: dict[int, list[Planned]] = {}
+    for i in indices:
+        profiles = {p.name: p for p in port.gpu_instance_profiles(i)}
+        seen: dict[int, Planned] = {}
+        for inst in port.gpu_instances(i):
+            if inst.gi_id not in seen:
+                prof = profiles.get(inst.profile)
+                seen[inst.gi_id] = Planned(inst.profile, prof.profile_id if prof else -1, inst.start)
+        out[i] = sorted(seen.values(), key=lambda s: s.start)
+    return out
+
+
+def resolve(port: NvmlPort, machine: Machine, targets: Mapping[int, GpuTarget],
+            layout: str) -> dict[int, list[Planned]]:
+    """Check the targets against this node's GPUs and the placement rules; their placed instances.
+
+    Every GPU of the layout must exist with the same model and MIG mode (apply changes instances, not
+    the MIG mode: that needs a GPU reset); every profile must be one the GPU offers; the instances,
+    created from an empty GPU in ascending start, must each pass
+    :func:`~slurm_gpushare.hardware.port.plan_gpu_instance`. A mig-parted target (no starts) gets the
+    first placed set of :func:`~slurm_gpushare.mig.geometry.enumerate_geometries` with its profiles.
+
+    Raises:
+        InputError: another GPU model, a MIG mode change, an unknown profile or an invalid geometry.
+    """
+    n = port.device_count()
+    out: dict[int, list[Planned]] = {}
+    for i, t in sorted(targets.items()):
+        if not 0 <= i < n:
+            raise InputError(f"--layout {layout}: GPU {i} does not exist on {machine.hostname} ({n} GPUs)")
+        name = port.name(i)
+        if t.name is not None and t.name != name:
+            raise InputError(f"--layout {layout}: GPU {i} is a {t.name} in the layout, but a {name} on "
+                             f"{machine.hostname}", hint="plan with this node's machine description "
+                             "('mig plan /etc/slurm/gpushare/machines/NODE.json ...')")
+        try:
+            enabled = port.mig_mode(i).current
+        except NvmlError:  # NOT_SUPPORTED: a GPU without MIG
+            enabled = False
+        if t.mig_enabled != enabled:
+            raise InputError(
+                f"--layout {layout}: GPU {i} has MIG {'on' if enabled else 'off'}; the layout wants it "
+                f"{'on' if t.mig_enabled else 'off'}",
+                hint=f"changing the MIG mode needs a GPU reset, which mig apply does not do: on the drained "
+                     f"node run 'nvidia-smi -i {i} -mig {1 if t.mig_enabled else 0}' (and reset the GPU), "
+                     "then mig apply; or plan with that GPU's mode kept")
+        if not t.mig_enabled:
+            out[i] = []
+            continue
+        profiles = port.gpu_instance_profiles(i)
+        out[i] = _place(i, profiles, t, layout)
+    return out
+
+
+def _place(i: int, profiles: tuple[MigProfile, ...], t: GpuTarget, layout: str) -> list[Planned]:
+    by_name = {p.name: p for p in profiles}
+    for s in t.slices:
+        if s.profile not in by_name:
+            raise InputError(f"--layout {layout}: GPU {i} offers no MIG profile {s.profile}",
+                             hint=f"its profiles: {', '.join(by_name) or 'none'} (a layout for another GPU model?)")
+    if t.slices and all(s.start is None for s in t.slices):
+        want = sorted(s.profile for s in t.slices)
+        for g in enumerate_geometries(profiles, gpu=i).geometries:
+            if sorted(p.profile.name for p in g.instances) == want:
+                return [Planned(p.profile.name, p.profile.profile_id, p.start) for p in g.instances]
+        raise InputError(f"--layout {layout}: GPU {i}: {', '.join(want)} do not fit one GPU together",
+                         hint="no placement of these profiles passes the MIG placement rules")
+    if any(s.start is None for s in t.slices):
+        raise InputError(f"--layout {layout}: GPU {i}: some instances have a start, others not")
+    placed: list[Planned] = []
+    live: list[MigInstance] = []
+    for s in sorted(t.slices, key=lambda s: s.start or 0):
+        prof = by_name[s.profile]
+        try:
+            plan_gpu_instance(i, mig_enabled=True, profiles=profiles, instances=live, profile_id=prof.profile_id,
+                              start=s.start)
+        except MigPlacementError as e:
+            raise InputError(f"--layout {layout}: invalid geometry: {e.message}", hint=e.hint) from None
+        live.append(MigInstance(profile=prof.name, gi_id=len(live) + 1, ci_id=0, start=s.start or 0, uuid=""))
+        placed.append(Planned(prof.name, prof.profile_id, s.start or 0))
+    return placed
+
+
+def same_profiles(a: Mapping[str, list], b: Mapping[str, list], *, placements: bool = False) -> bool:
+    """Whether two layouts of the state file (GPU -> placed instances as dicts) hold the same profiles on
+    the same GPUs (and, with ``placements``, at the same starts)."""
+    def key(layout: Mapping[str, list]) -> dict:
+        return {i: sorted((d["profile"], d["start"] if placements else 0) for d in v) for i, v in layout.items()}
+
+    return key(a) == key(b)
+
+
+def label(instances: Sequence[Planned]) -> str:
+    """``1g.10gb@0 1g.10gb@1 ...`` or ``none``."""
+    return " ".join(f"{p.profile}@{p.start}" for p in instances) or "none"
+
+
+def changes(current: Sequence[Planned], target: Sequence[Planned]) -> tuple[list[Planned], list[Planned]]:
+    """What turns ``current`` into ``target``: the instances to destroy, then those to create (by start)."""
+    keep = list(target)
+    destroy = []
+    for c in current:
+        match = next((t for t in keep if t.profile == c.profile and t.start == c.start), None)
+        if match is None:
+            destroy.append(c)
+        else:
+            keep.remove(match)
+    return destroy, sorted(keep, key=lambda p: p.start)
+
+
+# --- Slurm --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NodeState:
+    """What ``scontrol show node`` says of a node.
+
+    Attributes:
+        state: ``State=`` (``IDLE+DRAIN``, ``MIXED``, ...).
+        reason: the drain reason without its ``[user@time]`` suffix, or None.
+        gres: ``Gres=`` as shown.
+        slurmd_start: ``SlurmdStartTime=`` (changes when slurmd registers after a restart).
+    """
+
+    state: str
+    reason: str | None
+    gres: str
+    slurmd_start: str
+
+    @property
+    def drained(self) -> bool:
+        """``DRAIN`` in the state (draining or drained)."""
+        return "DRAIN" in self.state
+
+
+def parse_node(text: str) -> NodeState:
+    """The fields of :class:`NodeState` from ``scontrol show node NODE`` text (scontrol(1))."""
+    def field_(name: str) -> str:
+        m = re.search(rf"(?:^|\s){name}=(\S*)", text)
+        return m.group(1) if m else ""
+
+    m = re.search(r"(?:^|\s)Reason=(.*?) \[[^\]\s]*@[^\]\s]*\]", text)
+    return NodeState(field_("State"), m.group(1) if m else None, field_("Gres"), field_("SlurmdStartTime"))
+
+
+def gres_items(value: str) -> frozenset[str]:
+    """``Gres=`` items without socket suffixes and zero counts: ``gpu:h100:2(S:0)`` -> ``gpu:h100:2``."""
+    items = set()
+    for item in re.sub(r"\([^)]*\)", "", value).split(","):
+        item = item.strip()
+        if not item or item in ("(null)", "N/A") or item.endswith(":0"):
+            continue
+        items.add(item)
+    return frozenset(items)
+
+
+class SlurmOps(Protocol):
+    """The Slurm calls apply makes (the real ones: :class:`CommandSlurm`; tests record them)."""
+
+    def node(self, node: str) -> NodeState:
+        """``scontrol show node NODE``; InputError for an unknown node."""
+
+    def drain(self, node: str, reason: str) -> None:
+        """Drain with ``reason``."""
+
+    def resume(self, node: str) -> None:
+        """Resume."""
+
+    def gpu_jobs(self, node: str) -> list[str]:
+        """Job ids with GPU GRES running on the node."""
+
+    def stop_slurmd(self, node: str) -> None:
+        """Stop the node's slurmd (nothing when it is stopped)."""
+
+    def start_slurmd(self, node: str) -> None:
+        """Start the node's slurmd."""
+
+    def restart_slurmctld(self) -> None:
+        """Make slurmctld read slurm.conf and gres.conf anew (a restart, or ``scontrol reconfigure``)."""
+
+
+@dataclass
+class CommandSlurm:
+    """:class:`SlurmOps` through the Slurm clients (:mod:`slurm_gpushare.slurm.commands`) and the site's
+    commands that stop and start the node's slurmd and restart slurmctld (``{node}`` is replaced by the
+    node name). ``restart_slurmctld`` None: ``scontrol reconfigure``, which restarts slurmctld from 23.11 on."""
+
+    stop_command: str = "systemctl stop slurmd"
+    start_command: str = "systemctl start slurmd"
+    restart_slurmctld_command: str | None = None
+
+    def node(self, node: str) -> NodeState:
+        """``scontrol show node NODE`` (commands.show_node).
+
+        Raises:
+            InputError: Slurm knows no such node.
+            SlurmError: scontrol failed otherwise.
+        """
+        from slurm_gpushare.slurm import commands
+
+        try:
+            return parse_node(commands.show_node(node))
+        except SlurmError as e:
+            if "not found" in e.message.lower() or "invalid node name" in e.message.lower():
+                raise InputError(f"unknown node {node}: {e.message}",
+                                 hint="give the node's Slurm NodeName (sinfo -N)") from None
+            raise
+
+    def drain(self, node: str, reason: str) -> None:
+        """commands.drain_node."""
+        from slurm_gpushare.slurm import commands
+
+        commands.drain_node(node, reason)
+
+    def resume(self, node: str) -> None:
+        """commands.resume_node."""
+        from slurm_gpushare.slurm import commands
+
+        commands.resume_node(node)
+
+    def gpu_jobs(self, node: str) -> list[str]:
+        """commands.node_job_gres, the jobs whose GRES name ``gpu`` or ``shard`` (``gpushare`` too)."""
+        from slurm_gpushare.slurm import commands
+
+        return sorted(j for j, gres in commands.node_job_gres(node).items()
+                      if any(g in gres for g in _GPU_GRES))
+
+    def stop_slurmd(self, node: str) -> None:
+        """Run the stop command (``--stop-slurmd``).
+
+        Raises:
+            SlurmError: it failed or took more than 120 s.
+        """
+        _site_command(self.stop_command, node, "--stop-slurmd")
+
+    def start_slurmd(self, node: str) -> None:
+        """Run the start command (``--start-slurmd``).
+
+        Raises:
+            SlurmError: it failed or took more than 120 s.
+        """
+        _site_command(self.start_command, node, "--start-slurmd")
+
+    def restart_slurmctld(self) -> None:
+        """Run ``--restart-slurmctld``, or ``scontrol reconfigure`` without one.
+
+        Raises:
+            SlurmError: it failed.
+        """
+        if self.restart_slurmctld_command is None:
+            from slurm_gpushare.slurm import commands
+
+            commands.reconfigure()
+        else:
+            _site_command(self.restart_slurmctld_command, "", "--restart-slurmctld")
+
+
+def _site_command(command: str, node: str, option: str) -> None:
+    argv = [a.replace("{node}", node) for a in shlex.split(command)]
+    try:
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise SlurmError(f"{' '.join(argv)} failed: {e}", hint=f"give the site's command with {option}") from None
+    if p.returncode != 0:
+        raise SlurmError(f"{' '.join(argv)} exited {p.returncode}: {p.stderr.strip()[:300]}",
+                         hint=f"give the site's command with {option}")
+
+
+#: The first release whose ``scontrol reconfigure`` takes a changed count of ``File=`` GRES: 23.11 restarts
+#: slurmctld on it. 22.05 refuses (measured on the dev cluster: slurmctld logs "Attempt to change gres/gpu Count
+#: on node NODE from 10 to 16 invalid with File configuration" and keeps the old GRES).
+RECONFIGURE_RESTARTS = Release(23, 11)
+
+
+def gres_matches(shown: str, want: str) -> bool:
+    """Whether slurmctld's ``Gres=`` (``scontrol show node``) is the ``Gres=`` value written to slurm.conf: every
+    typed item with its count, an untyped item as the sum over its types (slurmctld shows ``shard:h100:158``
+    for ``shard:158``), and no other type of a written name with a count."""
+    def counts(value: str) -> dict[tuple[str, str], int]:
+        out: dict[tuple[str, str], int] = {}
+        for item in gres_items(value):
+            parts = item.split(":")
+            if len(parts) == 2 and parts[1].isdigit():
+                out[(parts[0], "")] = int(parts[1])
+            elif len(parts) == 3 and parts[2].isdigit():
+                out[(parts[0], parts[1])] = int(parts[2])
+        return out
+
+    have, need = counts(shown), counts(want)
+    for (name, type_), n in need.items():
+        got = have.get((name, type_), 0) if type_ else sum(v for (nm, _t), v in have.items() if nm == name)
+        if got != n:
+            return False
+    typed_names = {name for name, type_ in need if type_}
+    return all(k in need for k in have if k[1] and k[0] in typed_names)  # no type left over from before
+
+
+# --- files --------------------------------------------------------------------------------------
+
+
+def with_instances(machine: Machine, port: NvmlPort) -> Machine:
+    """``machine`` with each MIG GPU's instances as NVML reports them now (``NvmlPort.gpu_instances``)."""
+    gpus = []
+    for g in machine.gpus:
+        if g.mig_enabled:
+            g = replace(g, mig_instances=tuple(port.gpu_instances(g.index)))
+        gpus.append(g)
+    return replace(machine, gpus=tuple(gpus))
+
+
+def _names_node(value: str, node: str) -> bool:
+    try:
+        return node in expand_hostlist(value)
+    except GpushareError:
+        return value == node
+
+
+def replace_gres_lines(text: str, node: str, new_lines: Sequence[str], *, source: str) -> str:
+    """gres.conf ``text`` with the node's lines (``NodeName=NODE ...`` and the ``# NODE:`` comments before
+    them, as ``gres-conf`` writes them) replaced by ``new_lines``, where the first of them was.
+
+    Raises:
+        InputError: a line names the node among others (``NodeName=gpu[01-04]``): it cannot be changed
+            for one node; or the file has no line of the node but ``Include`` lines (its lines may be in an
+            included file, which apply does not rewrite: new lines here would duplicate them).
+    """
+    out: list[str] = []
+    at: int | None = None
+    lines = text.splitlines()
+    for k, line in enumerate(lines):
+        m = re.match(r"\s*NodeName=(\S+)", line, re.I)
+        if m and m.group(1) == node:
+            at = len(out) if at is None else at
+            continue
+        if m and _names_node(m.group(1), node):
+            raise InputError(f"{source}:{k + 1}: NodeName={m.group(1)} names {node} among other nodes",
+                             hint=f"give {node} lines of its own (slurm-gpushare gres-conf writes them)")
+        if line.startswith(f"# {node}: "):
+            continue  # our own header of the node's block, rewritten below
+        out.append(line)
+    if at is None and any(re.match(r"\s*include\s", ln, re.I) for ln in lines):
+        raise InputError(f"{source} has no NodeName={node} line but Include lines: {node}'s lines may be in an "
+                         "included file, which mig apply does not rewrite",
+                         hint=f"give that file with --gres-conf, or move {node}'s lines into {source}")
+    if at is None:
+        if out and out[-1].strip():
+            out.append("")
+        at = len(out)
+    out[at:at] = list(new_lines)
+    return "\n".join(out) + "\n"
+
+
+def replace_slurm_gres(text: str, node: str, gres_value: str, *, source: str) -> str:
+    """slurm.conf ``text`` with ``Gres=`` of the ``NodeName=NODE`` line set to ``gres_value``.
+
+    Raises:
+        InputError: no line of its own for the node.
+    """
+    lines = text.splitlines()
+    for k, line in enumerate(lines):
+        m = re.match(r"\s*NodeName=(\S+)", line, re.I)
+        if not m or m.group(1) != node:
+            continue
+        if re.search(r"\sGres=\S*", line):
+            lines[k] = re.sub(r"(\s)Gres=\S*", lambda mm: f"{mm.group(1)}Gres={gres_value}", line, count=1)
+        else:
+            lines[k] = f"{line.rstrip()} Gres={gres_value}"
+        return "\n".join(lines) + "\n"
+    raise InputError(f"{source} has no NodeName={node} line of its own",
+                     hint="apply rewrites that line's Gres=; a node in a hostlist line needs a line of its own")
+
+
+def _write_keeping_mode(path: Path, text: str) -> bool:
+    try:
+        if path.read_text() == text:
+            return False
+        mode: int | None = path.stat().st_mode & 0o7777
+    except FileNotFoundError:
+        mode = None
+    write_atomic(path, text, mode=mode)
+    return True
+
+
+# --- the state machine --------------------------------------------------------------------------
+
+
+@dataclass
+class Apply:
+    """One ``mig apply`` of one node (see the module docstring).
+
+    Attributes:
+        node: Slurm node name.
+        layout: the layout file (for messages and the drain reason).
+        targets: the node's GPUs as the layout wants them (:func:`read_layout`).
+        machine_path: the node's machine description (node.toml ``machine``).
+        state_path: the state file.
+        gres_conf, slurm_conf: the files to rewrite.
+        gres_options: how gres.conf is rendered (device dir, shard unit, release).
+        run_dir: the node's run directory (MPS daemons).
+        slurm: the Slurm calls.
+        open_port: a new NVML port (not initialised).
+        deadline_s: longest wait for the node's GPU jobs.
+        slurm_timeout_s: longest wait for slurmctld to show the new GRES.
+        poll_s: seconds between polls.
+        out: progress lines.
+        sleep, clock: waiting and the time (seconds), injected by tests.
+        kill: what the test hook :data:`KILL_ENV` calls (SIGKILL of this process).
+    """
+
+    node: str
+    layout: str
+    targets: dict[int, GpuTarget]
+    machine_path: Path
+    state_path: Path
+    gres_conf: Path
+    slurm_conf: Path
+    gres_options: GresOptions
+    run_dir: Path
+    slurm: SlurmOps
+    open_port: Callable[[], NvmlPort]
+    deadline_s: float = 3600.0
+    slurm_timeout_s: float = 120.0
+    poll_s: float = 2.0
+    out: Callable[[str], None] = field(default=lambda line: print(line, file=sys.stderr))
+    sleep: Callable[[float], None] = time.sleep
+    clock: Callable[[], float] = time.time
+    kill: Callable[[], None] = field(default=lambda: os.kill(os.getpid(), signal.SIGKILL))
+    _changes: int = field(default=0, init=False)
+
+    # --- state file ---
+
+    def read_state(self) -> dict | None:
+        """The saved state, or None when no apply of the node is in progress.
+
+        Raises:
+            InputError: unreadable, or of another node.
+        """
+        try:
+            data = json.loads(self.state_path.read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as e:
+            raise InputError(f"state file {self.state_path} cannot be read: {e}",
+                             hint="look at it; it records an apply that was interrupted") from None
+        if data.get("version") != STATE_VERSION or data.get("node") != self.node:
+            raise InputError(f"state file {self.state_path} is not an apply of {self.node}",
+                             hint="give --state-dir of this node's apply")
+        return data
+
+    def _save(self, state: dict) -> None:
+        state["updated"] = self.clock()
+        self.state_path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(self.state_path, json.dumps(state, indent=2) + "\n", mode=0o644)
+
+    def _mark(self, state: dict, step: str, status: str) -> None:
+        state["step"], state["status"] = step, status
+        self._save(state)
+        if status == "done" and os.environ.get(KILL_ENV) == step:
+            self.kill()
+
+    def _changed(self) -> None:
+        self._changes += 1
+        if os.environ.get(KILL_ENV) == f"mig-change:{self._changes}":
+            self.kill()
+
+    # --- plan ---
+
+    def _machine(self) -> Machine:
+        return Machine.load(self.machine_path)
+
+    def prepare(self) -> dict:
+        """A new state (not saved): node checked, target resolved, old layout read.
+
+        Raises:
+            InputError: unknown node, layout for another model, invalid geometry, MIG mode change.
+        """
+        node_state = self.slurm.node(self.node)
+        machine = self._machine()
+        with self.open_port() as port:
+            self._check_host(port, machine)
+            target = resolve(port, machine, self.targets, self.layout)
+            old = current_layout(port, sorted(target))
+        prior = node_state.reason if node_state.drained and not (node_state.reason or "").startswith(REASON_PREFIX) \
+            else None
+        return {
+            "version": STATE_VERSION, "node": self.node, "layout": self.layout, "started": self.clock(),
+            "reason": f"{REASON_PREFIX} to {Path(self.layout).name}, state {self.state_path}",
+            "drained_by_other": prior,
+            "old": {str(i): [p.to_dict() for p in v] for i, v in old.items()},
+            "target": {str(i): [p.to_dict() for p in v] for i, v in target.items()},
+            "step": None, "status": None, "goal": "target",
+        }
+
+    def _check_host(self, port: NvmlPort, machine: Machine) -> None:
+        if port.device_count() != len(machine.gpus):
+            raise InputError(f"NVML sees {port.device_count()} GPUs here, {self.machine_path} describes "
+                             f"{len(machine.gpus)}", hint=f"run mig apply on {self.node} itself")
+        for g in machine.gpus:
+            if g.uuid and port.uuid(g.index) != g.uuid:
+                raise InputError(f"GPU {g.index} here is {port.uuid(g.index)}, {self.machine_path} says {g.uuid}",
+                                 hint=f"run mig apply on {self.node} itself, or refresh its description "
+                                      "(slurm-gpushare inventory)")
+
+    @staticmethod
+    def _layout(state: dict, key: str) -> dict[int, list[Planned]]:
+        return {int(i): [Planned.from_dict(d) for d in v] for i, v in state[key].items()}
+
+    def describe(self, state: dict) -> list[str]:
+        """The steps a run from ``state`` would take, in words (``--dry-run``)."""
+        target, old = self._layout(state, "target"), self._layout(state, "old")
+        lines = []
+        if state.get("drained_by_other"):
+            lines.append(f"drain: {self.node} is drained already ({state['drained_by_other']}): left to its owner")
+        else:
+            lines.append(f"drain: scontrol update nodename={self.node} state=drain reason=\"{state['reason']}\"")
+        lines.append(f"wait-jobs: until no GPU job runs on {self.node} (at most {self.deadline_s:g} s; then resume, "
+                     "layout unchanged)")
+        lines.append(f"stop-mps: the MPS daemons under {self.run_dir}")
+        for i in sorted(target):
+            destroy, create = changes(old[i], target[i])
+            lines.append(f"mig: GPU {i}: {label(old[i])} -> {label(target[i])} (destroy {label(destroy)}; "
+                         f"create {label(create)})")
+        lines.append(f"files: {self.machine_path}, {self.gres_conf} ({self.node}'s lines), {self.slurm_conf} "
+                     f"(NodeName={self.node} Gres=)")
+        lines.append(f"slurm: stop slurmd of {self.node}, restart slurmctld (or scontrol reconfigure), start slurmd, "
+                     f"wait for its new Gres= (at most {self.slurm_timeout_s:g} s)")
+        lines.append(f"resume: scontrol update nodename={self.node} state=resume (only while the reason is ours)")
+        return lines
+
+    # --- run ---
+
+    def run(self, state: dict) -> dict:
+        """Run from ``state`` (a new one from :meth:`prepare`, or the saved one) to the end.
+
+        Returns:
+            The final state (``goal`` ``target``, or ``old`` when the target could not be made).
+
+        Raises:
+            ApplyError: jobs past the deadline (drain undone), the target refused by NVML (old layout
+                restored, node resumed), Slurm not taking the change (node left drained, state kept).
+        """
+        start = 0 if state["step"] is None else STEPS.index(state["step"]) + (state["status"] == "done")
+        for step in STEPS[start:]:
+            self._mark(state, step, "doing")
+            self.out(f"mig apply {self.node}: {step}")
+            getattr(self, "_" + step.replace("-", "_"))(state)
+            self._mark(state, step, "done")
+        self._finish(state)
+        if state.get("goal") == "old":
+            raise ApplyError(f"{state.get('error')}: the old layout was restored and {self.node} resumed",
+                             hint="plan a layout this GPU accepts (mig plan), then apply it")
+        return state
+
+    def _finish(self, state: dict) -> None:
+        last = self.state_path.with_name(LAST_NAME)
+        write_atomic(last, json.dumps(state, indent=2) + "\n", mode=0o644)
+        self.state_path.unlink(missing_ok=True)
+
+    def _drain(self, state: dict) -> None:
+        if state.get("drained_by_other"):
+            return
+        now = self.slurm.node(self.node)
+        if now.drained and now.reason == state["reason"]:
+            return
+        self.slurm.drain(self.node, state["reason"])
+
+    def _wait_jobs(self, state: dict) -> None:
+        since = state.setdefault("wait_since", self.clock())
+        self._save(state)
+        while True:
+            jobs = self.slurm.gpu_jobs(self.node)
+            if not jobs:
+                return
+            if self.clock() - since >= self.deadline_s:
+                self._undo(state)
+                raise ApplyError(
+                    f"{self.node} still runs GPU job(s) {', '.join(jobs)} after {self.deadline_s:g} s: layout "
+                    f"unchanged, {'drain undone' if not state.get('drained_by_other') else 'node left drained'}",
+                    hint="rerun with a longer --deadline, or when those jobs have ended")
+            self.sleep(self.poll_s)
+
+    def _undo(self, state: dict) -> None:
+        """Deadline passed: the layout is untouched; resume the node when the drain is ours, forget the state."""
+        now = self.slurm.node(self.node)
+        if not state.get("drained_by_other") and now.drained and now.reason == state["reason"]:
+            self.slurm.resume(self.node)
+        state["goal"] = "undone"
+        self._finish(state)
+
+    def _stop_mps(self, state: dict) -> None:
+        from slurm_gpushare.node.epilog import stop_found_daemon
+        from slurm_gpushare.node.jobdir import job_daemons
+        from slurm_gpushare.node.mps import MpsDaemon, MpsSettings
+
+        problems = []
+        seen = set()
+        for found in job_daemons(self.run_dir):
+            if found.pipe_dir in seen:
+                continue
+            seen.add(found.pipe_dir)
+            problem = stop_found_daemon(found)
+            if problem:
+                problems.append(problem)
+        shared = self.run_dir / "shared"
+        if shared.is_dir():
+            for d in sorted(shared.iterdir()):
+                if (d / "pipe").is_dir():
+                    result = MpsDaemon(d / "pipe", d / "log", visible_devices="",
+                                       settings=MpsSettings(kill_timeout_s=2.0)).stop()
+                    if result.survivors:
+                        problems.append(f"MPS daemon {d}: processes survived SIGKILL")
+        if problems:
+            raise ApplyError("; ".join(problems), hint="stop them by hand, then rerun mig apply (the node stays "
+                                                       "drained, the state file says why)")
+
+    def _mig(self, state: dict) -> None:
+        goal = state.get("goal", "target")
+        with self.open_port() as port:
+            try:
+                self._make(port, self._layout(state, "target" if goal == "target" else "old"))
+                return
+            except (MigPlacementError, NvmlError) as e:
+                if goal != "target":
+                    raise ApplyError(f"restoring the old layout failed too: {e.message}",
+                                     hint="the node stays drained; fix the GPU, then rerun") from None
+                state["goal"], state["error"] = "old", f"the target layout was refused: {e.message}"
+                self._save(state)
+                self.out(f"mig apply {self.node}: {state['error']}; restoring the old layout")
+            try:
+                self._make(port, self._layout(state, "old"))
+            except (MigPlacementError, NvmlError) as e:
+                raise ApplyError(f"{state['error']}, and restoring the old layout failed: {e.message}",
+                                 hint="the node stays drained; fix the GPU, then rerun") from None
+
+    def _make(self, port: NvmlPort, want: dict[int, list[Planned]]) -> None:
+        for i in sorted(want):
+            current = current_layout(port, [i])[i]
+            destroy, create = changes(current, want[i])
+            gis = {inst.start: inst.gi_id for inst in port.gpu_instances(i)}
+            for p in destroy:
+                port.destroy_gpu_instance(i, gis[p.start])
+                self.out(f"  GPU {i}: destroyed {p.profile} at {p.start}")
+                self._changed()
+            for p in create:
+                port.create_gpu_instance(i, p.profile_id, p.start)
+                self.out(f"  GPU {i}: created {p.profile} at {p.start}")
+                self._changed()
+
+    def _files(self, state: dict) -> None:
+        machine = self._machine()
+        with self.open_port() as port:
+            machine = with_instances(machine, port)
+        _write_keeping_mode(self.machine_path, machine.to_json())
+        node = generate_node_gres(machine, self.node, self.gres_options)
+        origin = machine.source or "machine description"
+        block = [f"# {self.node}: {len(machine.gpus)} GPU(s), from {origin}; MIG layout by slurm-gpushare mig apply",
+                 *[f"# {note}" for note in node.notes], *[r.render(self.node) for r in node.records]]
+        gres_text = replace_gres_lines(self.gres_conf.read_text(), self.node, block, source=str(self.gres_conf))
+        slurm_text = replace_slurm_gres(self.slurm_conf.read_text(), self.node, node.gres_value,
+                                        source=str(self.slurm_conf))
+        state["gres"] = node.gres_value
+        self._save(state)
+        for path, text in ((self.gres_conf, gres_text), (self.slurm_conf, slurm_text)):
+            if _write_keeping_mode(path, text):
+                self.out(f"  wrote {path}")
+
+    def _slurm(self, state: dict) -> None:
+        before = state.setdefault("slurmd_start_before", self.slurm.node(self.node).slurmd_start)
+        self._save(state)
+        # slurmd stopped first: the old one cannot register its old GRES with a slurmctld that reads the new
+        # slurm.conf (which drains the node with Slurm's reason, "gres/gpu count reported lower than configured")
+        self.slurm.stop_slurmd(self.node)
+        self.slurm.restart_slurmctld()
+        self._wait(lambda: self.slurm.node(self.node), "slurmctld answering after its restart",
+                   lambda: "scontrol show node fails")
+        self.slurm.start_slurmd(self.node)
+
+        def taken() -> bool:
+            now = self.slurm.node(self.node)
+            return gres_matches(now.gres, state["gres"]) and now.slurmd_start != before and \
+                "NOT_RESPONDING" not in now.state and not now.state.startswith("DOWN")
+
+        def seen() -> str:
+            try:
+                now = self.slurm.node(self.node)
+            except GpushareError as e:
+                return str(e)
+            return f"it shows Gres={now.gres}, State={now.state}, Reason={now.reason}"
+
+        self._wait(taken, f"slurmctld showing {self.node} with Gres={state['gres']} from a restarted slurmd", seen)
+
+    def _wait(self, cond: Callable[[], object], what: str, seen: Callable[[], str]) -> None:
+        since = self.clock()
+        while True:
+            try:
+                if cond():
+                    return
+            except SlurmError:
+                pass  # slurmctld restarting
+            if self.clock() - since >= self.slurm_timeout_s:
+                raise ApplyError(f"no {what} after {self.slurm_timeout_s:g} s ({seen()})",
+                                 hint=f"look at the slurmd and slurmctld logs; {self.node} stays drained and the "
+                                      f"state file {self.state_path} says why; rerun mig apply to try again")
+            self.sleep(self.poll_s)
+
+    def _resume(self, state: dict) -> None:
+        if state.get("drained_by_other"):
+            self.out(f"mig apply {self.node}: drained by someone else before ({state['drained_by_other']}): "
+                     "left drained")
+            return
+        now = self.slurm.node(self.node)
+        if not now.drained:
+            return
+        if now.reason != state["reason"]:
+            state["left_drained"] = now.reason
+            self.out(f"mig apply {self.node}: the drain reason is now {now.reason!r}, not ours: left drained")
+            return
+        self.slurm.resume(self.node)
+

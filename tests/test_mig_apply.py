@@ -1,0 +1,520 @@
+"""mig apply without Slurm daemons: the state machine on the fake NVML (opened from a description file, as the
+dev cluster's hooks open it) with a recorded sequence of Slurm calls, a kill at every step and mid-step
+followed by a rerun, the fallback to the old layout, and the errors for bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import yaml
+
+import slurm_gpushare.mig.apply as apply_mod
+from slurm_gpushare.errors import InputError
+from slurm_gpushare.gresconf.render import generate_node_gres, render_gres_conf, render_slurm_conf
+from slurm_gpushare.hardware.fake import FakeNvml, derived_gpus
+from slurm_gpushare.hardware.machine import Machine
+from slurm_gpushare.hardware.ports import open_nvml
+from slurm_gpushare.mig.apply import (
+    KILL_ENV,
+    STEPS,
+    Apply,
+    ApplyError,
+    NodeState,
+    current_layout,
+    gres_items,
+    parse_node,
+    read_layout,
+    replace_gres_lines,
+)
+from slurm_gpushare.mig.demand import Request
+from slurm_gpushare.mig.output import layout_json, mig_parted_yaml
+from slurm_gpushare.mig.plan import plan_layout
+from slurm_gpushare.slurm.nodegres import GresOptions
+
+ROOT = Path(__file__).resolve().parent.parent
+MIXED = ROOT / "slurm_gpushare" / "data" / "machines" / "4x-h100-mig-mixed.json"
+A100 = ROOT / "slurm_gpushare" / "data" / "machines" / "8x-a100-nv12-bridge.json"
+NODE = "h100-mig"
+OTHER = "a100-nvb"
+OPTS = GresOptions(device_dir="/dev")
+
+#: GPUs 2 and 3 of the mixed node hold 4g.40gb + 3x 1g.10gb; the target: 7x 1g.10gb on GPU 2, GPU 3 kept
+SEVEN = [{"profile": "1g.10gb", "profile_id": 19, "start": s} for s in range(7)]
+
+
+class Killed(Exception):
+    """Stands in for SIGKILL in a unit test."""
+
+
+class FakeSlurm:
+    """slurmctld as apply sees it: one node's state and reason, its GPU jobs, the Gres= slurmctld shows
+    (slurm.conf's once slurmctld restarted and slurmd started again), every call recorded."""
+
+    def __init__(self, slurm_conf: Path, *, jobs: list[list[str]] | None = None, drained: str | None = None,
+                 known=(NODE, OTHER)):
+        self.calls: list[tuple] = []
+        self.slurm_conf = slurm_conf
+        self.jobs = list(jobs or [])
+        self.reason = drained
+        self.known = known
+        self.gres = self._conf_gres()
+        self.start = 1
+        self.slurmd_up = True
+        self.ctld_config = self._conf_gres()
+        self.on_call = None
+
+    def _conf_gres(self) -> str:
+        line = next(ln for ln in self.slurm_conf.read_text().splitlines() if ln.startswith(f"NodeName={NODE} "))
+        return next(kv for kv in line.split() if kv.startswith("Gres=")).split("=", 1)[1]
+
+    def _call(self, *call) -> None:
+        self.calls.append(call)
+        if self.on_call:
+            self.on_call(call)
+
+    def node(self, node: str) -> NodeState:
+        self._call("show", node)
+        if node not in self.known:
+            raise InputError(f"unknown node {node}")
+        state = "IDLE+DRAIN" if self.reason else "IDLE"
+        return NodeState(state, self.reason, self.gres, str(self.start))
+
+    def drain(self, node: str, reason: str) -> None:
+        self._call("drain", node, reason)
+        self.reason = reason
+
+    def resume(self, node: str) -> None:
+        self._call("resume", node)
+        self.reason = None
+
+    def gpu_jobs(self, node: str) -> list[str]:
+        self._call("jobs", node)
+        return self.jobs.pop(0) if self.jobs else []
+
+    def stop_slurmd(self, node: str) -> None:
+        self._call("stop-slurmd", node)
+        self.slurmd_up = False
+
+    def restart_slurmctld(self) -> None:
+        self._call("restart-slurmctld")
+        self.ctld_config = self._conf_gres()
+        if self.slurmd_up:  # an old slurmd registers its old GRES against the new slurm.conf: Slurm drains
+            self.reason = "gres/gpu count reported lower than configured"
+
+    def start_slurmd(self, node: str) -> None:
+        self._call("start-slurmd", node)
+        self.slurmd_up = True
+        self.start += 1
+        self.gres = self.ctld_config
+
+
+@pytest.fixture
+def site(tmp_path):
+    """A node's files: its description (served by the fake NVML from that file), gres.conf and slurm.conf of
+    two nodes, a layout file."""
+    m = Machine.load(MIXED)
+    m = replace(m, hostname=NODE, gpus=tuple(derived_gpus(m)))
+    other = Machine.load(A100)
+    machine = tmp_path / f"{NODE}.json"
+    machine.write_text(m.to_json())
+    nodes = [generate_node_gres(m, NODE, OPTS), generate_node_gres(other, OTHER, OPTS)]
+    (tmp_path / "gres.conf").write_text(render_gres_conf(nodes, header="site gres.conf"))
+    (tmp_path / "slurm.conf").write_text("ClusterName=c\n" + render_slurm_conf(nodes) + "PartitionName=gpu Nodes=ALL\n")
+    layout = {"version": 1, "nodes": {NODE: {"gpus": [
+        {"index": 2, "name": m.gpu(2).name, "mig_enabled": True, "instances": SEVEN},
+        {"index": 3, "name": m.gpu(3).name, "mig_enabled": True, "instances": [
+            {"profile": "4g.40gb", "profile_id": 5, "start": 0},
+            *({"profile": "1g.10gb", "profile_id": 19, "start": s} for s in (4, 5, 6))]},
+    ]}}}
+    (tmp_path / "layout.json").write_text(json.dumps(layout))
+    return tmp_path
+
+
+def make(site: Path, slurm: FakeSlurm, layout: str = "layout.json", **kw) -> Apply:
+    kw.setdefault("poll_s", 0)
+    kw.setdefault("open_port", lambda: open_nvml(f"fake:{site / f'{NODE}.json'}"))
+    return Apply(node=NODE, layout=str(site / layout), targets=read_layout(site / layout, NODE),
+                 machine_path=site / f"{NODE}.json", state_path=site / "run" / "mig-apply.json",
+                 gres_conf=site / "gres.conf", slurm_conf=site / "slurm.conf", gres_options=OPTS,
+                 run_dir=site / "run", slurm=slurm, out=lambda line: None, sleep=lambda s: None, **kw)
+
+
+def run_once(job: Apply):
+    state = job.read_state() or job.prepare()
+    return job.run(state)
+
+
+def nvml_layout(site: Path) -> dict[int, list[tuple[str, int]]]:
+    """What a fresh fake NVML opened from the description file reports (another process's view)."""
+    with open_nvml(f"fake:{site / f'{NODE}.json'}") as port:
+        return {i: [(p.profile, p.start) for p in v] for i, v in current_layout(port, range(4)).items()}
+
+
+def node_lines(text: str, node: str) -> list[str]:
+    return [ln for ln in text.splitlines() if ln.startswith(f"NodeName={node} ")]
+
+
+def assert_consistent(site: Path) -> None:
+    """gres.conf's and slurm.conf's lines of the node are those rendered from what NVML reports."""
+    machine = Machine.load(site / f"{NODE}.json")
+    with open_nvml(f"fake:{site / f'{NODE}.json'}") as port:
+        machine = apply_mod.with_instances(machine, port)
+    want = generate_node_gres(machine, NODE, OPTS)
+    assert node_lines((site / "gres.conf").read_text(), NODE) == [r.render(NODE) for r in want.records]
+    conf_line = node_lines((site / "slurm.conf").read_text(), NODE)[0]
+    assert f"Gres={want.gres_value}" in conf_line.split()
+
+
+TARGET = {0: [], 1: [], 2: [("1g.10gb", s) for s in range(7)],
+          3: [("4g.40gb", 0), ("1g.10gb", 4), ("1g.10gb", 5), ("1g.10gb", 6)]}
+
+
+def test_fake_nvml_opened_from_a_file_writes_mig_changes_back(tmp_path):
+    path = tmp_path / "m.json"
+    path.write_text(Machine.load(MIXED).to_json())
+    path.chmod(0o644)
+    with open_nvml(f"fake:{path}") as port:
+        gi = port.gpu_instances(2)[0].gi_id
+        port.destroy_gpu_instance(2, gi)
+    with open_nvml(f"fake:{path}") as again:
+        assert gi not in {i.gi_id for i in again.gpu_instances(2)}
+        made = again.create_gpu_instance(2, 19, 0)
+    assert (path.stat().st_mode & 0o777) == 0o644
+    with FakeNvml(Machine.load(path)) as third:
+        assert made in third.gpu_instances(2)
+        # without a path nothing is written
+        before = path.read_text()
+        third.destroy_gpu_instance(2, made.gi_id)
+    assert path.read_text() == before
+
+
+def test_apply_changes_the_layout_files_and_slurm_in_order(site):
+    other_gres = node_lines((site / "gres.conf").read_text(), OTHER)
+    other_conf = node_lines((site / "slurm.conf").read_text(), OTHER)
+    slurm = FakeSlurm(site / "slurm.conf", jobs=[["7"], ["7"], []])
+    state = run_once(make(site, slurm))
+    assert state["goal"] == "target"
+    assert nvml_layout(site) == TARGET
+    assert_consistent(site)
+    # the other node's lines are untouched
+    assert node_lines((site / "gres.conf").read_text(), OTHER) == other_gres
+    assert node_lines((site / "slurm.conf").read_text(), OTHER) == other_conf
+    kinds = [c[0] for c in slurm.calls if c[0] != "show"]
+    assert kinds == ["drain", "jobs", "jobs", "jobs", "stop-slurmd", "restart-slurmctld", "start-slurmd", "resume"]
+    drain = next(c for c in slurm.calls if c[0] == "drain")
+    assert drain[2].startswith("gpushare mig apply: to layout.json, state ")
+    assert gres_items(slurm.gres) == gres_items("gpu:h100:2,gpu:h100_1g.10gb:10,gpu:h100_4g.40gb:1,shard:158")
+    assert slurm.reason is None
+    assert not (site / "run" / "mig-apply.json").exists()
+    assert json.loads((site / "run" / "mig-apply.last.json").read_text())["step"] == "resume"
+
+
+def test_a_second_apply_of_the_same_layout_does_nothing(site):
+    job = make(site, FakeSlurm(site / "slurm.conf"))
+    assert not apply_mod.same_profiles(job.prepare()["old"], job.prepare()["target"], placements=True)
+    run_once(job)
+    fresh = make(site, FakeSlurm(site / "slurm.conf")).prepare()
+    assert apply_mod.same_profiles(fresh["old"], fresh["target"], placements=True)
+
+
+def test_past_the_deadline_the_drain_is_undone_and_nothing_changes(site):
+    before = nvml_layout(site)
+    conf = (site / "gres.conf").read_text()
+    clock = iter(range(0, 10_000, 30))
+    slurm = FakeSlurm(site / "slurm.conf", jobs=[["41", "42"]] * 100)
+    with pytest.raises(ApplyError, match=r"still runs GPU job\(s\) 41, 42 after 60 s: layout unchanged"):
+        run_once(make(site, slurm, deadline_s=60, clock=lambda: float(next(clock))))
+    assert nvml_layout(site) == before
+    assert (site / "gres.conf").read_text() == conf
+    assert [c[0] for c in slurm.calls if c[0] not in ("show", "jobs")] == ["drain", "resume"]
+    assert slurm.reason is None
+    assert not (site / "run" / "mig-apply.json").exists()
+
+
+def test_a_node_drained_by_someone_else_is_left_drained(site):
+    slurm = FakeSlurm(site / "slurm.conf", drained="disk replacement")
+    run_once(make(site, slurm))
+    assert nvml_layout(site) == TARGET
+    assert not [c for c in slurm.calls if c[0] in ("drain", "resume")]
+    assert slurm.reason == "disk replacement"
+
+
+def test_a_reason_changed_meanwhile_is_not_resumed(site):
+    slurm = FakeSlurm(site / "slurm.conf")
+
+    def admin_redrains(call):
+        if call[0] == "restart-slurmctld":
+            slurm.reason = "bad DIMM"
+
+    slurm.on_call = admin_redrains
+    state = run_once(make(site, slurm))
+    assert state["left_drained"] == "bad DIMM"
+    assert "resume" not in [c[0] for c in slurm.calls]
+
+
+KILL_POINTS = [*STEPS, "mig-change:1", "mig-change:3", "mig-change:5"]
+
+
+@pytest.mark.parametrize("point", KILL_POINTS)
+def test_killed_at_any_step_a_rerun_ends_resumed_in_the_target(site, monkeypatch, point):
+    monkeypatch.setenv(KILL_ENV, point)
+
+    def kill():
+        raise Killed(point)
+
+    slurm = FakeSlurm(site / "slurm.conf")
+    with pytest.raises(Killed):
+        run_once(make(site, slurm, kill=kill))
+    saved = json.loads((site / "run" / "mig-apply.json").read_text())
+    assert saved["reason"].startswith("gpushare mig apply:")  # a drained node has its record
+    assert saved["node"] == NODE and saved["old"] and saved["target"]
+    monkeypatch.delenv(KILL_ENV)
+    run_once(make(site, slurm))
+    assert nvml_layout(site) == TARGET
+    assert_consistent(site)
+    assert slurm.reason is None
+    assert not (site / "run" / "mig-apply.json").exists()
+
+
+def test_nvml_refusing_the_target_restores_the_old_layout(site):
+    old = nvml_layout(site)
+    path = site / f"{NODE}.json"
+    slurm = FakeSlurm(site / "slurm.conf")
+
+    calls = []
+
+    def third_fails(gpu):  # the third create fails, once: an NVML error the placement rules did not foresee
+        calls.append(gpu)
+        return 999 if len(calls) == 3 else None
+
+    def port():
+        return FakeNvml(Machine.load(path), path=path, fail={"nvmlDeviceCreateGpuInstanceWithPlacement": third_fails})
+
+    with pytest.raises(ApplyError, match="the target layout was refused.*old layout was restored"):
+        run_once(make(site, slurm, open_port=port))
+    assert nvml_layout(site) == old
+    assert_consistent(site)
+    assert slurm.reason is None
+
+
+def test_dry_run_lists_the_steps_and_changes_nothing(site):
+    before = (site / f"{NODE}.json").read_text()
+    slurm = FakeSlurm(site / "slurm.conf")
+    job = make(site, slurm)
+    lines = job.describe(job.prepare())
+    assert [ln.split(":")[0] for ln in lines] == ["drain", "wait-jobs", "stop-mps", "mig", "mig", "files", "slurm",
+                                                  "resume"]
+    assert "GPU 2: 1g.10gb@1 1g.10gb@2 1g.10gb@3 4g.40gb@4" not in "\n".join(lines)
+    assert any("destroy 4g.40gb@0" in ln and ln.startswith("mig: GPU 2") for ln in lines)
+    assert (site / f"{NODE}.json").read_text() == before
+    assert [c[0] for c in slurm.calls] == ["show"]
+
+
+def test_a_whole_node_plan_with_mig_modes_kept_is_applied(site):
+    machine = Machine.load(site / f"{NODE}.json")
+    free = plan_layout([machine], [Request(mem_mib=10 * 1024, weight=14)])
+    kept = plan_layout([machine], [Request(mem_mib=10 * 1024, weight=14)], keep_mig_mode=True)
+    assert [p.choice.geometry is not None for p in free.gpus] != [g.mig_enabled for g in machine.gpus]
+    assert [p.choice.geometry is not None for p in kept.gpus] == [g.mig_enabled for g in machine.gpus]
+    (site / "free.json").write_text(layout_json(free))
+    (site / "kept.json").write_text(layout_json(kept))
+    with pytest.raises(InputError, match="MIG off; the layout wants it on"):
+        make(site, FakeSlurm(site / "slurm.conf"), layout="free.json").prepare()
+    run_once(make(site, FakeSlurm(site / "slurm.conf"), layout="kept.json"))
+    want = {p.gpu.index: sorted((i.profile.name, i.start) for i in p.choice.geometry.instances) if p.choice.geometry
+            else [] for p in kept.gpus}
+    assert {i: sorted(v) for i, v in nvml_layout(site).items()} == want
+    assert_consistent(site)
+
+
+def test_a_mig_parted_config_of_mig_plan_is_applied(site):
+    machine = Machine.load(site / f"{NODE}.json")
+    part = replace(machine, gpus=tuple(g for g in machine.gpus if g.mig_enabled))
+    plan = plan_layout([part], [Request(mem_mib=10 * 1024, weight=14)])
+    (site / "plan.yaml").write_text(mig_parted_yaml(plan))
+    (site / "plan.json").write_text(layout_json(plan))
+    for name in ("plan.yaml", "plan.json"):
+        targets = read_layout(site / name, NODE)
+        assert sorted(targets) == [2, 3]
+    slurm = FakeSlurm(site / "slurm.conf")
+    run_once(make(site, slurm, layout="plan.yaml"))
+    got = nvml_layout(site)
+    want = yaml.safe_load((site / "plan.yaml").read_text())["mig-configs"][f"gpushare-{NODE}"]
+    for entry in want:
+        for d in entry["devices"]:
+            assert sorted(p for p, _ in got[d]) == sorted(p for p, n in entry["mig-devices"].items() for _ in range(n))
+    assert_consistent(site)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda g: g.update(name="NVIDIA A100-SXM4-80GB"), "GPU 2 is a NVIDIA A100-SXM4-80GB in the layout"),
+    (lambda g: g["instances"].__setitem__(1, {"profile": "1g.10gb", "profile_id": 19, "start": 0}),
+     "invalid geometry: .*overlaps"),
+    (lambda g: g["instances"].__setitem__(0, {"profile": "3g.40gb", "profile_id": 9, "start": 1}),
+     "invalid geometry: .*cannot start at memory slice 1"),
+    (lambda g: g["instances"].__setitem__(0, {"profile": "2g.12gb", "profile_id": 5, "start": 0}),
+     "offers no MIG profile 2g.12gb"),
+    (lambda g: g.update(mig_enabled=False, instances=[]), "GPU 2 has MIG on; the layout wants it off"),
+])
+def test_bad_layouts_are_refused_before_the_drain(site, edit, message):
+    data = json.loads((site / "layout.json").read_text())
+    edit(data["nodes"][NODE]["gpus"][0])
+    (site / "layout.json").write_text(json.dumps(data))
+    slurm = FakeSlurm(site / "slurm.conf")
+    with pytest.raises(InputError, match=message):
+        make(site, slurm).prepare()
+    assert not [c for c in slurm.calls if c[0] != "show"]
+
+
+def test_unknown_node_and_a_node_missing_from_the_layout(site):
+    slurm = FakeSlurm(site / "slurm.conf", known=())
+    with pytest.raises(InputError, match="unknown node h100-mig"):
+        make(site, slurm).prepare()
+    with pytest.raises(InputError, match="has no node gpu99"):
+        read_layout(site / "layout.json", "gpu99")
+
+
+def test_22_05_needs_a_slurmctld_restart_command(site, monkeypatch):
+    monkeypatch.chdir(site)
+    r = _cli(site, monkeypatch, NODE, "--layout", str(site / "layout.json"), "--dry-run")
+    assert r.exit_code == 0
+    from click.testing import CliRunner
+
+    from slurm_gpushare.cli import main
+
+    r = CliRunner().invoke(main, ["mig", "apply", NODE, "--layout", str(site / "layout.json"), "--config",
+                                  str(site / "node.toml"), "--slurm-version", "22.05", "--dry-run"])
+    assert r.exit_code == 2 and "give --restart-slurmctld CMD" in r.output, r.output
+
+
+@pytest.mark.parametrize("shown, want, ok", [
+    ("gpu:h100:2(S:0),gpu:h100_1g.10gb:14(S:1),shard:h100:158(S:0),shard:h100_1g.10gb:0(S:1)",
+     "gpu:h100:2,gpu:h100_1g.10gb:14,shard:158", True),
+    ("gpu:h100:2(S:0),gpu:h100_4g.40gb:2(S:1),gpu:h100_1g.10gb:6(S:1),shard:h100:158(S:0)",
+     "gpu:h100:2,gpu:h100_1g.10gb:14,shard:158", False),
+    ("gpu:h100:2(S:0),gpu:h100_4g.40gb:1(S:1),gpu:h100_1g.10gb:14(S:1),shard:h100:158(S:0)",
+     "gpu:h100:2,gpu:h100_1g.10gb:14,shard:158", False),
+    ("gpu:h100:2,gpu:h100_1g.10gb:14,shard:h100:150", "gpu:h100:2,gpu:h100_1g.10gb:14,shard:158", False),
+])
+def test_gres_matches(shown, want, ok):
+    assert apply_mod.gres_matches(shown, want) is ok
+
+
+def test_parse_node_reads_reason_and_gres():
+    text = ("NodeName=h100-mig Arch=x86_64 CoresPerSocket=32\n   Gres=gpu:h100:2(S:0),gpu:h100_1g.10gb:6(S:1),"
+            "shard:h100_1g.10gb:0,shard:158(S:0)\n   State=IDLE+DRAIN ThreadsPerCore=2\n"
+            "   SlurmdStartTime=2026-12-02T01:00:00\n"
+            "   Reason=gpushare mig apply: to layout.json, state /run/x [root@2026-12-02T01:02:03]\n")
+    n = parse_node(text)
+    assert n.drained and n.reason == "gpushare mig apply: to layout.json, state /run/x"
+    assert gres_items(n.gres) == {"gpu:h100:2", "gpu:h100_1g.10gb:6", "shard:158"}
+    assert n.slurmd_start == "2026-12-02T01:00:00"
+    assert parse_node("NodeName=a State=IDLE\n").reason is None
+
+
+def test_gres_lines_behind_an_include_are_refused():
+    with pytest.raises(InputError, match="Include lines: h100-mig's lines may be in an included file"):
+        replace_gres_lines("AutoDetect=off\nInclude /etc/slurm/gres.d/nodes.conf\n", NODE, ["x"], source="gres.conf")
+    assert replace_gres_lines("AutoDetect=off\n", NODE, ["NodeName=h100-mig Name=gpu"], source="g") == \
+        "AutoDetect=off\n\nNodeName=h100-mig Name=gpu\n"
+
+
+def test_gres_lines_of_a_hostlist_line_are_refused():
+    with pytest.raises(InputError, match="names h100-mig among other nodes"):
+        replace_gres_lines("NodeName=h100-mig,a100 Name=gpu File=/dev/nvidia0\n", NODE, [], source="gres.conf")
+
+
+STUB_SCONTROL = """#!/bin/sh
+# scontrol as slurmctld would answer for one node (show node), and 'not found' for any other
+if [ "$1 $2" = "-d show" ] && [ "$4" = "h100-mig" ]; then
+  echo "NodeName=h100-mig Arch=x86_64"
+  echo "   Gres=gpu:h100:2(S:0),gpu:h100_4g.40gb:2(S:1),gpu:h100_1g.10gb:6(S:1),shard:158(S:0)"
+  echo "   State=IDLE ThreadsPerCore=2"
+  echo "   SlurmdStartTime=2026-12-02T01:00:00"
+  exit 0
+fi
+echo "Node $4 not found" >&2
+exit 1
+"""
+
+
+def _cli(site: Path, monkeypatch, *args: str):
+    from click.testing import CliRunner
+
+    from slurm_gpushare.cli import main
+
+    bin_dir = site / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "scontrol").write_text(STUB_SCONTROL)
+    (bin_dir / "scontrol").chmod(0o755)
+    (site / "node.toml").write_text(f'version = 1\nrun_dir = "{site}/run"\nmachine = "{site}/{{node}}.json"\n')
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("SLURM_CONF", str(site / "slurm.conf"))
+    monkeypatch.setenv("GPUSHARE_NVML", f"fake:{site / f'{NODE}.json'}")
+    return CliRunner().invoke(main, ["mig", "apply", *args, "--config", str(site / "node.toml"),
+                                     "--slurm-version", "24.11"])
+
+
+def test_cli_dry_run_prints_the_steps_and_changes_nothing(site, monkeypatch):
+    before = {p.name: p.read_text() for p in site.iterdir() if p.is_file()}
+    r = _cli(site, monkeypatch, NODE, "--layout", str(site / "layout.json"), "--dry-run")
+    assert r.exit_code == 0, r.output
+    assert "drain: scontrol update nodename=h100-mig state=drain reason=\"gpushare mig apply: to layout.json" \
+        in r.output
+    assert "mig: GPU 2: 4g.40gb@0 1g.10gb@4 1g.10gb@5 1g.10gb@6 -> 1g.10gb@0" in r.output
+    assert {p.name: p.read_text() for p in site.iterdir() if p.is_file() and p.name in before} == before
+    assert not (site / "run" / "mig-apply.json").exists()
+
+
+def test_cli_unknown_node_is_one_line_and_exit_2(site, monkeypatch):
+    data = json.loads((site / "layout.json").read_text())
+    data["nodes"]["gpu99"] = data["nodes"][NODE]
+    (site / "layout.json").write_text(json.dumps(data))
+    r = _cli(site, monkeypatch, "gpu99", "--layout", str(site / "layout.json"), "--dry-run")
+    assert r.exit_code == 2, r.output
+    assert "unknown node gpu99" in r.output and "sinfo -N" in r.output
+
+
+def test_stop_mps_stops_a_job_daemon_left_in_the_run_dir(site):
+    import subprocess
+    import time
+
+    pipe = site / "run" / "jobs" / "77" / "mps" / "pipe"
+    pipe.mkdir(parents=True)
+    env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(pipe)}
+    # a process that looks like a job's MPS control daemon (its name and pipe directory)
+    proc = subprocess.Popen(["bash", "-c", "exec -a nvidia-cuda-mps-control sleep 600"], env=env)
+    try:
+        from slurm_gpushare.node.jobdir import job_daemons
+
+        deadline = time.monotonic() + 10
+        while not any(d.pid == proc.pid for d in job_daemons(site / "run")):
+            assert time.monotonic() < deadline, "the stand-in daemon is not found by process"
+            time.sleep(0.05)
+        make(site, FakeSlurm(site / "slurm.conf"))._stop_mps({})
+        assert proc.wait(timeout=30) != 0  # signalled
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_cli_plan_keep_mig_mode_keeps_every_gpu_s_mode(tmp_path):
+    from click.testing import CliRunner
+
+    from slurm_gpushare.cli import main
+
+    (tmp_path / "demand.csv").write_text("mem,count\n6G,10\n8G,8\n10G,4\n20G,1\ngpu,1\n")
+    args = ["mig", "plan", str(MIXED), "--demand", str(tmp_path / "demand.csv")]
+    rows = {}
+    for flag in ((), ("--keep-mig-mode",)):
+        r = CliRunner().invoke(main, [*args, *flag])
+        assert r.exit_code == 0, r.output
+        rows[flag] = [ln.split(None, 2)[2] for ln in r.output.splitlines() if ln.startswith("h100-mig ")]
+    assert rows[()][0].endswith("7x 1g.10gb")  # free to turn MIG on
+    assert [r.split("  ")[-1].strip() for r in rows[("--keep-mig-mode",)]] == \
+        ["MIG off", "MIG off", "7x 1g.10gb", "7x 1g.10gb"]
