@@ -234,6 +234,29 @@ class SlurmSession:
 FREE_TEXT = ("AdminComment=", "Comment=", "Command=", "Reason=", "Features=")
 
 
+_USED_UIDS: set[int] = set()
+
+
+def add_user(name: str) -> int:
+    """``useradd`` an unprivileged user with a uid no user of this test session had (returned): useradd would give
+    a just-deleted user's uid to the next one, and slurmctld and slurmdbd keep uid -> name maps of their own, so a
+    job of the new user could be shown under the old one's name."""
+    import pwd
+    import random
+
+    while True:
+        uid = random.randint(20000, 59999)
+        try:
+            pwd.getpwuid(uid)
+        except KeyError:
+            if uid not in _USED_UIDS:
+                break
+    _USED_UIDS.add(uid)
+    subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", "-u", str(uid), name], check=True,
+                   capture_output=True)
+    return uid
+
+
 def throwaway_users(root: Path, count: int = 2):
     """A fixture's body: ``count`` unprivileged users created for the test (``gpsa<tag>``, ``gpsb<tag>``...) and a
     world-writable output dir under ``root``/test-output, yielded as ``(names, out)``; the users are removed
@@ -245,7 +268,7 @@ def throwaway_users(root: Path, count: int = 2):
     tag = uuid.uuid4().hex[:6]
     names = [f"gps{chr(ord('a') + i)}{tag}" for i in range(count)]
     for n in names:
-        subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", n], check=True, capture_output=True)
+        add_user(n)
     out = Path(root) / "test-output" / f"users-{tag}"
     out.mkdir(parents=True, exist_ok=True)
     os.chmod(out, 0o1777)

@@ -29,6 +29,7 @@ from tests.conftest import (
     TEST_PORT,
     Job,
     SlurmSession,
+    add_user,
     parse_scontrol_record,
     wait_until,
 )
@@ -154,7 +155,7 @@ def user(billing):
     if os.geteuid() != 0:
         pytest.skip("creating users needs root")
     name = f"gpsq{uuid.uuid4().hex[:6]}"
-    subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", name], check=True, capture_output=True)
+    add_user(name)
     submitted: list[str] = []
     mgr = ["sacctmgr", "-i"]
     billing.run([*mgr, "add", "qos", "gpumem", "MaxTRESPerUser=gres/shard=15"], check=False)
