@@ -46,7 +46,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -191,7 +191,7 @@ class Planned:
 
     def to_dict(self) -> dict:
         """As the state file holds it."""
-        return {"profile": self.profile, "profile_id": self.profile_id, "start": self.start}
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, d: Mapping) -> Planned:
