@@ -22,7 +22,7 @@ import fcntl
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,6 +74,20 @@ def make_job_dir(job_dir: Path) -> None:
     """Create the job's directory (mode :data:`DIR_MODE`: the job's user passes through to its files)."""
     job_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(job_dir, DIR_MODE)
+
+
+def job_plans(run_dir: Path, *, except_job: str | None = None) -> Iterator[tuple[str, Path, dict]]:
+    """``(job id, job directory, plan)`` of each job directory in ``<run_dir>/jobs`` but ``except_job``'s (the plan
+    from its state.json, ``{}`` when it has none: a Prolog that died half-way, or a job of one whole GPU)."""
+    try:
+        entries = sorted(os.scandir(Path(run_dir) / "jobs"), key=lambda e: e.name)
+    except OSError:
+        return
+    for e in entries:
+        if e.name == except_job or e.name.startswith(".") or not e.is_dir():
+            continue
+        d = Path(e.path)
+        yield e.name, d, (read_state(d) or {}).get("plan") or {}
 
 
 def read_state(job_dir: Path) -> dict | None:

@@ -51,7 +51,7 @@ import psutil
 from slurm_gpushare.errors import GpushareError
 from slurm_gpushare.hardware.port import NvmlPort
 from slurm_gpushare.node.context import HookContext
-from slurm_gpushare.node.jobdir import read_state
+from slurm_gpushare.node.jobdir import job_plans
 from slurm_gpushare.node.monitor import job_of_cgroup, parse_listpids, read_cgroup
 from slurm_gpushare.node.shared_mps import members
 from slurm_gpushare.procinfo import kill_and_wait, process, real_uid, running, started_at
@@ -172,10 +172,8 @@ def daemon_pids(ctx: HookContext, *, except_job: str | None = None) -> set[int]:
     check makes a disguised process count only as a daemon of its own user's job (what the verdict for
     "another job of the same user" keeps anyway). ``except_job``: a job whose daemon does not count."""
     pipes: dict[Path, int] = {}
-    for d in (ctx.run_dir / "jobs").glob("*"):
-        if d.name == except_job or not d.is_dir():
-            continue
-        uid = ((read_state(d) or {}).get("plan") or {}).get("uid")
+    for _job, d, plan in job_plans(ctx.run_dir, except_job=except_job):
+        uid = plan.get("uid")
         if isinstance(uid, int) and uid >= 0:
             pipes[d / "mps" / "pipe"] = uid
     for d in (ctx.run_dir / "shared").glob("*"):

@@ -36,6 +36,7 @@ from slurm_gpushare.node.jobdir import (
     STATE_VERSION,
     WAITING_DIR,
     job_lock,
+    job_plans,
     make_job_dir,
     read_state,
     restart_from_env,
@@ -164,16 +165,11 @@ def shares_on(ctx: HookContext, job_id: str, gpus: tuple[int, ...]) -> dict[str,
     them). A directory may outlive its job (a node that went down before the Epilog): the caller asks
     slurmctld which of these still run."""
     found: dict[str, tuple[int, ...]] = {}
-    try:
-        entries = [e for e in os.scandir(ctx.run_dir / "jobs") if e.name.isdigit() and e.name != job_id]
-    except OSError:
-        return found
-    for e in entries:
-        plan = (read_state(Path(e.path)) or {}).get("plan") or {}
-        if plan.get("kind") == "mps":
+    for other, _d, plan in job_plans(ctx.run_dir, except_job=job_id):
+        if other.isdigit() and plan.get("kind") == "mps":
             held = tuple(g for g in plan.get("gpu_indices") or () if g in gpus)
             if held:
-                found[e.name] = held
+                found[other] = held
     return found
 
 
