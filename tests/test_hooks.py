@@ -784,8 +784,6 @@ def test_a_whole_gpu_still_used_by_a_share_requeues_the_job_given_it(node):
     node.jobs["7"] = SHOW.format(job="7", node="a100", gres="gpu:a100:1", detail="gpu:a100:1(IDX:4)", ac="")
     ctx, requeued = _guarded(node, {"101": 0, "7": 0})
     assert prolog(ctx, _env("7")) == 0 and requeued == [] and (ctx.job_dir("7") / "run.json").exists()
-    ctx, requeued = _guarded(node, {"6": 0})
-    assert prolog(ctx, _env("6")) == 0 and requeued == [] and (ctx.job_dir("6") / "run.json").exists()
     # slurmctld not reached: the share is taken as running (the job is tried again later)
     node.jobs["8"] = SHOW.format(job="8", node="a100", gres="gpu:a100:2", detail="gpu:a100:2(IDX:2-3)", ac="")
     ctx, requeued = _guarded(node, None)
@@ -793,6 +791,11 @@ def test_a_whole_gpu_still_used_by_a_share_requeues_the_job_given_it(node):
     # a job that cannot be requeued is cancelled, the node stays up
     ctx, requeued = _guarded(node, {"101": 0, "8": 0}, requeue_fails=True)
     assert prolog(ctx, _env("8")) == 0 and node.cancelled == ["8"] and not node.drained
+    assert not (node.root / "run" / "a100" / "waiting" / "8").exists()  # not requeued: nothing to wake
+    # a share whose job no longer runs: its claim is forgotten, the job runs
+    ctx, requeued = _guarded(node, {"6": 0})
+    assert prolog(ctx, _env("6")) == 0 and requeued == [] and (ctx.job_dir("6") / "run.json").exists()
+    assert sorted(p.name for p in (node.root / "run" / "a100" / "claims").iterdir()) == ["6", "7"]
     for job in ("101", "6", "7"):
         epilog(node.ctx, _env(job))
 
@@ -809,10 +812,10 @@ def test_the_last_share_s_epilog_makes_the_requeued_job_eligible(node):
     ctx = replace(ctx, start_now=woken.append)
     assert prolog(ctx, _env("6")) == 0 and requeued == ["6"]
     waiting = node.root / "run" / "a100" / "waiting" / "6"
-    assert json.loads(waiting.read_text()) == {"shares": ["101", "102"]}
+    assert json.loads(waiting.read_text()) == {"waits_for": ["101", "102"]}
     assert oct(waiting.stat().st_mode & 0o777) == "0o600" and oct(waiting.parent.stat().st_mode & 0o777) == "0o700"
     assert epilog(ctx, _env("101")) == 0 and woken == []  # 102 still shares GPU 3
-    assert json.loads(waiting.read_text()) == {"shares": ["102"]}
+    assert json.loads(waiting.read_text()) == {"waits_for": ["102"]}
     assert epilog(ctx, _env("102")) == 0 and woken == ["6"] and not waiting.exists()
     assert "job 6 made eligible" in (node.root / "run" / "a100" / "node.log").read_text()
     # a job gone meanwhile (scontrol fails) is forgotten, the Epilog still succeeds; a corrupt file is dropped
@@ -824,3 +827,87 @@ def test_the_last_share_s_epilog_makes_the_requeued_job_eligible(node):
 
     assert epilog(replace(ctx, start_now=gone), {"SLURM_JOB_ID": "103", "SLURMD_NODENAME": "a100"}) == 0
     assert not list(waiting.parent.iterdir())
+
+
+def test_a_share_of_a_gpu_held_whole_requeues_the_share_until_the_whole_job_ends(node):
+    """The other order (also seen on 22.05 in the packing replay): a share given a GPU another job holds whole.
+    The share's job yields; the whole job's Epilog makes it eligible. The waiting record is written before the
+    requeue, so an Epilog that runs right after the requeue finds it."""
+    node.jobs["6"] = SHOW.format(job="6", node="a100", gres="gpu:a100:1", detail="gpu:a100:1(IDX:3)", ac="")
+    assert prolog(node.ctx, _env("6")) == 0 and (node.ctx.job_dir("6") / "run.json").exists()
+    _shard_job(node, job="101", idx="3")
+    waiting = node.root / "run" / "a100" / "waiting" / "101"
+    seen: list[bool] = []
+    ctx, requeued = _guarded(node, {"6": 0, "101": 0})
+    ctx = replace(ctx, requeue=lambda job: (seen.append(waiting.exists()), requeued.append(job)))
+    woken: list[str] = []
+    ctx = replace(ctx, start_now=woken.append)
+    assert prolog(ctx, _env("101")) == 0 and requeued == ["101"] and seen == [True]
+    assert not (ctx.job_dir("101") / "state.json").exists()  # no MPS daemon started for it
+    assert "given an MPS share of GPUs another job holds whole: GPU 3 (job 6)" in (
+        node.root / "run" / "a100" / "node.log").read_text()
+    assert json.loads(waiting.read_text()) == {"waits_for": ["6"]}
+    assert epilog(ctx, _env("6")) == 0 and woken == ["101"] and not waiting.exists()
+    # tried again, it runs, and its claim now makes a whole-GPU job given GPU 3 yield
+    assert prolog(ctx, _env("101")) == 0 and (ctx.job_dir("101") / "state.json").exists()
+    node.jobs["7"] = SHOW.format(job="7", node="a100", gres="gpu:a100:1", detail="gpu:a100:1(IDX:3)", ac="")
+    ctx, requeued = _guarded(node, {"7": 0, "101": 0})
+    assert prolog(ctx, _env("7")) == 0 and requeued == ["7"]
+    # two shares of one GPU do not conflict
+    _shard_job(node, job="102", idx="3")
+    ctx, requeued = _guarded(node, {"7": 0, "101": 0, "102": 0})
+    assert prolog(ctx, _env("102")) == 0 and requeued == []
+    for job in ("101", "102", "7"):
+        assert epilog(node.ctx, _env(job)) == 0
+
+
+def test_a_job_that_starts_forgets_it_waited_and_claims_never_fail_the_epilog(node):
+    """A requeued job that starts (woken, or after the delay) is no longer waiting; an Epilog whose claims
+    cannot be updated (the run dir's claims path is not a directory) still ends the job cleanly."""
+    waiting = node.root / "run" / "a100" / "waiting" / "6"
+    waiting.parent.mkdir(parents=True)
+    waiting.write_text(json.dumps({"waits_for": ["101"]}))
+    node.jobs["6"] = SHOW.format(job="6", node="a100", gres="gpu:a100:1", detail="gpu:a100:1(IDX:3)", ac="")
+    assert prolog(node.ctx, _env("6")) == 0 and not waiting.exists()
+    claims_dir = node.root / "run" / "a100" / "claims"
+    shutil.rmtree(claims_dir)
+    claims_dir.write_text("not a directory")
+    assert epilog(node.ctx, _env("6")) == 0 and not node.drained
+    assert "claims not updated" in (node.root / "run" / "a100" / "node.log").read_text()
+    claims_dir.unlink()
+    _shard_job(node, job="101", idx="3")
+    assert prolog(node.ctx, _env("101")) == 0 and epilog(node.ctx, _env("101")) == 0
+
+
+def _claim_in_child(run_dir: str, job: str, kind: str, go, out) -> None:
+    from slurm_gpushare.node import claims
+
+    go.wait()
+    with claims.claims_lock(Path(run_dir)):
+        found = claims.conflicting(Path(run_dir), job, kind, (0,))
+        if not found:
+            claims.write_claim(Path(run_dir), claims.Claim(job, kind, (0,)))
+    out.put((job, sorted(found)))
+
+
+def test_prologs_that_start_at_once_on_one_gpu_see_each_other(tmp_path):
+    """The check and the claim are one step under the node's lock: of a whole-GPU job and shares started at
+    the same moment in separate processes, either the whole job claims the GPU and every share yields, or the
+    shares claim it and the whole job yields; never both."""
+    import multiprocessing
+
+    mp = multiprocessing.get_context("fork")
+    for _round in range(5):
+        run_dir = tmp_path / f"r{_round}"
+        go, out = mp.Event(), mp.Queue()
+        jobs = [("1", "gpu"), ("2", "mps"), ("3", "mps"), ("4", "mps")]
+        procs = [mp.Process(target=_claim_in_child, args=(str(run_dir), j, k, go, out)) for j, k in jobs]
+        for p in procs:
+            p.start()
+        go.set()
+        for p in procs:
+            p.join(30)
+        results = dict(out.get(timeout=5) for _ in jobs)
+        claimed = sorted(p.name for p in (run_dir / "claims").iterdir())
+        assert claimed in (["1"], ["2", "3", "4"]), (claimed, results)
+        assert all(results[j] == [] for j in claimed)

@@ -1,6 +1,6 @@
 """A GPU that shares out shards is never also given whole while one of its shares still runs.
 
-The product's guard (the Prolog, :func:`slurm_gpushare.node.prolog.wait_for_shares`) requeues such a job: it
+The product's guard (the Prolog, :func:`slurm_gpushare.node.prolog.wait_for_gpus`) requeues such a job: it
 waits, and runs once the share has ended; the share's job and the node are not touched.
 
 Measured on the dev cluster (Slurm 22.05.8, a node of 2 A100 80GB with 80 shards each): two shard jobs on

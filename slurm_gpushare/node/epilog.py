@@ -13,7 +13,7 @@ same); accounting never fails the Epilog.
 
 from __future__ import annotations
 
-import os
+import json
 import shutil
 import sys
 import time
@@ -23,6 +23,7 @@ from pathlib import Path
 
 from slurm_gpushare.errors import GpushareError, InputError
 from slurm_gpushare.hardware.ports import open_nvml
+from slurm_gpushare.node import claims
 from slurm_gpushare.node.config import NodeConfig
 from slurm_gpushare.node.context import (
     HookContext,
@@ -34,7 +35,7 @@ from slurm_gpushare.node.context import (
     plan_with_machine,
     stuck_reason,
 )
-from slurm_gpushare.node.jobdir import WAITING_DIR, JobDaemon, job_daemons, job_lock, read_run, read_state
+from slurm_gpushare.node.jobdir import JobDaemon, job_daemons, job_lock, read_run, read_state
 from slurm_gpushare.node.leftovers import EndedJob, drain_reason, sweep
 from slurm_gpushare.node.mps import MpsDaemon, MpsSettings
 from slurm_gpushare.node.plan import JobPlan
@@ -70,44 +71,41 @@ def epilog(ctx: HookContext, env: dict[str, str]) -> int:
 
 
 def wake_waiting(ctx: HookContext, job_id: str) -> list[str]:
-    """Jobs the Prolog requeued because their whole GPUs held other jobs' MPS shares
-    (:func:`~slurm_gpushare.node.prolog.wait_for_shares`, ``<run_dir>/waiting/<id>``) whose last share was
-    ``job_id``: each is made eligible now (``scontrol update StartTime=now``) instead of after slurmctld's
-    requeue delay, and forgotten; a job still waiting for other shares keeps the rest. Nothing here fails the
-    Epilog: a job that is gone, or slurmctld not reached, is logged (the job then starts after the delay).
+    """Forget ``job_id``'s claim on its GPUs (:mod:`slurm_gpushare.node.claims`) and make eligible now
+    (``scontrol update StartTime=now``), instead of after slurmctld's requeue delay, each job the Prolog requeued
+    for it (:func:`~slurm_gpushare.node.prolog.wait_for_gpus`) that waits for nobody else; a job still waiting
+    for others keeps the rest of its list. One step under the node's claims lock, so a Prolog requeueing a job
+    for ``job_id`` at this moment is either seen here or sees the claim gone. Nothing here fails the Epilog: a
+    job that is gone, slurmctld not reached, or the run dir not writable is logged (a requeued job then starts
+    after the delay).
 
     Returns:
         the jobs made eligible.
     """
-    import json
-
-    from slurm_gpushare.atomicfile import read_own_file, write_atomic
+    from slurm_gpushare.atomicfile import write_atomic
 
     woken: list[str] = []
     try:
-        entries = [e for e in os.scandir(ctx.run_dir / WAITING_DIR) if e.name.isdigit()]
-    except OSError:
-        return woken
-    for e in entries:
-        path = Path(e.path)
-        try:
-            shares = [str(j) for j in json.loads(read_own_file(path, max_bytes=65536))["shares"]]
-        except (OSError, ValueError, KeyError, TypeError):
-            path.unlink(missing_ok=True)
-            continue
-        if job_id not in shares:
-            continue
-        left = [j for j in shares if j != job_id]
-        if left:
-            write_atomic(path, json.dumps({"shares": left}), mode=0o600, fsync=False)
-            continue
-        path.unlink(missing_ok=True)
-        try:
-            ctx.start_now(e.name)
-            woken.append(e.name)
-            log_event(ctx, "epilog", f"job {e.name} made eligible: the MPS share it waited for (job {job_id}) ended")
-        except GpushareError as err:
-            log_event(ctx, "epilog", f"job {e.name}: not made eligible after job {job_id}'s share ended: {err}")
+        with claims.claims_lock(ctx.run_dir):
+            claims.drop_claim(ctx.run_dir, job_id)
+            for job, waits_for in claims.waiting(ctx.run_dir).items():
+                if job_id not in waits_for:
+                    continue
+                path = claims.waiting_path(ctx.run_dir, job)
+                left = [j for j in waits_for if j != job_id]
+                if left:
+                    write_atomic(path, json.dumps({"waits_for": left}), mode=0o600, fsync=False)
+                    continue
+                path.unlink(missing_ok=True)
+                try:
+                    ctx.start_now(job)
+                    woken.append(job)
+                    log_event(ctx, "epilog", f"job {job} made eligible: job {job_id}, which held its GPUs, ended")
+                except GpushareError as err:
+                    log_event(ctx, "epilog", f"job {job}: not made eligible after job {job_id} ended: {err}")
+    except OSError as e:
+        log_event(ctx, "epilog", f"job {job_id}: claims not updated ({e.strerror}: {e.filename}): a job waiting for "
+                                 "it starts after slurmctld's requeue delay")
     return woken
 
 

@@ -104,11 +104,6 @@ def read_state(job_dir: Path) -> dict | None:
 VOLATILE_FSYNC = False
 
 
-#: ``<run_dir>/waiting/<job id>``: a job the Prolog requeued until other jobs' MPS shares on its GPUs end, and
-#: those share jobs (``{"shares": [id, ...]}``; :func:`~slurm_gpushare.node.prolog.wait_for_shares`)
-WAITING_DIR = "waiting"
-
-
 def write_run(job_dir: Path, *, restart: int, start: int) -> None:
     """Record which run of the job this is (``run.json``, root's only): the restart count slurmd gave
     the Prolog (``SLURM_JOB_RESTART_COUNT``) and the run's start (epoch seconds, slurmctld's

@@ -11,7 +11,6 @@ was refused at submit time and never gets here.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import time
@@ -22,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from slurm_gpushare.atomicfile import read_own_file, write_atomic
 from slurm_gpushare.errors import ConfigError, GpushareError, InputError, ParseError
 from slurm_gpushare.hardware.machine import Machine
+from slurm_gpushare.node import claims
 from slurm_gpushare.node.config import check_shard_unit
 from slurm_gpushare.node.context import (
     HookContext,
@@ -34,9 +34,7 @@ from slurm_gpushare.node.context import (
 )
 from slurm_gpushare.node.jobdir import (
     STATE_VERSION,
-    WAITING_DIR,
     job_lock,
-    job_plans,
     make_job_dir,
     read_state,
     restart_from_env,
@@ -136,7 +134,7 @@ def prolog(ctx: HookContext, env: dict[str, str]) -> int:
             info, (plan, machine, gres) = record_and_plan(ctx, job_id, env)
         if plan.kind == "none":
             return 0
-        if plan.kind == "gpu" and wait_for_shares(ctx, job_id, plan):
+        if wait_for_gpus(ctx, job_id, plan):
             return 0
         job_dir = ctx.job_dir(job_id)
         with job_lock(job_dir):
@@ -159,64 +157,70 @@ def prolog(ctx: HookContext, env: dict[str, str]) -> int:
     return 0
 
 
-def shares_on(ctx: HookContext, job_id: str, gpus: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
-    """Other jobs' MPS shares on ``gpus`` (NVML indices) here: job id -> the GPUs of ``gpus`` its share uses, read
-    from the job directories the Prolog writes (``<run_dir>/jobs/<id>/state.json``, root's only: no user writes
-    them). A directory may outlive its job (a node that went down before the Epilog): the caller asks
-    slurmctld which of these still run."""
-    found: dict[str, tuple[int, ...]] = {}
-    for other, _d, plan in job_plans(ctx.run_dir, except_job=job_id):
-        if other.isdigit() and plan.get("kind") == "mps":
-            held = tuple(g for g in plan.get("gpu_indices") or () if g in gpus)
-            if held:
-                found[other] = held
-    return found
+def wait_for_gpus(ctx: HookContext, job_id: str, plan: JobPlan) -> bool:
+    """Claim the job's GPUs on this node (:mod:`slurm_gpushare.node.claims`), or requeue the job when another
+    running job's claim holds one of them in a way this job's cannot share: a GPU given whole while another job's
+    MPS share runs on it, or a share of a GPU another job holds whole. Returns whether the job was requeued (or,
+    when it cannot be, cancelled): the Prolog then prepares nothing.
 
-
-def wait_for_shares(ctx: HookContext, job_id: str, plan: JobPlan) -> bool:
-    """Requeue a job given whole GPUs that another running job's MPS share still uses. Returns whether it was
-    requeued (or, when it cannot be, cancelled): the Prolog then prepares nothing.
-
-    Slurm 22.05.8 marks a GPU free of shards once one of its shard jobs ends, while others still run there, and
-    then gives it whole to the next ``gpu`` job (measured on the dev cluster; 24.11.5 and 26.05.3 keep it:
-    tests/test_shard_sharing_slurm.py): that job's user would be told the whole GPU that the share's MPS limit
-    also promised. Requeued, the job waits (slurmctld's ``Reason=BeginTime``) and is tried again once the share
-    has ended: the last share's Epilog brings its start forward (:func:`~slurm_gpushare.node.epilog.wake_waiting`),
-    else slurmctld's requeue delay passes first. Costs a directory listing; slurmctld is asked (``squeue``) only
-    when a share is found, to skip a job directory that outlived its job. A job that cannot be requeued
+    Slurm 22.05.8 resets a GPU's shard bookkeeping when one of its shard jobs ends while others still run there,
+    and then gives the GPU whole to the next ``gpu`` job, or a share of it while it is held whole (measured on the
+    dev cluster; 24.11.5 and 26.05.3 keep them apart: tests/test_shard_sharing_slurm.py): that job's user would be
+    told the whole GPU that the share's MPS limit also promised. The check and the claim are one step under the
+    node's claims lock, so two Prologs that start at once see each other. Requeued, the job waits (slurmctld's
+    ``Reason=BeginTime``) and is tried again once the jobs it waits for have ended: the last one's Epilog brings
+    its start forward (:func:`~slurm_gpushare.node.epilog.wake_waiting`), else slurmctld's requeue delay passes
+    first. Costs a directory listing and a small file; slurmctld is asked (``squeue``) only when a claim
+    conflicts, to skip (and forget) a claim that outlived its job. A job that cannot be requeued
     (``--no-requeue``) is cancelled, the reason in the node log (:func:`~slurm_gpushare.node.context.fail_job`).
+    A run dir that cannot be written claims nothing and requeues nothing (logged): Slurm's own choice stands.
     """
-    found = shares_on(ctx, job_id, plan.gpu_indices)
-    if not found:
+    if plan.kind not in claims.KINDS or not plan.gpu_indices:
         return False
     try:
-        running = ctx.job_owners(ctx.node)
-        found = {j: g for j, g in found.items() if j in running}
-    except GpushareError:
-        pass  # slurmctld not reached: take the directories as they are (the job is tried again later)
-    if not found:
-        return False
+        with claims.claims_lock(ctx.run_dir):
+            found = claims.conflicting(ctx.run_dir, job_id, plan.kind, plan.gpu_indices)
+            if found:
+                try:
+                    running = ctx.job_owners(ctx.node)
+                except GpushareError:
+                    running = None  # slurmctld not reached: take the claims as they are (tried again later)
+                if running is not None:
+                    for stale in set(found) - set(running):
+                        claims.drop_claim(ctx.run_dir, stale)
+                    found = {j: g for j, g in found.items() if j in running}
+            if found:
+                _requeue_for(ctx, job_id, plan, found)
+                return True
+            claims.waiting_path(ctx.run_dir, job_id).unlink(missing_ok=True)  # it runs: nothing to wake
+            claims.write_claim(ctx.run_dir, claims.Claim(job_id, plan.kind, plan.gpu_indices))
+    except OSError as e:
+        log_event(ctx, "prolog", f"job {job_id}: its GPUs not claimed ({e.strerror}: {e.filename}): another job "
+                                 "given them at once is not told apart")
+    return False
+
+
+def _requeue_for(ctx: HookContext, job_id: str, plan: JobPlan, found: dict[str, tuple[int, ...]]) -> None:
+    """Requeue ``job_id`` until the jobs of ``found`` end, remembered as waiting first (so that an Epilog that
+    ends the last of them right after the requeue finds it); cancel it when it cannot be requeued."""
     on = ", ".join(f"GPU {','.join(map(str, g))} (job {j})" for j, g in sorted(found.items()))
-    why = f"given whole GPUs that another job's MPS share still uses: {on}; Slurm freed them too early"
+    if plan.kind == "gpu":
+        why = f"given whole GPUs that another job's MPS share still uses: {on}; Slurm freed them too early"
+    else:
+        why = f"given an MPS share of GPUs another job holds whole: {on}; Slurm shared them too early"
+    path = claims.waiting_path(ctx.run_dir, job_id)
     try:
-        ctx.requeue(job_id)
-    except GpushareError as e:
-        fail_job(ctx, job_id, JobFault(f"{why}; requeue failed ({e})"), "prolog")
-        return True
-    log_event(ctx, "prolog", f"job {job_id} requeued: {why}")
-    try:  # the shares' Epilogs bring its start forward once the last of them has ended (epilog.wake_waiting)
-        path = waiting_path(ctx, job_id)
-        path.parent.mkdir(mode=0o700, exist_ok=True)
-        write_atomic(path, json.dumps({"shares": sorted(found)}), mode=0o600, fsync=False)
+        claims.write_waiting(ctx.run_dir, job_id, found)
     except OSError as e:
         log_event(ctx, "prolog", f"job {job_id}: not remembered as waiting ({e.strerror}): it starts after "
                                  "slurmctld's requeue delay")
-    return True
-
-
-def waiting_path(ctx: HookContext, job_id: str) -> Path:
-    """Where :func:`wait_for_shares` remembers a requeued job (root's, mode 0600)."""
-    return ctx.run_dir / WAITING_DIR / job_id
+    try:
+        ctx.requeue(job_id)
+    except GpushareError as e:
+        path.unlink(missing_ok=True)
+        fail_job(ctx, job_id, JobFault(f"{why}; requeue failed ({e})"), "prolog")
+        return
+    log_event(ctx, "prolog", f"job {job_id} requeued: {why}")
 
 
 #: An ``Include`` line of gres.conf (gres.conf(5)): the file is then not read alone.
