@@ -300,3 +300,28 @@ def test_filterd_looks_up_the_default_policy_it_is_given(tmp_path, monkeypatch):
     assert seen["default_policy_path"] == tmp_path / "site" / "gpushare.toml" and seen["policy_path"] is None
     r = CliRunner().invoke(main, args)
     assert seen["default_policy_path"] == Path("/etc/slurm/gpushare/gpushare.toml"), r.output
+
+
+def test_a_bad_policy_after_one_that_waits_says_which_policy_decides(setup):
+    """Found in review: a valid policy waiting for an inventory (slurmctld down at its reload), then a reload of a
+    file made invalid: the refresh of that reload puts the waiting policy in force, while the log line said the
+    service was "still deciding with" the one in force before. The line now says what decides after the reload."""
+    cache, service, source, slurm, log, policy_file = setup
+    policy_file.write_text(MPS_FIRST_2G)
+    slurm.down, slurm.unit = True, 2048
+    assert reload(cache, source, Log(log)) is False and cache.pending is not None
+    slurm.down = False
+    policy_file.write_text('version = 1\nmode_order = ["mps"\n')
+    assert reload(cache, source, Log(log)) is False
+    assert grant(service) == "gres:shard:5" and cache.pending is None  # the waiting one came in
+    [line] = events(log, "policy_rejected")
+    assert line["kept"] == str(policy_file) and line["in_force"] == "the version read at an earlier reload", line
+    assert "the version of it read at an earlier reload" in line["message"], line
+    # slurmctld down again at the bad reload: the waiting policy still waits, and the line says so
+    policy_file.write_text("version = 1\n")
+    slurm.down, slurm.unit = True, 1024
+    assert reload(cache, source, Log(log)) is False and cache.pending is not None
+    policy_file.write_text('version = 1\nmode_order = ["mps"\n')
+    assert reload(cache, source, Log(log)) is False
+    line = events(log, "policy_rejected")[-1]
+    assert line["in_force"] == "unchanged" and "waits for an inventory" in line["message"], line

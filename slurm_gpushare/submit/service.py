@@ -393,10 +393,21 @@ def reload(cache: InventoryCache, source: PolicySource, log: Log, reason: str = 
         policy = source.load(in_force=kept)
     except GpushareError as e:
         where = source.where() or (None if kept == SitePolicy().source else kept)
+        waiting = cache.pending
+        cache.refresh(reason)  # a policy that waited for an inventory comes in with this one
+        kept = cache.policy.source
+        if waiting is None:
+            in_force, still = "unchanged", f"still deciding with {kept}"
+        elif cache.pending is None:
+            in_force = "the version read at an earlier reload"
+            still = f"deciding with {kept}, the version of it read at an earlier reload (it waited for an inventory)"
+        else:
+            in_force = "unchanged"
+            still = (f"still deciding with {kept}; the version of {waiting.source} read at an earlier reload "
+                     "waits for an inventory")
         log("policy_rejected", reason=reason, file=str(where or "built-in defaults"), error=e.message, hint=e.hint,
-            kept=kept, message=f"site policy {where} not loaded: {e.message}"
-                               + (f" ({e.hint})" if e.hint else "") + f"; still deciding with {kept}")
-        cache.refresh(reason)
+            kept=kept, in_force=in_force, message=f"site policy {where} not loaded: {e.message}"
+                                                  + (f" ({e.hint})" if e.hint else "") + f"; {still}")
         return False
     return cache.refresh(reason, policy=policy)
 
