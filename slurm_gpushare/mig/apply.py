@@ -5,10 +5,11 @@ The steps (:data:`STEPS`), each recorded in a state file before it starts and on
 1. ``drain``: ``scontrol update nodename=NODE state=drain reason="gpushare mig apply: ..."`` (the reason
    names the layout and the state file). A node already drained with another reason stays drained
    by its owner: apply never resumes it.
-2. ``wait-jobs``: until no job with GPU GRES (``squeue %b`` naming ``gpu``, ``shard`` or ``gpushare``) runs
-   on the node, at most ``deadline`` seconds from the step's first start; past it the drain is undone
-   (resume, when the reason is still ours), the layout is left as it was and :class:`ApplyError` says
-   which jobs still run.
+2. ``wait-jobs``: until no job holds GPU GRES (``gpu``, ``shard``) on the node as slurmctld allocated them
+   (:meth:`CommandSlurm.gpu_jobs`: any request form, ``--gpus`` too), at most ``deadline`` seconds from the
+   step's first start; past it the drain is undone (recorded, then resume when the reason is still ours,
+   then the state file moved away: :meth:`Apply._undo`), the layout is left as it was and
+   :class:`ApplyError` says which jobs still run.
 3. ``stop-mps``: the node's MPS control daemons, per job (found by process, ``node.jobdir.job_daemons``)
    and shared (``<run_dir>/shared/*``), are stopped.
 4. ``mig``: on each GPU of the layout, the GPU instances that are not in the target are destroyed
@@ -18,7 +19,9 @@ The steps (:data:`STEPS`), each recorded in a state file before it starts and on
    layout is restored the same way and apply goes on with it (files, Slurm, resume), then fails.
 5. ``files``: the node's machine description gets the instances NVML reports, gres.conf gets the
    node's lines rendered from it (:func:`~slurm_gpushare.gresconf.render.generate_node_gres`, the
-   ``gres-conf`` generator), slurm.conf the node's ``Gres=``; each file replaced whole.
+   ``gres-conf`` generator), slurm.conf the node's ``Gres=``; each file replaced whole (through a symbolic
+   link: the file it points to). What could stop this step is checked before the drain
+   (:meth:`Apply.check_files`).
 6. ``slurm``: the node's slurmd is stopped, slurmctld restarted (``scontrol reconfigure`` from 23.11 on, which
    restarts it; 22.05 needs a real restart: its reconfigure refuses a changed count of ``File=`` GRES, see
    :data:`RECONFIGURE_RESTARTS`), slurmd started, then apply waits until slurmctld shows the node's new
@@ -30,7 +33,9 @@ The steps (:data:`STEPS`), each recorded in a state file before it starts and on
 
 A rerun with a state file continues at the recorded step (a step is written to be done twice: each
 reads NVML and Slurm afresh), so a kill at any point ends in the target layout or, when that cannot be
-made, the old one; the node is drained only while a state file says why. The state file is
+made, the old one; the node is drained only while a state file says why. A rerun that continues past
+``wait-jobs`` drains the node again when it was resumed meanwhile and waits for its GPU jobs before
+touching the GPUs (:meth:`Apply._recheck`). One apply of a node runs at a time (:meth:`Apply.locked`). The state file is
 ``<run_dir>/mig-apply.json`` (node.toml ``run_dir``) unless given; once done it becomes
 ``mig-apply.last.json``.
 """
