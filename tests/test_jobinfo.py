@@ -117,3 +117,11 @@ def test_devices_in_use_on_a_node(text, used):
     from slurm_gpushare.slurm.job import used_devices
 
     assert used_devices(text) == used
+
+
+def test_gres_detail_of_a_gpus_job_with_empty_index_lists_of_other_types():
+    # 22.05.8, a --gpus=1 job on a node of gpu:h100 and two MIG types (measured on the dev cluster): the types it
+    # got none of show an empty IDX: list
+    items = parse_gres_detail("gpu:h100:1(IDX:0),gpu:h100_4g.40gb:0(IDX:),gpu:h100_1g.10gb:0(IDX:)")
+    assert [(it.type, it.count, it.indices) for it in items] == \
+        [("h100", 1, (0,)), ("h100_4g.40gb", 0, ()), ("h100_1g.10gb", 0, ())]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -518,3 +519,280 @@ def test_cli_plan_keep_mig_mode_keeps_every_gpu_s_mode(tmp_path):
     assert rows[()][0].endswith("7x 1g.10gb")  # free to turn MIG on
     assert [r.split("  ")[-1].strip() for r in rows[("--keep-mig-mode",)]] == \
         ["MIG off", "MIG off", "7x 1g.10gb", "7x 1g.10gb"]
+
+
+# --- config files checked before the drain (hostlists, Include, global lines, missing, configless) ---
+
+
+def _node_line_to_hostlist(site: Path) -> None:
+    """slurm.conf: the node's line names it with the other node (NodeName=a100-nvb,h100-mig ...)."""
+    conf = site / "slurm.conf"
+    lines = [ln for ln in conf.read_text().splitlines() if not ln.startswith(f"NodeName={OTHER} ")]
+    conf.write_text("\n".join(ln.replace(f"NodeName={NODE} ", f"NodeName={OTHER},{NODE} ") for ln in lines) + "\n")
+
+
+def _gres_without_node_lines(site: Path, extra: str) -> None:
+    conf = site / "gres.conf"
+    keep = [ln for ln in conf.read_text().splitlines() if not ln.startswith(f"NodeName={NODE} ")]
+    conf.write_text("\n".join([*keep, extra]) + "\n")
+
+
+def _configless(site: Path) -> None:
+    cache = site / "spool" / "conf-cache"
+    cache.mkdir(parents=True)
+    (site / "gres.conf").rename(cache / "gres.conf")
+
+
+@pytest.mark.parametrize("edit, gres_conf, message", [
+    (_node_line_to_hostlist, "gres.conf", r"slurm.conf:\d+: NodeName=a100-nvb,h100-mig names h100-mig among other "
+                                          r"nodes: its Gres= is theirs too"),
+    (lambda site: _gres_without_node_lines(site, "Include /etc/slurm/gres.d/nodes.conf"), "gres.conf",
+     "gres.conf has no NodeName=h100-mig line but Include lines"),
+    (lambda site: (site / "slurm.conf").write_text(
+        "\n".join(ln for ln in (site / "slurm.conf").read_text().splitlines() if not ln.startswith(f"NodeName={NODE}"))
+        + "\nInclude nodes.conf\n"), "gres.conf", "slurm.conf has no NodeName=h100-mig line but Include lines"),
+    (lambda site: (site / "gres.conf").write_text(
+        (site / "gres.conf").read_text().replace(f"NodeName={OTHER},", "XX").replace(
+            f"NodeName={NODE} Name=gpu Type=h100 File=/dev/nvidia0", f"NodeName={NODE},{OTHER} Name=gpu Type=h100 "
+            "File=/dev/nvidia0", 1)), "gres.conf", r"gres.conf:\d+: NodeName=h100-mig,a100-nvb names h100-mig among"),
+    (lambda site: (site / "gres.conf").write_text((site / "gres.conf").read_text() + "Name=gpu File=/dev/nvidia7\n"),
+     "gres.conf", r"gres.conf:\d+: Name=gpu without NodeName= applies to every node, h100-mig too"),
+    (lambda site: (site / "gres.conf").unlink(), "gres.conf", r"gres.conf .*gres.conf does not exist \(a configless"),
+    (_configless, "spool/conf-cache/gres.conf", "is slurmd's copy from slurmctld \\(configless\\)"),
+])
+def test_config_problems_are_refused_before_the_drain(site, edit, gres_conf, message):
+    before = nvml_layout(site)
+    slurm = FakeSlurm(site / "slurm.conf")
+    edit(site)
+    job = replace(make(site, slurm), gres_conf=site / gres_conf)
+    with pytest.raises(InputError, match=message):
+        job.prepare()
+    assert [c[0] for c in slurm.calls] == ["show"]  # not drained
+    assert nvml_layout(site) == before
+    assert not (site / "run" / "mig-apply.json").exists()
+
+
+def test_cli_dry_run_refuses_a_gres_conf_with_include_lines_in_one_line(site, monkeypatch):
+    _gres_without_node_lines(site, "Include /etc/slurm/gres.d/nodes.conf")
+    r = _cli(site, monkeypatch, NODE, "--layout", str(site / "layout.json"), "--gres-conf", str(site / "gres.conf"),
+             "--dry-run")
+    assert r.exit_code == 2, r.output
+    assert "has no NodeName=h100-mig line but Include lines" in r.output
+    assert len(r.output.strip().splitlines()) == 1, r.output
+
+
+def test_a_name_line_with_nodename_later_is_the_node_s_and_other_global_lines_stay(site):
+    conf = site / "gres.conf"
+    first = node_lines(conf.read_text(), NODE)[0]
+    fields = first.split()
+    moved = " ".join([fields[1], fields[0], *fields[2:]])  # Name=gpu NodeName=h100-mig ...: the node's line too
+    conf.write_text(conf.read_text().replace(first, moved) + "Name=nic File=/dev/infiniband/uverbs0\n")
+    run_once(make(site, FakeSlurm(site / "slurm.conf")))
+    text = conf.read_text()
+    assert moved not in text
+    assert [ln for ln in text.splitlines() if f"NodeName={NODE}" in ln] == node_lines(text, NODE)
+    assert "Name=nic File=/dev/infiniband/uverbs0" in text.splitlines()
+    assert_consistent(site)
+
+
+# --- a rerun re-drains; the undo records before it resumes ---
+
+
+def _killed_at(point: str, site: Path, slurm: FakeSlurm, monkeypatch, **kw) -> None:
+    """Run apply until the test hook kills it at ``point``; the hook is off again afterwards."""
+    monkeypatch.setenv(KILL_ENV, point)
+
+    def kill():
+        raise Killed(point)
+
+    with pytest.raises(Killed):
+        run_once(make(site, slurm, kill=kill, **kw))
+    monkeypatch.delenv(KILL_ENV)
+
+
+def test_a_rerun_after_a_kill_drains_again_and_waits_for_gpu_jobs_before_touching_gpus(site, monkeypatch):
+    before = nvml_layout(site)
+    slurm = FakeSlurm(site / "slurm.conf")
+    _killed_at("wait-jobs", site, slurm, monkeypatch)
+    slurm.reason = None  # an admin resumed the node meanwhile; a job got its GPUs
+    slurm.jobs = [["9"], ["9"], []]
+    slurm.calls.clear()
+    seen = []
+    slurm.on_call = lambda call: seen.append((call[0], nvml_layout(site) == before))
+    run_once(make(site, slurm))
+    kinds = [k for k, _ in seen if k != "show"]
+    assert kinds[:4] == ["drain", "jobs", "jobs", "jobs"], kinds
+    assert all(unchanged for k, unchanged in seen if k in ("drain", "jobs"))
+    assert nvml_layout(site) == TARGET
+    assert slurm.reason is None  # apply owns the drain it set again: resumed at the end
+
+
+def test_a_rerun_whose_gpu_jobs_outlast_the_deadline_leaves_the_node_drained(site, monkeypatch):
+    slurm = FakeSlurm(site / "slurm.conf")
+    _killed_at("stop-mps", site, slurm, monkeypatch)
+    before = nvml_layout(site)
+    slurm.reason = None
+    slurm.jobs = [["9"]] * 100
+    with pytest.raises(ApplyError, match=r"runs GPU job\(s\) 9 again .* the node stays drained"):
+        run_once(make(site, slurm, **_deadline_kw()))
+    assert nvml_layout(site) == before
+    assert (slurm.reason or "").startswith("gpushare mig apply:")
+    assert (site / "run" / "mig-apply.json").exists()
+
+
+def _deadline_kw() -> dict:
+    """A deadline of 60 s and a clock that moves 30 s per reading."""
+    clock = iter(range(0, 10_000, 30))
+    return {"deadline_s": 60, "clock": lambda: float(next(clock))}
+
+
+def test_killed_while_undoing_at_the_deadline_the_rerun_finishes_the_undo(site, monkeypatch):
+    before = nvml_layout(site)
+    slurm = FakeSlurm(site / "slurm.conf", jobs=[["41"]] * 100)
+    _killed_at("undo", site, slurm, monkeypatch, **_deadline_kw())
+    saved = json.loads((site / "run" / "mig-apply.json").read_text())
+    assert saved["goal"] == "undone"  # recorded before the resume
+    assert (slurm.reason or "").startswith("gpushare mig apply:")  # still drained, and the state file says why
+    slurm.jobs = []  # the jobs ended meanwhile: still, the rerun only finishes the undo
+    with pytest.raises(ApplyError, match="had given up waiting .* drain undone, layout unchanged"):
+        run_once(make(site, slurm))
+    assert slurm.reason is None
+    assert nvml_layout(site) == before
+    assert not (site / "run" / "mig-apply.json").exists()
+
+
+def test_killed_right_after_the_undo_s_resume_a_rerun_does_not_touch_the_resumed_node(site):
+    before = nvml_layout(site)
+    slurm = FakeSlurm(site / "slurm.conf", jobs=[["41"]] * 100)
+    resume = slurm.resume
+
+    def resume_then_die(node):
+        resume(node)
+        raise Killed("after resume")
+
+    slurm.resume = resume_then_die  # type: ignore[method-assign]
+    with pytest.raises(Killed):
+        run_once(make(site, slurm, **_deadline_kw()))
+    assert slurm.reason is None  # resumed
+    slurm.resume = resume  # type: ignore[method-assign]
+    slurm.jobs = []
+    with pytest.raises(ApplyError, match="had given up waiting"):
+        run_once(make(site, slurm))
+    assert nvml_layout(site) == before  # a resumed node's GPUs were never changed
+    assert not [c for c in slurm.calls if c[0] in ("drain", "stop-slurmd")][1:]
+    assert not (site / "run" / "mig-apply.json").exists()
+
+
+# --- one apply at a time ---
+
+
+def test_a_second_apply_of_the_node_is_refused_naming_the_holder(site):
+    job = make(site, FakeSlurm(site / "slurm.conf"))
+    with job.locked() as path:
+        assert path.read_text().strip() == str(os.getpid())
+        with pytest.raises(InputError, match=rf"another mig apply of h100-mig is running \(pid {os.getpid()}"):
+            with make(site, FakeSlurm(site / "slurm.conf")).locked():
+                pass
+    with make(site, FakeSlurm(site / "slurm.conf")).locked():  # released with the first
+        pass
+
+
+def test_cli_second_apply_exits_2_while_another_holds_the_lock(site, monkeypatch):
+    import subprocess
+    import time
+
+    lock = site / "run" / "mig-apply.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys, time\n"
+                               f"fd = os.open({str(lock)!r}, os.O_RDWR | os.O_CREAT)\n"
+                               "fcntl.flock(fd, fcntl.LOCK_EX)\nos.write(fd, f'{os.getpid()}\\n'.encode())\n"
+                               "print('held', flush=True)\ntime.sleep(600)\n"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        before = nvml_layout(site)
+        start = time.monotonic()
+        r = _cli(site, monkeypatch, NODE, "--layout", str(site / "layout.json"))
+        assert r.exit_code == 2, r.output
+        assert f"another mig apply of h100-mig is running (pid {holder.pid}" in r.output
+        assert time.monotonic() - start < 30  # refused, not waited for
+        assert nvml_layout(site) == before
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+# --- a symlinked gres.conf stays a link ---
+
+
+def test_a_symlinked_gres_conf_is_written_through_to_its_target(site):
+    real_dir = site / "shared-etc"
+    real_dir.mkdir()
+    (site / "gres.conf").rename(real_dir / "gres.conf")
+    (real_dir / "gres.conf").chmod(0o640)
+    (site / "gres.conf").symlink_to(real_dir / "gres.conf")
+    run_once(make(site, FakeSlurm(site / "slurm.conf")))
+    assert (site / "gres.conf").is_symlink()
+    assert os.readlink(site / "gres.conf") == str(real_dir / "gres.conf")
+    assert ((real_dir / "gres.conf").stat().st_mode & 0o777) == 0o640
+    assert not [p.name for p in real_dir.iterdir() if p.name != "gres.conf"]  # no temporary file left
+    assert_consistent(site)
+
+
+# --- malformed layouts: one line, exit 2 ---
+
+
+def _layout_edit(site: Path, edit) -> Path:
+    data = json.loads((site / "layout.json").read_text())
+    edit(data)
+    (site / "bad.json").write_text(json.dumps(data))
+    return site / "bad.json"
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda d: d.update(nodes=[NODE]), "'nodes' is not a mapping"),
+    (lambda d: d["nodes"].update({NODE: [1, 2]}), "'gpus' is not a list"),
+    (lambda d: d["nodes"][NODE]["gpus"].__setitem__(0, [2, True]), "GPU entry 0 is not a mapping"),
+    (lambda d: d["nodes"][NODE]["gpus"][0].update(index="two"), "index 'two' is not a whole number"),
+    (lambda d: d["nodes"][NODE]["gpus"][0].update(index=2.5), "index 2.5 is not a whole number"),
+    (lambda d: d["nodes"][NODE]["gpus"][0].update(mig_enabled="false"), "mig_enabled 'false' is not true or false"),
+    (lambda d: d["nodes"][NODE]["gpus"][0].update(instances={"a": 1}), "'instances' is not a list"),
+    (lambda d: d["nodes"][NODE]["gpus"][0].update(instances=SEVEN * 3), "21 instances, more than any GPU holds"),
+    (lambda d: d["nodes"][NODE]["gpus"][0]["instances"][0].update(start=-1), "start -1 is out of range"),
+    (lambda d: d["nodes"][NODE]["gpus"][0]["instances"][0].update(profile=7), "profile 7 is not a MIG profile name"),
+    (lambda d: d["nodes"][NODE]["gpus"].append(d["nodes"][NODE]["gpus"][0]), "GPU 2 is listed twice"),
+])
+def test_malformed_layout_json_is_one_input_error(site, edit, message):
+    with pytest.raises(InputError, match=message):
+        read_layout(_layout_edit(site, edit), NODE)
+
+
+@pytest.mark.parametrize("entries, message", [
+    ("[1, 2]", "entry 0 is not a mapping"),
+    ("{devices: [2]}", "the config is not a list"),
+    ("[{devices: [2], mig-enabled: true, mig-devices: [1g.10gb]}]", "mig-devices is not a mapping"),
+    ("[{devices: [2], mig-enabled: true, mig-devices: {1g.10gb: 100000000}}]",
+     "count of 1g.10gb 100000000 is out of range 0..16"),
+    ("[{devices: [2], mig-enabled: true, mig-devices: {1g.10gb: -1}}]", "count of 1g.10gb -1 is out of range"),
+    ("[{devices: [2], mig-enabled: true, mig-devices: {1g.10gb: 1.5}}]", "count of 1g.10gb 1.5 is not a whole"),
+    ("[{devices: 2, mig-enabled: true, mig-devices: {1g.10gb: 1}}]", "devices 2 is not a list of GPU indices"),
+    ("[{devices: [2], mig-enabled: 'yes', mig-devices: {1g.10gb: 1}}]", "mig-enabled 'yes' is not true or false"),
+    ("[{devices: [2], mig-enabled: true, mig-devices: {1g.10gb: 10, 2g.20gb: 10}}]",
+     "20 instances per GPU, more than any GPU holds"),
+    ("[{devices: [2], mig-enabled: true}, {devices: [2], mig-enabled: true}]", "GPU 2 is in two entries"),
+])
+def test_malformed_mig_parted_configs_are_one_input_error(site, entries, message):
+    (site / "bad.yaml").write_text(f"version: v1\nmig-configs:\n  gpushare-{NODE}: {entries}\n")
+    with pytest.raises(InputError, match=message):
+        read_layout(site / "bad.yaml", NODE)
+
+
+@pytest.mark.parametrize("text", [
+    json.dumps({"version": 1, "nodes": {NODE: {"gpus": [[2, True]]}}}),
+    "mig-configs:\n  gpushare-h100-mig: [{devices: [2], mig-enabled: true, mig-devices: [x]}]\n",
+    "mig-configs: [1]\n",
+])
+def test_cli_malformed_layout_is_one_line_and_exit_2(site, monkeypatch, text):
+    (site / "bad.layout").write_text(text)
+    r = _cli(site, monkeypatch, NODE, "--layout", str(site / "bad.layout"), "--dry-run")
+    assert r.exit_code == 2, (r.output, r.exception)
+    assert len(r.output.strip().splitlines()) == 1 and "Traceback" not in r.output, r.output

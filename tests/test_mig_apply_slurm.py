@@ -34,7 +34,7 @@ from slurm_gpushare.mig.plan import plan_layout
 from slurm_gpushare.slurm.nodegres import GresOptions
 from slurm_gpushare.slurm.release import Release
 from slurm_gpushare_dev.cluster import DevCluster
-from tests.conftest import TEST_PORT, private_cluster, wait_until
+from tests.conftest import TEST_PORT, job_trail, private_cluster, wait_until
 
 pytestmark = pytest.mark.slurm
 
@@ -217,14 +217,55 @@ def test_apply_changes_the_mig_node_only_and_new_jobs_get_the_new_slices(mc):
         wait_until(lambda: _ended(c, other), f"job {other} to end")
 
 
+def _other_layout(c: DevCluster) -> Path:
+    """The layout of the two that the MIG node is not in now."""
+    layouts = c.layouts  # type: ignore[attr-defined]
+    return layouts["today"] if _layout_now(c) == _wanted(layouts["small"]) else layouts["small"]
+
+
+def _waiting_for(c: DevCluster) -> list[str] | None:
+    try:
+        return json.loads(_state_file(c).read_text()).get("waiting_for") or None
+    except (OSError, ValueError):
+        return None
+
+
+@pytest.mark.parametrize("ask", [("--gpus=1",), ("--ntasks=1", "--gpus-per-task=1"), ("--gpus-per-node=1",)])
+def test_a_job_that_asked_gpus_in_any_form_holds_the_apply_until_it_ends(mc, ask):
+    """--gpus and --gpus-per-task leave squeue's tres-per-node (%b) empty: apply must see the GPUs slurmctld
+    allocated to the job on the node."""
+    c = mc
+    target, before = _other_layout(c), _layout_now(c)
+    gate = c.root / f"gate-{os.urandom(3).hex()}"
+    job = _sbatch(c, "-w", MIG, *ask, wrap=f"while [ ! -e {gate} ]; do sleep 0.2; done")
+    p = None
+    try:
+        wait_until(lambda: _job(c, job).get("JobState") == "RUNNING", f"job {job} running")
+        p = _apply(c, target)
+        assert wait_until(lambda: _waiting_for(c), "apply waiting for the job",
+                          describe=lambda: f"apply exited {p.poll()}" if p and p.poll() is not None else
+                          _state_file(c).read_text() if _state_file(c).exists() else "no state file") == [job]
+        assert p.poll() is None and _layout_now(c) == before
+        gate.touch()
+        rc, out = _finish(p)
+        assert rc == 0, out
+        assert _ended(c, job) == "COMPLETED", job_trail(c, job)
+        assert _layout_now(c) == _wanted(target)
+        _consistent(c)
+    finally:
+        gate.touch()
+        if p is not None and p.poll() is None:
+            _finish(p)
+        wait_until(lambda: _ended(c, job), f"job {job} to end")
+
+
 KILL_POINTS = ("drain", "wait-jobs", "stop-mps", "mig-change:3", "mig", "files", "slurm", "resume")
 
 
 def test_killed_at_each_step_a_rerun_ends_resumed_and_consistent(mc):
     c = mc
-    layouts = c.layouts  # type: ignore[attr-defined]
     for point in KILL_POINTS:
-        target = layouts["today"] if _layout_now(c) == _wanted(layouts["small"]) else layouts["small"]
+        target = _other_layout(c)
         before = _layout_now(c)
         p = _apply(c, target, kill_after=point)
         rc, out = _finish(p)

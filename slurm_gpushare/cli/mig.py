@@ -163,6 +163,15 @@ def mig_apply(node, layout_file, config_path, state_dir, gres_conf, slurm_conf, 
                 run_dir=run_dir, slurm=CommandSlurm(stop_command, start_command, ctld_command), open_port=open_nvml,
                 deadline_s=deadline_s, slurm_timeout_s=slurm_timeout_s,
                 out=lambda line: click.echo(line, err=True))
+    import contextlib
+
+    with contextlib.ExitStack() as stack:
+        if not dry_run:  # one apply of a node at a time; a dry run changes nothing
+            stack.enter_context(job.locked())
+        _apply(job, node, layout_file, state_path, dry_run)
+
+
+def _apply(job, node, layout_file, state_path, dry_run) -> None:
     saved = job.read_state()
     fresh = job.prepare()
     if saved is not None:

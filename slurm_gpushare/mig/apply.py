@@ -5,10 +5,11 @@ The steps (:data:`STEPS`), each recorded in a state file before it starts and on
 1. ``drain``: ``scontrol update nodename=NODE state=drain reason="gpushare mig apply: ..."`` (the reason
    names the layout and the state file). A node already drained with another reason stays drained
    by its owner: apply never resumes it.
-2. ``wait-jobs``: until no job with GPU GRES (``squeue %b`` naming ``gpu``, ``shard`` or ``gpushare``) runs
-   on the node, at most ``deadline`` seconds from the step's first start; past it the drain is undone
-   (resume, when the reason is still ours), the layout is left as it was and :class:`ApplyError` says
-   which jobs still run.
+2. ``wait-jobs``: until no job holds GPU GRES (``gpu``, ``shard``) on the node as slurmctld allocated them
+   (:meth:`CommandSlurm.gpu_jobs`: any request form, ``--gpus`` too), at most ``deadline`` seconds from the
+   step's first start; past it the drain is undone (recorded, then resume when the reason is still ours,
+   then the state file moved away: :meth:`Apply._undo`), the layout is left as it was and
+   :class:`ApplyError` says which jobs still run.
 3. ``stop-mps``: the node's MPS control daemons, per job (found by process, ``node.jobdir.job_daemons``)
    and shared (``<run_dir>/shared/*``), are stopped.
 4. ``mig``: on each GPU of the layout, the GPU instances that are not in the target are destroyed
@@ -18,7 +19,9 @@ The steps (:data:`STEPS`), each recorded in a state file before it starts and on
    layout is restored the same way and apply goes on with it (files, Slurm, resume), then fails.
 5. ``files``: the node's machine description gets the instances NVML reports, gres.conf gets the
    node's lines rendered from it (:func:`~slurm_gpushare.gresconf.render.generate_node_gres`, the
-   ``gres-conf`` generator), slurm.conf the node's ``Gres=``; each file replaced whole.
+   ``gres-conf`` generator), slurm.conf the node's ``Gres=``; each file replaced whole (through a symbolic
+   link: the file it points to). What could stop this step is checked before the drain
+   (:meth:`Apply.check_files`).
 6. ``slurm``: the node's slurmd is stopped, slurmctld restarted (``scontrol reconfigure`` from 23.11 on, which
    restarts it; 22.05 needs a real restart: its reconfigure refuses a changed count of ``File=`` GRES, see
    :data:`RECONFIGURE_RESTARTS`), slurmd started, then apply waits until slurmctld shows the node's new
@@ -30,13 +33,17 @@ The steps (:data:`STEPS`), each recorded in a state file before it starts and on
 
 A rerun with a state file continues at the recorded step (a step is written to be done twice: each
 reads NVML and Slurm afresh), so a kill at any point ends in the target layout or, when that cannot be
-made, the old one; the node is drained only while a state file says why. The state file is
+made, the old one; the node is drained only while a state file says why. A rerun that continues past
+``wait-jobs`` drains the node again when it was resumed meanwhile and waits for its GPU jobs before
+touching the GPUs (:meth:`Apply._recheck`). One apply of a node runs at a time (:meth:`Apply.locked`). The state file is
 ``<run_dir>/mig-apply.json`` (node.toml ``run_dir``) unless given; once done it becomes
 ``mig-apply.last.json``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import re
@@ -45,7 +52,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
@@ -70,6 +77,8 @@ KILL_ENV = "GPUSHARE_MIG_APPLY_KILL_AFTER"
 STATE_VERSION = 1
 STATE_NAME = "mig-apply.json"
 LAST_NAME = "mig-apply.last.json"
+#: The lock file beside the state file: ``flock(2)`` held by the apply that runs, its pid inside.
+LOCK_NAME = "mig-apply.lock"
 #: GRES names that make a job a GPU job for ``wait-jobs``.
 _GPU_GRES = ("gpu", "shard")
 
@@ -143,41 +152,115 @@ def _parse(text: str, p: Path):
         raise InputError(f"--layout {p}: neither JSON nor YAML: {e}") from None
 
 
+#: The most GPU instances a layout file may give one GPU, and the highest GPU index it may name: no MIG GPU
+#: holds more than 7 instances (7 compute slices), no node more than a few dozen GPUs; the bounds keep a typo
+#: (``count: 7000000``) from building a huge target before the placement rules would refuse it.
+MAX_INSTANCES_PER_GPU = 16
+MAX_GPU_INDEX = 255
+
+
+def _int(value, what: str, lo: int, hi: int) -> int:
+    """A whole number in ``lo..hi`` (a bool, a float or a string is not one)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{what} {value!r} is not a whole number")
+    if not lo <= value <= hi:
+        raise ValueError(f"{what} {value} is out of range {lo}..{hi}")
+    return value
+
+
+def _bool(value, what: str) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{what} {value!r} is not true or false")
+    return value
+
+
 def _from_layout_json(data: dict, p: Path, node: str) -> dict[int, GpuTarget]:
     nodes = data.get("nodes") or {}
+    if not isinstance(nodes, dict):
+        raise InputError(f"--layout {p}: 'nodes' is not a mapping of node names",
+                         hint="give the layout.json that 'mig plan --output-dir' writes")
     if node not in nodes:
         raise InputError(f"--layout {p} has no node {node}", hint=f"it has: {', '.join(nodes) or 'none'}")
     out: dict[int, GpuTarget] = {}
     try:
-        for g in nodes[node]["gpus"]:
-            slices = tuple(Slice(str(i["profile"]), int(i["start"])) for i in g.get("instances", ()))
-            out[int(g["index"])] = GpuTarget(int(g["index"]), g.get("name"), bool(g["mig_enabled"]), slices)
-    except (KeyError, TypeError, ValueError) as e:
-        raise InputError(f"--layout {p}: node {node}: malformed GPU entry ({e!r})",
-                         hint="each GPU needs index, mig_enabled and instances [{profile, start}]") from None
+        entry = nodes[node]
+        gpus = entry.get("gpus") if isinstance(entry, dict) else None
+        if not isinstance(gpus, list):
+            raise ValueError("'gpus' is not a list")
+        for k, g in enumerate(gpus):
+            if not isinstance(g, dict):
+                raise ValueError(f"GPU entry {k} is not a mapping")
+            index = _int(g.get("index"), f"GPU entry {k}: index", 0, MAX_GPU_INDEX)
+            if index in out:
+                raise ValueError(f"GPU {index} is listed twice")
+            insts = g.get("instances", [])
+            if not isinstance(insts, list) or not all(isinstance(i, dict) for i in insts):
+                raise ValueError(f"GPU {index}: 'instances' is not a list of {{profile, start}}")
+            if len(insts) > MAX_INSTANCES_PER_GPU:
+                raise ValueError(f"GPU {index}: {len(insts)} instances, more than any GPU holds "
+                                 f"(at most {MAX_INSTANCES_PER_GPU})")
+            slices = tuple(Slice(_profile(i.get("profile"), f"GPU {index}"),
+                                 _int(i.get("start"), f"GPU {index}: start", 0, MAX_INSTANCES_PER_GPU)) for i in insts)
+            name = g.get("name")
+            if name is not None and not isinstance(name, str):
+                raise ValueError(f"GPU {index}: name {name!r} is not text")
+            out[index] = GpuTarget(index, name, _bool(g.get("mig_enabled"), f"GPU {index}: mig_enabled"), slices)
+    except ValueError as e:
+        raise InputError(f"--layout {p}: node {node}: {e}",
+                         hint="each GPU needs index, mig_enabled (true/false) and instances [{profile, start}], "
+                              "as 'mig plan --output-dir' writes them") from None
     return out
+
+
+def _profile(value, where: str) -> str:
+    if not isinstance(value, str) or not value.strip() or len(value) > 64:
+        raise ValueError(f"{where}: profile {value!r} is not a MIG profile name (like 1g.10gb)")
+    return value
 
 
 def _from_mig_parted(data: dict, p: Path, node: str) -> dict[int, GpuTarget]:
     configs = data.get("mig-configs") or {}
+    if not isinstance(configs, dict):
+        raise InputError(f"--layout {p}: 'mig-configs' is not a mapping of config names",
+                         hint="give the mig-parted.yaml that 'mig plan --output-dir' writes")
     name = f"gpushare-{node}"
     if name not in configs:
         raise InputError(f"--layout {p} has no mig-parted config {name}",
                          hint=f"it has: {', '.join(configs) or 'none'}")
     out: dict[int, GpuTarget] = {}
     try:
-        for entry in configs[name]:
-            devices = entry["devices"]
+        entries = configs[name]
+        if not isinstance(entries, list):
+            raise ValueError("the config is not a list of entries")
+        for k, entry in enumerate(entries):
+            if not isinstance(entry, dict):
+                raise ValueError(f"entry {k} is not a mapping")
+            devices = entry.get("devices")
             if devices == "all":
                 raise InputError(f"--layout {p}: {name}: 'devices: all' names no GPU",
                                  hint="list the GPU indices, as 'mig plan' writes them")
+            if not isinstance(devices, list) or not devices:
+                raise ValueError(f"entry {k}: devices {devices!r} is not a list of GPU indices")
+            enabled = _bool(entry.get("mig-enabled"), f"entry {k}: mig-enabled")
             counts = entry.get("mig-devices") or {}
-            slices = tuple(Slice(str(prof)) for prof, n in counts.items() for _ in range(int(n)))
+            if not isinstance(counts, dict):
+                raise ValueError(f"entry {k}: mig-devices is not a mapping of profile: count")
+            slices: list[Slice] = []
+            for prof, n in counts.items():
+                n = _int(n, f"entry {k}: count of {prof}", 0, MAX_INSTANCES_PER_GPU)
+                slices += [Slice(_profile(prof, f"entry {k}"))] * n
+            if len(slices) > MAX_INSTANCES_PER_GPU:
+                raise ValueError(f"entry {k}: {len(slices)} instances per GPU, more than any GPU holds "
+                                 f"(at most {MAX_INSTANCES_PER_GPU})")
             for d in devices:
-                out[int(d)] = GpuTarget(int(d), None, bool(entry["mig-enabled"]), slices)
-    except (KeyError, TypeError, ValueError) as e:
-        raise InputError(f"--layout {p}: {name}: malformed entry ({e!r})",
-                         hint="entries are {devices: [..], mig-enabled: bool, mig-devices: {profile: count}}") from None
+                d = _int(d, f"entry {k}: device", 0, MAX_GPU_INDEX)
+                if d in out:
+                    raise ValueError(f"GPU {d} is in two entries")
+                out[d] = GpuTarget(d, None, enabled, tuple(slices))
+    except ValueError as e:
+        raise InputError(f"--layout {p}: {name}: {e}",
+                         hint="entries are {devices: [..], mig-enabled: true/false, mig-devices: {profile: count}}, "
+                              "as 'mig plan --output-dir' writes them") from None
     return out
 
 
@@ -422,11 +505,42 @@ class CommandSlurm:
         commands.resume_node(node)
 
     def gpu_jobs(self, node: str) -> list[str]:
-        """commands.node_job_gres, the jobs whose GRES name ``gpu`` or ``shard`` (``gpushare`` too)."""
-        from slurm_gpushare.slurm import commands
+        """The jobs that hold GPU GRES (``gpu``, ``shard``) on the node as slurmctld allocated them, whatever
+        form they asked them in (``--gres``, ``--gpus``, ``--gpus-per-node``, ``--gpus-per-task``, a
+        gpushare request): each job with an allocation there (commands.running_jobs, COMPLETING included)
+        whose allocated GRES on the node (``gres_detail`` of commands.job_record) has one; a job whose record
+        cannot be read counts. When no job does but the node's ``GresUsed=`` (commands.show_node) still
+        shows GPU GRES in use, that (``GresUsed=...``) is returned instead: the node is not idle yet.
 
-        return sorted(j for j, gres in commands.node_job_gres(node).items()
-                      if any(g in gres for g in _GPU_GRES))
+        Raises:
+            SlurmError: squeue or scontrol failed.
+        """
+        from slurm_gpushare.slurm import commands
+        from slurm_gpushare.slurm.job import parse_gres_detail, parse_job_json
+        from slurm_gpushare.slurm.release import SCONTROL_JSON, local_release
+
+        jobs = commands.running_jobs(node)
+        release = local_release()
+        # before 23.02 the record is the whole job table (squeue --json): read it once
+        table = commands.job_record(jobs[0], release=release) if jobs and release < SCONTROL_JSON else None
+        found = []
+        for job in jobs:
+            try:
+                info = parse_job_json(table if table is not None else commands.job_record(job, release=release), job)
+            except GpushareError:
+                found.append(job)  # ended meanwhile, or unreadable: not known to be idle
+                continue
+            if any(it.name in _GPU_GRES and (it.count or 0) > 0 for it in info.gres_on(node)):
+                found.append(job)
+        if found:
+            return sorted(found, key=lambda j: (len(j), j))
+        m = re.search(r"(?:^|\s)GresUsed=(\S+)", commands.show_node(node))
+        try:
+            used = [it for it in parse_gres_detail(m.group(1)) if it.name in _GPU_GRES and (it.count or 0) > 0] \
+                if m else []
+        except InputError:
+            used = []
+        return [f"(GresUsed={m.group(1)})"] if used and m else []
 
     def stop_slurmd(self, node: str) -> None:
         """Run the stop command (``--stop-slurmd``).
@@ -518,26 +632,43 @@ def _names_node(value: str, node: str) -> bool:
         return value == node
 
 
+def _gres_names(lines: Sequence[str]) -> set[str]:
+    return {m.group(1).lower() for ln in lines for m in [re.search(r"(?:^|\s)Name=(\S+)", ln)] if m}
+
+
 def replace_gres_lines(text: str, node: str, new_lines: Sequence[str], *, source: str) -> str:
     """gres.conf ``text`` with the node's lines (``NodeName=NODE ...`` and the ``# NODE:`` comments before
     them, as ``gres-conf`` writes them) replaced by ``new_lines``, where the first of them was.
 
+    A line ``Name=... NodeName=NODE ...`` (NodeName= not first, gres.conf(5) reads it the same) is one of the
+    node's lines too. A ``Name=`` line without ``NodeName=`` applies to every node (gres.conf(5)): one of a
+    GRES name that ``new_lines`` define (``gpu``, ``shard``) would add its devices to the node's new ones.
+
     Raises:
         InputError: a line names the node among others (``NodeName=gpu[01-04]``): it cannot be changed
-            for one node; or the file has no line of the node but ``Include`` lines (its lines may be in an
-            included file, which apply does not rewrite: new lines here would duplicate them).
+            for one node; a ``Name=`` line for every node of a GRES name the new lines define; or the file
+            has no line of the node but ``Include`` lines (its lines may be in an included file, which
+            apply does not rewrite: new lines here would duplicate them).
     """
     out: list[str] = []
     at: int | None = None
     lines = text.splitlines()
+    names = _gres_names(new_lines)
     for k, line in enumerate(lines):
-        m = re.match(r"\s*NodeName=(\S+)", line, re.I)
+        m = re.match(r"\s*NodeName=(\S+)", line, re.I) or \
+            (re.match(r"\s*Name=", line, re.I) and re.search(r"\sNodeName=(\S+)", line, re.I))
         if m and m.group(1) == node:
             at = len(out) if at is None else at
             continue
         if m and _names_node(m.group(1), node):
             raise InputError(f"{source}:{k + 1}: NodeName={m.group(1)} names {node} among other nodes",
                              hint=f"give {node} lines of its own (slurm-gpushare gres-conf writes them)")
+        g = None if m else re.match(r"\s*Name=(\S+)", line, re.I)
+        if g and g.group(1).lower() in names:
+            raise InputError(f"{source}:{k + 1}: Name={g.group(1)} without NodeName= applies to every node, "
+                             f"{node} too: its devices would add to {node}'s new MIG lines",
+                             hint=f"give that line NodeName= of the nodes it is for (not {node}), or give "
+                                  "every node lines of its own (slurm-gpushare gres-conf writes them)")
         if line.startswith(f"# {node}: "):
             continue  # our own header of the node's block, rewritten below
         out.append(line)
@@ -557,31 +688,79 @@ def replace_slurm_gres(text: str, node: str, gres_value: str, *, source: str) ->
     """slurm.conf ``text`` with ``Gres=`` of the ``NodeName=NODE`` line set to ``gres_value``.
 
     Raises:
-        InputError: no line of its own for the node.
+        InputError: the node is in a hostlist line with other nodes (``NodeName=gpu[01-04]``: its ``Gres=``
+            is theirs too), or it has no line here (with ``Include`` lines: it may be in an included file).
     """
     lines = text.splitlines()
     for k, line in enumerate(lines):
         m = re.match(r"\s*NodeName=(\S+)", line, re.I)
-        if not m or m.group(1) != node:
+        if not m:
+            continue
+        if m.group(1) != node:
+            if _names_node(m.group(1), node):
+                raise InputError(f"{source}:{k + 1}: NodeName={m.group(1)} names {node} among other nodes: "
+                                 f"its Gres= is theirs too",
+                                 hint=f"give {node} a NodeName={node} line of its own and take it out of "
+                                      f"{m.group(1)}, then rerun (scontrol reconfigure after the edit)")
             continue
         if re.search(r"\sGres=\S*", line):
             lines[k] = re.sub(r"(\s)Gres=\S*", lambda mm: f"{mm.group(1)}Gres={gres_value}", line, count=1)
         else:
             lines[k] = f"{line.rstrip()} Gres={gres_value}"
         return "\n".join(lines) + "\n"
+    if any(re.match(r"\s*include\s", ln, re.I) for ln in lines):
+        raise InputError(f"{source} has no NodeName={node} line but Include lines: it may be in an included "
+                         "file, which mig apply does not rewrite",
+                         hint=f"give that file with --slurm-conf, or move {node}'s line into {source}")
     raise InputError(f"{source} has no NodeName={node} line of its own",
                      hint="apply rewrites that line's Gres=; a node in a hostlist line needs a line of its own")
 
 
 def _write_keeping_mode(path: Path, text: str) -> bool:
+    """Replace ``path`` whole with ``text`` (not when it holds it already), keeping its mode; a symbolic link
+    stays one: the file it points to is replaced, atomically, in that file's directory."""
+    target = Path(os.path.realpath(path))
     try:
-        if path.read_text() == text:
+        if target.read_text() == text:
             return False
-        mode: int | None = path.stat().st_mode & 0o7777
+        mode: int | None = target.stat().st_mode & 0o7777
     except FileNotFoundError:
         mode = None
-    write_atomic(path, text, mode=mode)
+    write_atomic(target, text, mode=mode)
     return True
+
+
+#: Where slurmd keeps the files it fetched from slurmctld on a configless node (slurm.conf(5)
+#: ``SlurmctldParameters=enable_configless``; slurmd writes them under ``<SlurmdSpoolDir>/conf-cache``, and links
+#: ``/run/slurm/conf`` to it): rewriting them changes nothing slurmctld reads, and slurmd replaces them.
+CONFIGLESS_DIRS = ("conf-cache", "/run/slurm/conf")
+
+
+def check_config_file(path: Path, what: str, option: str) -> str:
+    """The text of a file apply rewrites, checked before anything changes.
+
+    Raises:
+        InputError: missing (a configless node has none of its own), a copy slurmd fetched on a configless
+            node, not a regular file, or its directory not writable.
+    """
+    real = os.path.realpath(path)
+    if "conf-cache" in Path(real).parts or real.startswith(CONFIGLESS_DIRS[1] + "/") or \
+            str(path).startswith(CONFIGLESS_DIRS[1] + "/"):
+        raise InputError(f"{what} {path} is slurmd's copy from slurmctld (configless): rewriting it changes "
+                         "nothing slurmctld reads", hint=f"give the file slurmctld reads with {option} (run mig "
+                         "apply where it can write it, e.g. a shared /etc/slurm)")
+    try:
+        text = Path(real).read_text()
+    except FileNotFoundError:
+        raise InputError(f"{what} {path} does not exist (a configless node has none: slurmd fetches it from "
+                         "slurmctld)", hint=f"give the {what} slurmctld reads with {option}, or write one "
+                         "first (slurm-gpushare gres-conf)") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"{what} {path} cannot be read: {e}", hint=f"give a readable {what} with {option}") from None
+    if not os.access(os.path.dirname(real), os.W_OK):
+        raise InputError(f"{what} {path}: its directory {os.path.dirname(real)} is not writable here",
+                         hint="run mig apply as root, on a host that can write it")
+    return text
 
 
 # --- the state machine --------------------------------------------------------------------------
@@ -661,6 +840,30 @@ class Apply:
         if status == "done" and os.environ.get(KILL_ENV) == step:
             self.kill()
 
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[Path]:
+        """Hold the node's apply lock while the block runs: ``flock(2)`` ``LOCK_EX`` on :data:`LOCK_NAME` beside
+        the state file, which then holds this process's pid (a killed apply's lock goes with its process).
+
+        Raises:
+            InputError: another apply of the node holds it (its pid is named).
+        """
+        path = self.state_path.with_name(LOCK_NAME)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+                raise InputError(f"another mig apply of {self.node} is running (pid {holder}, lock {path})",
+                                 hint="wait for it to end; if it was interrupted, rerun the same command") from None
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            yield path
+        finally:
+            os.close(fd)  # releases the lock
+
     def _changed(self) -> None:
         self._changes += 1
         if os.environ.get(KILL_ENV) == f"mig-change:{self._changes}":
@@ -675,7 +878,8 @@ class Apply:
         """A new state (not saved): node checked, target resolved, old layout read.
 
         Raises:
-            InputError: unknown node, layout for another model, invalid geometry, MIG mode change.
+            InputError: unknown node, layout for another model, invalid geometry, MIG mode change, a
+                gres.conf or slurm.conf the files step could not rewrite (:meth:`check_files`).
         """
         node_state = self.slurm.node(self.node)
         machine = self._machine()
@@ -683,6 +887,7 @@ class Apply:
             self._check_host(port, machine)
             target = resolve(port, machine, self.targets, self.layout)
             old = current_layout(port, sorted(target))
+            self.check_files(with_instances(machine, port))
         prior = node_state.reason if node_state.drained and not (node_state.reason or "").startswith(REASON_PREFIX) \
             else None
         return {
@@ -693,6 +898,28 @@ class Apply:
             "target": {str(i): [p.to_dict() for p in v] for i, v in target.items()},
             "step": None, "status": None, "goal": "target",
         }
+
+    def check_files(self, machine: Machine) -> None:
+        """Whether the files step can rewrite gres.conf and slurm.conf for the node, found before the drain:
+        both files there, not slurmd's configless copies, writable, the node's lines its own (no hostlist
+        line naming it with others, no ``Include`` that may hold them, no ``Name=gpu`` line for every node).
+        The lines rendered from ``machine`` (today's layout) define the GRES names the new ones will.
+
+        Raises:
+            InputError: what is wrong, and what to do.
+        """
+        gres_text = check_config_file(self.gres_conf, "gres.conf", "--gres-conf")
+        slurm_text = check_config_file(self.slurm_conf, "slurm.conf", "--slurm-conf")
+        block, gres_value = self._gres_block(machine)
+        replace_gres_lines(gres_text, self.node, block, source=str(self.gres_conf))
+        replace_slurm_gres(slurm_text, self.node, gres_value, source=str(self.slurm_conf))
+
+    def _gres_block(self, machine: Machine) -> tuple[list[str], str]:
+        node = generate_node_gres(machine, self.node, self.gres_options)
+        origin = machine.source or "machine description"
+        block = [f"# {self.node}: {len(machine.gpus)} GPU(s), from {origin}; MIG layout by slurm-gpushare mig apply",
+                 *[f"# {note}" for note in node.notes], *[r.render(self.node) for r in node.records]]
+        return block, node.gres_value
 
     def _check_host(self, port: NvmlPort, machine: Machine) -> None:
         if port.device_count() != len(machine.gpus):
@@ -742,7 +969,13 @@ class Apply:
             ApplyError: jobs past the deadline (drain undone), the target refused by NVML (old layout
                 restored, node resumed), Slurm not taking the change (node left drained, state kept).
         """
+        if state.get("goal") == "undone":  # killed while giving up at the deadline: finish that
+            self._undo(state)
+            raise ApplyError(f"the apply recorded in {self.state_path} had given up waiting for {self.node}'s GPU "
+                             "jobs: drain undone, layout unchanged", hint="rerun mig apply to try again")
         start = 0 if state["step"] is None else STEPS.index(state["step"]) + (state["status"] == "done")
+        if state["step"] is not None and STEPS.index("wait-jobs") < start < STEPS.index("resume"):
+            self._recheck(state)
         for step in STEPS[start:]:
             self._mark(state, step, "doing")
             self.out(f"mig apply {self.node}: {step}")
@@ -771,7 +1004,7 @@ class Apply:
         since = state.setdefault("wait_since", self.clock())
         self._save(state)
         while True:
-            jobs = self.slurm.gpu_jobs(self.node)
+            jobs = self._gpu_jobs(state)
             if not jobs:
                 return
             if self.clock() - since >= self.deadline_s:
@@ -782,13 +1015,53 @@ class Apply:
                     hint="rerun with a longer --deadline, or when those jobs have ended")
             self.sleep(self.poll_s)
 
+    def _gpu_jobs(self, state: dict) -> list[str]:
+        """The node's GPU jobs now; the state file records them (``waiting_for``) when they change."""
+        jobs = self.slurm.gpu_jobs(self.node)
+        if jobs != state.get("waiting_for", []):
+            state["waiting_for"] = jobs
+            self._save(state)
+            if jobs:
+                self.out(f"mig apply {self.node}: waiting for GPU job(s) {', '.join(jobs)}")
+        return jobs
+
     def _undo(self, state: dict) -> None:
-        """Deadline passed: the layout is untouched; resume the node when the drain is ours, forget the state."""
+        """Deadline passed: the layout is untouched; resume the node when the drain is ours, forget the state.
+
+        In this order, each step safe to be killed after: ``goal`` ``undone`` recorded (a rerun finishes the
+        undo, never goes on to the GPUs), the resume, the state file moved to ``mig-apply.last.json``. The
+        other order would leave a resumed node whose state file says apply is still waiting to change it.
+        """
+        state["goal"] = "undone"
+        self._save(state)
+        if os.environ.get(KILL_ENV) == "undo":
+            self.kill()
         now = self.slurm.node(self.node)
         if not state.get("drained_by_other") and now.drained and now.reason == state["reason"]:
             self.slurm.resume(self.node)
-        state["goal"] = "undone"
         self._finish(state)
+
+    def _recheck(self, state: dict) -> None:
+        """A rerun that continues past ``wait-jobs``: before the GPUs are touched (again), the node is drained
+        (again, with apply's reason, when someone resumed it meanwhile: apply then owns the drain) and no
+        GPU job runs there (waited for at most ``deadline`` seconds from now).
+
+        Raises:
+            ApplyError: GPU jobs still run after the deadline (the node stays drained, the state kept).
+        """
+        now = self.slurm.node(self.node)
+        if not now.drained:
+            self.out(f"mig apply {self.node}: the node was resumed meanwhile ({now.state}): draining it again")
+            state["drained_by_other"] = None
+            self._save(state)
+            self.slurm.drain(self.node, state["reason"])
+        since = self.clock()
+        while jobs := self._gpu_jobs(state):
+            if self.clock() - since >= self.deadline_s:
+                raise ApplyError(f"{self.node} runs GPU job(s) {', '.join(jobs)} again (it was resumed during the "
+                                 f"apply): nothing more changed, the node stays drained",
+                                 hint=f"rerun when they have ended; {self.state_path} records the apply")
+            self.sleep(self.poll_s)
 
     def _stop_mps(self, state: dict) -> None:
         from slurm_gpushare.node.epilog import stop_found_daemon
@@ -853,15 +1126,13 @@ class Apply:
         machine = self._machine()
         with self.open_port() as port:
             machine = with_instances(machine, port)
+        block, gres_value = self._gres_block(machine)
+        gres_text = replace_gres_lines(check_config_file(self.gres_conf, "gres.conf", "--gres-conf"), self.node,
+                                       block, source=str(self.gres_conf))
+        slurm_text = replace_slurm_gres(check_config_file(self.slurm_conf, "slurm.conf", "--slurm-conf"), self.node,
+                                        gres_value, source=str(self.slurm_conf))
         _write_keeping_mode(self.machine_path, machine.to_json())
-        node = generate_node_gres(machine, self.node, self.gres_options)
-        origin = machine.source or "machine description"
-        block = [f"# {self.node}: {len(machine.gpus)} GPU(s), from {origin}; MIG layout by slurm-gpushare mig apply",
-                 *[f"# {note}" for note in node.notes], *[r.render(self.node) for r in node.records]]
-        gres_text = replace_gres_lines(self.gres_conf.read_text(), self.node, block, source=str(self.gres_conf))
-        slurm_text = replace_slurm_gres(self.slurm_conf.read_text(), self.node, node.gres_value,
-                                        source=str(self.slurm_conf))
-        state["gres"] = node.gres_value
+        state["gres"] = gres_value
         self._save(state)
         for path, text in ((self.gres_conf, gres_text), (self.slurm_conf, slurm_text)):
             if _write_keeping_mode(path, text):

@@ -278,20 +278,3 @@ def reconfigure(**kw) -> None:
         SlurmError: scontrol failed.
     """
     run(["scontrol", "reconfigure"], **kw)
-
-
-def node_job_gres(node: str, **kw) -> dict[str, str]:
-    """The jobs with an allocation on ``node`` and the GRES each asked per node:
-    ``squeue -h -w NODE -t RUNNING,COMPLETING,CONFIGURING -o "%A %b"`` (squeue(1): ``%b`` is the job's
-    ``tres-per-node``, ``gres:gpu:1`` (22.05) or ``gres/gpu:1`` (23.02 on), ``N/A`` when none).
-
-    Raises:
-        SlurmError: squeue failed.
-    """
-    out = run(["squeue", "-h", "-w", node, "-t", "RUNNING,COMPLETING,CONFIGURING", "-o", "%A %b"], **kw)
-    jobs: dict[str, str] = {}
-    for line in out.splitlines():
-        parts = line.split(None, 1)
-        if parts and parts[0].isdigit():
-            jobs[parts[0]] = parts[1].strip() if len(parts) > 1 else ""
-    return jobs

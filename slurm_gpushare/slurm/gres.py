@@ -161,8 +161,9 @@ class GresItem:
     def indices(self) -> tuple[int, ...]:
         """slurmd device indices of an ``IDX:`` detail (``IDX:0,2-3`` -> ``(0, 2, 3)``), or of the
         devices with an allocated count in a shared detail (``10/80,0/80,5/80,-/80`` -> ``(0, 2)``: positions
-        in the detail's device list; a ``-`` device is the GPU item's); ``()`` for ``IDX:N/A`` and for any
-        other detail.
+        in the detail's device list; a ``-`` device is the GPU item's); ``()`` for ``IDX:N/A``, for an empty
+        ``IDX:`` (22.05 gives the types of a ``--gpus`` job's GRES that it got none of:
+        ``gpu:h100:1(IDX:0),gpu:h100_4g.40gb:0(IDX:)``, measured on 22.05.8) and for any other detail.
 
         Raises:
             GresSyntaxError: an ``IDX:`` list that is not ids and ``a-b`` ranges, or a shared detail
@@ -170,7 +171,7 @@ class GresItem:
         """
         if self.shares:
             return tuple(i for i, (alloc, _avail) in enumerate(self.shares) if alloc)
-        if not self.detail.startswith("IDX:") or self.detail == "IDX:N/A":
+        if not self.detail.startswith("IDX:") or self.detail in ("IDX:N/A", "IDX:"):
             return ()
         try:
             return parse_id_list(self.detail[4:])
