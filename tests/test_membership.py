@@ -86,3 +86,25 @@ def test_this_hosts_own_cgroups_and_proc():
             assert os.path.isdir(where), (line, where)
             assert fs.owner(CgroupJob(hierarchy, path, "0")) == os.stat(where).st_uid
     assert fs.owner(CgroupJob("devices", "/slurm_nonexistent/uid_0/job_1", "1")) is None
+
+
+def test_a_held_proc_directory_never_answers_for_another_process():
+    import subprocess
+
+    from slurm_gpushare.node.membership import ProcReader
+
+    reader = ProcReader()
+    child = subprocess.Popen(["sleep", "60"])
+    try:
+        facts = reader.facts(child.pid)
+        assert facts == read_proc(child.pid) and reader.facts(child.pid) is facts  # kept, not read again
+        assert reader.cgroup(child.pid) == read_cgroup(child.pid) != ""
+    finally:
+        child.kill()
+        child.wait()
+    # the process is gone: its held directory answers nothing (ESRCH), whoever has the pid now
+    assert reader.cgroup(child.pid) == ""
+    assert reader.facts(child.pid) is None
+    me = reader.facts(os.getpid())
+    reader.keep(set())
+    assert reader.facts(os.getpid()) == me

@@ -201,3 +201,65 @@ class CgroupFs:
             return os.stat(where).st_uid
         except OSError:
             return None
+
+
+class ProcReader:
+    """:func:`read_proc` and :func:`read_cgroup` for processes seen again and again (a monitor's samples):
+    each process's ``/proc/<pid>`` directory is held open, so that a sample reads only its ``cgroup`` (one
+    open) and its owner once. A held directory of a process that has exited answers ESRCH to every open,
+    even after the kernel gives the pid to another process: the facts kept are never another process's.
+    (Its real uid is kept for its life: an unprivileged process cannot change its real uid.)"""
+
+    def __init__(self) -> None:
+        self._held: dict[int, tuple[int, ProcFacts]] = {}  # pid -> (directory fd, facts)
+
+    def facts(self, pid: int) -> ProcFacts | None:
+        """:class:`ProcFacts` of ``pid`` (None when gone)."""
+        held = self._held.get(pid)
+        if held is not None:
+            return held[1]
+        try:
+            fd = os.open(f"/proc/{pid}", os.O_RDONLY | os.O_DIRECTORY)
+        except OSError:
+            return None
+        facts = read_proc(pid)
+        # the directory opened first: if the pid was reused in between, its stat names the newer process,
+        # whose directory this is not; check that the held one still answers
+        if facts is None or self._read(fd, "stat") is None:
+            os.close(fd)
+            return None
+        self._held[pid] = (fd, facts)
+        return facts
+
+    def cgroup(self, pid: int) -> str:
+        """``/proc/<pid>/cgroup`` of the process :meth:`facts` described ("" when it is gone)."""
+        held = self._held.get(pid)
+        if held is None:
+            return read_cgroup(pid) if self.facts(pid) is not None else ""
+        text = self._read(held[0], "cgroup")
+        if text is None:
+            self._drop(pid)
+            return ""
+        return text
+
+    def keep(self, pids: set[int]) -> None:
+        """Close the directories of processes not in ``pids``."""
+        for pid in set(self._held) - pids:
+            self._drop(pid)
+
+    def _drop(self, pid: int) -> None:
+        fd, _ = self._held.pop(pid)
+        os.close(fd)
+
+    @staticmethod
+    def _read(fd: int, name: str) -> str | None:
+        try:
+            f = os.open(name, os.O_RDONLY, dir_fd=fd)
+        except OSError:
+            return None
+        try:
+            return os.read(f, 65536).decode(errors="replace")
+        except OSError:
+            return None
+        finally:
+            os.close(f)

@@ -93,10 +93,9 @@ from slurm_gpushare.node.membership import (
     CgroupFs,
     CgroupJob,
     ProcFacts,
+    ProcReader,
     cgroup_jobs,
     parse_listpids,
-    read_cgroup,
-    read_proc,
 )
 from slurm_gpushare.node.plan import JobPlan, plan_job
 from slurm_gpushare.node.records import records_for_job
@@ -180,11 +179,12 @@ class Monitor:
             :class:`~slurm_gpushare.errors.SlurmError` when slurmctld does not answer.
         job_record: callable(job id) -> the structured job record (:func:`slurm_gpushare.slurm.commands.job_record`).
         listpids: callable(node) -> ``scontrol listpids`` text, for processes outside a job cgroup.
-        cgroup_of: callable(pid) -> ``/proc/<pid>/cgroup`` text.
+        cgroup_of: callable(pid) -> ``/proc/<pid>/cgroup`` text (default: :class:`ProcReader`'s, from the
+            process's ``/proc`` directory held open).
         cgroup_owner: callable(:class:`~slurm_gpushare.node.membership.CgroupJob`) -> the uid owning that job
             cgroup's directory, None when there is none (default :meth:`CgroupFs.owner`).
         proc_of: callable(pid) -> :class:`~slurm_gpushare.node.membership.ProcFacts` (real uid, start), None
-            when the process is gone (default :func:`~slurm_gpushare.node.membership.read_proc`).
+            when the process is gone (default :class:`~slurm_gpushare.node.membership.ProcReader`'s).
         log: callable(str) for one-line events (over-limit episodes, errors); default stderr.
         clock: seconds since the epoch.
         update_admin_comment: callable(job id, text) that sets a job's AdminComment (default
@@ -195,9 +195,9 @@ class Monitor:
                  running_jobs: Callable[[str], Iterable[str]] | None = None,
                  job_record: Callable[[str], str] = commands.job_record,
                  listpids: Callable[[str], str] | None = None,
-                 cgroup_of: Callable[[int], str] = read_cgroup,
+                 cgroup_of: Callable[[int], str] | None = None,
                  cgroup_owner: Callable[[CgroupJob], int | None] | None = None,
-                 proc_of: Callable[[int], ProcFacts | None] = read_proc,
+                 proc_of: Callable[[int], ProcFacts | None] | None = None,
                  log: Callable[[str], None] | None = None,
                  clock: Callable[[], float] = time.time,
                  update_admin_comment: Callable[[str, str], None] | None = None):
@@ -214,9 +214,10 @@ class Monitor:
         self._running_jobs = running_jobs or commands.running_jobs
         self._job_record = job_record
         self._listpids = listpids or commands.listpids
-        self._cgroup_of = cgroup_of
+        self._reader = ProcReader()
+        self._cgroup_of = cgroup_of or self._reader.cgroup
         self._cgroup_owner = cgroup_owner or CgroupFs().owner
-        self._proc_of = proc_of
+        self._proc_of = proc_of or self._reader.facts
         self._log = log or (lambda line: print(f"slurm-gpushare monitor: {line}", file=sys.stderr, flush=True))
         self._clock = clock
         self._update_admin_comment = update_admin_comment or commands.update_admin_comment
@@ -490,6 +491,7 @@ class Monitor:
                         by["slurm"] += 1
         for key in set(self._pid_jobs) - keys:
             del self._pid_jobs[key]  # processes gone from the GPUs
+        self._reader.keep(set(pids))
         self.attributed = by
         return out
 
