@@ -18,7 +18,8 @@ from slurm_gpushare.accounting.record import UsageTracker
 from slurm_gpushare.errors import SlurmError
 from slurm_gpushare.hardware.fake import FakeNvml, ScheduledProcess
 from slurm_gpushare.node.config import NodeConfig
-from slurm_gpushare.node.monitor import Monitor, job_of_cgroup, parse_listen, parse_listpids, serve
+from slurm_gpushare.node.membership import ProcFacts, job_of_cgroup, parse_listpids
+from slurm_gpushare.node.monitor import Monitor, parse_listen, serve
 from slurm_gpushare_dev.cluster import packaged_machine
 from tests.conftest import DEADLINE, wait_until
 from tests.jobjson import as_job_json
@@ -84,6 +85,8 @@ class Node:
         self.nvml.add_process(ScheduledProcess(2001, 3, now, ((0, 2000, 30), (10, 9000, 80), (20, 4000, 40))))
         self.nvml.add_process(ScheduledProcess(3001, 5, now, ((0, 700, 5),)))  # nobody's
         self.cgroups = {1001: CGROUP.format(job=201)}
+        self.uids = {1001: 1000, 1002: 1000, 2001: 1001, 2002: 1001, 3001: 1002, 3003: 1001}  # /proc: real uids
+        self.cgroup_owners: dict[str, int] = {}  # job cgroup path -> owner (default root)
         self.stepd_jobs: set[str] | None = {"201", "202", "203"}  # jobs with slurmstepds on the node
         self.listpids_calls = 0
         self.squeue_calls = 0
@@ -106,7 +109,10 @@ class Node:
     def monitor(self) -> Monitor:
         return Monitor(self.config, "a100", self.machine, self.nvml, running_jobs=self.running_jobs,
                        job_record=lambda j: as_job_json(self.jobs[j], j), listpids=self.listpids,
-                       cgroup_of=lambda pid: self.cgroups.get(pid, "0::/\n"), log=self.log.append, clock=self.clock)
+                       cgroup_of=lambda pid: self.cgroups.get(pid, "0::/\n"),
+                       cgroup_owner=lambda cg: self.cgroup_owners.get(cg.path, 0),
+                       proc_of=lambda pid: ProcFacts(self.uids[pid], 7) if pid in self.uids else None,
+                       log=self.log.append, clock=self.clock)
 
 
 @pytest.fixture
@@ -273,7 +279,8 @@ def test_mig_devices_are_keyed_by_uuid_and_have_no_sm_data(tmp_path):
     nvml.add_process(ScheduledProcess(4001, 2, clock.t, ((0, 3000, 50),), gi_id=inst.gi_id))
     mon = Monitor(NodeConfig(run_dir=str(tmp_path / "run")), "mig", machine, nvml, running_jobs=lambda n: ["301"],
                   job_record=lambda j: as_job_json(show, j), listpids=lambda n: "PID JOBID\n4001 301 0 0 0\n",
-                  cgroup_of=lambda pid: "", log=lambda line: None, clock=clock)
+                  cgroup_of=lambda pid: "", proc_of=lambda pid: ProcFacts(1002, 1), log=lambda line: None,
+                  clock=clock)
     with mon:
         mon.sample()
         (d,) = mon.snapshot.devices
@@ -320,6 +327,9 @@ def test_a_job_whose_steps_ended_leaves_the_metrics_and_its_file_waits_for_the_e
         mon.sample()
         node.stepd_jobs = {"201", "203"}  # 202's steps have ended; its Epilog runs (squeue: COMPLETING)
         mon.sample()
+        assert "202" in mon.tracker.jobs()  # no cgroup here: the next listpids tells (monitor_steps_interval)
+        node.clock.t += 10
+        mon.sample()
         assert "202" not in {d.job_id for d in mon.snapshot.devices} and "202" not in mon.tracker.jobs()
         assert usage_path(node.config.run_dir, "202").exists()  # the Epilog reads it
         node.running = {"201", "203"}  # the Epilog is done: squeue no longer lists 202
@@ -358,15 +368,18 @@ def test_slurmctld_down_loses_nothing(node):
         assert mon.errors_total["slurm"] == 1 and any("Unable to contact" in line for line in node.log)
 
 
-def test_without_listpids_squeue_is_asked_every_sample(node):
+def test_without_listpids_squeue_is_asked_at_every_listpids(node):
     node.stepd_jobs = None
     with node.monitor() as mon:
         mon.sample()
+        mon.sample()  # within monitor_steps_interval and the lookup gap: neither is asked again
+        assert (node.listpids_calls, node.squeue_calls) == (1, 1)
+        node.clock.t += 10
         mon.sample()
         assert node.squeue_calls == 2 and mon.errors_total["slurm"] == 2
         # processes outside a job cgroup cannot be attributed: they count as unattributed
         assert {(d.job_id, d.used_mib) for d in mon.snapshot.devices} == {("201", 6000), ("202", 0), ("203", 0)}
-        assert next(g for g in mon.snapshot.gpus if g.index == 3).unattributed_mib == 2000
+        assert next(g for g in mon.snapshot.gpus if g.index == 3).unattributed_mib == 9000  # 2001, 10 s in
 
 
 def test_nvml_failures_are_counted_not_fatal(node):
@@ -454,6 +467,7 @@ def test_an_idle_sample_of_a_share_counts_zero_sm_like_a_whole_gpu(node):
     with node.monitor() as mon:
         mon.sample()
         node.nvml.add_process(ScheduledProcess(1002, 0, node.clock.t, ((0, 1000, 50),)))
+        node.clock.t += 1  # a new process outside any job cgroup: one listpids, at most one a second
         mon.sample()
         share = mon.tracker.usage("201")[0]
         assert (share.sm_mean, share.sm_peak, share.samples) == (25.0, 50.0, 2)
@@ -596,3 +610,110 @@ def test_the_metrics_endpoint_is_local_unless_configured(tmp_path):
     assert parse_listen(load_node_config(tmp_path / "node.toml").monitor_listen)[0] == "127.0.0.1"
     (tmp_path / "node.toml").write_text("version = 1\nmonitor_listen = ':9900'\n")
     assert parse_listen(load_node_config(tmp_path / "node.toml").monitor_listen) == ("0.0.0.0", 9900)
+
+
+# --- membership: cgroups first, Slurm's pid lists once per process, always the process owner's job -------------
+
+
+def test_a_process_in_another_users_job_cgroup_is_not_charged_to_that_job(node):
+    # bob's 2001 sits in alice's job 201 cgroup (22.05: alice may open a child cgroup of her step to others)
+    node.cgroups[2001] = CGROUP.format(job=201).replace("task_0", "task_0/open")
+    with node.monitor() as mon:
+        mon.sample()
+        node.clock.t += 1
+        mon.sample()
+        by = {(d.job_id, d.key): d for d in mon.snapshot.devices}
+        assert (by[("201", 0)].used_mib, by[("201", 0)].processes) == (12000, 2)  # alice's two only
+        assert ("201", 3) not in by
+        # Slurm's pid list places it in bob's own job 202
+        assert (by[("202", 3)].used_mib, by[("202", 3)].processes) == (2000, 1)
+        fams = _families(mon.metrics_text())
+        assert _value(fams, "gpushare_monitor_refused_attributions_total") == 1  # counted and logged once
+        assert [line for line in node.log if line.startswith("not charged")] == [
+            "not charged: pid 2001 (uid 1001) is in the cgroup of job 201, whose user is alice(1000)"]
+
+
+def test_a_job_directory_that_is_not_roots_proves_nothing(node):
+    node.cgroups[2001] = CGROUP.format(job=202)
+    node.cgroup_owners["/slurm_a100/uid_1000/job_202"] = 1001  # made by bob, not by slurmstepd
+    node.stepd_jobs = {"201", "203"}  # and no slurmstepd lists it
+    with node.monitor() as mon:
+        mon.sample()
+        assert ("202", 3) not in {(d.job_id, d.key) for d in mon.snapshot.devices if d.processes}
+        assert mon.attributed == {"cgroup": 1, "slurm": 1}  # 1001 by its cgroup, 1002 by listpids
+
+
+def test_cgroups_answer_every_sample_and_listpids_is_asked_once_per_new_process(node):
+    node.cgroups.update({1002: CGROUP.format(job=201), 2001: CGROUP.format(job=202)})
+    node.config = NodeConfig(run_dir=node.config.run_dir, monitor_steps_interval=3600, monitor_save_interval=5)
+    with node.monitor() as mon:
+        for _ in range(50):
+            node.clock.t += 0.01
+            mon.sample()
+        assert (node.listpids_calls, node.squeue_calls) == (1, 1)  # the first sample's, nothing since
+        assert mon.attributed == {"cgroup": 3, "slurm": 0}
+        # a new process outside any cgroup: one listpids (at most one a second), then its answer is kept
+        node.nvml.add_process(ScheduledProcess(1003, 0, node.clock.t, ((0, 100, 1),)))
+        node.uids[1003] = 1000
+        node.clock.t += 1
+        for _ in range(50):
+            node.clock.t += 0.01
+            mon.sample()
+        assert node.listpids_calls == 2
+        assert mon.attributed == {"cgroup": 3, "slurm": 0}  # 1003 is in no job's pid list: unattributed
+        assert next(g for g in mon.snapshot.gpus if g.index == 0).unattributed_mib == 100
+
+
+def test_a_job_named_by_its_cgroup_is_looked_up_once_and_must_run_here(node):
+    records: list[str] = []
+    node.jobs["204"] = node.jobs["202"].replace("JobId=202", "JobId=204").replace("IDX:3", "IDX:5")
+    node.jobs["205"] = node.jobs["204"].replace("JobId=204", "JobId=205").replace("Nodes=a100", "Nodes=b100") \
+        .replace("NodeList=a100", "NodeList=b100")
+    node.nvml.add_process(ScheduledProcess(4001, 5, node.clock.t, ((0, 500, 1),)))
+    node.nvml.add_process(ScheduledProcess(5001, 6, node.clock.t, ((0, 600, 1),)))
+    node.uids.update({4001: 1001, 5001: 1001})
+    node.cgroups.update({4001: CGROUP.format(job=204), 5001: CGROUP.format(job=205)})
+    mon = node.monitor()
+    record = mon._job_record
+    mon._job_record = lambda j: records.append(j) or record(j)
+    with mon:
+        for _ in range(5):
+            node.clock.t += 1
+            mon.sample()
+        by = {(d.job_id, d.key): d.used_mib for d in mon.snapshot.devices}
+        assert by[("204", 5)] == 500 and "205" not in {d.job_id for d in mon.snapshot.devices}
+        assert records.count("204") == 1 and records.count("205") == 1  # one lookup per job, not per sample
+        assert any("job 205: a cgroup names it, but slurmctld has it RUNNING on b100" in line for line in node.log)
+        assert next(g for g in mon.snapshot.gpus if g.index == 6).unattributed_mib == 600
+
+
+def test_a_job_whose_cgroup_is_gone_leaves_the_metrics_at_once(node):
+    node.cgroups[2001] = CGROUP.format(job=202).replace("uid_1000", "uid_1001")
+    node.config = NodeConfig(run_dir=node.config.run_dir, monitor_steps_interval=3600)
+    with node.monitor() as mon:
+        mon.sample()
+        node.clock.t += 0.5
+        mon.sample()
+        assert "202" in mon.tracker.jobs()
+        # its last step ended: slurmstepd removed the job's cgroup (and its processes are gone)
+        node.nvml.remove_process(2001)
+        node.stepd_jobs = {"201", "203"}
+        node.cgroup_owners["/slurm_a100/uid_1001/job_202"] = None
+        node.clock.t += 0.01
+        mon.sample()
+        assert "202" not in mon.tracker.jobs() and "202" not in {d.job_id for d in mon.snapshot.devices}
+        assert load_usage(node.config.run_dir, "202")[3].samples == 2  # written once more for the Epilog
+        assert node.listpids_calls == 1
+
+
+def test_usage_files_are_written_once_per_save_interval(node):
+    node.config = NodeConfig(run_dir=node.config.run_dir, monitor_save_interval=1.0)
+    with node.monitor() as mon:
+        mon.sample()
+        for _ in range(7):
+            node.clock.t += 0.125
+            mon.sample()
+        assert load_usage(node.config.run_dir, "202")[3].samples == 1
+        node.clock.t += 0.125
+        mon.sample()
+        assert load_usage(node.config.run_dir, "202")[3].samples == 9

@@ -63,7 +63,7 @@ def doctor(config_path, node, repair):
 @main.command()
 @click.option("--config", "config_path", help="node config TOML (default /etc/slurm/gpushare/node.toml)")
 @click.option("--node", help="Slurm node name (default: SLURMD_NODENAME, else this host's short name)")
-@click.option("--interval", type=click.FloatRange(0.1, 3600), callback=lambda ctx, p, v: _finite(v, "--interval"),
+@click.option("--interval", type=click.FloatRange(0.01, 3600), callback=lambda ctx, p, v: _finite(v, "--interval"),
               help="seconds between samples (default: monitor_interval of node.toml, 10)")
 @click.option("--listen", callback=lambda ctx, p, v: _listen(v),
               help="Prometheus endpoint, HOST:PORT or :PORT (every address); '' for none (default: monitor_listen, "

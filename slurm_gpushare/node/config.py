@@ -17,8 +17,10 @@ Every key is optional::
     gpu_order = "gpushare"                     # whose multi-GPU tasks get NVLink ring order: "gpushare"
                                                # (jobs that asked for a share), "all" jobs, or "none"
     spool_dir = "/var/spool/slurm-gpushare/accounting"   # the Epilog's per-job GPU usage records
-    monitor_interval = 10.0                    # seconds between the node monitor's NVML samples
+    monitor_interval = 10.0                    # seconds between the node monitor's NVML samples (>= 0.01)
     monitor_jobs_interval = 60.0               # seconds between its squeue calls (slurmctld load)
+    monitor_steps_interval = 10.0              # seconds between its scontrol listpids calls (local stepds)
+    monitor_save_interval = 1.0                # seconds between two writes of a job's usage file
     monitor_listen = "127.0.0.1:9817"          # its Prometheus endpoint (":9817": every address; "" none)
     monitor_textfile = ""                      # node_exporter textfile to write after each sample ("" none)
     admin_comment_summary = false              # the monitor puts a usage summary in running jobs' AdminComment
@@ -72,6 +74,8 @@ class NodeConfig:
     spool_dir: str = "/var/spool/slurm-gpushare/accounting"
     monitor_interval: float = 10.0
     monitor_jobs_interval: float = 60.0
+    monitor_steps_interval: float = 10.0
+    monitor_save_interval: float = 1.0
     monitor_listen: str = "127.0.0.1:9817"
     monitor_textfile: str = ""
     admin_comment_summary: bool = False
@@ -90,7 +94,8 @@ _KEYS: dict[str, type | tuple[type, ...]] = {
     "version": int, "run_dir": str, "machine": str, "mps_control": str, "shard_unit": str,
     "mps_start_timeout": (int, float), "mps_quit_timeout": (int, float), "drain_on_stuck_daemon": bool,
     "mps_env": dict, "mps_mode": str, "low_priority_partitions": list, "gpu_order": str, "spool_dir": str,
-    "monitor_interval": (int, float), "monitor_jobs_interval": (int, float), "monitor_listen": str,
+    "monitor_interval": (int, float), "monitor_jobs_interval": (int, float),
+    "monitor_steps_interval": (int, float), "monitor_save_interval": (int, float), "monitor_listen": str,
     "monitor_textfile": str,
     "admin_comment_summary": bool, "admin_comment_interval": (int, float),
 }
@@ -99,7 +104,8 @@ _KEYS: dict[str, type | tuple[type, ...]] = {
 #: Keys in seconds: (lowest, highest, lowest allowed itself).
 _SECONDS: dict[str, tuple[float, float, bool]] = {
     "mps_start_timeout": (0, 600, False), "mps_quit_timeout": (0, 600, False),
-    "monitor_interval": (0.1, 3600, True), "monitor_jobs_interval": (0, 3600, True),
+    "monitor_interval": (0.01, 3600, True), "monitor_jobs_interval": (0, 3600, True),
+    "monitor_steps_interval": (0, 3600, True), "monitor_save_interval": (0, 3600, True),
     "admin_comment_interval": (1, 86400, True),
 }
 

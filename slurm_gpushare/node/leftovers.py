@@ -52,7 +52,7 @@ from slurm_gpushare.errors import GpushareError
 from slurm_gpushare.hardware.port import NvmlPort
 from slurm_gpushare.node.context import HookContext
 from slurm_gpushare.node.jobdir import job_plans
-from slurm_gpushare.node.monitor import job_of_cgroup, parse_listpids, read_cgroup
+from slurm_gpushare.node.membership import job_of_cgroup, parse_listpids, read_cgroup
 from slurm_gpushare.node.shared_mps import members
 from slurm_gpushare.procinfo import kill_and_wait, process, real_uid, running, started_at
 

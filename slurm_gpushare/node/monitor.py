@@ -5,10 +5,11 @@ serves Prometheus metrics and hands the usage to the Epilog.
 ``monitor_interval`` seconds (node.toml) one :meth:`Monitor.sample`:
 
 1. brings its job table up to date without loading slurmctld: the jobs whose slurmstepds run on
-   the node come from ``scontrol listpids '*' <node>`` (local: it asks the stepds, not slurmctld),
-   and ``squeue -w <node>`` is asked only every ``monitor_jobs_interval`` seconds (default 60; each
-   sample when listpids fails) for jobs without steps (an idle ``salloc``) and to remove usage files
-   of jobs that have left. A job whose steps all ended leaves the metrics at once but keeps its usage
+   the node come from ``scontrol listpids '*' <node>`` (local: it asks the stepds, not slurmctld) every
+   ``monitor_steps_interval`` seconds (default 10), and ``squeue -w <node>`` is asked every
+   ``monitor_jobs_interval`` seconds (default 60; at each listpids when listpids fails) for jobs without
+   steps (an idle ``salloc``) and to remove usage files of jobs that have left. A job whose steps all ended
+   (its job cgroup is gone, or listpids no longer lists it) leaves the metrics at once but keeps its usage
    file for its Epilog; a job seen again (an allocation between two steps) takes its peaks back from
    that file. Each new job's record is read once with ``scontrol -d show job`` and planned like the
    Prolog plans it (which GPUs or MIG devices, which memory share,
@@ -16,9 +17,16 @@ serves Prometheus metrics and hands the usage to the Epilog.
 2. reads every GPU's compute processes (``nvmlDeviceGetComputeRunningProcesses``, with per-process
    SM utilization from ``nvmlDeviceGetProcessUtilization`` where NVML has it) and the GPU's
    utilization (``nvmlDeviceGetUtilizationRates``; not supported on MIG-enabled GPUs);
-3. attributes each process to a job: by its cgroup (``/proc/<pid>/cgroup`` holds ``/job_<id>/`` under
-   Slurm's task/cgroup or proctrack/cgroup), else by Slurm's pid lists (the same ``scontrol
-   listpids``: what each slurmstepd tracks, for proctrack/linuxproc or pgid);
+3. attributes each process to a job from root's data only (:mod:`slurm_gpushare.node.membership`): its
+   cgroup (``/proc/<pid>/cgroup`` in Slurm's ``.../job_<id>/...`` layout, cgroup v1 or v2, whose
+   ``job_<id>`` directory is root's: made by slurmstepd), read every sample at no Slurm cost; else
+   Slurm's pid lists (``scontrol listpids``: what each slurmstepd tracks, for proctrack/linuxproc or pgid),
+   asked once when a process appears that no cgroup places (at most one call a second) and kept for
+   the process's life (pid and start time). Either way the job must be in the table (slurmctld or the
+   local stepds have it on this node; a job only a cgroup names is looked up once and must be running
+   here) and the job's user must be the process's real owner (``/proc/<pid>/status``): a process of
+   another user in a job's cgroup (22.05's step cgroups are the user's, who can open them to others) is
+   not charged to that job, and is counted (``gpushare_monitor_refused_attributions_total``) and logged;
 4. adds one sample per job and device to a :class:`~slurm_gpushare.accounting.record.UsageTracker`:
    memory = the sum over the job's processes on that device (0 when it holds the device and runs
    nothing there: reserved and unused); SM = the sum of its processes' SM utilization, or the GPU's
@@ -29,8 +37,13 @@ serves Prometheus metrics and hands the usage to the Epilog.
    process on a device the job does not hold is over a share of 0), logs the start of each such
    episode once, and counts it;
 6. writes each job's running totals to ``<run_dir>/usage/<job>.json``
-   (:mod:`slurm_gpushare.accounting.live`), which the Epilog turns into the job's records, and the
+   (:mod:`slurm_gpushare.accounting.live`) at most every ``monitor_save_interval`` seconds (default 1, and
+   once more when the job's steps end), which the Epilog turns into the job's records, and the
    metrics to a node_exporter textfile when configured.
+
+``monitor_interval`` may be as short as 0.01 s: per sample the monitor makes only the NVML calls, reads
+``/proc/<pid>/{cgroup,stat,status}`` and stats the job cgroups of the GPU processes (benchmarks/monitor
+measures the CPU it costs per GPU, docs/performance.md).
 
 Metrics (Prometheus text format, :func:`prometheus_client.start_http_server`), all gauges unless said:
 
@@ -46,6 +59,8 @@ Metrics (Prometheus text format, :func:`prometheus_client.start_http_server`), a
 ``gpushare_gpu_unattributed_memory_bytes``          memory of processes of no job on this node
 ``gpushare_monitor_samples_total`` (counter), ``gpushare_monitor_errors_total`` (counter, ``kind``),
 ``gpushare_monitor_last_sample_timestamp_seconds``, ``gpushare_monitor_sample_duration_seconds``
+``gpushare_monitor_attributed_processes`` (``by``: ``cgroup``, ``slurm``), ``..._refused_attributions_total``
+and ``..._slurm_calls_total`` (counters, ``command``: ``listpids``, ``squeue``, ``job``)
 =================================================  ================================================
 
 Job series carry ``node, job_id, user, account, partition, gpu`` (NVML index), ``uuid`` (GPU or MIG
@@ -60,7 +75,6 @@ from __future__ import annotations
 
 import errno
 import os
-import re
 import sys
 import threading
 import time
@@ -75,6 +89,14 @@ from slurm_gpushare.errors import GpushareError, InputError
 from slurm_gpushare.hardware.machine import GpuProcess, Machine
 from slurm_gpushare.hardware.port import NvmlPort, read_uuids
 from slurm_gpushare.node.config import NodeConfig, parse_listen
+from slurm_gpushare.node.membership import (
+    CgroupFs,
+    CgroupJob,
+    ProcFacts,
+    ProcReader,
+    cgroup_jobs,
+    parse_listpids,
+)
 from slurm_gpushare.node.plan import JobPlan, plan_job
 from slurm_gpushare.node.records import records_for_job
 from slurm_gpushare.slurm import commands
@@ -82,49 +104,17 @@ from slurm_gpushare.slurm.job import JobInfo, parse_job_json
 from slurm_gpushare.slurm.nodegres import GresOptions, node_gres
 
 MIB = 1 << 20
-_CGROUP_JOB = re.compile(r"/job_(\d+)(?:/|$)")
+#: Least seconds between two ``scontrol listpids`` calls made because a GPU process appeared that no job
+#: cgroup holds (the calls every ``monitor_steps_interval`` aside).
+LOOKUP_GAP_S = 1.0
+#: Job states in which a job's processes may run on its nodes.
+RUNNING_STATES = frozenset({"RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED"})
 
 JobKey = int | str  # NVML index of a GPU, or MIG device UUID
 #: Labels named and filled as NVIDIA's dcgm-exporter does (its GPU metrics template), so that a site's panels
 #: built on DCGM_FI_* series can select and join the monitor's series (docs/monitoring.md).
 #: (``gpu``, the NVML index, is among the monitor's own labels already.)
 DCGM_LABELS = ("Hostname", "UUID", "modelName", "pci_bus_id", "device", "GPU_I_PROFILE", "GPU_I_ID")
-
-
-def job_of_cgroup(text: str) -> str | None:
-    """The Slurm job id in a ``/proc/<pid>/cgroup`` text, or None.
-
-    Slurm's cgroup plugins put a task in ``.../job_<id>/step_<step>/...``: cgroup v1
-    ``/slurm/uid_1000/job_42/step_0/task_0`` (``/slurm_<node>/...`` with several slurmd on a host),
-    cgroup v2 ``/system.slice/slurmstepd.scope/job_42/step_0/user/task_0``.
-    """
-    for line in text.splitlines():
-        m = _CGROUP_JOB.search(line.partition(":")[2].partition(":")[2])
-        if m:
-            return m.group(1)
-    return None
-
-
-def parse_listpids(text: str) -> dict[int, str]:
-    """``scontrol listpids`` output -> ``{pid: job id}``.
-
-    The output is a header ``PID JOBID STEPID LOCALID GLOBALID`` and one row per process
-    (``-`` for the step's own slurmstepd). Rows that are not ``<pid> <job id> ...`` are skipped.
-    """
-    out: dict[int, str] = {}
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) >= 2 and parts[0].isdigit() and parts[1].isdigit():
-            out[int(parts[0])] = parts[1]
-    return out
-
-
-def read_cgroup(pid: int) -> str:
-    """``/proc/<pid>/cgroup`` ("" when the process is gone or unreadable)."""
-    try:
-        return Path(f"/proc/{pid}/cgroup").read_text()
-    except OSError:
-        return ""
 
 
 @dataclass
@@ -189,7 +179,12 @@ class Monitor:
             :class:`~slurm_gpushare.errors.SlurmError` when slurmctld does not answer.
         job_record: callable(job id) -> the structured job record (:func:`slurm_gpushare.slurm.commands.job_record`).
         listpids: callable(node) -> ``scontrol listpids`` text, for processes outside a job cgroup.
-        cgroup_of: callable(pid) -> ``/proc/<pid>/cgroup`` text.
+        cgroup_of: callable(pid) -> ``/proc/<pid>/cgroup`` text (default: :class:`ProcReader`'s, from the
+            process's ``/proc`` directory held open).
+        cgroup_owner: callable(:class:`~slurm_gpushare.node.membership.CgroupJob`) -> the uid owning that job
+            cgroup's directory, None when there is none (default :meth:`CgroupFs.owner`).
+        proc_of: callable(pid) -> :class:`~slurm_gpushare.node.membership.ProcFacts` (real uid, start), None
+            when the process is gone (default :class:`~slurm_gpushare.node.membership.ProcReader`'s).
         log: callable(str) for one-line events (over-limit episodes, errors); default stderr.
         clock: seconds since the epoch.
         update_admin_comment: callable(job id, text) that sets a job's AdminComment (default
@@ -200,7 +195,9 @@ class Monitor:
                  running_jobs: Callable[[str], Iterable[str]] | None = None,
                  job_record: Callable[[str], str] = commands.job_record,
                  listpids: Callable[[str], str] | None = None,
-                 cgroup_of: Callable[[int], str] = read_cgroup,
+                 cgroup_of: Callable[[int], str] | None = None,
+                 cgroup_owner: Callable[[CgroupJob], int | None] | None = None,
+                 proc_of: Callable[[int], ProcFacts | None] | None = None,
                  log: Callable[[str], None] | None = None,
                  clock: Callable[[], float] = time.time,
                  update_admin_comment: Callable[[str, str], None] | None = None):
@@ -217,7 +214,10 @@ class Monitor:
         self._running_jobs = running_jobs or commands.running_jobs
         self._job_record = job_record
         self._listpids = listpids or commands.listpids
-        self._cgroup_of = cgroup_of
+        self._reader = ProcReader()
+        self._cgroup_of = cgroup_of or self._reader.cgroup
+        self._cgroup_owner = cgroup_owner or CgroupFs().owner
+        self._proc_of = proc_of or self._reader.facts
         self._log = log or (lambda line: print(f"slurm-gpushare monitor: {line}", file=sys.stderr, flush=True))
         self._clock = clock
         self._update_admin_comment = update_admin_comment or commands.update_admin_comment
@@ -229,7 +229,18 @@ class Monitor:
         self._lock = threading.Lock()  # sample() and collect() (the HTTP server's thread)
         self._pushed: dict[str, tuple[float, str]] = {}  # job -> (when, summary) last put in AdminComment
         self._last_squeue = float("-inf")
+        self._last_listpids = float("-inf")
+        self._last_save = float("-inf")
         self._had_steps: set[str] = set()  # jobs seen with steps on this node
+        # (pid, start) -> job id (None: in no job) as the last scontrol listpids said, for GPU processes
+        # that no job cgroup holds: asked once per process, not every sample
+        self._pid_jobs: dict[tuple[int, int], str | None] = {}
+        self._job_cgroups: dict[str, set[CgroupJob]] = {}  # job -> its cgroups seen (gone: its steps ended)
+        self._not_here: dict[str, float] = {}  # job named by a cgroup whose record says not running here -> when
+        self._refused: set[tuple[int, int, str]] = set()  # (pid, start, job) logged as refused
+        self.refused_total = 0
+        self.calls_total: dict[str, int] = {}  # Slurm command -> calls
+        self.attributed: dict[str, int] = {"cgroup": 0, "slurm": 0}  # last sample: processes by source
 
     # --- lifetime -----------------------------------------------------------------------------------
 
@@ -295,23 +306,38 @@ class Monitor:
         self.errors_total[kind] = self.errors_total.get(kind, 0) + 1
         self._log(f"{kind}: {message}")
 
+    def _count(self, command: str) -> None:
+        self.calls_total[command] = self.calls_total.get(command, 0) + 1
+
     def _local_pids(self) -> dict[int, str] | None:
         """``scontrol listpids '*' NODE``: pid -> job of every process the node's slurmstepds track (no
         slurmctld call). None when it failed (counted and logged)."""
+        self._last_listpids = self._clock()
+        self._count("listpids")
         try:
             return parse_listpids(self._listpids(self.node))
         except GpushareError as e:
             self.note_error("slurm", f"scontrol listpids: {e}")
             return None
 
-    def _add_job(self, job_id: str) -> None:
+    def _add_job(self, job_id: str, *, here: bool = False) -> bool:
+        """Read the job's record and plan it; True when it is in the table. ``here``: only if the record says
+        it runs on this node (a job named by a cgroup, not by Slurm's lists of this node)."""
+        self._count("job")
         try:
             info = parse_job_json(self._job_record(job_id), job_id)
+            if here and (self.node not in info.nodes or info.state not in RUNNING_STATES):
+                self._not_here[job_id] = self._clock()
+                self.note_error("job", f"job {job_id}: a cgroup names it, but slurmctld has it {info.state or '?'} "
+                                       f"on {','.join(info.nodes) or 'no node'}, not running on {self.node}")
+                return False
             plan = plan_job(info, self.node, self._gres, gpu_uuids=self._gpu_uuids, mig_uuids=self._mig_uuids,
                             shard_unit_mib=self.config.shard_unit_mib)
         except GpushareError as e:
             self.note_error("job", f"job {job_id}: {e}")
-            return
+            if here:
+                self._not_here[job_id] = self._clock()
+            return False
         self._jobs[job_id] = _Job(info, plan, {device_key(r): r for r in self._records(info, plan)})
         if job_id not in self.tracker.jobs():  # a job seen again after a gap keeps its peaks
             try:
@@ -321,17 +347,31 @@ class Monitor:
                 rows = None
             if rows:
                 self.tracker.restore(job_id, rows)
+        return True
 
-    def _refresh_jobs(self, local: dict[int, str] | None) -> None:
-        """Bring the job table up to date (see :meth:`sample`). Nothing is dropped when Slurm does not answer."""
+    def _drop(self, job_id: str) -> None:
+        """A job whose steps here ended (or that left): out of the metrics; its usage file, written one last
+        time, waits for its Epilog (or for the next squeue to say it left)."""
+        if job_id in self.tracker.jobs():
+            self._save(job_id)
+        self._jobs.pop(job_id, None)
+        self.tracker.pop(job_id)
+        self._had_steps.discard(job_id)
+        self._job_cgroups.pop(job_id, None)
+
+    def _refresh_jobs(self, local: dict[int, str] | None, *, asked: bool) -> None:
+        """Bring the job table up to date (see :meth:`sample`). ``local``: the listpids answer of this sample,
+        ``asked``: listpids was asked (None then: it failed). Nothing is dropped when Slurm does not answer."""
         now = self._clock()
         stepd_jobs = set(local.values()) if local is not None else None
-        ask = local is None or now - self._last_squeue >= self.config.monitor_jobs_interval
+        ask = (asked and local is None) or now - self._last_squeue >= self.config.monitor_jobs_interval
         listed: set[str] | None = None
         if ask:
+            self._count("squeue")
             try:
                 listed = {str(j) for j in self._running_jobs(self.node)}
                 self._last_squeue = now
+                self._not_here.clear()
             except GpushareError as e:
                 self.note_error("slurm", f"cannot list the jobs on {self.node}: {e}")
         current = set(self._jobs)
@@ -344,9 +384,7 @@ class Monitor:
         else:
             gone = set()
         for job_id in sorted(gone):
-            self._jobs.pop(job_id, None)
-            self.tracker.pop(job_id)
-            self._had_steps.discard(job_id)
+            self._drop(job_id)
         for job_id in sorted(((stepd_jobs or set()) | (listed or set())) - set(self._jobs)):
             self._add_job(job_id)
         if stepd_jobs:
@@ -362,6 +400,13 @@ class Monitor:
                     except (OSError, InputError) as e:
                         self.note_error("usage-file", f"cannot remove the usage file of job {job_id}: {e}")
 
+    def _ended_cgroups(self) -> None:
+        """Jobs whose every cgroup seen is gone (slurmstepd removes a job's cgroup when its last step here
+        ends) leave the table now, not at the next listpids."""
+        for job_id, cgs in list(self._job_cgroups.items()):
+            if job_id in self._jobs and all(self._cgroup_owner(c) is None for c in cgs):
+                self._drop(job_id)
+
     def _records(self, info: JobInfo, plan: JobPlan, usage=None) -> tuple[UsageRecord, ...]:
         now = int(self._clock())
         try:
@@ -371,16 +416,92 @@ class Monitor:
             self.note_error("job", f"job {info.job_id}: {e}")
             return ()
 
+    def _owner_ok(self, pid: int, facts: ProcFacts, job_id: str, source: str) -> bool:
+        """The job is in the table and its user is the process's owner; a process of another user is
+        counted (``gpushare_monitor_refused_attributions_total``) and logged once."""
+        job = self._jobs.get(job_id)
+        if job is None:
+            return False
+        if job.info.uid == facts.uid:
+            return True
+        if (pid, facts.start, job_id) not in self._refused:
+            self._refused.add((pid, facts.start, job_id))
+            self.refused_total += 1
+            self._log(f"not charged: pid {pid} (uid {facts.uid}) is in the {source} of job {job_id}, whose user "
+                      f"is {job.info.user}({job.info.uid})")
+        return False
+
+    def _cgroup_job(self, pid: int, facts: ProcFacts) -> str | None:
+        """The job whose root-owned cgroup holds the process and whose user owns it, else None."""
+        named = cgroup_jobs(self._cgroup_of(pid))
+        if not named:
+            return None
+        mine = [c for c in named if self._cgroup_owner(c) == 0]
+        jobs = {c.job_id for c in mine}
+        if len(jobs) != 1:
+            return None  # none of Slurm's making, or hierarchies that disagree: no answer from cgroups
+        job_id = jobs.pop()
+        if job_id not in self._jobs:
+            seen = self._not_here.get(job_id)
+            if seen is not None and self._clock() - seen < self.config.monitor_jobs_interval:
+                return None
+            if not self._add_job(job_id, here=True):
+                return None
+        if not self._owner_ok(pid, facts, job_id, "cgroup"):
+            return None
+        self._job_cgroups.setdefault(job_id, set()).update(mine)
+        return job_id
+
     def _attribute(self, pids: Iterable[int], local: dict[int, str] | None) -> dict[int, str]:
-        """pid -> job id: the process's cgroup first, then Slurm's pid lists (``local``)."""
+        """pid -> job id: the process's cgroup first, then Slurm's pid lists (``local`` when asked this sample,
+        else the answer kept per process, else one ``scontrol listpids`` now); always a job of the process's
+        owner that runs on this node."""
         out: dict[int, str] = {}
-        for pid in pids:
-            job = job_of_cgroup(self._cgroup_of(pid))
-            if job is None and local is not None:
-                job = local.get(pid)
+        by = {"cgroup": 0, "slurm": 0}
+        pending: list[tuple[int, ProcFacts]] = []
+        keys: set[tuple[int, int]] = set()
+        for pid in sorted(pids):
+            facts = self._proc_of(pid)
+            if facts is None:
+                continue  # gone, or not readable: no owner to check
+            job = self._cgroup_job(pid, facts)
             if job is not None:
                 out[pid] = job
+                by["cgroup"] += 1
+                continue
+            key = (pid, facts.start)
+            keys.add(key)
+            if local is None and key not in self._pid_jobs:
+                pending.append((pid, facts))
+                continue
+            if local is not None:
+                self._pid_jobs[key] = local.get(pid)
+            job = self._pid_jobs[key]
+            if job is not None and self._owner_ok(pid, facts, job, "slurmstepd pid list"):
+                out[pid] = job
+                by["slurm"] += 1
+        if pending and self._clock() - self._last_listpids >= LOOKUP_GAP_S:
+            local = self._local_pids()
+            if local is not None:
+                self._refresh_jobs(local, asked=True)
+                for pid, facts in pending:
+                    job = self._pid_jobs[(pid, facts.start)] = local.get(pid)
+                    if job is not None and self._owner_ok(pid, facts, job, "slurmstepd pid list"):
+                        out[pid] = job
+                        by["slurm"] += 1
+        for key in set(self._pid_jobs) - keys:
+            del self._pid_jobs[key]  # processes gone from the GPUs
+        self._reader.keep(set(pids))
+        self.attributed = by
         return out
+
+    def _save(self, job_id: str) -> None:
+        try:
+            save_usage(self.run_dir, job_id, self.node, self.tracker)
+        except (OSError, InputError) as e:
+            root = " (the monitor runs as root on GPU nodes)" if isinstance(e, PermissionError) and \
+                os.geteuid() != 0 else ""
+            self.note_error("usage-file", f"cannot write the usage of job {job_id}: {e}{root}")
 
     def _key(self, index: int, proc: GpuProcess) -> JobKey:
         if proc.gi_id is not None and (index, proc.gi_id) in self._mig_uuids:
@@ -396,8 +517,10 @@ class Monitor:
     def _sample(self) -> Snapshot:
         t0 = time.monotonic()
         now = self._clock()
-        local = self._local_pids()
-        self._refresh_jobs(local)
+        asked = now - self._last_listpids >= self.config.monitor_steps_interval
+        local = self._local_pids() if asked else None
+        self._refresh_jobs(local, asked=asked)
+        self._ended_cgroups()
         per_gpu: dict[int, tuple[GpuProcess, ...]] = {}
         gpu_util: dict[int, int | None] = {}
         gpu_used: dict[int, int | None] = {}
@@ -473,16 +596,12 @@ class Monitor:
                               f"({nproc} process(es))")
             else:
                 job.over.discard(key)
-        measured = set(self.tracker.jobs())
-        for job_id in self._jobs:
-            if job_id not in measured:
-                continue  # a job without GPUs here, or not sampled yet: no file to write
-            try:
-                save_usage(self.run_dir, job_id, self.node, self.tracker)
-            except (OSError, InputError) as e:
-                root = " (the monitor runs as root on GPU nodes)" if isinstance(e, PermissionError) and \
-                    os.geteuid() != 0 else ""
-                self.note_error("usage-file", f"cannot write the usage of job {job_id}: {e}{root}")
+        if now - self._last_save >= self.config.monitor_save_interval:
+            self._last_save = now
+            measured = set(self.tracker.jobs())
+            for job_id in self._jobs:
+                if job_id in measured:  # else a job without GPUs here, or not sampled yet: no file to write
+                    self._save(job_id)
         gpus = [GpuSample(g.index, self._gpu_uuids.get(g.index, g.uuid), g.model, g.memory_mib, gpu_used[g.index],
                           gpu_util[g.index], unattributed[g.index][0], unattributed[g.index][1])
                 for g in self.machine.gpus]
@@ -662,7 +781,21 @@ class Monitor:
         took = GaugeMetricFamily("gpushare_monitor_sample_duration_seconds", "How long the last sample took",
                                  labels=["node"])
         took.add_metric([self.node], round(self.snapshot.duration_s, 6))
-        yield from (samples, errors, episodes, last, took)
+        refused = CounterMetricFamily("gpushare_monitor_refused_attributions",
+                                      "GPU processes not charged to the job whose cgroup or pid list holds them: "
+                                      "the job's user is not the process's owner", labels=["node"])
+        refused.add_metric([self.node], self.refused_total)
+        attributed = GaugeMetricFamily("gpushare_monitor_attributed_processes",
+                                       "GPU processes of the last sample charged to a job, by what placed them "
+                                       "(cgroup: a job cgroup; slurm: scontrol listpids)", labels=["node", "by"])
+        for by in ("cgroup", "slurm"):
+            attributed.add_metric([self.node, by], self.attributed.get(by, 0))
+        calls = CounterMetricFamily("gpushare_monitor_slurm_calls",
+                                    "Slurm commands the monitor ran (listpids: scontrol listpids; squeue; job: one "
+                                    "job's record)", labels=["node", "command"])
+        for command in ("listpids", "squeue", "job"):
+            calls.add_metric([self.node, command], self.calls_total.get(command, 0))
+        yield from (samples, errors, episodes, last, took, refused, attributed, calls)
 
 
 # --- serving ----------------------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from slurm_gpushare.errors import SlurmError
-from slurm_gpushare.node.monitor import parse_listpids
+from slurm_gpushare.node.membership import parse_listpids
 from slurm_gpushare.slurm import commands
 
 LISTPIDS = ("PID      JOBID    STEPID   LOCALID GLOBALID\n"
