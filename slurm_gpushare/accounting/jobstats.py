@@ -241,13 +241,13 @@ def sparkline(series: Sequence[int], limit: int) -> str:
     return "".join("!" if v > limit else _LEVELS[max(0, math.ceil(v * 8 / limit) - 1)] for v in series)
 
 
-def _span(seconds: float) -> str:
-    """``45 s``, ``12.5 min``, ``3.2 h``."""
+def format_span(seconds: float, *, hour_digits: int = 1) -> str:
+    """``45 s``, ``12.5 min``, ``3.2 h`` (``hour_digits`` decimals of hours, from two hours on)."""
     if seconds < 120:
         return f"{seconds:.0f} s"
     if seconds < 7200:
         return f"{seconds / 60:.1f} min"
-    return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 3600:.{hour_digits}f} h"
 
 
 def series_line(r: UsageRecord, width: int = BAR_WIDTH) -> str | None:
@@ -262,8 +262,9 @@ def series_line(r: UsageRecord, width: int = BAR_WIDTH) -> str | None:
     covered = min(samples, len(series) * per)
     line = sparkline(series, r.mem_granted_mib)
     granted = format_mib(r.mem_granted_mib) if r.mem_granted_mib % 1024 == 0 else f"{r.mem_granted_mib}M"
-    return (f"  {'used':<8} ▕{line}▏{'':<{max(0, width - len(line) - 2)}}  over {_span(covered * step)}, "
-            f"{_span(per * step)} a column ({per} sample{'' if per == 1 else 's'}), full height = granted {granted}")
+    return (f"  {'used':<8} ▕{line}▏{'':<{max(0, width - len(line) - 2)}}  over {format_span(covered * step)}, "
+            f"{format_span(per * step)} a column ({per} sample{'' if per == 1 else 's'}), "
+            f"full height = granted {granted}")
 
 
 def chart(dev: DeviceStats, width: int = BAR_WIDTH) -> list[str]:

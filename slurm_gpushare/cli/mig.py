@@ -73,11 +73,13 @@ def mig_plan(machine_files, model_key, gpu_count, db_path, partitions, since, un
                          hint="a demand file holds its own counts")
     if dry_run and not output_dir:
         raise InputError("--dry-run goes with --output-dir", hint="without --output-dir nothing is written anyway")
+    from slurm_gpushare.mig.wait import expected_waits
+
     machines = _machines(machine_files, model_key, gpu_count)
-    demand = _demand(db_path, demand_file, partitions, since, until)
+    demand, trace = _demand(db_path, demand_file, partitions, since, until)
     plan = plan_layout(machines, demand, fit=fit, keep_mig_mode=keep_mig_mode,
                        weights=Weights(memory=w_memory, compute=w_compute, unserved=w_unserved, whole=w_whole))
-    click.echo(summary(plan), nl=False)
+    click.echo(summary(plan, expected_waits(plan, trace)), nl=False)
     if not output_dir:
         return
     from slurm_gpushare.cli.gres import _output_dir, _release
@@ -236,10 +238,13 @@ def _machines(machine_files, model_key, gpu_count):
 
 
 def _demand(db_path, demand_file, partitions, since, until):
+    """The demand and the trace of its jobs for the queue-wait replay (a demand file: Poisson arrivals)."""
     from slurm_gpushare.mig.demand import demand_from_store, read_demand_file
+    from slurm_gpushare.mig.wait import poisson_trace, trace_from_store
 
     if demand_file:
-        return read_demand_file(demand_file)
+        demand = read_demand_file(demand_file)
+        return demand, poisson_trace(demand)
     from slurm_gpushare.accounting.report import parse_time
     from slurm_gpushare.accounting.store import Store, StoreError
 
@@ -251,4 +256,5 @@ def _demand(db_path, demand_file, partitions, since, until):
         raise InputError(f"--store {db_path}: {e.message}", hint="give the database 'accounting ingest' writes, "
                          "or --demand FILE") from None
     with store:
-        return demand_from_store(store, partitions=tuple(partitions), since=start, until=end)
+        period = dict(partitions=tuple(partitions), since=start, until=end)
+        return demand_from_store(store, **period), trace_from_store(store, **period)

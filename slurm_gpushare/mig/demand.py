@@ -68,16 +68,14 @@ def merge(requests: list[Request]) -> tuple[Request, ...]:
     return tuple(sorted(out, key=lambda r: (not r.whole, -r.mem_mib, -(r.sm_percent or 0))))
 
 
-def demand_from_store(store: Store, *, partitions: tuple[str, ...] = (), since: int | None = None,
-                      until: int | None = None, models: tuple[str, ...] = ()) -> tuple[Request, ...]:
-    """The demand of the store's records of ``partitions`` (all when empty) within ``[since, until)``.
-
-    Each record (one device of one job run) weighs its run time inside the period over the period's
-    length; the period is ``since``..``until``, or the records' own first start and last end where not
-    given. Records of other GPU models than ``models`` (when given) are left out.
+def records_in_period(store: Store, partitions: tuple[str, ...], since: int | None, until: int | None,
+             models: tuple[str, ...]) -> tuple[list[tuple], int, int]:
+    """The ``(mode, mem_asked_mib, sm_asked_percent, start, end)`` rows of the records of ``partitions`` and
+    ``models`` (all when empty) that run in ``[since, until)``, and that period ``(lo, hi)``, epoch seconds
+    (the records' first start and last end where not given).
 
     Raises:
-        InputError: no record in the period (the hint names what was asked), or an empty period.
+        InputError: as :func:`demand_from_store`.
     """
     conds: list[tuple[str, list[object]]] = []
     for column, values in (("partition", partitions), ("gpu_model", models)):
@@ -102,6 +100,21 @@ def demand_from_store(store: Store, *, partitions: tuple[str, ...] = (), since: 
     if hi <= lo:
         raise InputError(f"the period of {what} is empty ({lo}..{hi})",
                          hint="give --since and --until a period of some length")
+    return rows, lo, hi
+
+
+def demand_from_store(store: Store, *, partitions: tuple[str, ...] = (), since: int | None = None,
+                      until: int | None = None, models: tuple[str, ...] = ()) -> tuple[Request, ...]:
+    """The demand of the store's records of ``partitions`` (all when empty) within ``[since, until)``.
+
+    Each record (one device of one job run) weighs its run time inside the period over the period's
+    length; the period is ``since``..``until``, or the records' own first start and last end where not
+    given. Records of other GPU models than ``models`` (when given) are left out.
+
+    Raises:
+        InputError: no record in the period (the hint names what was asked), or an empty period.
+    """
+    rows, lo, hi = records_in_period(store, partitions, since, until, models)
     out = []
     for mode, mem, sm, start, end in rows:
         run = max(0, min(end, hi) - max(start, lo))

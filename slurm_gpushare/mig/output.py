@@ -26,6 +26,7 @@ from slurm_gpushare.gresconf.render import generate_node_gres, render_gres_conf,
 from slurm_gpushare.hardware.machine import Machine, MigInstance, mig_cap_minors
 from slurm_gpushare.memsize import format_mib
 from slurm_gpushare.mig.plan import Plan, Score
+from slurm_gpushare.mig.wait import Wait, Waits, format_wait
 from slurm_gpushare.slurm.nodegres import GresOptions
 
 #: The layout file's format version.
@@ -118,10 +119,10 @@ def gres_texts(machines: Sequence[Machine], options: GresOptions) -> tuple[str, 
     return render_gres_conf(nodes, header=header), render_slurm_conf(nodes)
 
 
-def score_lines(name: str, s: Score) -> list[str]:
-    """One block of numbers for a layout, for the summary."""
+def score_lines(name: str, s: Score, wait: Wait | None = None) -> list[str]:
+    """One block of numbers for a layout, for the summary (with its queue wait when given)."""
     share = s.served / s.asked * 100 if s.asked else 100.0
-    return [
+    lines = [
         f"{name}:",
         f"  served            {s.served:.2f} of {s.asked:.2f} requests at once ({share:.1f} %)",
         f"  stranded memory   {format_mib(round(s.stranded_mem_mib))} ({s.stranded_mem_mib:.0f} MiB)",
@@ -130,22 +131,44 @@ def score_lines(name: str, s: Score) -> list[str]:
         f"{s.unserved_whole:.2f} whole GPUs",
         f"  objective         {s.objective:.4f}",
     ]
+    if wait is not None:
+        lines.append(f"  queue wait        {wait_text(wait)}")
+    return lines
 
 
-def summary(plan: Plan) -> str:
-    """The plan in words and numbers: demand, per GPU today and planned, both layouts' scores."""
+def wait_text(w: Wait) -> str:
+    """``mean 42 s, p95 3.5 min over 1200 jobs`` and what ran not at all or queues without end."""
+    text = f"mean {format_wait(w.mean_s)}, p95 {format_wait(w.p95_s)} over {w.jobs} jobs"
+    if w.never:
+        text += f"; {w.never} jobs no slot holds never start"
+    if w.overloaded:
+        text += f"; overloaded ({', '.join(w.overloaded)} asked at least as often at once as slots hold them: " \
+                "the queue grows over the whole replay)"
+    return text
+
+
+def summary(plan: Plan, waits: Waits | None = None) -> str:
+    """The plan in words and numbers: demand, per GPU today and planned, both layouts' scores, and with
+    ``waits`` (:func:`~slurm_gpushare.mig.wait.expected_waits`) both layouts' expected queue wait."""
     lines = ["demand (requests at once): " + ", ".join(f"{r.label()} x{r.weight:.2f}" for r in plan.demand)]
     lines += [f"geometries: {k}: {n} (placed sets {p})" for k, (n, p) in plan.geometries.items()]
+    if waits is not None:
+        lines.append(f"queue wait: FIFO replay with backfill of {waits.trace.note}")
     lines.append("")
     width = max([len(p.today.label) for p in plan.gpus] + [5])
     lines.append(f"{'node':<12} {'gpu':>3}  {'today':<{width}}  plan")
     for p in plan.gpus:
         lines.append(f"{p.node:<12} {p.gpu.index:>3}  {p.today.label:<{width}}  {p.choice.label}")
     lines.append("")
-    lines += score_lines("today", plan.today) + score_lines("plan", plan.planned)
+    lines += score_lines("today", plan.today, waits.today if waits else None)
+    lines += score_lines("plan", plan.planned, waits.planned if waits else None)
     d_mem = plan.today.stranded_mem_mib - plan.planned.stranded_mem_mib
-    lines.append(f"change: stranded memory {'-' if d_mem >= 0 else '+'}{format_mib(round(abs(d_mem)))}, "
-                 f"stranded compute {plan.planned.stranded_slices - plan.today.stranded_slices:+.2f} slices, "
-                 f"served {plan.planned.served - plan.today.served:+.2f}, "
-                 f"objective {plan.planned.objective - plan.today.objective:+.4f}")
+    change = (f"change: stranded memory {'-' if d_mem >= 0 else '+'}{format_mib(round(abs(d_mem)))}, "
+              f"stranded compute {plan.planned.stranded_slices - plan.today.stranded_slices:+.2f} slices, "
+              f"served {plan.planned.served - plan.today.served:+.2f}, "
+              f"objective {plan.planned.objective - plan.today.objective:+.4f}")
+    if waits is not None:
+        d_wait = waits.planned.mean_s - waits.today.mean_s
+        change += f", mean queue wait {'-' if d_wait < 0 else '+'}{format_wait(abs(d_wait))}"
+    lines.append(change)
     return "\n".join(lines) + "\n"

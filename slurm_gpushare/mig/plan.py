@@ -92,6 +92,10 @@ class Slot:
     gpu_slices: int
     whole: bool = False
 
+    def slices_for(self, sm_percent: int | None) -> int:
+        """Compute slices a request asking ``sm_percent`` of a GPU needs here (0 when it asks none)."""
+        return math.ceil(sm_percent * self.gpu_slices / 100) if sm_percent is not None else 0
+
 
 @dataclass(frozen=True)
 class Score:
@@ -263,7 +267,7 @@ def evaluate(candidates: Sequence[Candidate], demand: Sequence[Request], weights
                 break
             if free_f[s] <= 0 or s.mem_mib < r.mem_mib:
                 continue
-            need = math.ceil(r.sm_percent * s.gpu_slices / 100) if r.sm_percent is not None else 0
+            need = s.slices_for(r.sm_percent)
             if s.slices < need:
                 continue
             take = min(left, free_f[s])
