@@ -25,6 +25,7 @@ event and returns as soon as it happened, with a deadline generous enough for a 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -424,3 +425,22 @@ def push_usage_summary(cluster: DevCluster, session: SlurmSession, job_id: str, 
     wait_until(summarised, f"job {job_id}'s AdminComment matching {want.pattern!r}", timeout,
                describe=lambda: fields.get("AdminComment"))
     return fields
+
+
+def spooled_lines(spool_dir) -> list[str]:
+    """The record lines of the nodes' accounting spool (``<spool>/*.jsonl``) that their writers finished, read as
+    the product's readers read them (:func:`slurm_gpushare.accounting.spool.complete_size`: the size while no
+    Epilog holds the file's lock, whole lines only). A test reading the files without it once read an Epilog's
+    line half-written."""
+    from slurm_gpushare.accounting.spool import complete_size
+
+    out: list[str] = []
+    for f in sorted(Path(spool_dir).glob("*.jsonl")):
+        text = f.read_bytes()[:complete_size(f)].decode(errors="replace")
+        out += [ln for ln in text.split("\n")[:-1] if ln.strip()]
+    return out
+
+
+def spooled_records(spool_dir) -> list[dict]:
+    """:func:`spooled_lines`, decoded."""
+    return [json.loads(ln) for ln in spooled_lines(spool_dir)]

@@ -17,7 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from slurm_gpushare_dev.cluster import packaged_machine
-from tests.conftest import DEADLINE, Job, push_usage_summary, throwaway_users, wait_until
+from tests.conftest import DEADLINE, Job, push_usage_summary, spooled_records, throwaway_users, wait_until
 
 pytestmark = pytest.mark.slurm
 
@@ -67,9 +67,7 @@ def _report(db: Path, *args: str) -> dict:
 
 
 def _spooled(cluster, job_ids: set[str]) -> list[dict]:
-    return [r for f in sorted(Path(cluster.accounting_spool).glob("*.jsonl"))
-            for line in f.read_text().splitlines() if line.strip()
-            for r in [json.loads(line)] if r["job_id"] in job_ids]
+    return [r for r in spooled_records(cluster.accounting_spool) if r["job_id"] in job_ids]
 
 
 def test_two_users_requested_vs_peak_and_per_user_totals(cluster, slurm, users, tmp_path):

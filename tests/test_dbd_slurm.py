@@ -38,6 +38,7 @@ from tests.conftest import (
     _slurm_unavailable,
     add_user,
     push_usage_summary,
+    spooled_lines,
     throwaway_users,
     wait_until,
 )
@@ -327,8 +328,7 @@ def test_final_segment_sits_beside_jobstats_and_report_from_sacct_equals_the_sto
     # the store: this job's records from the nodes' spool, ingested
     spool = tmp_path / "spool"
     spool.mkdir()
-    lines = [ln for f in sorted(c.accounting_spool.glob("*.jsonl")) for ln in f.read_text().splitlines()
-             if json.loads(ln)["job_id"] == job.id]
+    lines = [ln for ln in spooled_lines(c.accounting_spool) if json.loads(ln)["job_id"] == job.id]
     assert len(lines) == 1, lines
     (spool / f"{NODE}.jsonl").write_text("\n".join(lines) + "\n")
     db = tmp_path / "acct.db"

@@ -36,7 +36,7 @@ from slurm_gpushare_dev.cluster import (
     packaged_machine,
     pid_alive,
 )
-from tests.conftest import DEADLINE, Job, wait_until
+from tests.conftest import DEADLINE, Job, spooled_records, wait_until
 
 
 def test_render_has_one_node_line_and_gres_per_machine(tmp_path):
@@ -784,10 +784,7 @@ def _job_user() -> str:
 
 
 def _spool_records(c: DevCluster, job_id: str) -> list[dict]:
-    out = []
-    for f in sorted(c.accounting_spool.glob("*.jsonl")):
-        out += [r for r in map(json.loads, f.read_text().splitlines()) if r.get("job_id") == job_id]
-    return out
+    return [r for r in spooled_records(c.accounting_spool) if r.get("job_id") == job_id]
 
 
 @pytest.mark.slurm

@@ -4,7 +4,6 @@ Each: the job gets the limit and identity Slurm granted, no node drains, the acc
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import tempfile
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import DEADLINE, Job, wait_until
+from tests.conftest import DEADLINE, Job, spooled_records, wait_until
 from tests.security.conftest import USERS
 
 pytestmark = pytest.mark.slurm
@@ -57,8 +56,7 @@ def drained(slurm) -> list[str]:
 
 def record_of(cluster, job_id: str, timeout: float = DEADLINE) -> list[dict]:
     def mine() -> list[dict]:
-        rows = [json.loads(line) for f in sorted(Path(cluster.accounting_spool).glob("*.jsonl"))
-                for line in f.read_text(errors="replace").splitlines() if line.strip()]
+        rows = spooled_records(cluster.accounting_spool)
         return [r for r in rows if str(r.get("job_id")) == job_id]
 
     return wait_until(mine, f"the accounting record of job {job_id}", timeout)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import DEADLINE, Job, wait_until
+from tests.conftest import DEADLINE, Job, spooled_records, wait_until
 from tests.security.conftest import USERS
 from tests.security.test_node_records import drained
 
@@ -26,9 +26,7 @@ SCRIPT = ('echo "run=${SLURM_RESTART_COUNT:-0} t=$(date +%s)"; '
 
 
 def _records(cluster, job_id: str) -> list[dict]:
-    return [r for f in sorted(Path(cluster.accounting_spool).glob("*.jsonl"))
-            for line in f.read_text(errors="replace").splitlines() if line.strip()
-            for r in [json.loads(line)] if str(r.get("job_id")) == job_id]
+    return [r for r in spooled_records(cluster.accounting_spool) if str(r.get("job_id")) == job_id]
 
 
 @pytest.fixture
