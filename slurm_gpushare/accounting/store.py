@@ -159,7 +159,8 @@ UPDATE meta SET value = '3' WHERE key = 'schema';
 #: one run: :meth:`~slurm_gpushare.accounting.record.UsageRecord.saw_more`, as the sacct segment chooses);
 #: the same record ingested again changes nothing
 _UPSERT = (f'ON CONFLICT ({_KEY}) DO UPDATE SET ' + ", ".join(f'"{name}" = excluded."{name}"' for name in FIELDS)
-           + f" WHERE {SAW_MORE_SQL}")
+           + " WHERE " + re.sub(r'(?<!excluded\.)"(\w+)"', r'usage."\1"', SAW_MORE_SQL))
+# (the stored row's columns qualified: PostgreSQL finds them ambiguous beside excluded's)
 _INSERT = f"INSERT INTO usage ({_COLUMNS}) VALUES ({', '.join('?' * len(FIELDS))}) {_UPSERT}"
 # PostgreSQL: a batch is COPY'd into this temporary table, then upserted from it in one statement
 _PG_BATCH = "CREATE TEMPORARY TABLE IF NOT EXISTS usage_batch (LIKE usage INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"
