@@ -112,8 +112,8 @@ def _efficiency(ax, rep, by: str) -> None:
 
 def _over_time(ax, store: Store, since: int | None, until: int | None, filters: Filters | None) -> None:
     inner, params = _period(since, until, '"gpu_model", "mode", "start", "end", "mem_granted_mib", "mem_peak_mib"',
-                            filters)
-    rows = store.query(f"SELECT * FROM ({inner})", params)
+                            filters, store.dialect)
+    rows = store.query(f"SELECT * FROM ({inner}) AS p", params)
     events: dict[tuple[str, str], list[tuple[int, int, int]]] = defaultdict(list)
     lo = since if since is not None else None
     hi = until if until is not None else None

@@ -1,9 +1,11 @@
 """Accounting reports: what was reserved and what was used, by user, account, partition, GPU model, mode,
 node or period, per job, and the jobs that asked for far more memory than they used.
 
-Aggregation runs in SQLite over the store (:class:`~slurm_gpushare.accounting.store.Store`), so a
-report over a million records takes a fraction of a second; this module builds the queries, derives
-the ratios and renders a :class:`Report` as an aligned table, CSV or JSON. Definitions (also in
+Aggregation runs in the database (SQLite or PostgreSQL, :class:`~slurm_gpushare.accounting.store.Store`):
+``GROUP BY`` there, the rows read through a cursor, so that memory does not grow with the records (a grouped
+report holds its groups, the per-job report its jobs, ``--waste`` the jobs it lists); this module builds the
+queries (in the store's :class:`~slurm_gpushare.accounting.backend.Dialect`), derives the ratios and renders a
+:class:`Report` as an aligned table, CSV or JSON. Definitions (also in
 docs/accounting.md), for each GPU record (one job on one GPU device) with ``d`` its seconds inside the
 report's period:
 
@@ -30,11 +32,12 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 
+from slurm_gpushare.accounting.backend import SQLITE, Dialect
 from slurm_gpushare.accounting.store import Store
 from slurm_gpushare.errors import InputError
 from slurm_gpushare.slurm.gres import GresItem
 
-#: ``--by`` choices -> SQL expression of the group.
+#: ``--by`` choices -> SQL expression of the group (SQLite's; :func:`group_sql` for a store's dialect).
 GROUPS: dict[str, str] = {
     "user": '"user"',
     "account": '"account"',
@@ -45,6 +48,15 @@ GROUPS: dict[str, str] = {
     "day": "strftime('%Y-%m-%d', \"start\", 'unixepoch')",
     "month": "strftime('%Y-%m', \"start\", 'unixepoch')",
 }
+
+
+def group_sql(by: str, dialect: Dialect = SQLITE) -> str:
+    """The SQL expression of a ``--by`` group in ``dialect`` (``day`` and ``month`` of the record's start, UTC)."""
+    if by in ("day", "month"):
+        return dialect.utc_date('"start"', 10 if by == "day" else 7)
+    return GROUPS[by]
+
+
 #: Groups that hold each job in one group only (their job counts add up to the total).
 _JOB_PARTITIONING = ("user", "account", "partition")
 #: Output formats.
@@ -149,7 +161,7 @@ class Filters:
 
 
 def _period(since: int | None, until: int | None, columns: str,
-            filters: Filters | None = None) -> tuple[str, dict]:
+            filters: Filters | None = None, dialect: Dialect = SQLITE) -> tuple[str, dict]:
     """A subquery of ``usage`` with ``columns`` and ``d``, each record's seconds inside the period, over
     the records that overlap it (a record of zero length inside it still counts) and pass ``filters``."""
     where, params = (filters or Filters()).sql()
@@ -159,7 +171,7 @@ def _period(since: int | None, until: int | None, columns: str,
         params.update(since=-_FOREVER if since is None else since, until=_FOREVER if until is None else until)
         if params["since"] >= params["until"]:
             raise InputError(f"the period is empty: --since {_when(since)} is not before --until {_when(until)}")
-        d = 'MAX(0, MIN("end", :until) - MAX("start", :since))'
+        d = dialect.greatest("0", dialect.least('"end"', ":until") + " - " + dialect.greatest('"start"', ":since"))
         where.insert(0, '"start" < :until AND ("end" > :since OR "start" >= :since)')
     return f'SELECT {columns}, {d} AS d FROM usage' + (f" WHERE {' AND '.join(where)}" if where else ""), params
 
@@ -195,9 +207,11 @@ def usage_report(store: Store, *, by: str = "user", since: int | None = None,
     """
     if by not in GROUPS:
         raise InputError(f"cannot report by {by!r}", hint=f"use one of {', '.join(GROUPS)} or job")
-    # only columns of the covering index usage_by_user (plus the group's), so that by-user reads the index
-    inner, params = _period(since, until, f'{GROUPS[by]} AS g, "job_id", "gpu_share", "sm_mean_percent", '
-                            '"sm_peak_percent", "mem_granted_mib", "mem_peak_mib"', filters)
+    # only columns of the covering indexes usage_by_user and usage_by_account (plus the group's), so that
+    # by-user and by-account read their index in order
+    inner, params = _period(since, until, f'{group_sql(by, store.dialect)} AS g, "job_id", "gpu_share", '
+                            '"sm_mean_percent", "sm_peak_percent", "mem_granted_mib", "mem_peak_mib"', filters,
+                            store.dialect)
     sums = """
         COUNT(*),
         SUM(d * "gpu_share"),
@@ -210,12 +224,12 @@ def usage_report(store: Store, *, by: str = "user", since: int | None = None,
         SUM(d * "mem_peak_mib"),
         COUNT(*) - COUNT("sm_mean_percent"),
         COUNT(*) - COUNT("mem_peak_mib")"""
-    raw = store.query(f'SELECT g, COUNT(DISTINCT "job_id"), {sums} FROM ({inner}) GROUP BY g', params)
+    raw = list(store.iterate(f'SELECT g, COUNT(DISTINCT "job_id"), {sums} FROM ({inner}) AS p GROUP BY g', params))
     rows = sorted((_usage_row(r) for r in raw), key=lambda row: (-(row[3] or 0), str(row[0])))
     total = None
     if raw:
         jobs = sum(r[1] for r in raw) if by in _JOB_PARTITIONING else \
-            store.query(f'SELECT COUNT(DISTINCT "job_id") FROM ({inner})', params)[0][0]
+            store.query(f'SELECT COUNT(DISTINCT "job_id") FROM ({inner}) AS p', params)[0][0]
         acc = [jobs]
         for i in range(2, 13):
             values = [r[i] for r in raw if r[i] is not None]
@@ -239,25 +253,48 @@ def _usage_row(r: tuple) -> tuple:
             _ratio(mem_s_used, mem_s_data, 100.0), no_sm, no_mem)
 
 
-#: Each record with its run's length and device count: a requeued job's runs (``restart``) are each
-#: as long as their own devices say, and the pending time between them is no part of the job.
-_RUN_COLUMNS = ('*, MAX("end") OVER run - MIN("start") OVER run AS run_s, COUNT(*) OVER run AS run_n')
-_RUN_WINDOW = ' WINDOW run AS (PARTITION BY "job_id", "restart")'
-
+# One row per job, in job order. A job's hours are the sum of its runs' (a requeued job's runs, ``restart``,
+# are each as long as their own devices say, and the pending time between them is no part of the job):
+# last end minus first start for a job of one run; :func:`_run_hours` adds up the runs of the others.
 _JOB_SQL = """
     SELECT "job_id", MIN("user"), MIN("account"), MIN("partition"),
-           GROUP_CONCAT(DISTINCT "gpu_model"), GROUP_CONCAT(DISTINCT "mode"), GROUP_CONCAT(DISTINCT "share"),
+           {models}, {modes}, {shares},
            CAST(ROUND(COUNT(*) * 1.0 / COUNT(DISTINCT "restart")) AS INTEGER), COUNT(DISTINCT "node"),
-           SUM(run_s * 1.0 / run_n),
+           MAX("end") - MIN("start"),
            MAX(COALESCE("mem_asked_mib", "mem_granted_mib")), MAX("mem_granted_mib"), MAX("mem_peak_mib"),
            SUM(d * "sm_mean_percent"), SUM(CASE WHEN "sm_mean_percent" IS NOT NULL THEN d END),
            MAX("sm_peak_percent"), MIN("exit_state"),
            SUM(CASE WHEN "mem_peak_mib" IS NOT NULL
-                    THEN d * MAX(0, COALESCE("mem_asked_mib", "mem_granted_mib") - "mem_peak_mib") END),
-           MAX("mem_asked_mib"), MIN("array_job_id"), MIN("array_task_id")
-    FROM ({inner}) GROUP BY "job_id" {having}
-    ORDER BY CAST("job_id" AS INTEGER), "job_id"
+                    THEN d * {waste} END),
+           MAX("mem_asked_mib"), MIN("array_job_id"), MIN("array_task_id"), COUNT(DISTINCT "restart")
+    FROM ({inner}) AS p GROUP BY "job_id" {having}
+    ORDER BY {job_order}
 """
+# the runs of the jobs that had more than one, each last end minus first start
+_RUNS_SQL = """
+    SELECT "job_id", SUM(run_s) FROM (
+        SELECT "job_id", MAX("end") - MIN("start") AS run_s FROM ({inner}) AS p GROUP BY "job_id", "restart"
+    ) AS runs GROUP BY "job_id" HAVING COUNT(*) > 1
+"""
+_JOB_COLUMNS_READ = ('"job_id", "restart", "user", "account", "partition", "gpu_model", "mode", "share", "node", '
+                     '"start", "end", "mem_asked_mib", "mem_granted_mib", "mem_peak_mib", "sm_mean_percent", '
+                     '"sm_peak_percent", "exit_state", "array_job_id", "array_task_id"')
+
+
+def _job_sql(store: Store, inner: str, having: str = "") -> str:
+    d = store.dialect
+    job = '"job_id"'
+    return _JOB_SQL.format(
+        inner=inner, having=having, models=d.concat_distinct('"gpu_model"'), modes=d.concat_distinct('"mode"'),
+        shares=d.concat_distinct('"share"'),
+        waste=d.greatest("0", 'COALESCE("mem_asked_mib", "mem_granted_mib") - "mem_peak_mib"'),
+        job_order=f"{d.numeric_order(job)}, {d.text_order(job)}")
+
+
+def _run_hours(store: Store, inner: str, params: dict) -> dict[str, int]:
+    """Seconds per job of the requeued jobs (more than one run in the period): the sum of their runs'."""
+    return dict(store.iterate(_RUNS_SQL.format(inner=inner), params))
+
 
 JOB_COLUMNS = (
     Column("job", "JOB", "text"),
@@ -280,9 +317,11 @@ JOB_COLUMNS = (
 )
 
 
-def _job_base(r: tuple) -> tuple:
+def _job_base(r: tuple, runs: dict[str, int]) -> tuple:
     (job, user, account, partition, models, modes, shares, gpus, nodes, elapsed, asked, granted, peak,
-     sm_ds, d_data, sm_peak, exit_state, _wasted, asked_raw, array_job, array_task) = r
+     sm_ds, d_data, sm_peak, exit_state, _wasted, asked_raw, array_job, array_task, restarts) = r
+    if restarts > 1:
+        elapsed = runs[job]
     # an array task as sacct shows it (<array job>_<task>); its own job id stays in "job"
     array = f"{array_job}_{array_task}" if array_job and array_task is not None else ""
     # what was used is judged against the request, or against the grant when no size was asked
@@ -299,10 +338,10 @@ def job_report(store: Store, *, since: int | None = None, until: int | None = No
     Raises:
         InputError: an empty period.
     """
-    inner, params = _period(since, until, _RUN_COLUMNS, filters)
-    inner += _RUN_WINDOW
-    raw = store.query(_JOB_SQL.format(inner=inner, having=""), params)
-    return Report("jobs", "job", since, until, JOB_COLUMNS, tuple(_job_base(r) for r in raw))
+    inner, params = _period(since, until, _JOB_COLUMNS_READ, filters, store.dialect)
+    runs = _run_hours(store, inner, params)
+    rows = tuple(_job_base(r, runs) for r in store.iterate(_job_sql(store, inner), params))
+    return Report("jobs", "job", since, until, JOB_COLUMNS, rows)
 
 
 WASTE_COLUMNS = (
@@ -336,16 +375,16 @@ def waste_report(store: Store, *, since: int | None = None, until: int | None = 
     Raises:
         InputError: an empty period.
     """
-    inner, params = _period(since, until, _RUN_COLUMNS, filters)
-    inner += _RUN_WINDOW
+    inner, params = _period(since, until, _JOB_COLUMNS_READ, filters, store.dialect)
     # a job that failed or was killed may have failed for want of memory: it is not judged
     having = ('HAVING MAX("mem_peak_mib") IS NOT NULL AND '
               'MAX("mem_peak_mib") <= :used_below * MAX(COALESCE("mem_asked_mib", "mem_granted_mib")) AND '
-              'SUM("exit_state" NOT IN (\'COMPLETED\', \'\')) = 0')
-    raw = store.query(_JOB_SQL.format(inner=inner, having=having), {**params, "used_below": used_below})
+              'SUM(CASE WHEN "exit_state" NOT IN (\'COMPLETED\', \'\') THEN 1 ELSE 0 END) = 0')
+    runs = _run_hours(store, inner, params)
     rows = []
-    for r in raw:
-        base = _job_base(r)
+    # streamed: only the jobs listed are kept
+    for r in store.iterate(_job_sql(store, inner, having), {**params, "used_below": used_below}):
+        base = _job_base(r, runs)
         gpus, nodes, asked, peak = r[7], r[8], r[10], r[12]
         per_node = max(1, gpus // max(1, nodes))
         fit = fit_request(peak, gpus_per_node=per_node, headroom=headroom)

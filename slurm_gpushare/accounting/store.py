@@ -1,4 +1,5 @@
-"""The embedded accounting store: spool files ingested into one SQLite database (stdlib ``sqlite3``).
+"""The accounting store: spool files ingested into one SQLite file (stdlib ``sqlite3``, the default) or a
+PostgreSQL database (a ``postgresql://`` URL; :mod:`~slurm_gpushare.accounting.backend`), the same tables in both.
 
 One table, ``usage``, one row per record (columns named as the record's JSON keys, plus the computed
 ``gpu_share``), unique on ``(job_id, restart, step, node, gpu_index, gpu_uuid, v)``: a record ingested
@@ -28,8 +29,15 @@ row of its own. Ingest is resumable and exact:
 Speed (docs/performance.md): worker processes parse and check batches (JSON, strict record checks
 column by column) while this process inserts them with ``executemany``; WAL, ``synchronous=NORMAL``
 (a committed transaction survives a crash of the process; a power loss may lose the last ones, which
-the next ingest reads again from the spool), 8 KiB pages. The index ``usage_by_user`` covers the
-by-user report, so that it reads one index in order instead of sorting the table.
+the next ingest reads again from the spool), 8 KiB pages. The indexes ``usage_by_user`` and
+``usage_by_account`` cover the by-user and by-account reports, so that they read one index in order instead
+of sorting the table; ``usage_by_start`` serves a report's period. Reports read through a cursor
+(:meth:`Store.iterate`), and SQLite sorts what an index does not order in temporary files, not in memory.
+
+PostgreSQL: one transaction per batch as with SQLite; the rows go in by ``COPY`` into a temporary table and
+one ``INSERT ... SELECT ... ON CONFLICT`` from it (the same upsert); one ingest at a time per database
+(a session advisory lock); a committed batch is as durable as the server makes commits (``synchronous_commit``,
+on by default: flushed to its WAL before the commit returns).
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ import hashlib
 import marshal
 import multiprocessing
 import os
+import re
 import signal
 import sqlite3
 import threading
@@ -52,6 +61,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from slurm_gpushare.accounting.backend import SQLITE, Dialect, PostgresDb, SqliteDb, is_url
 from slurm_gpushare.accounting.record import FIELDS, SAW_MORE_SQL, UsageRecord, rows_from_lines, series_from_text
 from slurm_gpushare.accounting.spool import DEFAULT_SPOOL_DIR, complete_size, spool_files
 from slurm_gpushare.errors import GpushareError, InputError
@@ -86,25 +96,45 @@ _COLUMNS = ", ".join(f'"{name}"' for name in FIELDS)
 #: The share of its GPU a record held: 1 for a whole GPU, else its memory over the GPU's (at most 1).
 GPU_SHARE_SQL = ('CASE WHEN "mode" = \'gpu\' OR "gpu_memory_mib" <= 0 THEN 1.0 '
                  'ELSE MIN(1.0, "mem_granted_mib" * 1.0 / "gpu_memory_mib") END')
-_USAGE_TABLE = f"""(
-    {", ".join(f'"{name}" {_SQL_TYPES[name]}' for name in FIELDS)},
-    "gpu_share" REAL GENERATED ALWAYS AS ({GPU_SHARE_SQL}) VIRTUAL,
-    UNIQUE ("job_id", "restart", "step", "node", "gpu_index", "gpu_uuid", "v")
-)"""
-_SCHEMA = f"""
+#: :data:`GPU_SHARE_SQL` in PostgreSQL (a stored column there: PostgreSQL before 18 has no virtual ones)
+_GPU_SHARE_PG = ('CASE WHEN "mode" = \'gpu\' OR "gpu_memory_mib" <= 0 THEN 1.0 '
+                 'ELSE LEAST(1.0, CAST("mem_granted_mib" AS DOUBLE PRECISION) / "gpu_memory_mib") END')
+_KEY = '"job_id", "restart", "step", "node", "gpu_index", "gpu_uuid", "v"'
+#: the report indexes: the group first, then every column the grouped report reads (covering)
+_REPORT_COLUMNS = ('"job_id", "start", "end", "gpu_share", "mem_granted_mib", "mem_peak_mib", "sm_mean_percent", '
+                   '"sm_peak_percent"')
+
+
+def _usage_table(dialect: Dialect) -> str:
+    columns = ", ".join(f'"{name}" {dialect.sql_type(_SQL_TYPES[name])}' for name in FIELDS)
+    share = (f'"gpu_share" DOUBLE PRECISION GENERATED ALWAYS AS ({_GPU_SHARE_PG}) STORED' if dialect.postgres
+             else f'"gpu_share" REAL GENERATED ALWAYS AS ({GPU_SHARE_SQL}) VIRTUAL')
+    return f"({columns},\n    {share},\n    UNIQUE ({_KEY})\n)"
+
+
+def _schema(dialect: Dialect) -> str:
+    integer = dialect.sql_type("INTEGER")
+    return f"""
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS usage {_USAGE_TABLE};
--- covers the by-user report: it reads this index in user order, without sorting or touching the table
-CREATE INDEX IF NOT EXISTS usage_by_user ON usage ("user", "job_id", "start", "end", "gpu_share",
-    "mem_granted_mib", "mem_peak_mib", "sm_mean_percent", "sm_peak_percent");
+CREATE TABLE IF NOT EXISTS usage {_usage_table(dialect)};
+-- cover the by-user and by-account reports: each reads its index in group order, without sorting or
+-- touching the table
+CREATE INDEX IF NOT EXISTS usage_by_user ON usage ("user", {_REPORT_COLUMNS});
+CREATE INDEX IF NOT EXISTS usage_by_account ON usage ("account", {_REPORT_COLUMNS});
+-- a report's period: the records that start before its end
+CREATE INDEX IF NOT EXISTS usage_by_start ON usage ("start");
 CREATE TABLE IF NOT EXISTS spool_progress (
-    file TEXT PRIMARY KEY, offset INTEGER NOT NULL, lines INTEGER NOT NULL,
-    head_len INTEGER NOT NULL, head_sha1 TEXT NOT NULL, tail_sha1 TEXT NOT NULL DEFAULT ''
+    file TEXT PRIMARY KEY, "offset" {integer} NOT NULL, lines {integer} NOT NULL,
+    head_len {integer} NOT NULL, head_sha1 TEXT NOT NULL, tail_sha1 TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS skipped (
-    file TEXT NOT NULL, line INTEGER NOT NULL, reason TEXT NOT NULL, PRIMARY KEY (file, line)
+    file TEXT NOT NULL, line {integer} NOT NULL, reason TEXT NOT NULL, PRIMARY KEY (file, line)
 );
 """
+
+
+_USAGE_TABLE = _usage_table(SQLITE)
+_SCHEMA = _schema(SQLITE)
 _COLUMNS_V1 = ", ".join(f'"{name}"' for name in FIELDS
                         if name not in ("restart", "v", "mem_series_mib", "mem_series_width"))
 # layout 1 -> 3: rows get restart 0, no series and v 3 (what reading their version-1 lines now gives), the
@@ -128,9 +158,16 @@ UPDATE meta SET value = '3' WHERE key = 'schema';
 #: a record of a key already stored replaces it only where it saw more of the run (an Epilog run twice for
 #: one run: :meth:`~slurm_gpushare.accounting.record.UsageRecord.saw_more`, as the sacct segment chooses);
 #: the same record ingested again changes nothing
-_INSERT = (f"INSERT INTO usage ({_COLUMNS}) VALUES ({', '.join('?' * len(FIELDS))}) "
-           'ON CONFLICT ("job_id", "restart", "step", "node", "gpu_index", "gpu_uuid", "v") DO UPDATE SET '
-           + ", ".join(f'"{name}" = excluded."{name}"' for name in FIELDS) + f" WHERE {SAW_MORE_SQL}")
+_UPSERT = (f'ON CONFLICT ({_KEY}) DO UPDATE SET ' + ", ".join(f'"{name}" = excluded."{name}"' for name in FIELDS)
+           + " WHERE " + re.sub(r'(?<!excluded\.)"(\w+)"', r'usage."\1"', SAW_MORE_SQL))
+# (the stored row's columns qualified: PostgreSQL finds them ambiguous beside excluded's)
+_INSERT = f"INSERT INTO usage ({_COLUMNS}) VALUES ({', '.join('?' * len(FIELDS))}) {_UPSERT}"
+# PostgreSQL: a batch is COPY'd into this temporary table, then upserted from it in one statement
+_PG_BATCH = "CREATE TEMPORARY TABLE IF NOT EXISTS usage_batch (LIKE usage INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"
+_PG_INSERT = f"INSERT INTO usage ({_COLUMNS}) SELECT {_COLUMNS} FROM usage_batch {_UPSERT}"
+_KEY_AT = tuple(FIELDS.index(name.strip('"')) for name in _KEY.split(", "))
+# one ingest at a time per PostgreSQL database: pg_advisory_lock's key ("gpushare" in ASCII)
+_PG_LOCK = 0x6770757368617265
 
 
 class StoreError(GpushareError):
@@ -186,17 +223,43 @@ class Store:
     """The accounting database.
 
     Args:
-        path: the SQLite file, or ``":memory:"`` (tests).
-        create: create the database (and its directory's last component) when missing, and its
-            tables; otherwise a missing file or one without them is an error (``report`` must not
-            invent an empty database, and reads without taking the write lock).
+        path: the SQLite file, ``":memory:"`` (tests), or a PostgreSQL server's URL
+            (``postgresql://[user@][host][:port]/dbname[?...]``, libpq's form: a password from ``~/.pgpass`` or
+            ``PGPASSFILE`` rather than in the URL; needs the extra ``slurm-gpushare[postgresql]``).
+        create: create the database's tables when missing (and, for SQLite, the file and its directory's
+            last component); otherwise a missing file or one without them is an error (``report`` must not
+            invent an empty database, and reads without taking the write lock). A PostgreSQL database
+            itself is the site's to create (``createdb``).
 
     Raises:
-        StoreError: missing file (without ``create``), not an SQLite database, another layout version.
+        StoreError: missing file (without ``create``), not an SQLite database, another layout version, a
+            server that cannot be reached or refuses, psycopg not installed.
     """
 
     def __init__(self, path: str | Path = ":memory:", *, create: bool = True):
         self.path = str(path)
+        self.url = is_url(self.path)
+        #: where the store is, for messages (a URL without its password)
+        self.where = _redact(self.path) if self.url else self.path
+        db: SqliteDb | PostgresDb | None = None
+        if self.url:
+            try:
+                db = PostgresDb(self.path)
+            except ImportError:
+                raise StoreError("a PostgreSQL store needs psycopg 3, which is not installed",
+                                 hint="pip install 'slurm-gpushare[postgresql]' (or psycopg[binary])") from None
+            except Exception as e:  # psycopg.Error (not importable without psycopg)
+                raise StoreError(f"cannot connect to the accounting database: {_one_line(e)}",
+                                 source=self.where) from None
+            self._db: SqliteDb | PostgresDb = db
+            try:
+                self._prepare(create)
+            except (StoreError, db.errors[0]) as e:
+                db.close()
+                if isinstance(e, StoreError):
+                    raise
+                raise StoreError(f"cannot open the accounting database: {_one_line(e)}", source=self.where) from None
+            return
         memory = self.path == ":memory:"
         if not memory:
             p = Path(self.path)
@@ -210,40 +273,63 @@ class Store:
                     p.parent.mkdir(mode=0o700)
                 # sqlite creates the file (and -wal, -shm) with 0644 less the umask: others' records
                 os.close(os.open(p, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
-        db: sqlite3.Connection | None = None
         try:
-            db = sqlite3.connect(self.path, isolation_level=None)
+            lite = db = SqliteDb(self.path)
+            self._db = lite
             db.execute("PRAGMA busy_timeout = 30000")
             # a new database only: 8 KiB pages made ingest ~15% faster than 4 KiB (fewer B-tree splits)
             db.execute("PRAGMA page_size = 8192")
             if not memory:
                 db.execute("PRAGMA journal_mode = WAL")
-            db.executescript("PRAGMA synchronous = NORMAL; PRAGMA temp_store = MEMORY;"
-                             "PRAGMA cache_size = -65536;")
-            old = db.execute("SELECT 1 FROM sqlite_master WHERE name = 'meta'").fetchone() and \
-                db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
-            if old and old[0] in ("1", "2"):
-                db.executescript("BEGIN IMMEDIATE;" + (_UPGRADE_1 if old[0] == "1" else _UPGRADE_2) + _SCHEMA
-                                 + "COMMIT;")
-            if create:
-                db.executescript("BEGIN IMMEDIATE;" + _SCHEMA + "COMMIT;")
-            elif not db.execute("SELECT 1 FROM sqlite_master WHERE name = 'meta'").fetchone():
-                raise StoreError("not an accounting database (no table meta)", source=self.path)
-            row = db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
-            if row is None:
-                if not create:
-                    raise StoreError("not an accounting database (no layout version)", source=self.path)
-                db.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
-            elif row[0] != str(SCHEMA_VERSION):
-                raise StoreError(f"database layout version {row[0]}; this slurm-gpushare uses {SCHEMA_VERSION}",
-                                 source=self.path, hint="use the slurm-gpushare release that created it")
+            # temp_store stays FILE: a report's sort of more rows than the cache holds spills to a
+            # temporary file instead of growing this process (bounded memory at any size)
+            db.script("PRAGMA synchronous = NORMAL; PRAGMA cache_size = -65536; PRAGMA threads = 2;")
+            old = db.execute("SELECT 1 FROM sqlite_master WHERE name = 'meta'") and \
+                db.execute("SELECT value FROM meta WHERE key = 'schema'")
+            if old and old[0][0] in ("1", "2"):
+                db.script("BEGIN IMMEDIATE;" + (_UPGRADE_1 if old[0][0] == "1" else _UPGRADE_2) + _SCHEMA
+                          + "COMMIT;")
+            self._prepare(create)
         except (sqlite3.Error, StoreError) as e:
             if db is not None:
                 db.close()
             if isinstance(e, StoreError):
                 raise
             raise StoreError(f"cannot open the accounting database: {e}", source=self.path) from None
-        self._db: sqlite3.Connection = db
+
+    @property
+    def dialect(self) -> Dialect:
+        """The SQL dialect of this store's database (reports build their queries with it)."""
+        return self._db.dialect
+
+    def _prepare(self, create: bool) -> None:
+        """Create the tables (``create``) or check they are there, and check the layout version."""
+        db = self._db
+        if create:
+            if self.url:
+                db.begin()
+                db.execute("SELECT pg_advisory_xact_lock(?)", (_PG_LOCK,))  # two first ingests at once
+                db.script(_schema(db.dialect))
+                db.commit()
+            else:
+                db.script("BEGIN IMMEDIATE;" + _SCHEMA + "COMMIT;")
+        elif not self._has_meta():
+            raise StoreError("not an accounting database (no table meta)", source=self.where,
+                             hint="run 'slurm-gpushare accounting ingest' with this --db first" if self.url else None)
+        row = db.execute("SELECT value FROM meta WHERE key = 'schema'")
+        if not row:
+            if not create:
+                raise StoreError("not an accounting database (no layout version)", source=self.where)
+            db.execute("INSERT INTO meta VALUES ('schema', ?) ON CONFLICT DO NOTHING", (str(SCHEMA_VERSION),))
+        elif row[0][0] != str(SCHEMA_VERSION):
+            raise StoreError(f"database layout version {row[0][0]}; this slurm-gpushare uses {SCHEMA_VERSION}",
+                             source=self.where, hint="use the slurm-gpushare release that created it")
+
+    def _has_meta(self) -> bool:
+        if self.url:
+            return bool(self._db.execute("SELECT 1 FROM information_schema.tables WHERE table_name = 'meta' "
+                                         "AND table_schema = current_schema()"))
+        return bool(self._db.execute("SELECT 1 FROM sqlite_master WHERE name = 'meta'"))
 
     # --- lifecycle -------------------------------------------------------------------------------
 
@@ -263,19 +349,34 @@ class Store:
         """Store records directly (tests, tools); returns ``(inserted, duplicates)``.
 
         Raises:
-            StoreError: SQLite failed (nothing of this call is stored).
+            StoreError: the database failed (nothing of this call is stored).
         """
         rows = [r.row() for r in records]
         try:
-            self._db.execute("BEGIN IMMEDIATE")
-            before = self._db.total_changes
-            self._db.executemany(_INSERT, rows)
-            inserted = self._db.total_changes - before
-            self._db.execute("COMMIT")
-        except sqlite3.Error as e:
+            self._db.begin()
+            inserted = self._upsert(rows)
+            self._db.commit()
+        except self._db.errors as e:
             self._rollback()
-            raise StoreError(f"cannot store records: {e}", source=self.path) from None
+            raise StoreError(f"cannot store records: {_one_line(e)}", source=self.where) from None
         return inserted, len(rows) - inserted
+
+    def _upsert(self, rows: list[tuple]) -> int:
+        """Store rows (in the open transaction), a record of a key already stored replacing it only where it
+        saw more; the rows changed (inserted or replaced). SQLite: ``executemany`` of the upsert. PostgreSQL:
+        ``COPY`` into a temporary table and one upsert from it; a batch holding one key twice (an Epilog run
+        twice, both lines in one batch) goes row by row instead, so that the two meet as they do in SQLite."""
+        db = self._db
+        if isinstance(db, SqliteDb):
+            with _gc_paused():
+                return db.executemany(_INSERT, rows)
+        if len({tuple(row[i] for i in _KEY_AT) for row in rows}) < len(rows):
+            return db.executemany(_INSERT, rows)
+        db.execute(_PG_BATCH)
+        db.copy_rows("usage_batch", _COLUMNS, rows)
+        changed = db.execute(_PG_INSERT + " RETURNING 1")
+        db.execute("DELETE FROM usage_batch")
+        return len(changed)
 
     def ingest(self, sources: str | Path | Iterable[str | Path], *,
                on_skip: Callable[[Skipped], None] | None = None,
@@ -322,10 +423,10 @@ class Store:
                     pool = _parse_pool(workers)
                 self._run(files, progress, on_skip, on_commit, max(batch_bytes, 1), pool,
                           2 * workers if pool else 1)
-            except sqlite3.Error as e:
+            except self._db.errors as e:
                 self._rollback()
-                raise StoreError(f"ingest of {progress.file or 'spool files'} failed: {e}", source=self.path) \
-                    from None
+                raise StoreError(f"ingest of {progress.file or 'spool files'} failed: {_one_line(e)}",
+                                 source=self.where) from None
             finally:
                 if pool is not None:
                     pool.shutdown(wait=True, cancel_futures=True)
@@ -335,7 +436,15 @@ class Store:
     @contextmanager
     def _ingest_lock(self) -> Iterator[None]:
         """One ingest at a time per database (a second one waits): ``<db>.ingest-lock``, flock'ed.
-        (Not the database file itself: closing another descriptor of it would drop SQLite's own locks.)"""
+        (Not the database file itself: closing another descriptor of it would drop SQLite's own locks.)
+        PostgreSQL: a session advisory lock of the database, held by this connection."""
+        if self.url:
+            self._db.execute("SELECT pg_advisory_lock(?)", (_PG_LOCK,))
+            try:
+                yield
+            finally:
+                self._db.execute("SELECT pg_advisory_unlock(?)", (_PG_LOCK,))
+            return
         if self.path == ":memory:":
             yield
             return
@@ -347,8 +456,7 @@ class Store:
             os.close(fd)
 
     def _rollback(self) -> None:
-        if self._db.in_transaction:
-            self._db.execute("ROLLBACK")
+        self._db.rollback()
 
     def _open(self, path: Path) -> _File:
         """A spool file's complete size, its first bytes, and where to continue: the recorded offset,
@@ -359,8 +467,9 @@ class Store:
             StoreError: the file cannot be read.
         """
         name = str(path.absolute())
-        row = self._db.execute("SELECT offset, lines, head_len, head_sha1, tail_sha1 FROM spool_progress "
-                               "WHERE file = ?", (name,)).fetchone()
+        found = self._db.execute('SELECT "offset", lines, head_len, head_sha1, tail_sha1 FROM spool_progress '
+                                 "WHERE file = ?", (name,))
+        row = found[0] if found else None
         try:
             size = complete_size(path)
             with open(path, "rb") as f:
@@ -435,25 +544,25 @@ class Store:
                                  hashlib.sha1(f.head[:head_len]).hexdigest(), chunk.before_sha1)
         rows = [row for _, chunk_rows, _ in group for row in chunk_rows]
         db = self._db
-        db.execute("BEGIN IMMEDIATE")
+        db.begin()
         try:
             for name, recorded in expected.items():
-                row = db.execute("SELECT offset FROM spool_progress WHERE file = ?", (name,)).fetchone()
+                found = db.execute('SELECT "offset" FROM spool_progress WHERE file = ?', (name,))
+                row = found[0] if found else None
                 if (row[0] if row else None) != recorded:
                     raise StoreError(f"{name} was ingested by another writer meanwhile (offset "
-                                     f"{row and row[0]}, expected {recorded})", source=self.path,
+                                     f"{row and row[0]}, expected {recorded})", source=self.where,
                                      hint="run ingest again")
             for name in {c.file.name for c, _, _ in group if c.file.reread}:
                 db.execute("DELETE FROM skipped WHERE file = ?", (name,))  # its line numbers are new
-            before = db.total_changes
-            with _gc_paused():
-                db.executemany(_INSERT, rows)
-            inserted = db.total_changes - before
+            inserted = self._upsert(rows)
             if skipped:
-                db.executemany("INSERT OR IGNORE INTO skipped VALUES (?, ?, ?)",
+                db.executemany("INSERT INTO skipped VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
                                [(s.file, s.line, s.reason) for s in skipped])
-            db.executemany("INSERT OR REPLACE INTO spool_progress VALUES (?, ?, ?, ?, ?, ?)", positions.values())
-            db.execute("COMMIT")
+            db.executemany("INSERT INTO spool_progress VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (file) DO UPDATE SET "
+                           '"offset" = excluded."offset", lines = excluded.lines, head_len = excluded.head_len, '
+                           "head_sha1 = excluded.head_sha1, tail_sha1 = excluded.tail_sha1", list(positions.values()))
+            db.commit()
         except BaseException:
             self._rollback()
             raise
@@ -472,15 +581,30 @@ class Store:
     # --- reading ---------------------------------------------------------------------------------
 
     def query(self, sql: str, params: dict | tuple = ()) -> list[tuple]:
-        """Run a read-only SQL query (reports); rows as tuples.
+        """Run a read-only SQL query (reports); rows as tuples. SQL in the common dialect
+        (:mod:`~slurm_gpushare.accounting.backend`: ``?`` or ``:name`` parameters).
 
         Raises:
-            StoreError: SQLite refused it.
+            StoreError: the database refused it.
         """
         try:
-            return self._db.execute(sql, params).fetchall()
-        except sqlite3.Error as e:
-            raise StoreError(f"query failed: {e}", source=self.path) from None
+            return self._db.execute(sql, params)
+        except self._db.errors as e:
+            self._rollback()
+            raise StoreError(f"query failed: {_one_line(e)}", source=self.where) from None
+
+    def iterate(self, sql: str, params: dict | tuple = ()) -> Iterator[tuple]:
+        """:meth:`query`, its rows yielded as the database produces them (a report over millions of rows holds
+        a few thousand at a time).
+
+        Raises:
+            StoreError: the database refused it.
+        """
+        try:
+            yield from self._db.iterate(sql, params)
+        except self._db.errors as e:
+            self._rollback()
+            raise StoreError(f"query failed: {_one_line(e)}", source=self.where) from None
 
     def count(self) -> int:
         """Number of stored records."""
@@ -496,7 +620,10 @@ class Store:
             where.append('"user" = ?')
             params.append(user)
         sql = f"SELECT {_COLUMNS} FROM usage" + (f" WHERE {' AND '.join(where)}" if where else "")
-        sql += ' ORDER BY CAST("job_id" AS INTEGER), "job_id", "step", "node", "gpu_index", "gpu_uuid"'
+        d = self.dialect
+        sql += (f' ORDER BY {d.numeric_order(chr(34) + "job_id" + chr(34))}, '
+                + ", ".join(d.text_order(f'"{c}"') for c in ("job_id", "step", "node"))
+                + f', "gpu_index", {d.text_order(chr(34) + "gpu_uuid" + chr(34))}')
         out = []
         for row in self.query(sql, tuple(params)):
             data = dict(zip(FIELDS, row, strict=True))
@@ -652,6 +779,17 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
+def _redact(url: str) -> str:
+    """A URL without the password it may hold (``postgresql://user:secret@host/db`` -> ``user:***@``)."""
+    return re.sub(r"(?<=://)([^/@:]*):[^/@]*@", r"\1:***@", url)
+
+
+def _one_line(e: BaseException) -> str:
+    """An exception's message on one line (PostgreSQL's carry DETAIL and HINT lines)."""
+    return " ".join(str(e).split()) or type(e).__name__
+
+
 def default_db() -> str:
-    """The database path: ``$GPUSHARE_ACCOUNTING_DB`` when set, else :data:`DEFAULT_DB`."""
+    """The database: ``$GPUSHARE_ACCOUNTING_DB`` when set (an SQLite path or a ``postgresql://`` URL), else
+    :data:`DEFAULT_DB`."""
     return os.environ.get("GPUSHARE_ACCOUNTING_DB") or DEFAULT_DB

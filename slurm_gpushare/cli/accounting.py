@@ -14,8 +14,8 @@ from slurm_gpushare.cli.service import DEFAULT_MACHINES, DEFAULT_POLICY
 from slurm_gpushare.errors import InputError
 
 _GROUP_CHOICES = ["user", "account", "partition", "model", "mode", "node", "day", "month", "job"]
-_DB_HELP = ("the accounting database (default: $GPUSHARE_ACCOUNTING_DB, else "
-            "/var/lib/slurm-gpushare/accounting.db)")
+_DB_HELP = ("the accounting database: an SQLite file or a postgresql:// URL (default: $GPUSHARE_ACCOUNTING_DB, "
+            "else /var/lib/slurm-gpushare/accounting.db)")
 
 
 @main.group()
@@ -24,7 +24,7 @@ def accounting() -> None:
 
     The Epilog appends one record per job and GPU to the node's spool
     (/var/spool/slurm-gpushare/accounting); 'accounting ingest' loads spools into an SQLite file
-    that 'slurm-gpushare report' reads. See docs/accounting.md.
+    or a PostgreSQL database (--db postgresql://...) that 'slurm-gpushare report' reads. See docs/accounting.md.
     """
 
 
@@ -59,7 +59,7 @@ def ingest(spools, db_path):
         click.echo(f"slurm-gpushare: note: {line}", err=True)
     click.echo(f"ingested {result.ingested} record(s) from {result.files} file(s); "
                f"{result.duplicates} already stored; {len(result.skipped)} line(s) skipped; "
-               f"{total} record(s) in {store.path}")
+               f"{total} record(s) in {store.where}")
 
 
 @accounting.command("sacct-summary")
@@ -257,6 +257,7 @@ def jobstats(job_id, db_path, from_sacct, policy_path, machines_dir, fmt):
     [gpushare:u1 ...] AdminComment segment in sacct (written when the job ends). See docs/accounting.md.
     """
     from slurm_gpushare.accounting import jobstats as js
+    from slurm_gpushare.accounting.backend import is_url
     from slurm_gpushare.accounting.sacct import parse_sacct, records_from_sacct
     from slurm_gpushare.accounting.store import Store, default_db
     from slurm_gpushare.slurm import commands
@@ -276,7 +277,7 @@ def jobstats(job_id, db_path, from_sacct, policy_path, machines_dir, fmt):
 
     records, source = [], "sacct"
     db = db_path or default_db()
-    if not from_sacct and _readable(db):
+    if not from_sacct and (is_url(db) or _readable(db)):
         with Store(db, create=False) as store:
             # the allocation's records (step ""), as the AdminComment segment holds them
             records, source = [r for r in store.records(job_id=job_id) if r.step == "" and owners(r.user)], "store"

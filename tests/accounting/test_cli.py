@@ -19,9 +19,9 @@ def _spool(tmp_path):
     return path
 
 
-def test_ingest_reports_counts_and_warns_with_file_and_line(tmp_path):
+def test_ingest_reports_counts_and_warns_with_file_and_line(tmp_path, target):
     path = _spool(tmp_path)
-    db = str(tmp_path / "acct.db")
+    db = target
     r = CliRunner().invoke(main, ["accounting", "ingest", "--spool", str(tmp_path / "spool"), "--db", db])
     assert r.exit_code == 0, r.output
     assert f"slurm-gpushare: warning: {path}:6: not a JSON record" in r.output
@@ -30,9 +30,9 @@ def test_ingest_reports_counts_and_warns_with_file_and_line(tmp_path):
     assert "ingested 0 record(s)" in r.output and "warning" not in r.output
 
 
-def test_report_formats_and_views(tmp_path, monkeypatch):
+def test_report_formats_and_views(tmp_path, monkeypatch, target):
     _spool(tmp_path)
-    db = str(tmp_path / "acct.db")
+    db = target
     CliRunner().invoke(main, ["accounting", "ingest", "--spool", str(tmp_path / "spool"), "--db", db])
     table = CliRunner().invoke(main, ["report", "--db", db])
     assert table.exit_code == 0, table.output

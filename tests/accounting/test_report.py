@@ -54,10 +54,11 @@ def fixture() -> list:
 
 
 @pytest.fixture
-def store():
-    with Store() as st:
-        st.add(fixture())
-        yield st
+def store(new_store):
+    """The fixture's records in a new store, SQLite and PostgreSQL (tests/accounting/conftest.py)."""
+    st = new_store()
+    st.add(fixture())
+    return st
 
 
 def dicts(report):
@@ -191,11 +192,11 @@ def test_parse_time_local_dates_and_errors():
         parse_time("yesterday", what="--until")
 
 
-def test_waste_does_not_judge_jobs_that_failed():
+def test_waste_does_not_judge_jobs_that_failed(new_store):
     # a job that failed (e.g. out of memory under its MPS limit) must not be told to ask for less
     a = dict(user="alice", account="physics", gpu_model="a100", gpu_memory_mib=A100, node="a100", mode="mps",
              share="shard:10", mem_asked_mib=10240, mem_granted_mib=10240, start=T0, end=T0 + H, mem_peak_mib=2048)
-    with Store() as st:
+    with new_store() as st:
         st.add([record(job_id="7", **a, exit_state="FAILED", exit_code="2:0"),
                 record(job_id="8", **a, exit_state="SIGNALED", exit_code="0:9"),
                 record(job_id="9", **a, exit_state="COMPLETED", exit_code="0:0")])
@@ -209,20 +210,20 @@ def test_short_jobs_do_not_all_read_zero_hours_in_the_table():
                                                                             "12.35"]
 
 
-def test_array_tasks_are_named_as_sacct_names_them():
+def test_array_tasks_are_named_as_sacct_names_them(new_store):
     # found in a trial: array tasks showed only their own job ids
     a = dict(user="alice", account="physics", gpu_model="a100", gpu_memory_mib=A100, node="a100", mode="gpu",
              share="", mem_asked_mib=None, mem_granted_mib=A100, start=T0, end=T0 + H, mem_peak_mib=2048)
-    with Store() as st:
+    with new_store() as st:
         st.add([record(job_id="12", array_job_id="10", array_task_id=2, **a), record(job_id="13", **a)])
         rows = dicts(job_report(st))
         assert [(r["job"], r["array"]) for r in rows] == [("12", "10_2"), ("13", "")]
         assert "10_2" in render(job_report(st), "table")
 
 
-def test_a_requeued_jobs_runs_add_up_without_the_time_between_them():
+def test_a_requeued_jobs_runs_add_up_without_the_time_between_them(new_store):
     # two runs on one GPU (restart 0 and 1), 1 h and 2 h, with 5 h pending between them: 3 h on 1 GPU
-    with Store() as st:
+    with new_store() as st:
         st.add([record(job_id="7", restart=0, start=T0, end=T0 + H),
                 record(job_id="7", restart=1, start=T0 + 6 * H, end=T0 + 8 * H)])
         row = by(job_report(st), "7")
@@ -252,22 +253,23 @@ def test_filters_keep_to_users_accounts_and_jobs(store):
     assert jobs(waste_report(store, filters=Filters(users=("alice",)))) == jobs(waste_report(store))
 
 
-def test_a_job_filter_takes_an_arrays_id_for_all_its_tasks():
+def test_a_job_filter_takes_an_arrays_id_for_all_its_tasks(new_store):
     from slurm_gpushare.accounting.report import Filters
 
-    with Store() as st:
+    with new_store() as st:
         st.add([record(job_id="41", array_job_id="40", array_task_id=1),
                 record(job_id="42", array_job_id="40", array_task_id=2), record(job_id="43")])
         assert [r[0] for r in job_report(st, filters=Filters(jobs=("40",))).rows] == ["41", "42"]
         assert [r[0] for r in job_report(st, filters=Filters(jobs=("42",))).rows] == ["42"]
 
 
-def test_report_command_filters(tmp_path):
+def test_report_command_filters(target):
+    """The command line on both stores: ``--db`` takes a file or a ``postgresql://`` URL."""
     from click.testing import CliRunner
 
     from slurm_gpushare.cli import main
 
-    db = tmp_path / "acct.db"
+    db = target
     with Store(db) as st:
         st.add(fixture())
     out = CliRunner().invoke(main, ["report", "--db", str(db), "--by", "job", "--format", "json", "--user", "alice",

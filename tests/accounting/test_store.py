@@ -32,10 +32,10 @@ def _spool(directory: Path, jobs: range, node: str = "n1", per_call: int = 1000)
     return path
 
 
-def test_ingest_then_reingest_adds_nothing(tmp_path):
+def test_ingest_then_reingest_adds_nothing(tmp_path, target):
     _spool(tmp_path / "spool", range(100), node="n1")
     _spool(tmp_path / "spool", range(100, 150), node="n2")
-    with Store(tmp_path / "acct.db") as st:
+    with Store(target) as st:
         r = st.ingest(tmp_path / "spool")
         assert (r.ingested, r.duplicates, r.skipped, r.files) == (150, 0, (), 2)
         again = st.ingest(tmp_path / "spool")
@@ -44,22 +44,22 @@ def test_ingest_then_reingest_adds_nothing(tmp_path):
         got = st.records(job_id="7")
         assert got == [record(job_id="7", node="n1", user="user0")]
     # a new process, the same database: still nothing new
-    with Store(tmp_path / "acct.db", create=False) as st:
+    with Store(target, create=False) as st:
         assert st.ingest(tmp_path / "spool").ingested == 0 and st.count() == 150
 
 
-def test_a_copy_of_a_spool_file_is_read_but_adds_no_duplicate(tmp_path):
+def test_a_copy_of_a_spool_file_is_read_but_adds_no_duplicate(tmp_path, target):
     path = _spool(tmp_path / "spool", range(20))
     copy = tmp_path / "copy" / path.name
     copy.parent.mkdir()
     copy.write_bytes(path.read_bytes())
-    with Store(tmp_path / "acct.db") as st:
+    with Store(target) as st:
         st.ingest(path)
         r = st.ingest(copy)
         assert (r.ingested, r.duplicates) == (0, 20) and st.count() == 20
 
 
-def test_corrupt_lines_are_skipped_and_named_and_an_unended_last_line_waits(tmp_path):
+def test_corrupt_lines_are_skipped_and_named_and_an_unended_last_line_waits(tmp_path, target):
     path = _spool(tmp_path / "spool", range(5))
     with open(path, "ab") as f:
         f.write(b'{"v":1,"job_id":"oops"\n')                                        # line 6: corrupt
@@ -67,7 +67,7 @@ def test_corrupt_lines_are_skipped_and_named_and_an_unended_last_line_waits(tmp_
         f.write(record(job_id="6").to_json().encode() + b"\n")                      # line 8: good
         f.write(record(job_id="7").to_json().encode()[:80])                         # line 9: no newline yet
     warned = []
-    with Store(tmp_path / "acct.db") as st:
+    with Store(target) as st:
         r = st.ingest(tmp_path / "spool", on_skip=warned.append)
         assert r.ingested == 6 and len(r.skipped) == 2
         assert [(s.file, s.line) for s in r.skipped] == [(str(path), 6), (str(path), 7)]
@@ -87,14 +87,14 @@ def test_corrupt_lines_are_skipped_and_named_and_an_unended_last_line_waits(tmp_
         assert st.count() == 7
 
 
-def test_a_half_copied_last_line_is_ingested_once_the_copy_completes(tmp_path):
+def test_a_half_copied_last_line_is_ingested_once_the_copy_completes(tmp_path, target):
     """A spool copied (or read over NFS) while its last line is only half there: that record is not
     lost, it is read when the rest arrives."""
     path = _spool(tmp_path / "spool", range(3))
     line = record(job_id="3").to_json().encode() + b"\n"
     with open(path, "ab") as f:
         f.write(line[:100])
-    with Store(tmp_path / "acct.db") as st:
+    with Store(target) as st:
         r = st.ingest(path)
         assert (r.ingested, r.skipped, len(r.incomplete)) == (3, (), 1)
         with open(path, "ab") as f:
@@ -105,7 +105,7 @@ def test_a_half_copied_last_line_is_ingested_once_the_copy_completes(tmp_path):
 
 
 @pytest.mark.parametrize("line_no", [2, 60])  # within the first 4 KiB (the head), and after it
-def test_deleting_a_corrupt_line_does_not_lose_a_later_record(tmp_path, line_no):
+def test_deleting_a_corrupt_line_does_not_lose_a_later_record(tmp_path, line_no, target):
     """An admin deletes a corrupt line that ingest had skipped; then a new record is appended: the
     recorded byte offset now points into the new record. Progress by content notices, the file is
     read again, and duplicates are dropped by key."""
@@ -113,7 +113,7 @@ def test_deleting_a_corrupt_line_does_not_lose_a_later_record(tmp_path, line_no)
     lines = path.read_bytes().split(b"\n")[:-1]
     lines[line_no - 1] = b'{"v":2,"job_id":"corrupt"'
     path.write_bytes(b"".join(x + b"\n" for x in lines))
-    with Store(tmp_path / "acct.db") as st:
+    with Store(target) as st:
         r = st.ingest(path)
         assert (r.ingested, [s.line for s in r.skipped]) == (79, [line_no])
         del lines[line_no - 1]
@@ -125,13 +125,13 @@ def test_deleting_a_corrupt_line_does_not_lose_a_later_record(tmp_path, line_no)
         assert st.skipped() == []  # the deleted line's entry went with it
 
 
-def test_each_run_of_a_requeued_job_is_its_own_record(tmp_path):
+def test_each_run_of_a_requeued_job_is_its_own_record(tmp_path, target):
     first = record(job_id="77", restart=0, start=1000, end=1100)
     second = record(job_id="77", restart=1, start=2000, end=5600)
     sp = Spool(tmp_path / "spool", node="a100", clock=lambda: DAY)
     sp.append([first])
     sp.append([second])
-    with Store(tmp_path / "acct.db") as st:
+    with Store(target) as st:
         r = st.ingest(tmp_path / "spool")
         assert (r.ingested, r.duplicates) == (2, 0)
         assert [(x.restart, x.duration_s) for x in st.records(job_id="77")] == [(0, 100), (1, 3600)]
@@ -247,7 +247,7 @@ def test_parse_workers_die_with_a_killed_ingest(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-def test_a_failure_after_some_commits_loses_and_doubles_nothing(tmp_path):
+def test_a_failure_after_some_commits_loses_and_doubles_nothing(tmp_path, target):
     _spool(tmp_path / "spool", range(2000))
     commits = []
 
@@ -256,7 +256,7 @@ def test_a_failure_after_some_commits_loses_and_doubles_nothing(tmp_path):
         if len(commits) == 3:
             raise RuntimeError("injected")
 
-    with Store(tmp_path / "acct.db") as st:
+    with Store(target) as st:
         with pytest.raises(RuntimeError, match="injected"):
             st.ingest(tmp_path / "spool", batch_bytes=64 << 10, on_commit=crash, workers=0)
         assert 0 < st.count() == commits[-1] < 2000
@@ -276,9 +276,9 @@ KILLED = textwrap.dedent("""
 """)
 
 
-def test_an_ingest_killed_half_way_then_rerun_is_exact(tmp_path):
+def test_an_ingest_killed_half_way_then_rerun_is_exact(tmp_path, target):
     _spool(tmp_path / "spool", range(3000))
-    db = tmp_path / "acct.db"
+    db = target
     proc = subprocess.Popen([sys.executable, "-c", KILLED, str(db), str(tmp_path / "spool")], cwd=ROOT,
                             stdout=subprocess.PIPE, text=True)
     try:
@@ -296,20 +296,20 @@ def test_an_ingest_killed_half_way_then_rerun_is_exact(tmp_path):
         assert sorted(int(x.job_id) for x in st.records()) == list(range(3000))
 
 
-def test_parse_workers_give_the_same_result(tmp_path):
+def test_parse_workers_give_the_same_result(tmp_path, target):
     path = _spool(tmp_path / "spool", range(3000))
     with open(path, "ab") as f:
         f.write(b"{broken\n")
     _spool(tmp_path / "spool", range(3000, 3100))
-    with Store(tmp_path / "acct.db") as st:
+    with Store(target) as st:
         r = st.ingest(tmp_path / "spool", batch_bytes=64 << 10, workers=2, parallel_bytes=0)
         assert (r.ingested, len(r.skipped), r.skipped[0].line) == (3100, 1, 3001)
         assert st.count() == 3100
 
 
-def test_a_replaced_spool_file_is_read_again_from_the_start(tmp_path):
+def test_a_replaced_spool_file_is_read_again_from_the_start(tmp_path, target):
     path = _spool(tmp_path / "spool", range(10))
-    with Store(tmp_path / "acct.db") as st:
+    with Store(target) as st:
         st.ingest(path)
         # rotated and rewritten under the same name, with other records first
         path.write_bytes(b"".join(record(job_id=str(j)).to_json().encode() + b"\n" for j in range(50, 60)))
@@ -317,9 +317,9 @@ def test_a_replaced_spool_file_is_read_again_from_the_start(tmp_path):
         assert (r.ingested, r.duplicates) == (10, 0) and st.count() == 20
 
 
-def test_add_and_records_round_trip(tmp_path):
+def test_add_and_records_round_trip(tmp_path, target):
     recs = [record(job_id="3", gpu_index=1, gpu_uuid="GPU-1"), record(job_id="3"), record(job_id="10")]
-    with Store() as st:
+    with Store(target) as st:
         assert st.add(recs) == (3, 0)
         assert st.add(recs[:1]) == (0, 1)
         assert [(r.job_id, r.gpu_index) for r in st.records()] == [("3", 0), ("3", 1), ("10", 0)]
@@ -345,14 +345,15 @@ def test_database_errors_name_the_file(tmp_path):
         Store(tmp_path / "other.db", create=False)
 
 
-def test_of_two_records_of_one_key_the_store_keeps_the_one_that_saw_more_whichever_came_first(tmp_path):
+def test_of_two_records_of_one_key_the_store_keeps_the_one_that_saw_more_whichever_came_first(tmp_path, target):
     """An Epilog run again for a run spools a second record of the same key with fewer samples (or none):
     the store keeps the one that saw more, as the sacct segment does (UsageRecord.saw_more), in either order."""
     full = record(samples=120, mem_peak_mib=3072, start=1000, end=4600)
     empty = record(samples=0, mem_peak_mib=None, sm_mean_percent=None, sm_peak_percent=None, start=4600, end=4600)
     shorter = record(samples=120, mem_peak_mib=1024, start=1000, end=2000)
     for order in ((full, empty), (empty, full), (shorter, full), (full, shorter)):
-        st = Store(tmp_path / f"acct-{id(order)}.db")
+        st = Store(target)
+        st.query("DELETE FROM usage")  # each order from an empty store
         st.add([order[0]])
         st.add([order[1]])
         kept = st.records()
@@ -364,6 +365,8 @@ def test_of_two_records_of_one_key_the_store_keeps_the_one_that_saw_more_whichev
     sp = Spool(tmp_path / "spool", node="a100", clock=lambda: DAY)
     sp.append([empty])
     sp.append([full])
-    st = Store(tmp_path / "ingested.db")
+    st = Store(target)
+    st.query("DELETE FROM usage")
     st.ingest(tmp_path / "spool")
     assert st.records() == [full]
+    st.close()
