@@ -112,6 +112,23 @@ def test_non_share_jobs_pass_and_garbage_never_raises(service):
         assert a["action"] == "reject" and a["message"].startswith("gpushare: ")
 
 
+def test_deeply_nested_requests_are_refused_and_the_service_answers_the_next_one(service, capsys):
+    """Found by a reviewer: a 2 KB line of nested brackets on the public socket made json.loads raise
+    RecursionError (not a ValueError), the catch-all then read the unset ``req`` and the UnboundLocalError took
+    filterd down, and with it every gpushare submission. Nested values in the fields the log record copies
+    (op, uid, job_id) would fail the same way when the record is written."""
+    deep = "[" * 100000 + "]" * 100000
+    lines = [deep, "[" * 1000 + "]" * 1000, '{"op": ' + deep + "}", '{"uid": ' + deep + "}",
+             '{"job_id": ' + "[" * 990 + "]" * 990 + "}", '{"op": "submit", "uid": ' + "[" * 990 + "]" * 990 + "}"]
+    for line in lines:
+        a = service.handle_line(line)
+        assert a["action"] == "reject" and a["message"].startswith("gpushare: "), (line[:20], a)
+        logs: list = []
+        service.handle_line(line, logs=logs)
+        service.log.write(logs)  # the decision record of it can be written
+    assert ask(service, tres_per_node="gres/gpushare:mem=10G", partition="pcie")["action"] == "rewrite"
+
+
 def test_cli_op_returns_prefixless_gres_and_a_mark_and_submit_names_it_in_the_audit(service):
     c = service.handle_line(json.dumps({"op": "cli", "tres_per_node": "gres:gpushare:mem=10G", "partition": "pcie"}))
     assert c["gres"] == "shard:10" and c["mark"] == "gpushare-request=gres:gpushare:mem=10G"
@@ -312,6 +329,35 @@ def _connect(sock: Path) -> socket.socket:
     s.settimeout(5)
     s.connect(str(sock))
     return s
+
+
+def test_a_nested_bracket_message_on_the_public_socket_leaves_the_service_up(live, monkeypatch):
+    """The reviewer's reproduction (filterd died, every gpushare submission then refused): 2 KB of nested brackets
+    is one refused request, and the service answers the next connection. A bug met on one connection closes
+    that connection only."""
+    s = _connect(live)
+    f = s.makefile("rb")
+    body = b"[" * 1000 + b"]" * 1000
+    s.sendall(f"{MAGIC} 1 {len(body)}\n".encode() + body)
+    a = _read_answer(f)
+    assert a["action"] == "reject" and "could not read the request" in a["message"], a
+    s.close()
+    ok = {"op": "submit", "tres_per_node": "gres:gpushare:mem=10G", "partition": "pcie"}
+
+    def bug(*_a, **_k):
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(FilterService, "handle_line", bug)
+    s = _connect(live)
+    s.sendall(_framed("2", ok))
+    assert s.recv(100) == b""  # that connection closed
+    s.close()
+    monkeypatch.undo()
+    s = _connect(live)
+    f = s.makefile("rb")
+    s.sendall(_framed("3", ok))
+    assert _read_answer(f)["tres_per_node"] == "gres:shard:10"
+    s.close()
 
 
 def test_an_over_long_request_is_refused_once_and_the_next_answers_match_their_requests(live):

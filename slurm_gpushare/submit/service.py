@@ -55,6 +55,7 @@ import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from slurm_gpushare.errors import ConfigError, GpushareError, InputError
 from slurm_gpushare.hardware.machine import Machine
@@ -104,10 +105,20 @@ class Log:
         """Write records made before (each with its ``ts`` and ``event``), one JSON line each, and flush once."""
         if not records:
             return
-        text = "".join(json.dumps(rec, default=str) + "\n" for rec in records)
+        text = "".join(_line(rec) for rec in records)
         with self.lock:
             self.stream.write(text)
             self.stream.flush()
+
+
+def _line(rec: dict) -> str:
+    """One record as a JSON line; a record that cannot be encoded (a value nested too deeply) is written as its
+    event and the reason, never raised into the service."""
+    try:
+        return json.dumps(rec, default=str) + "\n"
+    except (ValueError, TypeError, RecursionError) as e:
+        return json.dumps({"ts": rec.get("ts"), "event": str(rec.get("event"))[:100],
+                           "error": f"record not written: {type(e).__name__}"}) + "\n"
 
 
 @dataclass(frozen=True)
@@ -412,6 +423,15 @@ def reload(cache: InventoryCache, source: PolicySource, log: Log, reason: str = 
     return cache.refresh(reason, policy=policy)
 
 
+def _scalar(value: Any) -> Any:
+    """``value`` for a log record when it is a string, number, bool or None; else the first 200 characters of
+    its type name and length (a request's field may be any JSON: nested arbitrarily deep, it would fail the
+    record's encoding)."""
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return f"<{type(value).__name__} of {len(value) if hasattr(value, '__len__') else '?'}>"[:200]
+
+
 class FilterService:
     """The decision logic behind the socket (no sockets here: :meth:`handle_line` is the whole protocol).
 
@@ -476,20 +496,25 @@ class FilterService:
         for the caller to write after it sent the answer (:meth:`Log.write`); None: written now.
         """
         t0 = time.perf_counter()
+        req: Any = {}
         try:
-            req = json.loads(line)
+            try:
+                req = json.loads(line)
+            except RecursionError:  # nested deeper than the parser goes: not a request either
+                raise InputError("nested too deeply") from None
             if not isinstance(req, dict):
+                req = {}
                 raise InputError("request is not a JSON object")
             answer = self.handle(req)
         except (ValueError, InputError) as e:
             req, answer = {}, self._reject(f"gpushare: the filter service could not read the request ({e})")
         except Exception as e:  # noqa: BLE001 - a bug must not take the controller's submissions down
-            req = req if isinstance(req, dict) else {}
-            self.log("internal_error", error=repr(e), request=req)
+            self.log("internal_error", error=repr(e)[:2000], request={k: _scalar(v) for k, v in req.items()})
             answer = self._reject("gpushare: internal error in the filter service; the administrator has "
                                   "the details in its log", errno=0)
-        rec = {"ts": round(time.time(), 3), "event": "decision", "op": req.get("op"), "uid": req.get("uid"),
-               "peer_uid": peer_uid, "job_id": req.get("job_id"), "request": req.get("tres_per_node"),
+        rec = {"ts": round(time.time(), 3), "event": "decision", "op": _scalar(req.get("op")),
+               "uid": _scalar(req.get("uid")), "peer_uid": peer_uid, "job_id": _scalar(req.get("job_id")),
+               "request": _scalar(req.get("tres_per_node")),
                "action": answer["action"], "tres_per_node": answer.get("tres_per_node"),
                "message": answer.get("message") or None, "us": round((time.perf_counter() - t0) * 1e6)}
         if logs is None:
@@ -912,19 +937,29 @@ class FramedServer:
             listening = [key.data for key, _m in events if isinstance(key.data, _Listener)]
             for c in ready:
                 if c.privileged and c.sock.fileno() in self.conns:
-                    self._read(c, now)
+                    self._read_guarded(c, now)
             for lst in listening:
                 if lst.controller:
                     self._accept(lst, now)
             for c in ready:
                 if not c.privileged and c.sock.fileno() in self.conns:
-                    self._read(c, now)
+                    self._read_guarded(c, now)
             for lst in listening:
                 if not lst.controller:
                     self._accept(lst, now)
             if now - last_sweep >= 0.5:
                 self._sweep(now)
                 last_sweep = now
+
+    def _read_guarded(self, c: _Conn, now: float) -> None:
+        """:meth:`_read`, where a bug met on one connection closes that connection (logged), never the loop: the
+        service goes on answering slurmctld and every other client."""
+        try:
+            self._read(c, now)
+        except Exception as e:  # noqa: BLE001 - one peer's bytes must not stop everyone's submissions
+            self.service.log("internal_error", error=repr(e)[:2000], peer_uid=c.uid)
+            if c.sock.fileno() in self.conns:
+                self._close(c)
 
     def close(self) -> None:
         """Close every connection and the selector (not the listening sockets)."""
