@@ -777,3 +777,25 @@ def test_gpus_per_task_added_by_an_update_beside_a_granted_share_are_refused_as_
         assert move("", **{field: tres, "tres_per_node": "gres:gpu:1"}) == {"v": 2, "action": "pass"}, field
     assert move(granted, tres_per_task="cpu=2") == {"v": 2, "action": "pass"}
     assert move(mig, tres_per_node="gres:gpu:h100_1g.10gb:1", partition="pcie") == {"v": 2, "action": "pass"}
+
+
+def test_a_node_count_raised_by_an_update_must_find_the_granted_slice_on_that_many_nodes(service):
+    """Found by a reviewer: ``scontrol update jobid=N NumNodes=2`` of one's own pending job granted a MIG slice
+    that one node has was accepted (move: pass), and the job then waited forever (BadConstraints). The grant
+    is checked for the new node count, as a share's is and as -N 2 is at submit."""
+    mig = "[gpushare:v1 req=mem=10G grant=gres:gpu:h100_1g.10gb:1 kind=mig model=h100 part=gpu]"
+    whole = "[gpushare:v1 req=mode=gpu:8 grant=gres:gpu:h100:8 kind=gpu model=h100 part=gpu]"
+
+    def move(admin_comment, tres, **req):
+        return service.handle_line(json.dumps({"op": "move", "uid": 1001, "job_id": "9", "partition": "gpu",
+                                               "tres_per_node": tres, "admin_comment": admin_comment, **req}))
+
+    a = move(mig, "gres:gpu:h100_1g.10gb:1", min_nodes=2)
+    assert a["action"] == "reject" and "2 nodes" in a["message"] and "h100_1g.10gb" in a["message"], a
+    assert "scancel 9" in a["message"] or "1 node" in a["message"], a
+    assert move(mig, "gres:gpu:h100_1g.10gb:1", min_nodes=1) == {"v": 2, "action": "pass"}
+    # eight whole H100s: one node of the partition has them; one H100 each: two nodes do
+    assert move(whole, "gres:gpu:h100:8", min_nodes=2)["action"] == "reject"
+    assert move(whole, "gres:gpu:h100:1", min_nodes=2) == {"v": 2, "action": "pass"}
+    # a plain GPU job, no gpushare grant: none of this
+    assert move("", "gres:gpu:h100_1g.10gb:1", min_nodes=2) == {"v": 2, "action": "pass"}

@@ -872,12 +872,38 @@ def decide(tres_per_node: str | None, tres_per_job: str | None, *, partitions: t
         if granted_share or any(item_name(t) == "gpushare" for t in (tres_per_node or "").split(",")):
             _refuse_per_gpu_options(tres_per_task, tres_per_socket, mem_per_tres, cpus_per_tres, ntasks_per_tres)
         if not policed:
+            if granted_share and nodes != 1:
+                _grant_on_nodes(tres_per_node or "", partitions, inventory, policy, pools, nodes)
             return Decision("pass", tres_per_node)
         return _decide(tres_per_node or "", tres_per_job or "", partitions, inventory, policy, audit, pools)
     except InputError as e:
         text = f"gpushare: {e.message}" + (f"; {e.hint}" if e.hint else "")
         audit.update(action="reject", reason=text[len("gpushare: "):])
         return Decision("reject", tres_per_node, audit, text, ESLURM_INVALID_GRES)
+
+
+def _grant_on_nodes(tres_per_node: str, partitions: tuple[str, ...] | None, inventory: ClusterInventory,
+                    policy: SitePolicy, pools: PoolIndex | None, nodes: int) -> None:
+    """Check that ``nodes`` usable nodes of the partitions each hold the ``gpu`` items of a granted MIG slice or
+    whole GPUs (an update that raised the job's node count: the grant is per node).
+
+    Raises:
+        InputError: ``nodes`` out of range, or fewer nodes hold an item (the message names how many do).
+    """
+    from slurm_gpushare.slurm.gres import GresSyntaxError, parse
+
+    if not 1 <= nodes <= MAX_NODES:
+        raise _error("nodes-bad", nodes=nodes, max=MAX_NODES)
+    try:
+        items = [it for it in parse(tres_per_node) if it.name == "gpu" and it.type]
+    except GresSyntaxError:
+        return  # not a grant this service wrote: Slurm judges it
+    pool = _pool_for(inventory, _resolve_partitions(inventory, partitions), policy, pools, direct=True)
+    for it in items:
+        on = pool.mig.get(it.type) or pool.whole.get(it.type)
+        have = len(on.held(it.count or 1)) if on is not None else 0
+        if have < nodes:
+            raise _error("nodes-too-many", nodes=nodes, have=have, where=pool.where, what=it.body)
 
 
 def _refuse_per_gpu_options(tres_per_task: str | None, tres_per_socket: str | None, mem_per_tres: str | None,

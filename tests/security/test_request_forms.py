@@ -159,3 +159,26 @@ def test_gpus_per_task_added_to_a_pending_share_job_by_an_update_are_refused(slu
     refused = [d for d in decisions if d.get("event") == "decision" and d["op"] == "move"]
     assert [d["action"] for d in refused] == ["reject"], decisions
     assert message in refused[0]["message"] and "combine with --gres=gpushare" in refused[0]["message"], refused[0]
+
+
+def test_a_node_count_raised_by_an_update_of_a_mig_slice_job_is_refused(slurm, users):
+    """Found by a reviewer: ``scontrol update jobid=N NumNodes=2`` of alice's pending job, granted a MIG slice
+    that one node of the partition has, was accepted, and the job then waited forever (BadConstraints). The
+    filter's move decision now checks the grant on the new node count; the job keeps NumNodes=1."""
+    from tests.security.test_submit_path import as_user
+
+    c = slurm.cluster
+    alice = USERS[0]
+    options, granted = GRANTS["mig"]
+    proc = sbatch(c, alice, "-p", "gpu", *options)
+    assert tres(slurm, proc) == granted
+    job_id = proc.stdout.strip().split(";")[0]
+    moved = as_user(c, alice, ["scontrol", "update", f"jobid={job_id}", "NumNodes=2"])
+    fields = slurm.show_job(job_id)
+    assert moved.returncode != 0, f"NumNodes=2 was accepted: {fields}"
+    assert fields["NumNodes"].split("-")[0] == "1" and bare(fields["TresPerNode"]) == granted, fields
+    decisions = [json.loads(line) for line in (c.root / "log" / "filterd.log").read_text(errors="replace")
+                 .splitlines() if f'"{job_id}"' in line]
+    refused = [d for d in decisions if d.get("event") == "decision" and d["op"] == "move"]
+    assert [d["action"] for d in refused] == ["reject"], decisions
+    assert "2 nodes asked for, but only 1 node(s)" in refused[0]["message"], refused[0]
