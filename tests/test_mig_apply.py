@@ -796,3 +796,79 @@ def test_cli_malformed_layout_is_one_line_and_exit_2(site, monkeypatch, text):
     r = _cli(site, monkeypatch, NODE, "--layout", str(site / "bad.layout"), "--dry-run")
     assert r.exit_code == 2, (r.output, r.exception)
     assert len(r.output.strip().splitlines()) == 1 and "Traceback" not in r.output, r.output
+
+
+DEEP = 100_000
+
+
+@pytest.mark.parametrize(("name", "text", "message"), [
+    # nested deeper than the parsers go: one error, no RecursionError
+    ("L.json", "[" * DEEP + "]" * DEEP, "L.json: JSON nested too deeply"),
+    ("L.yaml", "[" * DEEP + "]" * DEEP, "L.yaml: YAML nested too deeply"),
+    ("L.layout", '{"version": 1, "nodes": ' + "[" * DEEP, "L.layout: JSON nested too deeply"),
+    # the kind is judged from the name, else a first "{": the error is that parser's, on one line
+    ("L.json", '{"version": 1,\n "nodes": {]}', "L.json: not valid JSON: line 2 column 12 (Expecting property name"),
+    ("L.layout", '\n  {"version": 1 "nodes": {}}',
+     "L.layout: not valid JSON: line 2 column 17 (Expecting ',' delimiter)"),
+    ("L.yaml", "version: v1\nmig-configs:\n  gpushare-h100-mig: [{devices: [2]\n  x: 1\n",
+     "L.yaml: not valid YAML: line 4 column 3 (expected ',' or '}', but got '<scalar>')"),
+    ("L.yml", "version: v1\nmig-configs: a: b\n", "L.yml: not valid YAML: line 2 column 15 (mapping values are not "
+     "allowed here)"),
+    ("L.conf", "mig-configs:\n\t- x\n", "L.conf: not valid YAML: line 2 column 1 (found character '\\t' that cannot "
+     "start any token)"),
+])
+def test_unreadable_layouts_are_one_line(site, name, text, message):
+    (site / name).write_text(text)
+    with pytest.raises(InputError) as e:
+        read_layout(site / name, NODE)
+    assert str(e.value).startswith(f"--layout {site / message}"), str(e.value)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda d: d.update(version=2), "version 2 is not a layout version this slurm-gpushare reads (it reads 1)"),
+    (lambda d: d.pop("version"), "version None is not a layout version this slurm-gpushare reads (it reads 1)"),
+    (lambda d: d.update(version="1"), "version '1' is not a layout version"),
+    (lambda d: d["nodes"][NODE].update(gpus=[]), "node h100-mig: 'gpus' is empty: the layout changes no GPU"),
+])
+def test_layouts_of_another_version_or_of_no_gpu_are_refused(site, edit, message):
+    with pytest.raises(InputError) as e:
+        read_layout(_layout_edit(site, edit), NODE)
+    assert message in str(e.value), str(e.value)
+
+
+def test_a_mig_parted_config_of_another_version_or_no_gpu_is_refused(site):
+    entry = "[{devices: [2], mig-enabled: true}]"
+    (site / "v2.yaml").write_text(f"version: v2\nmig-configs:\n  gpushare-{NODE}: {entry}\n")
+    with pytest.raises(InputError, match="version 'v2' is not a mig-parted config version this slurm-gpushare reads"):
+        read_layout(site / "v2.yaml", NODE)
+    (site / "none.yaml").write_text(f"version: v1\nmig-configs:\n  gpushare-{NODE}: []\n")
+    with pytest.raises(InputError, match="gpushare-h100-mig: the config is empty: the layout changes no GPU"):
+        read_layout(site / "none.yaml", NODE)
+
+
+def test_a_profile_id_that_contradicts_the_profile_name_is_refused_naming_both(site):
+    data = json.loads((site / "layout.json").read_text())
+    data["nodes"][NODE]["gpus"][1]["instances"][0]["profile_id"] = 5000
+    (site / "layout.json").write_text(json.dumps(data))
+    slurm = FakeSlurm(site / "slurm.conf")
+    with pytest.raises(InputError) as e:
+        make(site, slurm).prepare()
+    assert "GPU 3: profile_id 5000 is not the id of 4g.40gb (5 on NVIDIA H100" in str(e.value), str(e.value)
+    assert not [c for c in slurm.calls if c[0] != "show"]
+    data["nodes"][NODE]["gpus"][1]["instances"][0]["profile_id"] = "5"
+    (site / "layout.json").write_text(json.dumps(data))
+    with pytest.raises(InputError, match="GPU 3: profile_id '5' is not a whole number"):
+        read_layout(site / "layout.json", NODE)
+
+
+@pytest.mark.parametrize("edit", [
+    lambda d: d.update(version=2),
+    lambda d: d["nodes"][NODE].update(gpus=[]),
+    lambda d: d["nodes"][NODE]["gpus"][1]["instances"][0].update(profile_id=5000),
+])
+def test_cli_dry_run_refuses_what_apply_would_refuse(site, monkeypatch, edit):
+    bad = _layout_edit(site, edit)
+    r = _cli(site, monkeypatch, NODE, "--layout", str(bad), "--dry-run")
+    assert r.exit_code == 2, r.output
+    assert len(r.output.strip().splitlines()) == 1 and "drain" not in r.output, r.output
