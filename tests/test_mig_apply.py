@@ -430,7 +430,8 @@ def test_gres_lines_of_a_hostlist_line_are_refused():
 
 
 STUB_SCONTROL = """#!/bin/sh
-# scontrol as slurmctld would answer for one node (show node), and 'not found' for any other
+# scontrol as slurmctld would answer for one node (show node), and 'not found' for any other: on stdout, as
+# scontrol prints it
 if [ "$1 $2" = "-d show" ] && [ "$4" = "h100-mig" ]; then
   echo "NodeName=h100-mig Arch=x86_64"
   echo "   Gres=gpu:h100:2(S:0),gpu:h100_4g.40gb:2(S:1),gpu:h100_1g.10gb:6(S:1),shard:158(S:0)"
@@ -438,7 +439,7 @@ if [ "$1 $2" = "-d show" ] && [ "$4" = "h100-mig" ]; then
   echo "   SlurmdStartTime=2026-12-02T01:00:00"
   exit 0
 fi
-echo "Node $4 not found" >&2
+echo "Node $4 not found"
 exit 1
 """
 
@@ -477,7 +478,24 @@ def test_cli_unknown_node_is_one_line_and_exit_2(site, monkeypatch):
     (site / "layout.json").write_text(json.dumps(data))
     r = _cli(site, monkeypatch, "gpu99", "--layout", str(site / "layout.json"), "--dry-run")
     assert r.exit_code == 2, r.output
-    assert "unknown node gpu99" in r.output and "sinfo -N" in r.output
+    assert r.output.strip() == ("slurm-gpushare: error: node gpu99 is not in Slurm (scontrol show node: Node gpu99 "
+                                "not found): give a node name from sinfo"), r.output
+
+
+def test_a_slurm_command_s_error_quotes_stdout_when_stderr_is_empty(tmp_path):
+    from slurm_gpushare.errors import SlurmError
+    from slurm_gpushare.slurm import commands
+
+    tool = tmp_path / "tool"
+    tool.write_text("#!/bin/sh\necho 'Node x not found'\nexit 1\n")
+    tool.chmod(0o755)
+    with pytest.raises(SlurmError) as e:
+        commands.run([str(tool), "show"])
+    assert str(e.value) == f"{tool} show exited 1: Node x not found"
+    tool.write_text("#!/bin/sh\necho 'partial output'\necho 'the reason' >&2\nexit 1\n")
+    with pytest.raises(SlurmError) as e:
+        commands.run([str(tool), "show"])
+    assert str(e.value) == f"{tool} show exited 1: the reason"
 
 
 def test_stop_mps_stops_a_job_daemon_left_in_the_run_dir(site):

@@ -510,8 +510,9 @@ class CommandSlurm:
             return parse_node(commands.show_node(node))
         except SlurmError as e:
             if "not found" in e.message.lower() or "invalid node name" in e.message.lower():
-                raise InputError(f"unknown node {node}: {e.message}",
-                                 hint="give the node's Slurm NodeName (sinfo -N)") from None
+                said = e.message.split(": ", 1)[-1]
+                raise InputError(f"node {node} is not in Slurm (scontrol show node: {said}): give a node name "
+                                 "from sinfo") from None
             raise
 
     def drain(self, node: str, reason: str) -> None:
@@ -601,7 +602,8 @@ def _site_command(command: str, node: str, option: str) -> None:
     except (OSError, subprocess.TimeoutExpired) as e:
         raise SlurmError(f"{' '.join(argv)} failed: {e}", hint=f"give the site's command with {option}") from None
     if p.returncode != 0:
-        raise SlurmError(f"{' '.join(argv)} exited {p.returncode}: {p.stderr.strip()[:300]}",
+        said = " ".join((p.stderr.strip() or p.stdout.strip()).split())
+        raise SlurmError(f"{' '.join(argv)} exited {p.returncode}: {said[:300]}",
                          hint=f"give the site's command with {option}")
 
 
