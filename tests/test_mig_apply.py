@@ -67,6 +67,9 @@ class FakeSlurm:
         self.slurmd_up = True
         self.ctld_config = self._conf_gres()
         self.on_call = None
+        #: what slurmctld says of the node, one entry per show once slurmd started again: "" (responding),
+        #: "NR" (State=IDLE+NOT_RESPONDING, scontrol's long form) or "*" (IDLE*, the short form)
+        self.after_start: list[str] = []
 
     def _conf_gres(self) -> str:
         line = next(ln for ln in self.slurm_conf.read_text().splitlines() if ln.startswith(f"NodeName={NODE} "))
@@ -81,7 +84,9 @@ class FakeSlurm:
         self._call("show", node)
         if node not in self.known:
             raise InputError(f"unknown node {node}")
-        state = "IDLE+DRAIN" if self.reason else "IDLE"
+        flag = self.after_start.pop(0) if self.start > 1 and self.after_start else ""
+        state = "IDLE" + ("*" if flag == "*" else "") + ("+DRAIN" if self.reason else "") + \
+            ("+NOT_RESPONDING" if flag == "NR" else "")
         return NodeState(state, self.reason, self.gres, str(self.start))
 
     def drain(self, node: str, reason: str) -> None:
@@ -890,3 +895,47 @@ def test_cli_dry_run_refuses_what_apply_would_refuse(site, monkeypatch, edit):
     r = _cli(site, monkeypatch, NODE, "--layout", str(bad), "--dry-run")
     assert r.exit_code == 2, r.output
     assert len(r.output.strip().splitlines()) == 1 and "drain" not in r.output, r.output
+
+
+@pytest.mark.parametrize("flags", [
+    # responding at the first look, then not for a few seconds after the slurmctld restart (as seen on 22.05)
+    ["", "NR", "NR", ""],
+    ["", "*", "", "*", ""],
+])
+def test_success_waits_until_the_node_responds_steadily(site, flags):
+    slurm = FakeSlurm(site / "slurm.conf")
+    slurm.after_start = list(flags)
+    seen_at_resume = []
+    slurm.on_call = lambda call: seen_at_resume.append(list(slurm.after_start)) if call[0] == "resume" else None
+    run_once(make(site, slurm))
+    assert seen_at_resume == [[]], seen_at_resume  # every not-responding look came before the resume
+    assert not slurm.reason
+
+
+def test_a_node_that_does_not_respond_stays_drained_and_apply_says_so(site):
+    slurm = FakeSlurm(site / "slurm.conf")
+    slurm.after_start = ["NR"] * 1000
+    clock = iter(range(0, 100000, 1))
+    with pytest.raises(apply_mod.ApplyError) as e:
+        run_once(make(site, slurm, slurm_timeout_s=30, clock=lambda: float(next(clock))))
+    assert "after 30 s" in str(e.value) and "State=IDLE+DRAIN+NOT_RESPONDING" in str(e.value), str(e.value)
+    assert slurm.reason and slurm.reason.startswith("gpushare mig apply")
+    assert not [c for c in slurm.calls if c[0] == "resume"]
+
+
+def test_a_node_that_stops_responding_after_registering_stays_drained(site):
+    slurm = FakeSlurm(site / "slurm.conf")
+    slurm.after_start = [""] + ["NR", ""] * 1000  # never three responding looks in a row
+    clock = iter(range(0, 100000, 1))
+    with pytest.raises(apply_mod.ApplyError) as e:
+        run_once(make(site, slurm, slurm_timeout_s=30, clock=lambda: float(next(clock))))
+    assert "no h100-mig responding on 3 polls in a row (State= without NOT_RESPONDING) after 30 s" in str(e.value)
+    assert not [c for c in slurm.calls if c[0] == "resume"]
+
+
+@pytest.mark.parametrize(("state", "ok"), [
+    ("IDLE", True), ("IDLE+DRAIN", True), ("MIXED+DRAIN", True), ("IDLE+DRAIN+NOT_RESPONDING", False),
+    ("IDLE*+DRAIN", False), ("IDLE*", False), ("DOWN+DRAIN", False), ("DOWN*", False),
+])
+def test_responding_reads_both_forms_of_state(state, ok):
+    assert apply_mod.responding(state) is ok

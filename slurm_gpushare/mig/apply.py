@@ -613,6 +613,17 @@ def _site_command(command: str, node: str, option: str) -> None:
 RECONFIGURE_RESTARTS = Release(23, 11)
 
 
+#: How many polls in a row (``poll_s`` apart) slurmctld must show the node responding before apply goes on.
+STEADY_POLLS = 3
+
+
+def responding(state: str) -> bool:
+    """Whether ``State=`` of ``scontrol show node`` says slurmctld hears the node's slurmd: no ``NOT_RESPONDING``
+    flag (``IDLE+DRAIN+NOT_RESPONDING``), no ``*`` (the short form, ``IDLE*``), not ``DOWN``."""
+    flags = state.split("+")
+    return "NOT_RESPONDING" not in flags and not flags[0].endswith("*") and not flags[0].startswith("DOWN")
+
+
 def gres_matches(shown: str, want: str) -> bool:
     """Whether slurmctld's ``Gres=`` (``scontrol show node``) is the ``Gres=`` value written to slurm.conf: every
     typed item with its count, an untyped item as the sum over its types (slurmctld shows ``shard:h100:158``
@@ -1175,8 +1186,7 @@ class Apply:
 
         def taken() -> bool:
             now = self.slurm.node(self.node)
-            return gres_matches(now.gres, state["gres"]) and now.slurmd_start != before and \
-                "NOT_RESPONDING" not in now.state and not now.state.startswith("DOWN")
+            return gres_matches(now.gres, state["gres"]) and now.slurmd_start != before and responding(now.state)
 
         def seen() -> str:
             try:
@@ -1186,6 +1196,20 @@ class Apply:
             return f"it shows Gres={now.gres}, State={now.state}, Reason={now.reason}"
 
         self._wait(taken, f"slurmctld showing {self.node} with Gres={state['gres']} from a restarted slurmd", seen)
+        self._wait_responding(seen)
+
+    def _wait_responding(self, seen: Callable[[], str]) -> None:
+        """Wait (``slurm_timeout_s``) until slurmctld shows the node responding on :data:`STEADY_POLLS` polls in a
+        row: after a slurmctld restart a node that had registered may show ``NOT_RESPONDING`` for a few seconds."""
+        steady = 0
+
+        def steadily() -> bool:
+            nonlocal steady
+            steady = steady + 1 if responding(self.slurm.node(self.node).state) else 0
+            return steady >= STEADY_POLLS
+
+        self._wait(steadily, f"{self.node} responding on {STEADY_POLLS} polls in a row (State= without "
+                   "NOT_RESPONDING)", seen)
 
     def _wait(self, cond: Callable[[], object], what: str, seen: Callable[[], str]) -> None:
         since = self.clock()
