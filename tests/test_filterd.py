@@ -160,6 +160,38 @@ def test_node_count_is_part_of_the_service_decision(service):
     assert two["tres_per_node"] == tasks["tres_per_node"] == "gres:shard:10" and "nodes=2" in two["admin_comment"]
 
 
+@pytest.mark.parametrize("fields", [
+    # what the shims legitimately send for "not set": job_submit.lua's num() gives -1 for nil, Slurm's NO_VAL
+    # (0xfffffffe) and INFINITE, a Lua float's tostring (4294967294.0), 0; cli_filter.lua -1 for no option
+    {"min_nodes": -1, "num_tasks": -1, "ntasks_per_node": -1},
+    {"min_nodes": 4294967294, "num_tasks": 4294967294.0, "ntasks_per_node": 65534},
+    {"min_nodes": 4294967295, "num_tasks": 0},
+    {"min_nodes": 1.0},
+    {},
+])
+def test_unset_node_counts_as_the_shims_send_them_are_one_node(service, fields):
+    a = ask(service, tres_per_node="gres:gpushare:mem=10G", partition="gpu", **fields)
+    assert a["action"] == "rewrite" and a["tres_per_node"] == "gres:gpu:h100_1g.10gb:1", a
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"min_nodes": -5}, "min_nodes -5 is out of range"),
+    ({"min_nodes": "abc"}, "min_nodes 'abc' is not a number"),
+    ({"min_nodes": "2"}, "min_nodes '2' is not a number"),
+    ({"min_nodes": [1]}, "min_nodes [1] is not a number"),
+    ({"min_nodes": True}, "min_nodes True is not a number"),
+    ({"min_nodes": 2.5}, "min_nodes 2.5 is not a whole number"),
+    ({"num_tasks": -3}, "num_tasks -3 is out of range"),
+    ({"ntasks_per_node": {"a": 1}}, "ntasks_per_node {'a': 1} is not a number"),
+    ({"min_nodes": 1e300}, "min_nodes 1e+300 is out of range"),
+    ({"min_nodes": 10 ** 300}, "min_nodes " + "1" + "0" * 29 + "... (301 digits) is out of range"),
+])
+def test_node_counts_that_are_no_counts_are_refused_in_short(service, fields, message):
+    a = ask(service, tres_per_node="gres:gpushare:mem=10G", partition="gpu", **fields)
+    assert a["action"] == "reject", a
+    assert message in a["message"] and len(a["message"]) < 300, a["message"]
+
+
 def _decisions(service) -> list[dict]:
     return [r for r in map(json.loads, service.log_text.getvalue().splitlines()) if r["event"] == "decision"]
 

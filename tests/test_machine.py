@@ -179,3 +179,15 @@ def test_quadro_rtx_6000_and_rtx_6000_ada_do_not_collide():
     # Quadro RTX 6000: Turing TU102, 24 GB; RTX 6000 Ada Generation: AD102, 48 GB (NVIDIA product pages)
     from slurm_gpushare.hardware.machine import gpu_model
     assert gpu_model("Quadro RTX 6000") != gpu_model("NVIDIA RTX 6000 Ada Generation")
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("[" * 100_000 + "]" * 100_000, "m.json: JSON nested too deeply"),
+    ('{"version": 1, "gpus": [' + "[" * 100_000, "m.json: JSON nested too deeply"),
+    ('{"version": 1,\n "gpus": [}', "m.json: not valid JSON: line 2 column 11 ("),
+])
+def test_unreadable_json_is_one_description_error(text, message):
+    # the loader every command shares (gres-conf, mig plan, the node hooks): no RecursionError, one line
+    with pytest.raises(MachineDescriptionError) as err:
+        Machine.from_json(text, source="m.json")
+    assert str(err.value).startswith(message) and "\n" not in str(err.value), str(err.value)

@@ -67,6 +67,9 @@ class FakeSlurm:
         self.slurmd_up = True
         self.ctld_config = self._conf_gres()
         self.on_call = None
+        #: what slurmctld says of the node, one entry per show once slurmd started again: "" (responding),
+        #: "NR" (State=IDLE+NOT_RESPONDING, scontrol's long form) or "*" (IDLE*, the short form)
+        self.after_start: list[str] = []
 
     def _conf_gres(self) -> str:
         line = next(ln for ln in self.slurm_conf.read_text().splitlines() if ln.startswith(f"NodeName={NODE} "))
@@ -81,7 +84,9 @@ class FakeSlurm:
         self._call("show", node)
         if node not in self.known:
             raise InputError(f"unknown node {node}")
-        state = "IDLE+DRAIN" if self.reason else "IDLE"
+        flag = self.after_start.pop(0) if self.start > 1 and self.after_start else ""
+        state = "IDLE" + ("*" if flag == "*" else "") + ("+DRAIN" if self.reason else "") + \
+            ("+NOT_RESPONDING" if flag == "NR" else "")
         return NodeState(state, self.reason, self.gres, str(self.start))
 
     def drain(self, node: str, reason: str) -> None:
@@ -430,7 +435,8 @@ def test_gres_lines_of_a_hostlist_line_are_refused():
 
 
 STUB_SCONTROL = """#!/bin/sh
-# scontrol as slurmctld would answer for one node (show node), and 'not found' for any other
+# scontrol as slurmctld would answer for one node (show node), and 'not found' for any other: on stdout, as
+# scontrol prints it
 if [ "$1 $2" = "-d show" ] && [ "$4" = "h100-mig" ]; then
   echo "NodeName=h100-mig Arch=x86_64"
   echo "   Gres=gpu:h100:2(S:0),gpu:h100_4g.40gb:2(S:1),gpu:h100_1g.10gb:6(S:1),shard:158(S:0)"
@@ -438,7 +444,7 @@ if [ "$1 $2" = "-d show" ] && [ "$4" = "h100-mig" ]; then
   echo "   SlurmdStartTime=2026-12-02T01:00:00"
   exit 0
 fi
-echo "Node $4 not found" >&2
+echo "Node $4 not found"
 exit 1
 """
 
@@ -477,7 +483,24 @@ def test_cli_unknown_node_is_one_line_and_exit_2(site, monkeypatch):
     (site / "layout.json").write_text(json.dumps(data))
     r = _cli(site, monkeypatch, "gpu99", "--layout", str(site / "layout.json"), "--dry-run")
     assert r.exit_code == 2, r.output
-    assert "unknown node gpu99" in r.output and "sinfo -N" in r.output
+    assert r.output.strip() == ("slurm-gpushare: error: node gpu99 is not in Slurm (scontrol show node: Node gpu99 "
+                                "not found): give a node name from sinfo"), r.output
+
+
+def test_a_slurm_command_s_error_quotes_stdout_when_stderr_is_empty(tmp_path):
+    from slurm_gpushare.errors import SlurmError
+    from slurm_gpushare.slurm import commands
+
+    tool = tmp_path / "tool"
+    tool.write_text("#!/bin/sh\necho 'Node x not found'\nexit 1\n")
+    tool.chmod(0o755)
+    with pytest.raises(SlurmError) as e:
+        commands.run([str(tool), "show"])
+    assert str(e.value) == f"{tool} show exited 1: Node x not found"
+    tool.write_text("#!/bin/sh\necho 'partial output'\necho 'the reason' >&2\nexit 1\n")
+    with pytest.raises(SlurmError) as e:
+        commands.run([str(tool), "show"])
+    assert str(e.value) == f"{tool} show exited 1: the reason"
 
 
 def test_stop_mps_stops_a_job_daemon_left_in_the_run_dir(site):
@@ -796,3 +819,123 @@ def test_cli_malformed_layout_is_one_line_and_exit_2(site, monkeypatch, text):
     r = _cli(site, monkeypatch, NODE, "--layout", str(site / "bad.layout"), "--dry-run")
     assert r.exit_code == 2, (r.output, r.exception)
     assert len(r.output.strip().splitlines()) == 1 and "Traceback" not in r.output, r.output
+
+
+DEEP = 100_000
+
+
+@pytest.mark.parametrize(("name", "text", "message"), [
+    # nested deeper than the parsers go: one error, no RecursionError
+    ("L.json", "[" * DEEP + "]" * DEEP, "L.json: JSON nested too deeply"),
+    ("L.yaml", "[" * DEEP + "]" * DEEP, "L.yaml: YAML nested too deeply"),
+    ("L.layout", '{"version": 1, "nodes": ' + "[" * DEEP, "L.layout: JSON nested too deeply"),
+    # the kind is judged from the name, else a first "{": the error is that parser's, on one line
+    ("L.json", '{"version": 1,\n "nodes": {]}', "L.json: not valid JSON: line 2 column 12 (Expecting property name"),
+    ("L.layout", '\n  {"version": 1 "nodes": {}}',
+     "L.layout: not valid JSON: line 2 column 17 (Expecting ',' delimiter)"),
+    ("L.yaml", "version: v1\nmig-configs:\n  gpushare-h100-mig: [{devices: [2]\n  x: 1\n",
+     "L.yaml: not valid YAML: line 4 column 3 (expected ',' or '}', but got '<scalar>')"),
+    ("L.yml", "version: v1\nmig-configs: a: b\n", "L.yml: not valid YAML: line 2 column 15 (mapping values are not "
+     "allowed here)"),
+    ("L.conf", "mig-configs:\n\t- x\n", "L.conf: not valid YAML: line 2 column 1 (found character '\\t' that cannot "
+     "start any token)"),
+])
+def test_unreadable_layouts_are_one_line(site, name, text, message):
+    (site / name).write_text(text)
+    with pytest.raises(InputError) as e:
+        read_layout(site / name, NODE)
+    assert str(e.value).startswith(f"--layout {site / message}"), str(e.value)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda d: d.update(version=2), "version 2 is not a layout version this slurm-gpushare reads (it reads 1)"),
+    (lambda d: d.pop("version"), "version None is not a layout version this slurm-gpushare reads (it reads 1)"),
+    (lambda d: d.update(version="1"), "version '1' is not a layout version"),
+    (lambda d: d["nodes"][NODE].update(gpus=[]), "node h100-mig: 'gpus' is empty: the layout changes no GPU"),
+])
+def test_layouts_of_another_version_or_of_no_gpu_are_refused(site, edit, message):
+    with pytest.raises(InputError) as e:
+        read_layout(_layout_edit(site, edit), NODE)
+    assert message in str(e.value), str(e.value)
+
+
+def test_a_mig_parted_config_of_another_version_or_no_gpu_is_refused(site):
+    entry = "[{devices: [2], mig-enabled: true}]"
+    (site / "v2.yaml").write_text(f"version: v2\nmig-configs:\n  gpushare-{NODE}: {entry}\n")
+    with pytest.raises(InputError, match="version 'v2' is not a mig-parted config version this slurm-gpushare reads"):
+        read_layout(site / "v2.yaml", NODE)
+    (site / "none.yaml").write_text(f"version: v1\nmig-configs:\n  gpushare-{NODE}: []\n")
+    with pytest.raises(InputError, match="gpushare-h100-mig: the config is empty: the layout changes no GPU"):
+        read_layout(site / "none.yaml", NODE)
+
+
+def test_a_profile_id_that_contradicts_the_profile_name_is_refused_naming_both(site):
+    data = json.loads((site / "layout.json").read_text())
+    data["nodes"][NODE]["gpus"][1]["instances"][0]["profile_id"] = 5000
+    (site / "layout.json").write_text(json.dumps(data))
+    slurm = FakeSlurm(site / "slurm.conf")
+    with pytest.raises(InputError) as e:
+        make(site, slurm).prepare()
+    assert "GPU 3: profile_id 5000 is not the id of 4g.40gb (5 on NVIDIA H100" in str(e.value), str(e.value)
+    assert not [c for c in slurm.calls if c[0] != "show"]
+    data["nodes"][NODE]["gpus"][1]["instances"][0]["profile_id"] = "5"
+    (site / "layout.json").write_text(json.dumps(data))
+    with pytest.raises(InputError, match="GPU 3: profile_id '5' is not a whole number"):
+        read_layout(site / "layout.json", NODE)
+
+
+@pytest.mark.parametrize("edit", [
+    lambda d: d.update(version=2),
+    lambda d: d["nodes"][NODE].update(gpus=[]),
+    lambda d: d["nodes"][NODE]["gpus"][1]["instances"][0].update(profile_id=5000),
+])
+def test_cli_dry_run_refuses_what_apply_would_refuse(site, monkeypatch, edit):
+    bad = _layout_edit(site, edit)
+    r = _cli(site, monkeypatch, NODE, "--layout", str(bad), "--dry-run")
+    assert r.exit_code == 2, r.output
+    assert len(r.output.strip().splitlines()) == 1 and "drain" not in r.output, r.output
+
+
+@pytest.mark.parametrize("flags", [
+    # responding at the first look, then not for a few seconds after the slurmctld restart (as seen on 22.05)
+    ["", "NR", "NR", ""],
+    ["", "*", "", "*", ""],
+])
+def test_success_waits_until_the_node_responds_steadily(site, flags):
+    slurm = FakeSlurm(site / "slurm.conf")
+    slurm.after_start = list(flags)
+    seen_at_resume = []
+    slurm.on_call = lambda call: seen_at_resume.append(list(slurm.after_start)) if call[0] == "resume" else None
+    run_once(make(site, slurm))
+    assert seen_at_resume == [[]], seen_at_resume  # every not-responding look came before the resume
+    assert not slurm.reason
+
+
+def test_a_node_that_does_not_respond_stays_drained_and_apply_says_so(site):
+    slurm = FakeSlurm(site / "slurm.conf")
+    slurm.after_start = ["NR"] * 1000
+    clock = iter(range(0, 100000, 1))
+    with pytest.raises(apply_mod.ApplyError) as e:
+        run_once(make(site, slurm, slurm_timeout_s=30, clock=lambda: float(next(clock))))
+    assert "after 30 s" in str(e.value) and "State=IDLE+DRAIN+NOT_RESPONDING" in str(e.value), str(e.value)
+    assert slurm.reason and slurm.reason.startswith("gpushare mig apply")
+    assert not [c for c in slurm.calls if c[0] == "resume"]
+
+
+def test_a_node_that_stops_responding_after_registering_stays_drained(site):
+    slurm = FakeSlurm(site / "slurm.conf")
+    slurm.after_start = [""] + ["NR", ""] * 1000  # never three responding looks in a row
+    clock = iter(range(0, 100000, 1))
+    with pytest.raises(apply_mod.ApplyError) as e:
+        run_once(make(site, slurm, slurm_timeout_s=30, clock=lambda: float(next(clock))))
+    assert "no h100-mig responding on 3 polls in a row (State= without NOT_RESPONDING) after 30 s" in str(e.value)
+    assert not [c for c in slurm.calls if c[0] == "resume"]
+
+
+@pytest.mark.parametrize(("state", "ok"), [
+    ("IDLE", True), ("IDLE+DRAIN", True), ("MIXED+DRAIN", True), ("IDLE+DRAIN+NOT_RESPONDING", False),
+    ("IDLE*+DRAIN", False), ("IDLE*", False), ("DOWN+DRAIN", False), ("DOWN*", False),
+])
+def test_responding_reads_both_forms_of_state(state, ok):
+    assert apply_mod.responding(state) is ok

@@ -312,7 +312,8 @@ def test_demand_files_csv_and_json(tmp_path):
     ("mem,count\n10G,six\n", "d.txt:2: count 'six' is not a number"),
     ("10G,6,120\n", "d.txt:1: sm 120 is outside 1-100"),
     ("10G\n", "d.txt:1: 1 columns, expected 2 or 3"),
-    ("ten,1\n", "d.txt:1: mem 'ten'"),
+    ("ten,1\n", "d.txt:1: mem: 'ten' is not a memory size"),
+    ("0,1\n", "d.txt:1: mem: '0' is less than 1 MiB"),
     ("10G,0\n", "count '0' must be above 0"),
     ("# nothing\n", "holds no request"),
     ('{"requests": [{"mem": "10G"}]}', "requests[0]: each request has count"),
@@ -324,6 +325,41 @@ def test_malformed_demand_files_are_named(tmp_path, text, message):
     with pytest.raises(ParseError) as e:
         read_demand_file(f)
     assert message in str(e.value)
+
+
+DEEP = 100_000
+
+
+@pytest.mark.parametrize(("name", "text", "message"), [
+    # JSON by the first character or by the name: a truncated document is not read as CSV rows
+    ("d.txt", "[1,2", "d.txt: not valid JSON: line 1 column 5 (Expecting ',' delimiter)"),
+    ("d.json", '{"requests": [\n{"mem": "10G" "count": 1}]}',
+     "d.json: not valid JSON: line 2 column 15 (Expecting ',' delimiter)"),
+    ("d.json", "10G,1\n", "d.json: not valid JSON: line 1 column 3 (Extra data)"),
+    # nested deeper than the parser goes: one error, no RecursionError
+    ("d.json", '{"requests": ' + "[" * DEEP + "]" * DEEP + "}", "d.json: JSON nested too deeply"),
+    ("d.txt", "[" * DEEP + "]" * DEEP, "d.txt: JSON nested too deeply"),
+    # a CSV field past the csv module's limit: one error, no _csv.Error
+    ("d.csv", "x" * 200_000 + ",1\n", "d.csv:1: not a CSV row (field larger than field limit (131072))"),
+    # a count is a number, never a boolean (true would be taken as 1)
+    ("d.json", '{"requests": [{"mem": "10G", "count": true}]}', "d.json: requests[0]: count True is not a number"),
+    ("d.json", '{"requests": [{"gpu": true, "count": false}]}', "d.json: requests[0]: count False is not a number"),
+])
+def test_demand_files_that_are_not_what_they_seem_are_one_parse_error(tmp_path, name, text, message):
+    f = tmp_path / name
+    f.write_text(text)
+    with pytest.raises(ParseError) as e:
+        read_demand_file(f)
+    assert str(e.value).startswith(message), str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_a_mem_error_names_the_value_once(tmp_path):
+    f = tmp_path / "d.csv"
+    f.write_text("0,1\n")
+    with pytest.raises(ParseError) as e:
+        read_demand_file(f)
+    assert str(e.value).count("mem") == 1, str(e.value)
 
 
 # --- the command line -----------------------------------------------------------------------------
@@ -415,6 +451,47 @@ def test_cli_bad_input_is_one_clear_line(tmp_path, monkeypatch, args, message):
     r = _run(*args)
     assert r.exit_code == 2, r.output
     assert message in r.output
+
+
+def _many_gpus(tmp_path, indices, minors) -> Path:
+    data = json.loads((PACKAGED / "4x-h100-mig-mixed.json").read_text())
+    gpu = data["gpus"][0]
+    data["gpus"] = [dict(gpu, index=i, minor=m) for i, m in zip(indices, minors, strict=True)]
+    data["links"], data["nics"] = [], []
+    f = tmp_path / "many.json"
+    f.write_text(json.dumps(data))
+    return f
+
+
+@pytest.mark.parametrize(("indices", "minors", "message"), [
+    # 250 GPUs, 125 indices given twice: each named once, sorted, the first ten and how many more
+    ([i // 2 for i in range(250)], list(range(250)),
+     "duplicate GPU indices 0, 1, 2, 3, 4, 5, 6, 7, 8, 9 and 115 more (each GPU has its own; regenerate the "
+     "description with 'slurm-gpushare inventory')"),
+    (list(range(250)), [7] * 249 + [3],
+     "duplicate GPU minor numbers 7 (each GPU has its own; regenerate the description with "
+     "'slurm-gpushare inventory')"),
+])
+def test_cli_duplicate_gpus_are_named_once_each(tmp_path, indices, minors, message):
+    r = _run(str(_many_gpus(tmp_path, indices, minors)), "--demand", str(tmp_path / "D"))
+    assert r.exit_code == 2, r.output
+    assert r.output.strip() == f"slurm-gpushare: error: {tmp_path / 'many.json'}: {message}", r.output
+
+
+@pytest.mark.parametrize(("machine", "demand", "message"), [
+    ("[" * DEEP + "]" * DEEP, "10G,1\n", "deep.json: JSON nested too deeply"),
+    (None, '{"requests": ' + "[" * DEEP + "]" * DEEP + "}", "deep-demand.json: JSON nested too deeply"),
+    (None, "[" * DEEP, "deep-demand.json: JSON nested too deeply"),
+])
+def test_cli_deeply_nested_files_are_one_line_and_exit_2(tmp_path, machine, demand, message):
+    m = tmp_path / "deep.json"
+    if machine is not None:
+        m.write_text(machine)
+    d = tmp_path / "deep-demand.json"
+    d.write_text(demand)
+    r = _run(str(m) if machine is not None else str(PACKAGED / "4x-h100-mig-mixed.json"), "--demand", str(d))
+    assert r.exit_code == 2, (r.output, r.exception)
+    assert len(r.output.strip().splitlines()) == 1 and message in r.output, r.output
 
 
 def test_mig_parted_config_groups_gpus_with_one_geometry():

@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import MISSING, asdict, dataclass, fields, replace
 from pathlib import Path
@@ -35,6 +36,7 @@ from typing import Any
 
 from slurm_gpushare.errors import MachineDescriptionError
 from slurm_gpushare.memsize import MAX_MEMORY_MIB
+from slurm_gpushare.textdoc import parse_json
 
 SCHEMA_VERSION = 1
 
@@ -399,13 +401,11 @@ class Machine:
         """Parse JSON text; see :meth:`from_dict`.
 
         Raises:
-            MachineDescriptionError: not JSON, a key given twice in one object (JSON parsers would
-                silently keep the last), or an invalid description.
+            MachineDescriptionError: not JSON (line and column named), nested deeper than the parser goes, a key
+                given twice in one object (JSON parsers would silently keep the last), or an invalid description.
         """
-        try:
-            data = json.loads(text, object_pairs_hook=functools.partial(_no_duplicate_keys, source=source))
-        except json.JSONDecodeError as e:
-            raise MachineDescriptionError(f"not valid JSON: {e.msg}", source=f"{source}:{e.lineno}") from None
+        data = parse_json(text, source=source, error=MachineDescriptionError,
+                          object_pairs_hook=functools.partial(_no_duplicate_keys, source=source))
         return cls.from_dict(data, source=source)
 
     @classmethod
@@ -451,11 +451,11 @@ class Machine:
         for i, nic in enumerate(self.nics):
             _limit("nic.index", nic.index, f"nics[{i}].index", source)
         idx = [g.index for g in self.gpus]
-        if len(set(idx)) != len(idx):
-            raise MachineDescriptionError(f"duplicate GPU indices {idx}", source=source)
-        minors = [g.minor for g in self.gpus]
-        if len(set(minors)) != len(minors):
-            raise MachineDescriptionError(f"duplicate GPU minor numbers {minors}", source=source)
+        for what, values in (("indices", idx), ("minor numbers", [g.minor for g in self.gpus])):
+            if len(set(values)) != len(values):
+                raise MachineDescriptionError(
+                    f"duplicate GPU {what} {_repeated(values)}", source=source,
+                    hint="each GPU has its own; regenerate the description with 'slurm-gpushare inventory'")
         known = set(idx)
         seen = set()
         for ln in self.links:
@@ -733,6 +733,13 @@ def gpu_model(name: str) -> str:
             continue
         words.append(re.sub(r"[^a-z0-9]", "", word))
     return "".join(w for w in words if w) or "gpu"
+
+
+def _repeated(values: Sequence[int], shown: int = 10) -> str:
+    """The values given more than once, each once, sorted: the first ``shown`` and how many more."""
+    twice = sorted(v for v, n in Counter(values).items() if n > 1)
+    text = ", ".join(str(v) for v in twice[:shown])
+    return text + (f" and {len(twice) - shown} more" if len(twice) > shown else "")
 
 
 def _no_duplicate_keys(pairs: list[tuple[str, Any]], *, source: str) -> dict[str, Any]:

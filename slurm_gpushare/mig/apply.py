@@ -63,9 +63,11 @@ from slurm_gpushare.gresconf.render import generate_node_gres
 from slurm_gpushare.hardware.machine import Machine, MigInstance, MigProfile
 from slurm_gpushare.hardware.port import NvmlPort, plan_gpu_instance
 from slurm_gpushare.mig.geometry import enumerate_geometries
+from slurm_gpushare.mig.output import LAYOUT_VERSION
 from slurm_gpushare.slurm.hostlist import expand_hostlist
 from slurm_gpushare.slurm.nodegres import GresOptions
 from slurm_gpushare.slurm.release import Release
+from slurm_gpushare.textdoc import kind, parse_json, parse_yaml
 
 #: The steps in order (see the module docstring).
 STEPS = ("drain", "wait-jobs", "stop-mps", "mig", "files", "slurm", "resume")
@@ -95,10 +97,12 @@ class ApplyError(GpushareError):
 
 @dataclass(frozen=True)
 class Slice:
-    """One GPU instance of a target: profile and placement start (None: any, from a mig-parted config)."""
+    """One GPU instance of a target: profile, placement start (None: any, from a mig-parted config) and the profile
+    id the layout file records (None: not recorded; else it must be the GPU's id of that profile)."""
 
     profile: str
     start: int | None = None
+    profile_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -122,15 +126,24 @@ def read_layout(path: str | Path, node: str) -> dict[int, GpuTarget]:
     """The node's GPUs in a layout file of ``mig plan``: ``layout.json`` (placements) or ``mig-parted.yaml``
     (config ``gpushare-NODE``: counts per profile, placements chosen at apply time).
 
+    The file is JSON when its name ends in ``.json``, YAML when in ``.yaml`` or ``.yml``, else JSON when its first
+    non-blank character is ``{`` and YAML otherwise (:func:`~slurm_gpushare.textdoc.kind`).
+
     Raises:
-        InputError: unreadable file, not one of the two formats, the node not in it.
+        InputError: unreadable file, not valid JSON or YAML (line and column named, one line; nested deeper than
+            the parser goes), not one of the two formats or not their version (layout 1, mig-parted ``v1``),
+            the node not in it, no GPU for the node.
     """
     p = Path(path)
     try:
         text = p.read_text()
     except (OSError, UnicodeDecodeError) as e:
         raise InputError(f"--layout {p}: cannot read it: {e}") from None
-    data = _parse(text, p)
+    source = f"--layout {p}"
+    if kind(p, text) == "JSON":
+        data = parse_json(text, source=source, error=InputError)
+    else:
+        data = parse_yaml(text, source=source, error=InputError)
     if isinstance(data, dict) and "nodes" in data:
         return _from_layout_json(data, p, node)
     if isinstance(data, dict) and "mig-configs" in data:
@@ -139,24 +152,13 @@ def read_layout(path: str | Path, node: str) -> dict[int, GpuTarget]:
                      hint="give the layout.json or mig-parted.yaml that 'mig plan --output-dir' writes")
 
 
-def _parse(text: str, p: Path):
-    try:
-        return json.loads(text)
-    except ValueError:
-        pass
-    import yaml
-
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise InputError(f"--layout {p}: neither JSON nor YAML: {e}") from None
-
-
 #: The most GPU instances a layout file may give one GPU, and the highest GPU index it may name: no MIG GPU
 #: holds more than 7 instances (7 compute slices), no node more than a few dozen GPUs; the bounds keep a typo
 #: (``count: 7000000``) from building a huge target before the placement rules would refuse it.
 MAX_INSTANCES_PER_GPU = 16
 MAX_GPU_INDEX = 255
+#: The highest profile id a layout file may record (NVML's GPU instance profile ids are small enums, below 64).
+MAX_PROFILE_ID = 1 << 16
 
 
 def _int(value, what: str, lo: int, hi: int) -> int:
@@ -175,6 +177,11 @@ def _bool(value, what: str) -> bool:
 
 
 def _from_layout_json(data: dict, p: Path, node: str) -> dict[int, GpuTarget]:
+    version = data.get("version")
+    if isinstance(version, bool) or version != LAYOUT_VERSION:
+        raise InputError(f"--layout {p}: version {version!r} is not a layout version this slurm-gpushare reads "
+                         f"(it reads {LAYOUT_VERSION})", hint="give the layout.json that 'mig plan --output-dir' "
+                         "of this slurm-gpushare writes")
     nodes = data.get("nodes") or {}
     if not isinstance(nodes, dict):
         raise InputError(f"--layout {p}: 'nodes' is not a mapping of node names",
@@ -187,6 +194,8 @@ def _from_layout_json(data: dict, p: Path, node: str) -> dict[int, GpuTarget]:
         gpus = entry.get("gpus") if isinstance(entry, dict) else None
         if not isinstance(gpus, list):
             raise ValueError("'gpus' is not a list")
+        if not gpus:
+            raise ValueError("'gpus' is empty: the layout changes no GPU")
         for k, g in enumerate(gpus):
             if not isinstance(g, dict):
                 raise ValueError(f"GPU entry {k} is not a mapping")
@@ -200,7 +209,10 @@ def _from_layout_json(data: dict, p: Path, node: str) -> dict[int, GpuTarget]:
                 raise ValueError(f"GPU {index}: {len(insts)} instances, more than any GPU holds "
                                  f"(at most {MAX_INSTANCES_PER_GPU})")
             slices = tuple(Slice(_profile(i.get("profile"), f"GPU {index}"),
-                                 _int(i.get("start"), f"GPU {index}: start", 0, MAX_INSTANCES_PER_GPU)) for i in insts)
+                                 _int(i.get("start"), f"GPU {index}: start", 0, MAX_INSTANCES_PER_GPU),
+                                 None if i.get("profile_id") is None else
+                                 _int(i.get("profile_id"), f"GPU {index}: profile_id", 0, MAX_PROFILE_ID))
+                           for i in insts)
             name = g.get("name")
             if name is not None and not isinstance(name, str):
                 raise ValueError(f"GPU {index}: name {name!r} is not text")
@@ -219,6 +231,10 @@ def _profile(value, where: str) -> str:
 
 
 def _from_mig_parted(data: dict, p: Path, node: str) -> dict[int, GpuTarget]:
+    if data.get("version") != "v1":
+        raise InputError(f"--layout {p}: version {data.get('version')!r} is not a mig-parted config version this "
+                         "slurm-gpushare reads (it reads v1)",
+                         hint="give the mig-parted.yaml that 'mig plan --output-dir' writes")
     configs = data.get("mig-configs") or {}
     if not isinstance(configs, dict):
         raise InputError(f"--layout {p}: 'mig-configs' is not a mapping of config names",
@@ -232,6 +248,8 @@ def _from_mig_parted(data: dict, p: Path, node: str) -> dict[int, GpuTarget]:
         entries = configs[name]
         if not isinstance(entries, list):
             raise ValueError("the config is not a list of entries")
+        if not entries:
+            raise ValueError("the config is empty: the layout changes no GPU")
         for k, entry in enumerate(entries):
             if not isinstance(entry, dict):
                 raise ValueError(f"entry {k} is not a mapping")
@@ -334,16 +352,20 @@ def resolve(port: NvmlPort, machine: Machine, targets: Mapping[int, GpuTarget],
             out[i] = []
             continue
         profiles = port.gpu_instance_profiles(i)
-        out[i] = _place(i, profiles, t, layout)
+        out[i] = _place(i, profiles, t, layout, name)
     return out
 
 
-def _place(i: int, profiles: tuple[MigProfile, ...], t: GpuTarget, layout: str) -> list[Planned]:
+def _place(i: int, profiles: tuple[MigProfile, ...], t: GpuTarget, layout: str, name: str) -> list[Planned]:
     by_name = {p.name: p for p in profiles}
     for s in t.slices:
         if s.profile not in by_name:
             raise InputError(f"--layout {layout}: GPU {i} offers no MIG profile {s.profile}",
                              hint=f"its profiles: {', '.join(by_name) or 'none'} (a layout for another GPU model?)")
+        if s.profile_id is not None and s.profile_id != by_name[s.profile].profile_id:
+            raise InputError(f"--layout {layout}: GPU {i}: profile_id {s.profile_id} is not the id of {s.profile} "
+                             f"({by_name[s.profile].profile_id} on {name})",
+                             hint="the layout file was edited or is of another GPU: plan it again with 'mig plan'")
     if t.slices and all(s.start is None for s in t.slices):
         want = sorted(s.profile for s in t.slices)
         for g in enumerate_geometries(profiles, gpu=i).geometries:
@@ -488,8 +510,9 @@ class CommandSlurm:
             return parse_node(commands.show_node(node))
         except SlurmError as e:
             if "not found" in e.message.lower() or "invalid node name" in e.message.lower():
-                raise InputError(f"unknown node {node}: {e.message}",
-                                 hint="give the node's Slurm NodeName (sinfo -N)") from None
+                said = e.message.split(": ", 1)[-1]
+                raise InputError(f"node {node} is not in Slurm (scontrol show node: {said}): give a node name "
+                                 "from sinfo") from None
             raise
 
     def drain(self, node: str, reason: str) -> None:
@@ -579,7 +602,8 @@ def _site_command(command: str, node: str, option: str) -> None:
     except (OSError, subprocess.TimeoutExpired) as e:
         raise SlurmError(f"{' '.join(argv)} failed: {e}", hint=f"give the site's command with {option}") from None
     if p.returncode != 0:
-        raise SlurmError(f"{' '.join(argv)} exited {p.returncode}: {p.stderr.strip()[:300]}",
+        said = " ".join((p.stderr.strip() or p.stdout.strip()).split())
+        raise SlurmError(f"{' '.join(argv)} exited {p.returncode}: {said[:300]}",
                          hint=f"give the site's command with {option}")
 
 
@@ -587,6 +611,17 @@ def _site_command(command: str, node: str, option: str) -> None:
 #: slurmctld on it. 22.05 refuses (measured on the dev cluster: slurmctld logs "Attempt to change gres/gpu Count
 #: on node NODE from 10 to 16 invalid with File configuration" and keeps the old GRES).
 RECONFIGURE_RESTARTS = Release(23, 11)
+
+
+#: How many polls in a row (``poll_s`` apart) slurmctld must show the node responding before apply goes on.
+STEADY_POLLS = 3
+
+
+def responding(state: str) -> bool:
+    """Whether ``State=`` of ``scontrol show node`` says slurmctld hears the node's slurmd: no ``NOT_RESPONDING``
+    flag (``IDLE+DRAIN+NOT_RESPONDING``), no ``*`` (the short form, ``IDLE*``), not ``DOWN``."""
+    flags = state.split("+")
+    return "NOT_RESPONDING" not in flags and not flags[0].endswith("*") and not flags[0].startswith("DOWN")
 
 
 def gres_matches(shown: str, want: str) -> bool:
@@ -1151,8 +1186,7 @@ class Apply:
 
         def taken() -> bool:
             now = self.slurm.node(self.node)
-            return gres_matches(now.gres, state["gres"]) and now.slurmd_start != before and \
-                "NOT_RESPONDING" not in now.state and not now.state.startswith("DOWN")
+            return gres_matches(now.gres, state["gres"]) and now.slurmd_start != before and responding(now.state)
 
         def seen() -> str:
             try:
@@ -1162,6 +1196,20 @@ class Apply:
             return f"it shows Gres={now.gres}, State={now.state}, Reason={now.reason}"
 
         self._wait(taken, f"slurmctld showing {self.node} with Gres={state['gres']} from a restarted slurmd", seen)
+        self._wait_responding(seen)
+
+    def _wait_responding(self, seen: Callable[[], str]) -> None:
+        """Wait (``slurm_timeout_s``) until slurmctld shows the node responding on :data:`STEADY_POLLS` polls in a
+        row: after a slurmctld restart a node that had registered may show ``NOT_RESPONDING`` for a few seconds."""
+        steady = 0
+
+        def steadily() -> bool:
+            nonlocal steady
+            steady = steady + 1 if responding(self.slurm.node(self.node).state) else 0
+            return steady >= STEADY_POLLS
+
+        self._wait(steadily, f"{self.node} responding on {STEADY_POLLS} polls in a row (State= without "
+                   "NOT_RESPONDING)", seen)
 
     def _wait(self, cond: Callable[[], object], what: str, seen: Callable[[], str]) -> None:
         since = self.clock()

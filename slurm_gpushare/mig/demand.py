@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +32,7 @@ from pathlib import Path
 from slurm_gpushare.accounting.store import Store
 from slurm_gpushare.errors import InputError, ParseError
 from slurm_gpushare.memsize import MAX_MEMORY_MIB, parse_mib
+from slurm_gpushare.textdoc import kind, parse_json
 
 
 @dataclass(frozen=True)
@@ -130,11 +130,14 @@ def demand_from_store(store: Store, *, partitions: tuple[str, ...] = (), since: 
 
 
 def read_demand_file(path: str | Path) -> tuple[Request, ...]:
-    """A demand file, CSV or JSON (see the module docstring; JSON when it starts with ``{``).
+    """A demand file, CSV or JSON (see the module docstring): JSON when its name ends in ``.json`` or, unless it ends
+    in ``.csv``, when its first non-blank character is ``{`` or ``[`` (no CSV row starts so), so that a truncated
+    JSON document is reported as JSON, not as a bad CSV row.
 
     Raises:
         InputError: unreadable file.
-        ParseError: a malformed row or entry (file and line or entry named), or no request at all.
+        ParseError: a malformed row or entry (file and line or entry named), not valid JSON (line and column),
+            JSON nested deeper than the parser goes, a CSV field past the csv module's limit, or no request at all.
     """
     p = Path(path)
     try:
@@ -143,7 +146,8 @@ def read_demand_file(path: str | Path) -> tuple[Request, ...]:
         raise InputError(f"cannot read demand file {p}: {e.strerror or e}") from None
     except UnicodeDecodeError:
         raise InputError(f"demand file {p} is not text (UTF-8)") from None
-    out = _json_demand(text, p.name) if text.lstrip().startswith("{") else _csv_demand(text, p.name)
+    is_json = kind(p, text, json_starts="{[", other="CSV") == "JSON"
+    out = _json_demand(text, p.name) if is_json else _csv_demand(text, p.name)
     if not out:
         raise ParseError("the demand file holds no request", source=p.name,
                          hint="one row per request size: mem,count[,sm] (e.g. 10G,6), or gpu,N for whole GPUs")
@@ -155,6 +159,8 @@ _HINT = 'rows are mem,count[,sm]: e.g. "10G,6" or "20G,2,30" or "gpu,1" (count: 
 
 def _request(mem: object, count: object, sm: object, where: str) -> Request:
     try:
+        if isinstance(count, bool):  # JSON true is no count (float(True) would take it as 1)
+            raise TypeError
         weight = float(count)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         raise ParseError(f"count {count!r} is not a number", source=where, hint=_HINT) from None
@@ -173,32 +179,35 @@ def _request(mem: object, count: object, sm: object, where: str) -> Request:
     try:
         mem_mib = parse_mib(str(mem), what="mem", maximum=MAX_MEMORY_MIB)
     except InputError as e:
-        raise ParseError(f"mem {mem!r}: {e.message}", source=where, hint=_HINT) from None
+        raise ParseError(e.message, source=where, hint=e.hint or _HINT) from None
     if mem_mib <= 0:
         raise ParseError(f"mem {mem!r} must be above 0", source=where, hint=_HINT)
     return Request(mem_mib=mem_mib, weight=weight, sm_percent=sm_percent)
 
 
 def _csv_demand(text: str, name: str) -> list[Request]:
-    out = []
+    out: list[Request] = []
     rows = csv.reader(io.StringIO(text))
-    for lineno, row in enumerate(rows, start=1):
-        cells = [c.strip() for c in row]
-        if not cells or not any(cells) or cells[0].startswith("#"):
-            continue
-        if cells[0].lower() == "mem":
-            continue  # the header
-        if len(cells) not in (2, 3):
-            raise ParseError(f"{len(cells)} columns, expected 2 or 3", source=f"{name}:{lineno}", hint=_HINT)
-        out.append(_request(cells[0], cells[1], cells[2] if len(cells) == 3 else None, f"{name}:{lineno}"))
+    lineno = 0
+    try:
+        for lineno, row in enumerate(rows, start=1):
+            _csv_row(row, lineno, name, out)
+    except csv.Error as e:  # a field past the csv module's limit, a NUL byte
+        raise ParseError(f"not a CSV row ({e})", source=f"{name}:{lineno + 1}", hint=_HINT) from None
     return out
 
 
+def _csv_row(row: list[str], lineno: int, name: str, out: list[Request]) -> None:
+    cells = [c.strip() for c in row]
+    if not cells or not any(cells) or cells[0].startswith("#") or cells[0].lower() == "mem":
+        return  # blank, a comment, the header
+    if len(cells) not in (2, 3):
+        raise ParseError(f"{len(cells)} columns, expected 2 or 3", source=f"{name}:{lineno}", hint=_HINT)
+    out.append(_request(cells[0], cells[1], cells[2] if len(cells) == 3 else None, f"{name}:{lineno}"))
+
+
 def _json_demand(text: str, name: str) -> list[Request]:
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ParseError(f"not valid JSON: {e.msg}", source=f"{name}:{e.lineno}") from None
+    data = parse_json(text, source=name)
     entries = data.get("requests") if isinstance(data, dict) else None
     if not isinstance(entries, list) or set(data) - {"requests"}:
         raise ParseError('a JSON demand file is {"requests": [...]}', source=name,

@@ -26,7 +26,8 @@ def run(argv: list[str], *, timeout: float = TIMEOUT_S, env: dict[str, str] | No
     """Run a Slurm client and return its stdout.
 
     Raises:
-        SlurmError: the program is missing, timed out, or exited non-zero (its stderr is quoted).
+        SlurmError: the program is missing, timed out, or exited non-zero (its stderr is quoted, or its stdout when
+            stderr is empty; on one line, at most 300 characters).
     """
     try:
         # user-written fields (JobName, Comment, ...) may hold any bytes: decoding never raises
@@ -38,7 +39,9 @@ def run(argv: list[str], *, timeout: float = TIMEOUT_S, env: dict[str, str] | No
         raise SlurmError(f"{' '.join(argv)} did not answer within {timeout:.0f} s",
                          hint="is slurmctld up? (scontrol ping)") from None
     if proc.returncode != 0:
-        raise SlurmError(f"{' '.join(argv)} exited {proc.returncode}: {proc.stderr.strip()[:300]}")
+        # scontrol prints some refusals on stdout ("Node x not found", exit 1): quoted when stderr says nothing
+        said = " ".join((proc.stderr.strip() or proc.stdout.strip()).split())
+        raise SlurmError(f"{' '.join(argv)} exited {proc.returncode}: {said[:300]}")
     return proc.stdout
 
 

@@ -20,6 +20,9 @@ closed. Request (strings and numbers; missing = empty)::
      "cpus_per_tres": "", "ntasks_per_tres": 65534, "partition": "gpu", "admin_comment": "",
      "min_nodes": 2, "num_tasks": 8, "ntasks_per_node": 4, "cli_request": "", "uid": 1000, "job_id": ""}
 
+The counts (``min_nodes``, ``num_tasks``, ``ntasks_per_node``) are JSON numbers: whole, 0 to 4294967295 (Slurm's
+NO_VAL and INFINITE, the top two, mean not set, as do -1, 0 and a missing one); anything else is refused.
+
 Answer::
 
     {"v": 2, "id": "17", "action": "pass" | "rewrite" | "reject", "tres_per_node": "gres:gpu:h100_1g.10gb:1",
@@ -432,6 +435,39 @@ def _scalar(value: Any) -> Any:
     return f"<{type(value).__name__} of {len(value) if hasattr(value, '__len__') else '?'}>"[:200]
 
 
+#: The job_desc counts a request carries. The shims send JSON numbers: job_submit.lua ``-1`` for a field Slurm left
+#: nil, Slurm's own NO_VAL (``4294967294``) and INFINITE as they are, perhaps as floats (``4294967294.0``, a Lua
+#: float's ``tostring``); cli_filter.lua ``-1`` for an option not given.
+COUNT_FIELDS = ("min_nodes", "num_tasks", "ntasks_per_node")
+#: The largest count a job_desc field holds (32 bits; NO_VAL and INFINITE are the top two).
+_MAX_COUNT = 0xFFFFFFFF
+
+
+def _count_problem(key: str, value: Any) -> str | None:
+    """Why ``value`` is no job_desc count (missing, -1, 0, a whole number up to 2^32-1 are), or None.
+
+    A value too long to show (a 300-digit number) is cut to its first 30 characters and its length."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"{key} {_brief(value)} is not a number"
+    if isinstance(value, float) and not value.is_integer():
+        return f"{key} {_brief(value)} is not a whole number"
+    if value != -1 and not 0 <= value <= _MAX_COUNT:
+        return (f"{key} {_brief(value)} is out of range (a count up to {_MAX_COUNT}; -1 or Slurm's NO_VAL "
+                f"4294967294 when not set)")
+    return None
+
+
+def _brief(value: Any) -> str:
+    """``repr(value)``, or its first 30 characters and how long it is (digits of a whole number)."""
+    text = repr(value)
+    if len(text) <= 40:
+        return text
+    unit = "digits" if isinstance(value, int) and not isinstance(value, bool) else "characters"
+    return f"{text[:30]}... ({len(text)} {unit})"
+
+
 class FilterService:
     """The decision logic behind the socket (no sockets here: :meth:`handle_line` is the whole protocol).
 
@@ -540,6 +576,10 @@ class FilterService:
         for key in ("tres_per_node", "tres_per_job", *BESIDE_TRES, "partition", "admin_comment", "cli_request"):
             if not isinstance(req.get(key) or "", str):
                 raise InputError(f"{key} is not a string")
+        for key in COUNT_FIELDS:
+            problem = _count_problem(key, req.get(key))
+            if problem is not None:
+                raise InputError(problem)
         snap = self.cache.state()
         tpn = req.get("tres_per_node") or ""
         tpj = req.get("tres_per_job") or ""
