@@ -164,6 +164,8 @@ def test_node_count_is_part_of_the_service_decision(service):
     # what the shims legitimately send for "not set": job_submit.lua's num() gives -1 for nil, Slurm's NO_VAL
     # (0xfffffffe) and INFINITE, a Lua float's tostring (4294967294.0), 0; cli_filter.lua -1 for no option
     {"min_nodes": -1, "num_tasks": -1, "ntasks_per_node": -1},
+    # 22.05's srun hands cli_filter.lua ntasks-per-node -2 when not given (seen: the check refused every srun)
+    {"ntasks_per_node": -2}, {"min_nodes": -5, "num_tasks": -3},
     {"min_nodes": 4294967294, "num_tasks": 4294967294.0, "ntasks_per_node": 65534},
     {"min_nodes": 4294967295, "num_tasks": 0},
     {"min_nodes": 1.0},
@@ -175,13 +177,12 @@ def test_unset_node_counts_as_the_shims_send_them_are_one_node(service, fields):
 
 
 @pytest.mark.parametrize(("fields", "message"), [
-    ({"min_nodes": -5}, "min_nodes -5 is out of range"),
+    ({"min_nodes": -(2 ** 40)}, "min_nodes -1099511627776 is out of range"),
     ({"min_nodes": "abc"}, "min_nodes 'abc' is not a number"),
     ({"min_nodes": "2"}, "min_nodes '2' is not a number"),
     ({"min_nodes": [1]}, "min_nodes [1] is not a number"),
     ({"min_nodes": True}, "min_nodes True is not a number"),
     ({"min_nodes": 2.5}, "min_nodes 2.5 is not a whole number"),
-    ({"num_tasks": -3}, "num_tasks -3 is out of range"),
     ({"ntasks_per_node": {"a": 1}}, "ntasks_per_node {'a': 1} is not a number"),
     ({"min_nodes": 1e300}, "min_nodes 1e+300 is out of range"),
     ({"min_nodes": 10 ** 300}, "min_nodes " + "1" + "0" * 29 + "... (301 digits) is out of range"),

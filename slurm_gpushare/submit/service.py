@@ -21,7 +21,8 @@ closed. Request (strings and numbers; missing = empty)::
      "min_nodes": 2, "num_tasks": 8, "ntasks_per_node": 4, "cli_request": "", "uid": 1000, "job_id": ""}
 
 The counts (``min_nodes``, ``num_tasks``, ``ntasks_per_node``) are JSON numbers: whole, 0 to 4294967295 (Slurm's
-NO_VAL and INFINITE, the top two, mean not set, as do -1, 0 and a missing one); anything else is refused.
+NO_VAL and INFINITE, the top two, mean not set, as do a negative one down to -4294967295, 0 and a missing one:
+22.05's srun gives cli_filter.lua -2 for an unset --ntasks-per-node); anything else is refused.
 
 Answer::
 
@@ -437,14 +438,15 @@ def _scalar(value: Any) -> Any:
 
 #: The job_desc counts a request carries. The shims send JSON numbers: job_submit.lua ``-1`` for a field Slurm left
 #: nil, Slurm's own NO_VAL (``4294967294``) and INFINITE as they are, perhaps as floats (``4294967294.0``, a Lua
-#: float's ``tostring``); cli_filter.lua ``-1`` for an option not given.
+#: float's ``tostring``); cli_filter.lua ``-1`` for an option not given, or what srun gave it (22.05: ``-2`` for
+#: --ntasks-per-node).
 COUNT_FIELDS = ("min_nodes", "num_tasks", "ntasks_per_node")
 #: The largest count a job_desc field holds (32 bits; NO_VAL and INFINITE are the top two).
 _MAX_COUNT = 0xFFFFFFFF
 
 
 def _count_problem(key: str, value: Any) -> str | None:
-    """Why ``value`` is no job_desc count (missing, -1, 0, a whole number up to 2^32-1 are), or None.
+    """Why ``value`` is no job_desc count (missing, a negative whole number, 0, one up to 2^32-1 are), or None.
 
     A value too long to show (a 300-digit number) is cut to its first 30 characters and its length."""
     if value is None:
@@ -453,9 +455,9 @@ def _count_problem(key: str, value: Any) -> str | None:
         return f"{key} {_brief(value)} is not a number"
     if isinstance(value, float) and not value.is_integer():
         return f"{key} {_brief(value)} is not a whole number"
-    if value != -1 and not 0 <= value <= _MAX_COUNT:
-        return (f"{key} {_brief(value)} is out of range (a count up to {_MAX_COUNT}; -1 or Slurm's NO_VAL "
-                f"4294967294 when not set)")
+    if not -_MAX_COUNT <= value <= _MAX_COUNT:
+        return (f"{key} {_brief(value)} is out of range (a count up to {_MAX_COUNT}; a negative one, or Slurm's "
+                "NO_VAL 4294967294, when not set)")
     return None
 
 
