@@ -717,3 +717,23 @@ def test_usage_files_are_written_once_per_save_interval(node):
         node.clock.t += 0.125
         mon.sample()
         assert load_usage(node.config.run_dir, "202")[3].samples == 9
+
+
+def test_a_first_sample_and_a_new_peak_are_saved_at_once(node):
+    """Seen in CI after the save interval came in: a job that ended within a second of its first sample had no
+    peak in its record (the Epilog read no usage file yet). The first sample of a job's device and every new
+    peak go out at once; samples that change no peak wait for the interval."""
+    node.config = NodeConfig(run_dir=node.config.run_dir, monitor_save_interval=60.0)
+    with node.monitor() as mon:
+        mon.sample()
+        assert load_usage(node.config.run_dir, "202")[3].peak_mib == 2000  # the first sample: at once
+        node.clock.t += 5
+        mon.sample()
+        assert load_usage(node.config.run_dir, "202")[3].samples == 1  # no new peak: not written
+        node.clock.t += 5.1
+        mon.sample()  # process 2001 now holds 9000 MiB and 80 % SM
+        saved = load_usage(node.config.run_dir, "202")[3]
+        assert (saved.peak_mib, saved.sm_peak, saved.samples) == (9000, 80.0, 3)
+        node.clock.t += 10
+        mon.sample()  # 4000 MiB: below the peak
+        assert load_usage(node.config.run_dir, "202")[3].samples == 3

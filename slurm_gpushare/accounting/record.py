@@ -101,15 +101,20 @@ class UsageTracker:
         # (series_n: samples in the series; fewer than samples after restoring a row without one)
         self._jobs: dict[str, dict[int | str, list]] = {}
 
-    def add(self, job_id: str, key: int | str, *, used_mib: int | None, sm_percent: float | None) -> None:
+    def add(self, job_id: str, key: int | str, *, used_mib: int | None, sm_percent: float | None) -> bool:
         """Record one sample of a job on a device: memory its processes hold (MiB) and SM utilization
-        (percent), either None when NVML gave nothing."""
-        acc = self._jobs.setdefault(str(job_id), {}).setdefault(key, [None, 0.0, 0, None, 0, [], 1, 0])
+        (percent), either None when NVML gave nothing. Returns whether a peak rose (or this is the device's
+        first sample): what the Epilog's record would miss if it were not saved now."""
+        per_job = self._jobs.setdefault(str(job_id), {})
+        rose = key not in per_job
+        acc = per_job.setdefault(key, [None, 0.0, 0, None, 0, [], 1, 0])
         if used_mib is not None:
+            rose = rose or acc[0] is None or used_mib > acc[0]
             acc[0] = used_mib if acc[0] is None else max(acc[0], used_mib)
         if sm_percent is not None:
             acc[1] += sm_percent
             acc[2] += 1
+            rose = rose or acc[3] is None or sm_percent > acc[3]
             acc[3] = sm_percent if acc[3] is None else max(acc[3], sm_percent)
         acc[4] += 1
         series, width, n = acc[5], acc[6], acc[7]
@@ -122,6 +127,7 @@ class UsageTracker:
         elif mib > series[-1]:
             series[-1] = mib
         acc[7] = n + 1
+        return rose
 
     def usage(self, job_id: str) -> dict[int | str, Usage]:
         """The job's usage so far, per device key (empty when never sampled)."""

@@ -37,8 +37,9 @@ serves Prometheus metrics and hands the usage to the Epilog.
    process on a device the job does not hold is over a share of 0), logs the start of each such
    episode once, and counts it;
 6. writes each job's running totals to ``<run_dir>/usage/<job>.json``
-   (:mod:`slurm_gpushare.accounting.live`) at most every ``monitor_save_interval`` seconds (default 1, and
-   once more when the job's steps end), which the Epilog turns into the job's records, and the
+   (:mod:`slurm_gpushare.accounting.live`) every ``monitor_save_interval`` seconds (default 1), at once when a
+   job's first sample or a new peak comes (a job that ends within the interval keeps its peaks), and once
+   more when the job's steps end, which the Epilog turns into the job's records, and the
    metrics to a node_exporter textfile when configured.
 
 ``monitor_interval`` may be as short as 0.01 s: per sample the monitor makes only the NVML calls, reads
@@ -568,6 +569,7 @@ class Monitor:
                 a[3] += 1
 
         devices: list[DeviceSample] = []
+        rose: set[str] = set()
         for (job_id, key), (used, sm_sum, sm_all, nproc, index) in sorted(acc.items(), key=lambda kv: str(kv[0])):
             if index in unread:
                 continue
@@ -584,7 +586,8 @@ class Monitor:
                 sm = gpu_util.get(index)  # the job holds the whole GPU: the GPU's utilization is its
             else:
                 sm = None
-            self.tracker.add(job_id, key, used_mib=used, sm_percent=sm)
+            if self.tracker.add(job_id, key, used_mib=used, sm_percent=sm):
+                rose.add(job_id)
             devices.append(DeviceSample(job_id, key, index, used, sm, nproc))
             reserved = self._reserved(job, key)
             if used > reserved:
@@ -602,6 +605,9 @@ class Monitor:
             for job_id in self._jobs:
                 if job_id in measured:  # else a job without GPUs here, or not sampled yet: no file to write
                     self._save(job_id)
+        else:  # a first sample or a new peak goes out at once: a job that ends before the next save keeps it
+            for job_id in sorted(rose):
+                self._save(job_id)
         gpus = [GpuSample(g.index, self._gpu_uuids.get(g.index, g.uuid), g.model, g.memory_mib, gpu_used[g.index],
                           gpu_util[g.index], unattributed[g.index][0], unattributed[g.index][1])
                 for g in self.machine.gpus]
