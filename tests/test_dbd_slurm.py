@@ -393,6 +393,7 @@ def test_jobstats_shows_a_users_own_job_refuses_anothers_and_its_suggestion_runs
     # another user's" for alice's own job; not reproduced in 5 runs since)
     recorded = dbd.run(["sacct", "-X", "-D", "-n", "-P", "-o", "JobIDRaw,UID,User,Submit,State", "-j", job.id],
                        check=False).stdout
+    print("sacct JobIDRaw|UID|User|Submit|State of the job:", recorded, sep="\n")  # shown whole on a failure
     assert own.returncode == 0, (own.stdout + own.stderr, recorded, subprocess.run(
         ["id", alice], capture_output=True, text=True).stdout, dbd.show_job(job.id).get("UserId"))
     text = own.stdout

@@ -300,12 +300,20 @@ def _job_id(text: str) -> str | None:
 
 
 def _job_uid(job_id: str) -> int | None:
-    """The job's uid as slurmdbd recorded it (sacct), else as slurmctld holds it (a job slurmdbd does not
-    have yet or a cluster without slurmdbd); None when neither knows the job."""
+    """The job's uid as slurmctld holds it (the job of that id now: a job id can be used again once slurmctld's
+    state is lost while slurmdbd keeps the old job's row), else as slurmdbd recorded it (sacct, one uid for
+    every run of that id: a job slurmctld has forgotten); None when neither knows the job, or slurmdbd holds
+    jobs of several users under that id and slurmctld none."""
     from slurm_gpushare.errors import GpushareError
     from slurm_gpushare.slurm import commands
     from slurm_gpushare.slurm.job import parse_job_json
 
+    try:
+        uid = parse_job_json(commands.job_record(job_id), job_id).uid
+        if uid >= 0:
+            return uid
+    except GpushareError:
+        pass
     try:
         rows = [line.split("|") for line in commands.sacct_uids(job_id).splitlines() if line.count("|") == 1]
         uids = {uid for jid, uid in rows if jid == job_id and uid.isdigit()}
@@ -313,11 +321,7 @@ def _job_uid(job_id: str) -> int | None:
             return int(uids.pop())
     except GpushareError:
         pass
-    try:
-        uid = parse_job_json(commands.job_record(job_id), job_id).uid
-        return uid if uid >= 0 else None
-    except GpushareError:
-        return None
+    return None
 
 
 def _user_name(uid: int | None) -> str | None:
