@@ -252,7 +252,7 @@ def jobstats(job_id, db_path, from_sacct, policy_path, machines_dir, fmt):
     make next time (peak plus the site's headroom, rounded to what its GPUs and MIG profiles offer).
 
     For the job's user and Slurm administrators (root, SlurmUser, AdminLevel Operator or Administrator);
-    whose job it is comes from Slurm's records (sacct's UID, else slurmctld's), never from a field the user
+    whose job it is comes from Slurm's records (slurmctld's, else sacct's UID), never from a field the user
     writes. The records come from the accounting database where it is readable, else from the job's
     [gpushare:u1 ...] AdminComment segment in sacct (written when the job ends). See docs/accounting.md.
     """
