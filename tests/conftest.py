@@ -444,3 +444,18 @@ def spooled_lines(spool_dir) -> list[str]:
 def spooled_records(spool_dir) -> list[dict]:
     """:func:`spooled_lines`, decoded."""
     return [json.loads(ln) for ln in spooled_lines(spool_dir)]
+
+
+def scrape_metrics(url: str) -> dict[str, list]:
+    """A Prometheus endpoint's samples by name (prometheus_client's parser)."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url, timeout=DEADLINE) as r:
+        text = r.read().decode()
+    out: dict[str, list] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out.setdefault(s.name, []).append(s)
+    return out

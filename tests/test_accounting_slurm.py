@@ -10,14 +10,20 @@ import re
 import shlex
 import subprocess
 import sys
-import urllib.request
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from slurm_gpushare_dev.cluster import packaged_machine
-from tests.conftest import DEADLINE, Job, push_usage_summary, spooled_records, throwaway_users, wait_until
+from tests.conftest import (
+    DEADLINE,
+    Job,
+    push_usage_summary,
+    scrape_metrics,
+    spooled_records,
+    throwaway_users,
+    wait_until,
+)
 
 pytestmark = pytest.mark.slurm
 
@@ -148,16 +154,6 @@ def test_two_users_requested_vs_peak_and_per_user_totals(cluster, slurm, users, 
     assert drawn.returncode == 0 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", drawn.stderr
 
 
-def _scrape(url: str) -> dict[str, list]:
-    with urllib.request.urlopen(url, timeout=DEADLINE) as r:
-        text = r.read().decode()
-    out: dict[str, list] = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            out.setdefault(s.name, []).append(s)
-    return out
-
-
 def test_monitor_endpoint_flags_two_processes_over_the_share(cluster, slurm):
     app = shlex.quote(str(cluster.fake_gpu_app))
     # each process stays under the MPS per-client limit (10 GiB), together they hold 12 GiB
@@ -166,7 +162,7 @@ def test_monitor_endpoint_flags_two_processes_over_the_share(cluster, slurm):
     url = cluster.monitor_url("rtx4090-pcie")
 
     def over() -> dict | None:
-        fams = _scrape(url)
+        fams = scrape_metrics(url)
         mine = [s for s in fams.get("gpushare_job_gpu_over_limit", []) if s.labels["job_id"] == job.id]
         return fams if mine and mine[0].value == 1 else None
 
@@ -179,7 +175,7 @@ def test_monitor_endpoint_flags_two_processes_over_the_share(cluster, slurm):
     assert (used[job.id], reserved[job.id], procs[job.id]) == (12 << 30, 10 << 30, 2)
     assert slurm.wait(job).state == "COMPLETED"
     # once the job is gone its series go too
-    wait_until(lambda: not [s for s in _scrape(url).get("gpushare_job_gpu_over_limit", [])
+    wait_until(lambda: not [s for s in scrape_metrics(url).get("gpushare_job_gpu_over_limit", [])
                             if s.labels["job_id"] == job.id], f"job {job.id}'s series gone after it ended")
 
 

@@ -15,30 +15,18 @@ import shlex
 import shutil
 import subprocess
 import tempfile
-import urllib.request
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from slurm_gpushare.slurm.release import Release
 from slurm_gpushare_dev.cluster import DevCluster
-from tests.conftest import DEADLINE, wait_until
+from tests.conftest import DEADLINE, scrape_metrics, wait_until
 from tests.security.conftest import USERS
 
 pytestmark = pytest.mark.slurm
 
 NODE = "cgnode"
-
-
-def _scrape(url: str) -> dict[str, list]:
-    with urllib.request.urlopen(url, timeout=DEADLINE) as r:
-        text = r.read().decode()
-    out: dict[str, list] = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            out.setdefault(s.name, []).append(s)
-    return out
 
 
 def _job_series(fams: dict[str, list], name: str, job: str) -> dict[str, float]:
@@ -103,7 +91,7 @@ def test_a_gpu_process_is_charged_by_its_cgroup_and_never_to_another_users_job(c
 
     # 1. charged through its cgroup: the monitor runs no Slurm command for it
     def a_measured():
-        fams = _scrape(url)
+        fams = scrape_metrics(url)
         return fams if sum(_job_series(fams, "gpushare_job_gpu_memory_used_bytes", a).values()) == 2 << 30 else None
 
     fams = wait_until(a_measured, f"job {a}'s 2 GiB at {url}")
@@ -114,7 +102,8 @@ def test_a_gpu_process_is_charged_by_its_cgroup_and_never_to_another_users_job(c
     # 2. bob's GPU process, in his own job, then moved by bob into a cgroup of alice's job
     b = submit(bob, "b", "3G")
     b_pid = wait_until(lambda: registered("b"), "bob's fake GPU process registered")
-    wait_until(lambda: sum(_job_series(_scrape(url), "gpushare_job_gpu_memory_used_bytes", b).values()) == 3 << 30,
+    wait_until(lambda: sum(_job_series(scrape_metrics(url), "gpushare_job_gpu_memory_used_bytes", b).values())
+               == 3 << 30,
                f"job {b}'s 3 GiB at {url}")
     step = Path("/sys/fs/cgroup/devices") / _devices_cgroup(a_pid).lstrip("/")
     opened = step / "open"
@@ -136,7 +125,7 @@ def test_a_gpu_process_is_charged_by_its_cgroup_and_never_to_another_users_job(c
     assert _devices_cgroup(b_pid).startswith(_devices_cgroup(a_pid) + "/open")  # now in alice's job's cgroup
 
     def refused():
-        fams = _scrape(url)
+        fams = scrape_metrics(url)
         return fams if _one(fams, "gpushare_monitor_refused_attributions_total") >= 1 else None
 
     fams = wait_until(refused, "the monitor to refuse charging bob's process to alice's job")
@@ -147,9 +136,10 @@ def test_a_gpu_process_is_charged_by_its_cgroup_and_never_to_another_users_job(c
         set(_job_series(fams, "gpushare_job_gpu_memory_reserved_bytes", a))  # no series on bob's GPU
     assert _one(fams, "gpushare_job_gpu_over_limit", job_id=a) == 0
     # bob's process is still his job's: slurmstepd's pid list (proctrack/linuxproc) places it, once
-    wait_until(lambda: sum(_job_series(_scrape(url), "gpushare_job_gpu_memory_used_bytes", b).values()) == 3 << 30,
+    wait_until(lambda: sum(_job_series(scrape_metrics(url), "gpushare_job_gpu_memory_used_bytes", b).values())
+               == 3 << 30,
                f"job {b} charged its 3 GiB through the pid list")
-    fams = _scrape(url)
+    fams = scrape_metrics(url)
     assert _one(fams, "gpushare_monitor_attributed_processes", by="slurm") == 1
     assert _one(fams, "gpushare_monitor_attributed_processes", by="cgroup") == 1
     log = (c.root / "log" / f"monitor-{NODE}.log").read_text()
