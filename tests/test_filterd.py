@@ -344,6 +344,18 @@ print(c.encode({bad = tostring(c.decode([[{"a": }]]))}))
     assert out[1] == {"bad": "nil"}
 
 
+def test_lua_json_decoder_joins_surrogate_pairs():
+    """Python's json escapes a character beyond the BMP as a surrogate pair (``\\ud83d\\ude00``): the Lua decoder
+    wrote each half as its own 3-byte sequence, so `gpushare:mem=10G+😀=1` was refused naming the knob as mojibake
+    (issue 26 D18)."""
+    message = "gpushare: unknown knob '😀' in 'gpushare:mem=10G+😀=1' (é, 中)"
+    body = f"""
+local t = c.decode([[{json.dumps({"message": message})}]])
+print(c.encode({{m = t.message}}))
+"""
+    assert run_lua(Path("/nonexistent"), body)[0] == {"m": message}
+
+
 # --- protocol 2: framing, ids, bounds ------------------------------------------------------------------
 
 
@@ -900,3 +912,9 @@ def test_a_logged_request_is_cut_short(service):
     ask(service, tres_per_node="gres:gpushare:mem=10G" + "y" * 60000, partition="pcie")
     rec = _decisions(service)[-1]
     assert len(rec["request"]) <= 400 and rec["request"].startswith("gres:gpushare:mem=10G"), rec["request"][:100]
+
+
+def test_empty_gres_items_around_a_request_are_skipped(service):
+    """``--gres=,,gpushare:mem=10G,,`` (issue 26 D18): decided as the request alone."""
+    a = ask(service, tres_per_node="gres:,gres:,gres:gpushare:mem=10G,gres:,gres:", partition="pcie")
+    assert (a["action"], a.get("tres_per_node")) == ("rewrite", "gres:shard:10"), a
