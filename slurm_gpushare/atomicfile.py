@@ -57,6 +57,50 @@ def read_own_file(path: str | Path, *, max_bytes: int) -> bytes:
         os.close(fd)
 
 
+def read_user_file(path: str | Path, *, max_bytes: int, owner: int | None = None, tail: bool = False) -> bytes:
+    """The bytes of a file that a user can write (in a directory the user owns: a job's MPS pipe and log
+    directories), read the one way root reads such a file: never through a symbolic link (``O_NOFOLLOW``), never
+    blocking on open or read (``O_NONBLOCK``: a FIFO opens at once and is then refused), only a regular file
+    (``fstat``), only one owned by ``owner`` when given (a hard link to someone else's file is not the user's), and
+    at most ``max_bytes``: a larger file is refused, or with ``tail`` its last ``max_bytes`` are read. What is read
+    is bytes as the user wrote them: decode with ``errors="replace"`` and keep only printable text before logging it
+    (:func:`printable`).
+
+    Raises:
+        OSError: ``path`` is missing, a link (ELOOP), not a regular file, of another owner, or (without ``tail``)
+            larger than ``max_bytes``.
+    """
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(path, flags)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        if owner is not None and st.st_uid != owner:
+            raise OSError(errno.EPERM, f"owned by uid {st.st_uid}, not {owner}", str(path))
+        if st.st_size > max_bytes:
+            if not tail:
+                raise OSError(errno.EFBIG, f"larger than {max_bytes} bytes", str(path))
+            os.lseek(fd, st.st_size - max_bytes, os.SEEK_SET)
+        chunks, left = [], max_bytes
+        while left > 0:
+            chunk = os.read(fd, left)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def printable(text: str, *, limit: int) -> str:
+    """``text`` with every character that is not printable (escape sequences, control characters, line breaks)
+    shown as ``?``, cut to ``limit`` characters (an ellipsis marks the cut): a user's bytes made fit for a log."""
+    shown = "".join(ch if ch.isprintable() else "?" for ch in text[:limit + 1])
+    return shown if len(shown) <= limit else shown[:max(limit - 1, 0)] + "…"
+
+
 def write_atomic(path: str | Path, data: str | bytes, *, mode: int | None = None, fsync: bool = True) -> Path:
     """Replace ``path`` with ``data`` atomically.
 

@@ -344,6 +344,18 @@ print(c.encode({bad = tostring(c.decode([[{"a": }]]))}))
     assert out[1] == {"bad": "nil"}
 
 
+def test_lua_json_decoder_joins_surrogate_pairs():
+    """Python's json escapes a character beyond the BMP as a surrogate pair (``\\ud83d\\ude00``): the Lua decoder
+    wrote each half as its own 3-byte sequence, so `gpushare:mem=10G+😀=1` was refused naming the knob as mojibake
+    (issue 26 D18)."""
+    message = "gpushare: unknown knob '😀' in 'gpushare:mem=10G+😀=1' (é, 中)"
+    body = f"""
+local t = c.decode([[{json.dumps({"message": message})}]])
+print(c.encode({{m = t.message}}))
+"""
+    assert run_lua(Path("/nonexistent"), body)[0] == {"m": message}
+
+
 # --- protocol 2: framing, ids, bounds ------------------------------------------------------------------
 
 
@@ -835,3 +847,74 @@ def test_a_node_count_raised_by_an_update_must_find_the_granted_slice_on_that_ma
     assert move(whole, "gres:gpu:h100:1", min_nodes=2) == {"v": 2, "action": "pass"}
     # a plain GPU job, no gpushare grant: none of this
     assert move("", "gres:gpu:h100_1g.10gb:1", min_nodes=2) == {"v": 2, "action": "pass"}
+
+
+# --- a user's requests cannot fill the log or the memo (issue 26 N5) ------------------------------------
+
+LONG_FLOODER = """
+import json, socket, sys
+from pathlib import Path
+MAGIC = sys.argv[3]
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.settimeout(30)
+s.connect(sys.argv[1])
+f = s.makefile("rb")
+for i in range(int(sys.argv[2])):
+    body = json.dumps({"op": "cli", "tres_per_node": "gres:gpushare:mem=10G" + "x" * 60000 + str(i)}).encode()
+    s.sendall(f"{MAGIC} {i} {len(body)}\\n".encode() + body)
+    head = f.readline().split()
+    f.read(int(head[2]))
+print("done")
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to connect as another uid")
+def test_one_users_long_requests_leave_a_bounded_log(live2):
+    """One user wrote 286 MiB to filterd's log in 10 s: every request was logged whole, with no bound per user.
+    Now a logged request is cut to a few hundred characters, and on the public socket one uid gets at most
+    Limits.log_per_uid decision lines per window; the rest are counted in one line."""
+    public, _ctl, log = live2
+    os.chmod(public.parent, 0o755)
+    n = 300
+    proc = subprocess.run(_as_nobody(sys.executable, "-c", LONG_FLOODER, str(public), str(n), MAGIC),
+                          capture_output=True, text=True, timeout=DEADLINE)
+    assert proc.stdout.strip() == "done", proc.stderr
+    records = [json.loads(line) for line in log.getvalue().splitlines()]
+    decisions = [r for r in records if r["event"] == "decision" and r.get("peer_uid") == 65534]
+    assert 0 < len(decisions) <= Limits().log_per_uid, len(decisions)
+    assert all(len(json.dumps(r)) < 2000 for r in decisions), max(len(json.dumps(r)) for r in decisions)
+    assert len(log.getvalue()) < 200_000, len(log.getvalue())  # 300 x 60 KB were logged whole: 18 MB
+
+
+def test_the_unlogged_decisions_are_counted_per_uid():
+    """What the per-uid budget leaves out is counted, and said in one line per window."""
+    from slurm_gpushare.submit.service import DecisionLogBudget
+
+    budget = DecisionLogBudget(per_uid=3, window_s=10.0)
+    kept = [budget.allow(65534, now=1.0) for _ in range(5)] + [budget.allow(0, now=1.0)]
+    assert kept == [True, True, True, False, False, True]
+    assert budget.summary(now=5.0) is None  # the window is not over
+    assert budget.summary(now=11.5) == {"65534": 2}
+    assert budget.allow(65534, now=12.0)  # a new window
+
+
+def test_long_requests_are_not_remembered(service):
+    """The memo was keyed by the request's text: 64 KB strings grew filterd's RSS from 29 to 187 MB. A request
+    longer than any real GRES request is decided afresh, never remembered."""
+    for i in range(50):
+        ask(service, tres_per_node="gres:gpushare:mem=10G" + "x" * 60000 + str(i), partition="pcie")
+    assert sum(len(str(k)) for k in service._memo) < 50_000
+    assert ask(service, tres_per_node="gres:gpushare:mem=10G", partition="pcie")["tres_per_node"] == "gres:shard:10"
+    assert any("gpushare:mem=10G" in str(k) for k in service._memo)
+
+
+def test_a_logged_request_is_cut_short(service):
+    ask(service, tres_per_node="gres:gpushare:mem=10G" + "y" * 60000, partition="pcie")
+    rec = _decisions(service)[-1]
+    assert len(rec["request"]) <= 400 and rec["request"].startswith("gres:gpushare:mem=10G"), rec["request"][:100]
+
+
+def test_empty_gres_items_around_a_request_are_skipped(service):
+    """``--gres=,,gpushare:mem=10G,,`` (issue 26 D18): decided as the request alone."""
+    a = ask(service, tres_per_node="gres:,gres:,gres:gpushare:mem=10G,gres:,gres:", partition="pcie")
+    assert (a["action"], a.get("tres_per_node")) == ("rewrite", "gres:shard:10"), a

@@ -159,6 +159,55 @@ def test_daemon_that_cannot_start_fails_the_job_not_the_node(cluster, slurm):
         wait_until(in_service, "rtx4090-pcie in service again")
 
 
+def _resume_until_in_service(slurm, node: str) -> None:
+    """Resume ``node`` until it stays in service (2 s in a row): slurmd's own report of a hook failure can reach
+    slurmctld after a resume and drain the node again."""
+    since: list[float] = []
+
+    def in_service() -> bool:
+        st = slurm.run(["sinfo", "-h", "-n", node, "-o", "%T"]).stdout.strip()
+        if st not in ("idle", "mixed"):
+            since.clear()
+            if st.startswith("drain"):
+                slurm.run(["scontrol", "update", f"nodename={node}", "state=resume"], check=False)
+            return False
+        since[:] = since or [time.monotonic()]
+        return time.monotonic() - since[0] >= 2.0
+
+    wait_until(in_service, f"{node} in service again")
+
+
+def _reason(slurm, node: str) -> str:
+    return slurm.run(["sinfo", "-h", "-n", node, "-o", "%E"]).stdout.strip()
+
+
+@pytest.mark.parametrize("hook", ["prolog", "epilog"])
+def test_a_node_config_typo_drains_with_a_gpushare_reason(cluster, slurm, hook):
+    """An administrator's typo in node.toml: the node drained with Slurm's generic "Prolog error" / "Epilog error",
+    the reason only in slurmd's log (issue 26 D14). The drain reason now names the product and the fault."""
+    conf = cluster.node_config
+    good = conf.read_text()
+    job = None
+    try:
+        if hook == "prolog":
+            conf.write_text('mps_controll = "typo"\n' + good)
+            job = slurm.sbatch("-w", "rtx4090-pcie", "-p", "pcie", "--gres=gpu:1", wrap="true")
+        else:
+            job = slurm.sbatch("-w", "rtx4090-pcie", "-p", "pcie", "--gres=gpu:1", wrap="sleep 3")
+            slurm.wait_started(job)
+            conf.write_text('mps_controll = "typo"\n' + good)
+        wait_until(lambda: _reason(slurm, "rtx4090-pcie") not in ("", "none"), "rtx4090-pcie drained")
+        reason = _reason(slurm, "rtx4090-pcie")
+        # after a failed Prolog slurmd runs the Epilog, which fails on the same file and names it too
+        assert reason.startswith(("gpushare prolog: node config", "gpushare epilog: node config")), reason
+        assert "mps_controll" in reason, reason
+    finally:
+        conf.write_text(good)
+        if job is not None:
+            slurm.run(["scancel", job.id], check=False)
+        _resume_until_in_service(slurm, "rtx4090-pcie")
+
+
 def test_epilogs_spool_records_that_ingest_and_report_show(cluster, slurm, tmp_path):
     mps = slurm.wait(slurm.sbatch("-p", "pcie", "--gres=gpushare:mem=10G", wrap="true"))
     whole = slurm.wait(slurm.sbatch("-p", "pcie", "--gres=gpu:2", wrap="true"))

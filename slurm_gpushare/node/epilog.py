@@ -160,7 +160,8 @@ def epilog_without_config(env: dict[str, str], config_path: str | Path | None, e
     MPS daemon anyway, found by process (:func:`~slurm_gpushare.node.jobdir.job_daemons`), write the
     job's accounting record with the settings that still read (:func:`~slurm_gpushare.node.config.
     lenient_node_config`: every key valid on its own, the defaults for the rest), and remove the job
-    directory. Returns 1: the node's config is broken, which slurmd's drain makes the admin see.
+    directory. Drains the node with a reason naming the config fault (``gpushare epilog: node config: ...``;
+    slurmctld keeps it when slurmd's "Epilog error" follows) and returns 1.
 
     Args:
         env: slurmd's Epilog environment.
@@ -188,6 +189,7 @@ def epilog_without_config(env: dict[str, str], config_path: str | Path | None, e
         shutil.rmtree(job_dir, ignore_errors=True)
     for p in problems:
         print(f"slurm-gpushare epilog: job {job_id}: {p}", file=sys.stderr)
+    ctx.do_drain(" ".join(f"gpushare epilog: node config: {error}".split()))
     return 1
 
 

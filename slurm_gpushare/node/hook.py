@@ -75,6 +75,7 @@ def run(which: str, config_path: str | None, env: Mapping[str, str]) -> int:
             from slurm_gpushare.node.epilog import epilog_without_config
             return epilog_without_config(env, config_path, e)
         print(f"slurm-gpushare {which}: {e}", file=sys.stderr)
+        config_drain(_node_name(env), f"gpushare {which}: node config: {e}")
         return 1
     from slurm_gpushare.node.context import NodeFault
 
@@ -90,6 +91,21 @@ def run(which: str, config_path: str | None, env: Mapping[str, str]) -> int:
     except GpushareError as e:
         print(f"slurm-gpushare {which}: {e}", file=sys.stderr)
         return 1
+
+
+def config_drain(node: str, reason: str) -> None:
+    """Drain ``node`` with ``reason`` (at most 250 characters) before a hook exits non-zero on a node config it cannot
+    use: slurmctld keeps the reason of a node already drained when slurmd's own "Prolog error"/"Epilog error" comes
+    (``_drain_node`` in src/slurmctld/node_mgr.c at slurm-22-05-8-1, slurm-24-11-5-1, slurm-26-05-3-1), so the
+    administrator reads what to fix in ``sinfo -R``, not only in slurmd's log. A failed ``scontrol`` leaves Slurm's
+    own reason."""
+    from slurm_gpushare.errors import GpushareError
+    from slurm_gpushare.slurm import commands
+
+    try:
+        commands.drain_node(node, " ".join(reason.split())[:250])
+    except GpushareError as e:
+        print(f"slurm-gpushare: the drain reason was not set ({e}): Slurm's own stands", file=sys.stderr)
 
 
 #: The file in a node's run dir that remembers the Slurm release of its clients (see :func:`_context`).

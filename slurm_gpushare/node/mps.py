@@ -44,6 +44,7 @@ from typing import NoReturn
 import psutil
 
 from slurm_gpushare import procinfo
+from slurm_gpushare.atomicfile import printable, read_user_file
 from slurm_gpushare.errors import HardwareError, InputError
 from slurm_gpushare.memsize import parse_mib
 
@@ -65,6 +66,12 @@ _POLL_S = 0.05
 #: The first pause of :meth:`MpsDaemon.start` (doubling up to ``_POLL_S``): the daemon is usually up in a few ms.
 _FIRST_POLL_S = 0.002
 _LOG_TAIL_LINES = 10
+#: The most of ``control.log`` root reads for those lines (its end), bytes.
+_LOG_TAIL_BYTES = 4096
+#: The most characters of one quoted ``control.log`` line.
+_LOG_LINE_CHARS = 300
+#: The most bytes of a pid file root reads (a PID and a newline; more is no pid file of the daemon's).
+_PID_FILE_BYTES = 32
 
 
 class MpsError(HardwareError):
@@ -309,12 +316,22 @@ class MpsDaemon:
 
     # --- the pid file and /proc ---------------------------------------------------------------------
 
+    def _owner(self) -> int | None:
+        """Whose files the daemon's directories hold: the daemon's user (any, for root that was not told it)."""
+        return None if self._any_owner else self.uid
+
     def _pid_file_value(self) -> int | None:
+        """The PID named in the pid file, read through the bounded reader (the job's user owns the pipe directory
+        and may put a FIFO, a link or 5,000 digits there): None for anything but a small regular file of the
+        daemon's user holding a PID."""
         try:
-            text = (self.pipe_dir / PID_FILE).read_text().strip()
-        except (OSError, UnicodeDecodeError):
+            text = read_user_file(self.pipe_dir / PID_FILE, max_bytes=_PID_FILE_BYTES, owner=self._owner())
+        except OSError:
             return None
-        return int(text) if text.isdigit() and int(text) > 1 else None
+        value = text.strip()
+        if not (value.isascii() and value.isdigit() and len(value) <= 10):
+            return None
+        return int(value) if int(value) > 1 else None
 
     def _is_our_daemon(self, pid: int) -> bool:
         """``pid`` is a live control daemon of this pipe directory, run by the daemon's user.
@@ -352,12 +369,16 @@ class MpsDaemon:
         return self.pid() is not None
 
     def log_tail(self, lines: int = _LOG_TAIL_LINES) -> tuple[str, ...]:
-        """The last ``lines`` lines of ``control.log`` (empty when there is none)."""
+        """The last ``lines`` lines of ``control.log`` (empty when there is none), for the log and error messages:
+        read through the bounded reader (its last :data:`_LOG_TAIL_BYTES`; a link, a FIFO or a file of another
+        owner is not read), each line made printable and cut to :data:`_LOG_LINE_CHARS` characters."""
         try:
-            text = (self.log_dir / CONTROL_LOG).read_text(errors="replace")
+            data = read_user_file(self.log_dir / CONTROL_LOG, max_bytes=_LOG_TAIL_BYTES, owner=self._owner(),
+                                  tail=True)
         except OSError:
             return ()
-        return tuple(text.splitlines()[-lines:])
+        return tuple(printable(line, limit=_LOG_LINE_CHARS)
+                     for line in data.decode("utf-8", errors="replace").splitlines()[-lines:])
 
     def _tree(self, daemon: psutil.Process) -> dict[int, psutil.Process]:
         """The daemon, its descendants, and the other members of its session that run as its user.

@@ -249,8 +249,8 @@ def parse(text: str, *, units: bool = False, allow_empty: bool = True) -> tuple[
     Args:
         text: the list as written; ``""`` is the empty list.
         units: slurm.conf syntax (see :func:`parse_item`).
-        allow_empty: skip empty items (``a,,b``, as Slurm's TRES strings allow); when False an empty
-            item is an error (slurm.conf ``Gres=``).
+        allow_empty: skip empty items (``a,,b``, and a prefix alone: ``gres:,gres:gpu:1``, as Slurm's TRES
+            strings allow); when False an empty item is an error (slurm.conf ``Gres=``).
 
     Raises:
         GresSyntaxError: an item :func:`parse_item` cannot read, unbalanced parentheses, or an
@@ -258,7 +258,7 @@ def parse(text: str, *, units: bool = False, allow_empty: bool = True) -> tuple[
     """
     items = []
     for piece in split_items(text):
-        if piece == "":
+        if piece == prefix_of(piece):  # "" or a bare "gres:" (what Slurm's client makes of ",,gpu:1")
             if allow_empty:
                 continue
             raise GresSyntaxError(f"empty GRES item in {text!r}", item=text)

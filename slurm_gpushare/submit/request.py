@@ -176,7 +176,7 @@ def parse_tres(text: str) -> tuple[GresItem, ...]:
         raise make_error("item", item=text) from None
     items = []
     for raw in pieces:
-        if raw == "":
+        if raw == prefix_of(raw):  # "" or a bare "gres:": an empty item (Slurm skips it too)
             continue
         try:
             it = parse_item(raw)

@@ -431,9 +431,56 @@ def _scalar(value: Any) -> Any:
     """``value`` for a log record when it is a string, number, bool or None; else the first 200 characters of
     its type name and length (a request's field may be any JSON: nested arbitrarily deep, it would fail the
     record's encoding)."""
+    if isinstance(value, str) and len(value) > LOGGED_CHARS:
+        return f"{value[:LOGGED_CHARS]}...(+{len(value) - LOGGED_CHARS} characters)"
     if value is None or isinstance(value, (str, int, float, bool)):
         return value
     return f"<{type(value).__name__} of {len(value) if hasattr(value, '__len__') else '?'}>"[:200]
+
+
+#: The most characters of one string a log record keeps of a request (a user may send 64 KB fields).
+LOGGED_CHARS = 300
+#: The longest request text (all GRES strings of one request together) whose decision is remembered: real requests
+#: are a few dozen characters; a longer one is decided afresh each time, so a user's 64 KB strings never fill the
+#: memo (they grew the service from 29 to 187 MB).
+MEMO_KEY_CHARS = 1024
+
+
+class DecisionLogBudget:
+    """How many ``decision`` lines one peer uid of the public socket may write per window; what is over is counted
+    and said in one ``decisions_not_logged`` line per window (a user's flood of requests wrote 286 MiB to the log
+    in 10 s). slurmctld's and root's requests are always logged: they are the audit of real submissions.
+
+    Args:
+        per_uid: decision lines per uid and window.
+        window_s: the window, seconds (monotonic clock).
+    """
+
+    def __init__(self, per_uid: int, window_s: float):
+        self.per_uid = per_uid
+        self.window_s = window_s
+        self._start: float | None = None
+        self._logged: dict[int, int] = {}
+        self._dropped: dict[int, int] = {}
+
+    def allow(self, uid: int, *, now: float) -> bool:
+        """Whether ``uid``'s next decision line is written (at ``now``); counts it either way."""
+        if self._start is None or now - self._start >= self.window_s:
+            self._start, self._logged = now, {}
+        n = self._logged.get(uid, 0) + 1
+        self._logged[uid] = n
+        if n <= self.per_uid:
+            return True
+        self._dropped[uid] = self._dropped.get(uid, 0) + 1
+        return False
+
+    def summary(self, *, now: float) -> dict[str, int] | None:
+        """The lines left out per uid (as strings, for JSON) once the window is over, then forgotten; None before
+        that or when nothing was left out."""
+        if not self._dropped or self._start is None or now - self._start < self.window_s:
+            return None
+        out, self._dropped = {str(k): v for k, v in sorted(self._dropped.items())}, {}
+        return out
 
 
 #: The job_desc counts a request carries. The shims send JSON numbers: job_submit.lua ``-1`` for a field Slurm left
@@ -508,9 +555,10 @@ class FilterService:
         pools of other partitions, node states, a description rewritten with the same content) keeps it.
         """
         key = (tpn, tpj, parts, nodes, beside)
+        remember = sum(len(v) for v in (tpn, tpj, *(str(b[1]) for b in beside)) if v) <= MEMO_KEY_CHARS
         pools = snap.pools
         token: tuple = pools.token(parts) if pools is not None else (snap,)
-        entry = self._memo.get(key)  # one dict read: no lock needed to look
+        entry = self._memo.get(key) if remember else None  # one dict read: no lock needed to look
         if entry is not None and len(entry[0]) == len(token) and all(map(operator.is_, entry[0], token)):
             return entry
         self.decided += 1
@@ -519,6 +567,8 @@ class FilterService:
         if pools is not None:
             token = pools.token(parts)  # a pool of a partition list may have been built just now
         entry = [token, d, None]
+        if not remember:
+            return entry
         with self._memo_lock:
             if len(self._memo) >= self.MEMO_MAX:
                 self._memo.clear()
@@ -553,8 +603,8 @@ class FilterService:
         rec = {"ts": round(time.time(), 3), "event": "decision", "op": _scalar(req.get("op")),
                "uid": _scalar(req.get("uid")), "peer_uid": peer_uid, "job_id": _scalar(req.get("job_id")),
                "request": _scalar(req.get("tres_per_node")),
-               "action": answer["action"], "tres_per_node": answer.get("tres_per_node"),
-               "message": answer.get("message") or None, "us": round((time.perf_counter() - t0) * 1e6)}
+               "action": answer["action"], "tres_per_node": _scalar(answer.get("tres_per_node")),
+               "message": _scalar(answer.get("message") or None), "us": round((time.perf_counter() - t0) * 1e6)}
         if logs is None:
             self.log.write([rec])
         else:
@@ -684,6 +734,9 @@ class Limits:
         max_discard: longest body that is read past (bytes); beyond it the connection is closed
             after the refusal.
         max_pending: answer bytes a peer may leave unread before its connection is closed.
+        log_per_uid: ``decision`` log lines one ordinary user's requests may write per ``log_window_s`` seconds
+            (:class:`DecisionLogBudget`); the rest are counted in one line per window.
+        log_window_s: that window, seconds.
     """
 
     per_uid: int = 8
@@ -695,6 +748,8 @@ class Limits:
     max_request: int = MAX_REQUEST
     max_discard: int = 16 * MAX_REQUEST
     max_pending: int = 1 << 20
+    log_per_uid: int = 50
+    log_window_s: float = 10.0
 
 
 def peer_uid(sock: socket.socket) -> int:
@@ -785,6 +840,7 @@ class FramedServer:
         self.stop = threading.Event()
         #: decision log records of answers not yet sent: written after the answers go out (:meth:`_read`)
         self.pending_logs: list[dict] = []
+        self.log_budget = DecisionLogBudget(limits.log_per_uid, limits.log_window_s)
         self.listeners = [_Listener(sock, False)] + ([_Listener(controller_sock, True)] if controller_sock else [])
         for lst in self.listeners:
             lst.sock.setblocking(False)
@@ -899,7 +955,10 @@ class FramedServer:
                     f"gpushare: the request is longer than the filter service reads ({lim.max_request} bytes); "
                     "shorten the job's fields (name, comment, GRES)"), now)
                 continue
+            logged = len(self.pending_logs)
             answer = self.service.handle_line(body, peer_uid=c.uid, logs=self.pending_logs)
+            if not c.privileged and len(self.pending_logs) > logged and not self.log_budget.allow(c.uid, now=now):
+                del self.pending_logs[logged:]
             self._answer(c, answer, now)
 
     def _read(self, c: _Conn, now: float) -> None:
@@ -961,6 +1020,9 @@ class FramedServer:
             if (c.frame_start is not None and now - c.frame_start > lim.frame_s) or (
                     c.frame_start is None and now - c.last > idle):
                 self._close(c)
+        dropped = self.log_budget.summary(now=now)
+        if dropped:
+            self.log("decisions_not_logged", by_uid=dropped, window_s=lim.log_window_s, per_uid=lim.log_per_uid)
         if self.refused and now - self.last_refusal_log >= 10.0:
             self.log("connections_refused", by_uid={str(k): v for k, v in self.refused.items()},
                      limits={"per_uid": lim.per_uid, "users": lim.users})

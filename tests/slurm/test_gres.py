@@ -94,6 +94,16 @@ def test_empty_items_are_skipped_unless_refused():
         parse("gpu:1,,nic:1", allow_empty=False)
 
 
+def test_an_item_that_is_only_a_prefix_is_an_empty_item():
+    """``--gres=,,gpushare:mem=10G,,`` reaches job_submit as ``gres:,gres:,gres:gpushare:mem=10G,...``: it was
+    refused with "cannot read the GRES item 'gres:'" (issue 26 D18); an empty item is skipped, as Slurm does."""
+    for prefix in ("gres:", "gres/"):
+        text = f"{prefix},{prefix},{prefix}gpushare:mem=10G,{prefix},{prefix}"
+        assert [(it.name, it.type) for it in parse(text)] == [("gpushare", "mem=10G")]
+    with pytest.raises(GresSyntaxError, match="empty GRES item"):
+        parse("gres:,gres:gpu:1", allow_empty=False)
+
+
 # --- refusals ---------------------------------------------------------------------------------------
 
 

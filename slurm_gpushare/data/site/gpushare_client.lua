@@ -92,7 +92,11 @@ local ESC = { ['"'] = '"', ["\\"] = "\\", ["/"] = "/", b = "\b", f = "\f", n = "
 local function utf8(cp)
   if cp < 0x80 then return string.char(cp) end
   if cp < 0x800 then return string.char(0xC0 + math.floor(cp / 64), 0x80 + cp % 64) end
-  return string.char(0xE0 + math.floor(cp / 4096), 0x80 + math.floor(cp / 64) % 64, 0x80 + cp % 64)
+  if cp < 0x10000 then
+    return string.char(0xE0 + math.floor(cp / 4096), 0x80 + math.floor(cp / 64) % 64, 0x80 + cp % 64)
+  end
+  return string.char(0xF0 + math.floor(cp / 262144), 0x80 + math.floor(cp / 4096) % 64,
+                     0x80 + math.floor(cp / 64) % 64, 0x80 + cp % 64)
 end
 
 -- Decode one flat JSON object whose values are strings, numbers, booleans or null.
@@ -115,7 +119,15 @@ function M.decode(s)
       if e == "u" then
         local cp = tonumber(string.sub(s, i + 2, i + 5), 16)
         if not cp then return nil end
-        out[#out + 1] = utf8(cp); i = i + 6
+        i = i + 6
+        -- a character beyond U+FFFF comes as a surrogate pair (Python's json escapes it so): one character
+        if cp >= 0xD800 and cp < 0xDC00 and string.sub(s, i, i + 1) == "\\u" then
+          local lo = tonumber(string.sub(s, i + 2, i + 5), 16)
+          if lo and lo >= 0xDC00 and lo < 0xE000 then
+            cp = 0x10000 + (cp - 0xD800) * 1024 + (lo - 0xDC00); i = i + 6
+          end
+        end
+        out[#out + 1] = utf8(cp)
       elseif ESC[e] then
         out[#out + 1] = ESC[e]; i = i + 2
       else
