@@ -78,7 +78,7 @@ def _wait(c, jobs: list[tuple[str, Path]]) -> list[str]:
                 done[job] = text
         time.sleep(0.5)
     outputs = [out.read_text() if out.exists() else "" for _, out in jobs]
-    for (job, _), output in zip(jobs, outputs):
+    for (job, _), output in zip(jobs, outputs, strict=True):
         assert "JobState=COMPLETED" in done.get(job, ""), (job, done.get(job), output)
     return outputs
 

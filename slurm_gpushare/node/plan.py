@@ -159,5 +159,5 @@ def plan_job(info: JobInfo, node: str, gres: NodeGres, *, gpu_uuids: dict[int, s
                                  hint="the MIG layout changed: regenerate the machine description and gres.conf")
             uuids.append(mig_uuids[key])
         return JobPlan("mig", info.job_id, info.uid, info.gid, tuple(r.gpu_index for r in recs), ",".join(uuids),
-                       devices=tuple((i, u) for i, r, u in zip(held, recs, uuids) if r.mig_gi is not None))
+                       devices=tuple((i, u) for i, r, u in zip(held, recs, uuids, strict=True) if r.mig_gi is not None))
     return JobPlan("gpu", info.job_id, info.uid, info.gid, tuple(r.gpu_index for r in recs))
