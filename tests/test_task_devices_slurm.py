@@ -90,7 +90,7 @@ def _tasks(output: str) -> list[dict[str, str]]:
 
 def _expected(task: dict[str, str], cgroup: bool, share: dict[int, str]) -> str:
     """Plain Slurm's CUDA_VISIBLE_DEVICES for the task, MIG devices and the share's GPUs as UUIDs."""
-    ids = task["sg"] if task["step"] != "batch" else task["jg"]
+    ids = task["jg"] if task["tag"] == "batch" else task["sg"]  # 26.05 gives the batch step SLURM_STEP_ID=-5
     if not ids:
         return "unset"
     table = {**MIG, **share}
