@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -89,7 +90,8 @@ def test_shard_job_gets_its_own_daemon_limits_and_environment(node):
     assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=10G"
     assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
     assert env["CUDA_MPS_PIPE_DIRECTORY"] == str(jd / "mps" / "pipe")
-    assert env["CUDA_VISIBLE_DEVICES"].startswith("GPU-")
+    assert "CUDA_VISIBLE_DEVICES" not in env  # Slurm's per-task value stands, translated by the TaskProlog
+    assert re.fullmatch(r" 0=GPU-[0-9a-f-]{36} \n", (jd / "devices").read_text())  # the share's GPU: index 0
     assert "set_default_device_pinned_mem_limit 0 10G" in _commands(node, "101")
     assert "set_default_active_thread_percentage 25" in _commands(node, "101")
     assert oct((jd / "mps" / "pipe").stat().st_mode & 0o777) == "0o700"
@@ -123,8 +125,8 @@ def test_whole_gpu_and_mig_jobs_start_no_daemon(node, monkeypatch):
     node.jobs["8"] = SHOW.format(job="8", node="mig", gres="gpu:h100_1g.10gb:1",
                                  detail="gpu:h100_1g.10gb:1(IDX:4)", ac="")
     assert prolog(mig, {**_env("8"), "SLURMD_NODENAME": "mig"}) == 0
-    text = (mig.job_dir("8") / "env").read_text()
-    assert text.startswith("export CUDA_VISIBLE_DEVICES=MIG-") and "MPS" not in text
+    assert (mig.job_dir("8") / "env").read_text() == ""
+    assert re.fullmatch(r" 4=MIG-[0-9a-f-]{36} \n", (mig.job_dir("8") / "devices").read_text())
     assert epilog(mig, {**_env("8"), "SLURMD_NODENAME": "mig"}) == 0 and not mig.job_dir("8").exists()
 
 
@@ -255,9 +257,17 @@ def test_taskprolog_prints_the_env_file(node, tmp_path):
     script = tmp_path / "tp.sh"
     shipped = (SITE / "taskprolog.sh").read_text()
     script.write_text(shipped.replace('RUN_DIR="/run/slurm-gpushare"', f'RUN_DIR="{node.root}/run/{{node}}"'))
-    out = subprocess.run(["sh", str(script)], env={"SLURM_JOB_ID": "110", "SLURMD_NODENAME": "a100"},
-                         capture_output=True, text=True)
-    assert out.returncode == 0 and out.stdout == (node.ctx.job_dir("110") / "env").read_text()
+    uuid = (node.ctx.job_dir("110") / "devices").read_text().split("=")[1].strip()
+    task = {"SLURM_JOB_ID": "110", "SLURMD_NODENAME": "a100", "SLURM_JOB_GPUS": "0", "CUDA_VISIBLE_DEVICES": "0"}
+    out = subprocess.run(["sh", str(script)], env=task, capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout == (f"export CUDA_VISIBLE_DEVICES={uuid}\n"
+                                                  + (node.ctx.job_dir("110") / "env").read_text())
+    # a step's task without the share's GPU: no GPU variable, and the MPS variables it inherited are unset
+    inherited = dict(line[len("export "):].split("=", 1)
+                     for line in (node.ctx.job_dir("110") / "env").read_text().splitlines())
+    step = subprocess.run(["sh", str(script)], env={**task, "CUDA_VISIBLE_DEVICES": "", "SLURM_STEP_ID": "1",
+                                                    **inherited}, capture_output=True, text=True)
+    assert sorted(step.stdout.splitlines()) == sorted(f"unset {k}" for k in inherited)
     none = subprocess.run(["sh", str(script)], env={"SLURM_JOB_ID": "999", "SLURMD_NODENAME": "a100"},
                           capture_output=True, text=True)
     assert none.returncode == 0 and none.stdout == ""

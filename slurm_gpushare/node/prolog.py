@@ -38,6 +38,7 @@ from slurm_gpushare.node.jobdir import (
     make_job_dir,
     read_state,
     restart_from_env,
+    write_devices,
     write_env,
     write_note,
     write_run,
@@ -336,7 +337,8 @@ def configures_no_shards(path: Path, node: str) -> bool:
 
 
 def prepare(ctx: HookContext, plan: JobPlan, job_dir: Path) -> None:
-    """Start what an ``mps`` or ``mig`` job needs and write its state and environment (under its lock).
+    """Start what an ``mps`` or ``mig`` job needs and write its state, its devices table (which the TaskProlog
+    applies to each task's own ``CUDA_VISIBLE_DEVICES``) and its MPS environment (under its lock).
 
     A Prolog that finds the job ready does nothing; one that finds a half-started job replaces it.
 
@@ -371,6 +373,7 @@ def prepare(ctx: HookContext, plan: JobPlan, job_dir: Path) -> None:
             raise JobFault(f"MPS control daemon for job {plan.job_id} failed: {e}",
                            hint=f"check {ctx.config.mps_control} and the driver") from None
         env = plan.env(daemon.client_env())
+    write_devices(job_dir / "devices", plan.devices, uid=plan.uid)
     write_env(job_dir / "env", env, uid=plan.uid)
     state["phase"] = "ready"
     write_state(job_dir, state)
