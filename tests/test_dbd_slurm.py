@@ -20,8 +20,10 @@ import sys
 import time
 import urllib.request
 import uuid
+from datetime import datetime
 from pathlib import Path
 
+import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -432,3 +434,33 @@ def test_jobstats_shows_a_users_own_job_refuses_anothers_and_its_suggestion_runs
     _sacct_until_segment(dbd, again.id)
     rerun = _jobstats_as(c, alice, again.id)
     assert rerun.returncode == 0 and "mps shard:4" in rerun.stdout, rerun.stdout + rerun.stderr
+
+
+def _summaries_running() -> list[str]:
+    """Command lines of the ``accounting sacct-summary`` processes now on this host (EpilogSlurmctld's Python)."""
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if "sacct-summary" in cmd and "python" in cmd.lower():
+            found.append(cmd)
+    return found
+
+
+def test_a_plain_job_costs_the_controller_no_python_and_its_successor_starts_at_once(dbd):
+    """A job that holds no GPU: its EpilogSlurmctld ends in the shell (no run marked in the spool's runs/), so
+    the job leaves COMPLETING as in plain Slurm and a '-d afterok' successor starts within seconds (it waited
+    the whole 120 s deadline of the summary for records such a job never writes)."""
+    first = dbd.sbatch(wrap="true")
+    second = dbd.sbatch(f"--dependency=afterok:{first.id}", wrap="true")
+    seen: list[str] = []
+
+    def ended() -> bool:
+        seen.extend(_summaries_running())
+        return dbd.show_job(second.id).get("JobState") in FINAL_STATES
+
+    wait_until(ended, f"job {second.id} (after {first.id}) ending", timeout=60)
+    assert seen == [], seen
+    end = dbd.show_job(first.id)["EndTime"]
+    start = dbd.show_job(second.id)["StartTime"]
+    delay = (datetime.fromisoformat(start) - datetime.fromisoformat(end)).total_seconds()
+    assert delay <= 5, (end, start)

@@ -42,6 +42,22 @@ from slurm_gpushare.errors import GpushareError, InputError
 DEFAULT_SPOOL_DIR = "/var/spool/slurm-gpushare/accounting"
 #: Spool files end in this.
 SUFFIX = ".jsonl"
+#: Below the spool directory: one empty file ``<job id>.<restart count>.<node>`` per run and node that holds
+#: GPUs there, made by the node's Prolog (root's, like the spool), so that the controller's EpilogSlurmctld
+#: (epilog_slurmctld.sh, plain sh) knows without Python which runs will have records, and from which nodes.
+RUNS_DIR = "runs"
+
+
+def run_marks(spool_dir: str | Path, job_id: str, restart: int) -> dict[str, Path]:
+    """The nodes that marked run ``restart`` of ``job_id`` in ``spool_dir`` (see :data:`RUNS_DIR`): node name ->
+    marker file. Empty when none did (a job that held no GPU) or the directory is unreadable."""
+    prefix = f"{job_id}.{restart}."
+    try:
+        names = os.listdir(Path(spool_dir) / RUNS_DIR)
+    except OSError:
+        return {}
+    return {n[len(prefix):]: Path(spool_dir) / RUNS_DIR / n for n in names
+            if n.startswith(prefix) and _NODE.match(n[len(prefix):])}
 _NODE = re.compile(r"^[A-Za-z0-9_.+-]+$")
 
 

@@ -77,13 +77,22 @@ def sacct_summary(job_id, spools, wait):
     epilog_slurmctld.sh. The segment comes from the job's accounting records in the spools; other
     tools' text in AdminComment (jobstats' JS1:) is kept. Prints what was written.
     """
+    import contextlib
     import os
+    from dataclasses import replace
 
     from slurm_gpushare.accounting.sacct import FinalJob, write_final_summary
-    from slurm_gpushare.accounting.spool import DEFAULT_SPOOL_DIR
+    from slurm_gpushare.accounting.spool import DEFAULT_SPOOL_DIR, run_marks
 
+    spools = list(spools) or [DEFAULT_SPOOL_DIR]
     job = FinalJob.from_env(dict(os.environ), job_id)
-    text = write_final_summary(job, list(spools) or [DEFAULT_SPOOL_DIR], wait=wait)
+    marks = {n: p for spool in spools for n, p in run_marks(spool, job.job_id, job.restart).items()}
+    if marks:  # the nodes whose Prologs saw GPUs of this run: their records only are waited for
+        job = replace(job, nodes=tuple(n for n in job.nodes if n in marks) or tuple(sorted(marks)))
+    text = write_final_summary(job, spools, wait=wait)
+    for mark in marks.values():
+        with contextlib.suppress(OSError):  # SlurmUser may not remove root's marks: left behind
+            mark.unlink()
     if text is None:
         click.echo(f"job {job.job_id}: no accounting records of run {job.restart} in the spools: nothing written")
     else:

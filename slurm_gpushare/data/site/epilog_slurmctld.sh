@@ -24,5 +24,10 @@ if [ -d "$BEFORE_DIR" ]; then
     fi
   done
 fi
-$SLURM_GPUSHARE accounting sacct-summary --spool "$SPOOL" || rc=$?
+# 2 only for a run that some node's Prolog marked as holding GPUs (SPOOL/runs/<job>.<restart>.<node>): a job
+# without GPUs has no records to wait for, and costs no Python start here
+set -- "$SPOOL/runs/$SLURM_JOB_ID.${SLURM_JOB_RESTART_COUNT:-0}."*
+if [ -n "$SLURM_JOB_ID" ] && [ -e "$1" ]; then
+  $SLURM_GPUSHARE accounting sacct-summary --spool "$SPOOL" || rc=$?
+fi
 exit $rc
