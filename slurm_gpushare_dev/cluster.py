@@ -864,6 +864,12 @@ class DevCluster:
         ``BEFORE_DIR``): where a test puts a jobstats-like step."""
         return self.root / "scripts" / "epilog_slurmctld.d"
 
+    @property
+    def sacct_queue(self) -> Path:
+        """The ``--dbd`` cluster's queue of ended GPU runs for the summary worker (the wrapper's ``QUEUE``;
+        :mod:`slurm_gpushare.accounting.sacctqueue`), with the worker's ``worker.log``."""
+        return self.root / "spool" / "gpushare-sacct-queue"
+
     def _epilog_slurmctld_text(self) -> str:
         """The shipped ``epilog_slurmctld.sh`` with this cluster's paths: its directory of earlier steps, the
         nodes' spool, the product (:attr:`installed_command`), and ``SLURM_CONF`` (slurmctld passes no
@@ -871,6 +877,7 @@ class DevCluster:
         text = (SITE / "epilog_slurmctld.sh").read_text()
         for old, new in (("@CONFIG_DIR@/epilog_slurmctld.d", str(self.epilog_slurmctld_dir)),
                          ('SPOOL="/var/spool/slurm-gpushare/accounting"', f'SPOOL="{self.accounting_spool}"'),
+                         ('QUEUE="/var/spool/slurm-gpushare/sacct-queue"', f'QUEUE="{self.sacct_queue}"'),
                          ('SLURM_GPUSHARE="@SLURM_GPUSHARE@"',
                           f'SLURM_GPUSHARE="{" ".join(self.installed_command)}"\n'
                           f'SLURM_CONF="{self.slurm_conf}"\nexport SLURM_CONF')):

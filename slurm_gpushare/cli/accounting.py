@@ -99,6 +99,34 @@ def sacct_summary(job_id, spools, wait):
         click.echo(f"job {job.job_id}: AdminComment={text}")
 
 
+@accounting.command("sacct-worker")
+@click.option("--queue", "queue_dir", metavar="DIR", default=None,
+              help="the queue epilog_slurmctld.sh writes (default /var/spool/slurm-gpushare/sacct-queue)")
+@click.option("--spool", "spools", multiple=True, metavar="DIR|FILE",
+              help="where the nodes' spools are readable here; repeatable "
+                   "(default /var/spool/slurm-gpushare/accounting)")
+@click.option("--wait", "wait", type=click.FloatRange(min=0), default=120.0, show_default=True,
+              help="seconds each queued run may take: the nodes' records, then slurmdbd's end record")
+@click.option("--idle", "idle", type=click.FloatRange(min=0), default=60.0, show_default=True,
+              help="exit after the queue has been empty this many seconds")
+@click.option("--lock-fd", "lock_fd", type=click.IntRange(min=3), default=None,
+              help="an open descriptor on which the caller holds QUEUE/worker.lock (epilog_slurmctld.sh's flock -n)")
+def sacct_worker(queue_dir, spools, wait, idle, lock_fd):
+    """Write the usage segments of every run queued by epilog_slurmctld.sh, then exit when idle.
+
+    One worker per queue (it holds QUEUE/worker.lock; a second one exits at once). The wrapper takes
+    the lock (flock -n) and starts it, detached, holding it (--lock-fd). Failed and expired runs are
+    logged on stderr (the wrapper sends it to QUEUE/worker.log). See docs/accounting.md.
+    """
+    from slurm_gpushare.accounting.sacctqueue import DEFAULT_QUEUE_DIR, Worker
+    from slurm_gpushare.accounting.spool import DEFAULT_SPOOL_DIR
+
+    queue = Path(queue_dir or DEFAULT_QUEUE_DIR)
+    if not queue.is_dir():
+        raise InputError(f"queue directory {queue} does not exist", hint="epilog_slurmctld.sh makes it (QUEUE=)")
+    Worker(queue, list(spools) or [DEFAULT_SPOOL_DIR], wait=wait, idle=idle).run(lock_fd)
+
+
 @main.command(context_settings={"ignore_unknown_options": True})
 @click.option("--db", "db_path", help=_DB_HELP)
 @click.option("--by", "by", type=click.Choice(_GROUP_CHOICES), default=None,
