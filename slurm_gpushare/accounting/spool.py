@@ -61,6 +61,41 @@ def run_marks(spool_dir: str | Path, job_id: str, restart: int) -> dict[str, Pat
 _NODE = re.compile(r"^[A-Za-z0-9_.+-]+$")
 
 
+def prune_marks(spool_dir: str | Path, node: str, *, max_age: float = 86400.0, every: float = 3600.0,
+                now: float | None = None) -> int:
+    """Remove ``node``'s own run marks (:data:`RUNS_DIR`) older than ``max_age`` seconds, at most once per
+    ``every`` seconds (a stamp file ``.pruned.<node>`` there: one ``stat`` otherwise). The node's Epilog
+    calls it: the marks are root's, and the controller's worker, as SlurmUser, may not remove them; it
+    does not need to (a queue entry done is done). Times are epoch seconds (``now``: default the time).
+    Returns how many marks went; nothing is raised (an unreadable directory prunes nothing).
+    """
+    runs = Path(spool_dir) / RUNS_DIR
+    stamp = runs / f".pruned.{node}"
+    now = time.time() if now is None else now
+    try:
+        if now - stamp.stat().st_mtime < every:
+            return 0
+    except OSError:
+        pass
+    try:
+        stamp.touch()
+        os.utime(stamp, (now, now))
+        names = os.listdir(runs)
+    except OSError:
+        return 0
+    gone = 0
+    for name in names:
+        if name.startswith(".") or not name.endswith(f".{node}"):
+            continue
+        try:
+            if now - (runs / name).stat().st_mtime > max_age:
+                (runs / name).unlink()
+                gone += 1
+        except OSError:
+            continue
+    return gone
+
+
 class SpoolError(GpushareError):
     """The spool could not be written (a full disk, permissions): the Epilog must say so loudly."""
 

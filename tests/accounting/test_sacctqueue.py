@@ -133,3 +133,20 @@ def test_one_worker_per_queue_and_it_exits_when_idle_taking_up_an_entry_queued_a
     assert w.run() == 0
     assert w.written == ["6", "7"] and entries(tmp_path / "queue") == []
     assert t[0] == 10  # idle 5 s after each run, not longer
+
+
+def test_a_node_prunes_its_own_old_marks_at_most_once_an_hour(tmp_path):
+    from slurm_gpushare.accounting.spool import prune_marks
+
+    runs = tmp_path / RUNS_DIR
+    runs.mkdir()
+    for name, age in (("1.0.n1", 2 * 86400), ("2.0.n1", 60), ("3.0.n2", 2 * 86400), ("4.0.n1", 2 * 86400)):
+        (runs / name).touch()
+        os.utime(runs / name, (100000 - age, 100000 - age))
+    assert prune_marks(tmp_path, "n1", now=100000) == 2
+    assert sorted(os.listdir(runs)) == [".pruned.n1", "2.0.n1", "3.0.n2"]  # another node's marks are its own
+    (runs / "5.0.n1").touch()
+    os.utime(runs / "5.0.n1", (0, 0))
+    assert prune_marks(tmp_path, "n1", now=100000 + 1800) == 0  # within the hour: one stat, nothing else
+    assert prune_marks(tmp_path, "n1", now=100000 + 3600) == 1
+    assert prune_marks(tmp_path / "nowhere", "n1") == 0
