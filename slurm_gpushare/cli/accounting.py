@@ -111,7 +111,9 @@ def sacct_summary(job_id, spools, wait):
               help="exit after the queue has been empty this many seconds")
 @click.option("--lock-fd", "lock_fd", type=click.IntRange(min=3), default=None,
               help="an open descriptor on which the caller holds QUEUE/worker.lock (epilog_slurmctld.sh's flock -n)")
-def sacct_worker(queue_dir, spools, wait, idle, lock_fd):
+@click.option("--detach", is_flag=True,
+              help="fork once started and let the caller go on (epilog_slurmctld.sh, after setsid)")
+def sacct_worker(queue_dir, spools, wait, idle, lock_fd, detach):
     """Write the usage segments of every run queued by epilog_slurmctld.sh, then exit when idle.
 
     One worker per queue (it holds QUEUE/worker.lock; a second one exits at once). The wrapper takes
@@ -124,6 +126,8 @@ def sacct_worker(queue_dir, spools, wait, idle, lock_fd):
     queue = Path(queue_dir or DEFAULT_QUEUE_DIR)
     if not queue.is_dir():
         raise InputError(f"queue directory {queue} does not exist", hint="epilog_slurmctld.sh makes it (QUEUE=)")
+    if detach and os.fork():
+        os._exit(0)  # the caller waited only for the start: the worker is already in its own session
     Worker(queue, list(spools) or [DEFAULT_SPOOL_DIR], wait=wait, idle=idle).run(lock_fd)
 
 

@@ -38,12 +38,14 @@ if [ -n "$SLURM_JOB_ID" ] && [ -e "$1" ]; then
       printf 'SLURM_JOB_ID=%s\nSLURM_JOB_RESTART_COUNT=%s\nSLURM_ARRAY_JOB_ID=%s\nSLURM_ARRAY_TASK_ID=%s\nSLURM_JOB_NODELIST=%s\n' \
         "$SLURM_JOB_ID" "${SLURM_JOB_RESTART_COUNT:-0}" "$SLURM_ARRAY_JOB_ID" "$SLURM_ARRAY_TASK_ID" \
         "$SLURM_JOB_NODELIST" >"$QUEUE/.$entry.$$" && mv -f "$QUEUE/.$entry.$$" "$QUEUE/$entry") 2>/dev/null; then
+    # waited for until the worker, already in a session of its own (setsid before Python starts), forks
+    # (--detach): slurmctld 24.11+ (slurmscriptd) kills the script's process group once the script exits
     if command -v flock >/dev/null 2>&1; then  # the lock taken here, held by the worker on fd 9
       (flock -n 9 && exec setsid $SLURM_GPUSHARE accounting sacct-worker --queue "$QUEUE" --spool "$SPOOL" \
-        --lock-fd 9) 9>>"$QUEUE/worker.lock" </dev/null >>"$QUEUE/worker.log" 2>&1 &
+        --lock-fd 9 --detach) 9>>"$QUEUE/worker.lock" </dev/null >>"$QUEUE/worker.log" 2>&1
     else  # the worker takes the lock itself, or exits
-      setsid $SLURM_GPUSHARE accounting sacct-worker --queue "$QUEUE" --spool "$SPOOL" \
-        </dev/null >>"$QUEUE/worker.log" 2>&1 &
+      setsid $SLURM_GPUSHARE accounting sacct-worker --queue "$QUEUE" --spool "$SPOOL" --detach \
+        </dev/null >>"$QUEUE/worker.log" 2>&1
     fi
   else
     rm -f "$QUEUE/.$entry.$$"
