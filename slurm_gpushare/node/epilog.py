@@ -64,6 +64,10 @@ def epilog(ctx: HookContext, env: dict[str, str]) -> int:
     if not problem and gpu_job:
         problem = sweep_leftovers(ctx, env, start=run[1] if run else None)
     wake_waiting(ctx, job_id)
+    if gpu_job:  # this node's old run marks (the controller's worker, as SlurmUser, may not remove them)
+        from slurm_gpushare.accounting.spool import prune_marks
+
+        prune_marks(ctx.config.spool_dir, ctx.node)
     if problem:
         ctx.do_drain(problem)
         return 1
