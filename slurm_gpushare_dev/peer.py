@@ -379,19 +379,6 @@ def default_port(release: str) -> int:
     return int(env) if env else DEFAULT_PORT_BASE + RELEASE_PORT_OFFSET.get(release, 0)
 
 
-def set_product_lines(cluster, enabled: bool) -> None:
-    """Switch the cluster's product slurm.conf lines (:meth:`DevCluster.set_product`).
-
-    Raises:
-        ClusterError: this checkout's dev cluster has no such switch.
-    """
-    switch = getattr(cluster, "set_product", None)
-    if switch is None:
-        raise ClusterError("this dev cluster cannot switch the product's slurm.conf lines off",
-                           hint="DevCluster.set_product is missing")
-    switch(enabled)
-
-
 def run_here(release: str, directory: Path, port: int, expect_dir: Path, tests: list[str], *,
              timeout: float, keep: bool, out=sys.stderr) -> list[Row]:
     """Bring the cluster up (product lines off), compare ``tests`` both ways (:func:`compare`) and take the
@@ -403,6 +390,7 @@ def run_here(release: str, directory: Path, port: int, expect_dir: Path, tests: 
     from slurm_gpushare_dev.cluster import DevCluster
 
     cluster = DevCluster.default(directory, port)
+    cluster.product = False  # up as plain Slurm: compare() starts there
     env = dict(os.environ, SLURM_CONF=str(cluster.slurm_conf),
                SLURM_TESTSUITE_CONF=str(expect_dir.parent / "testsuite.conf"),
                SLURM_LOCAL_GLOBALS_FILE=str(expect_dir / "globals.local"))
@@ -418,8 +406,10 @@ def run_here(release: str, directory: Path, port: int, expect_dir: Path, tests: 
         return o
 
     def switch(enabled: bool) -> None:
+        if cluster.product == enabled:
+            return
         started = time.monotonic()
-        set_product_lines(cluster, enabled)
+        cluster.set_product(enabled)
         print(f"peer-suite: product lines {'on' if enabled else 'off'} in {time.monotonic() - started:.1f} s",
               file=out, flush=True)
 

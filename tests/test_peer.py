@@ -6,8 +6,20 @@ from __future__ import annotations
 import pytest
 
 from slurm_gpushare.errors import ClusterError
-from slurm_gpushare_dev.peer import (FAIL, PASS, SKIP, TIMEOUT, Outcome, Row, compare, format_table,
-                                     parse_outcome, prepare_workdir, select_tests, order_key)
+from slurm_gpushare_dev.peer import (
+    FAIL,
+    PASS,
+    SKIP,
+    TIMEOUT,
+    Outcome,
+    Row,
+    compare,
+    format_table,
+    order_key,
+    parse_outcome,
+    prepare_workdir,
+    select_tests,
+)
 
 # lines as testsuite/expect/globals logs them (22.05), the first with the bracketed-paste escape a spawned
 # shell leaves in front
@@ -111,7 +123,8 @@ def test_plain_then_product_and_a_difference_runs_again_both_ways():
     assert by["t4"].differs and not by["t4"].regression
     assert not by["t5"].differs and not by["t5"].regression
     table = format_table(rows, "title")
-    assert "| t3 | pass, pass | FAIL, FAIL | 2 | **passes plain, fails with the product**; again on rerun; why |" in table
+    assert ("| t3 | pass, pass | FAIL, FAIL | 2 | **passes plain, fails with the product**; again on rerun; why |"
+            in table)
     assert "| t4 | pass, pass | timeout, pass | 2 | differed once, not again; why |" in table
     assert "| t2 | skip | - | 1 | why |" in table
     assert table.splitlines()[-1] == ("5 tests, 1 skipped on the dev cluster, 4 run both ways (3 passed plain, "
