@@ -31,6 +31,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -338,7 +339,10 @@ def run_test(expect_dir: Path, test: str, env: dict[str, str], *, timeout: float
     timed_out = False
     try:
         output, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
+    except BaseException as e:  # a timeout, or this run stopped (Ctrl-C, SIGTERM): the test's group goes too
+        if not isinstance(e, subprocess.TimeoutExpired):
+            _signal_group(proc.pid, 9)
+            raise
         timed_out = True
         _signal_group(proc.pid, 15)
         try:
@@ -391,7 +395,8 @@ def run_here(release: str, directory: Path, port: int, expect_dir: Path, tests: 
     """
     from slurm_gpushare_dev.cluster import DevCluster
 
-    cluster = DevCluster.default(directory, port)
+    # task/cgroup with ConstrainDevices=yes, as sites run GPUs: test39.8 and test39.16 skip without it
+    cluster = DevCluster.default(directory, port, cgroup=True)
     cluster.product = False  # up as plain Slurm: compare() starts there
     env = dict(os.environ, SLURM_CONF=str(cluster.slurm_conf),
                SLURM_TESTSUITE_CONF=str(expect_dir.parent / "testsuite.conf"),
@@ -440,6 +445,8 @@ def cli(release: str | None, directory: Path | None, port: int | None, only: tup
         keep: bool, list_only: bool, expect_dir: Path | None) -> None:
     """Run SchedMD's GPU tests on plain Slurm and with the product; exit 1 when one passes plain and fails
     with the product (see the module docstring)."""
+    # CI's timeout sends SIGTERM: end as Ctrl-C does, so that the cluster is taken down (run_here)
+    signal.signal(signal.SIGTERM, _terminated)
     release = release or host_release()
     if release is None:
         raise ClusterError("no Slurm on this host", hint="scripts/install-deps")
@@ -470,6 +477,10 @@ def cli(release: str | None, directory: Path | None, port: int | None, only: tup
         sys.exit(1)
 
 
+def _terminated(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m slurm_gpushare_dev.peer [options]``; returns the exit status: 0 no test passes plain and
     fails with the product, 1 some do, 2 usage, 5 the suite or the cluster failed."""
@@ -483,6 +494,9 @@ def main(argv: list[str] | None = None) -> int:
         return 5
     except SystemExit as e:
         return int(e.code or 0)
+    except KeyboardInterrupt:
+        print("peer-suite: interrupted", file=sys.stderr)
+        return 130
     return 0
 
 
