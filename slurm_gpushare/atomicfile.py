@@ -41,20 +41,12 @@ def _create(tmp: Path, mode: int | None) -> int:
 def read_own_file(path: str | Path, *, max_bytes: int) -> bytes:
     """The bytes of the regular file ``path``, read only when it is one of its own: never through a symbolic
     link, never a FIFO or device (whose open(2) or read(2) could block or never end), never more than
-    ``max_bytes``. For the caches a hook keeps in its run dir.
+    ``max_bytes``. For the caches a hook keeps in its run dir (:func:`read_user_file` without an owner).
 
     Raises:
         OSError: ``path`` is missing, a link, not a regular file or larger than ``max_bytes``.
     """
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
-    fd = os.open(path, flags)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > max_bytes:
-            raise OSError(errno.EINVAL, "not a regular file of at most %d bytes" % max_bytes, str(path))
-        return os.read(fd, max_bytes + 1)[:max_bytes]
-    finally:
-        os.close(fd)
+    return read_user_file(path, max_bytes=max_bytes)
 
 
 def read_user_file(path: str | Path, *, max_bytes: int, owner: int | None = None, tail: bool = False) -> bytes:

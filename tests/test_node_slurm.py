@@ -142,21 +142,7 @@ def test_daemon_that_cannot_start_fails_the_job_not_the_node(cluster, slurm):
     finally:
         cluster.fake_mps_mode_file.unlink(missing_ok=True)
         slurm.run(["scancel", job.id], check=False)
-        # slurmd's own report of the Prolog failure can reach slurmctld after our drain reason, and drain the
-        # node again after a resume: resume until it stays in service (2 s in a row)
-        since: list[float] = []
-
-        def in_service() -> bool:
-            st = slurm.run(["sinfo", "-h", "-n", "rtx4090-pcie", "-o", "%T"]).stdout.strip()
-            if st not in ("idle", "mixed"):
-                since.clear()
-                if st.startswith("drain"):
-                    slurm.run(["scontrol", "update", "nodename=rtx4090-pcie", "state=resume"], check=False)
-                return False
-            since[:] = since or [time.monotonic()]
-            return time.monotonic() - since[0] >= 2.0
-
-        wait_until(in_service, "rtx4090-pcie in service again")
+        _resume_until_in_service(slurm, "rtx4090-pcie")
 
 
 def _resume_until_in_service(slurm, node: str) -> None:
