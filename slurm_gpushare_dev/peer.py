@@ -22,8 +22,16 @@ with the product.
   ``pass``/``fail``/``skip``); the reason is the test's own ``Warning`` (skip) or first ``Fatal``/``Error``
   line (fail).
 - **The comparison** (:func:`compare`): every test runs plain first; one that skips there (the cluster
-  lacks what it needs: its message says what) is not run again. The others run with the product; a test
-  whose result differs runs once more each way, and counts only when it differs the same way again.
+  lacks what it needs: its message says what) or fails there (it cannot pass plain and fail with the
+  product) is not run again. The others run with the product; a test whose result differs runs once more
+  each way, and counts only when it differs the same way again. Each run starts on a quiet cluster
+  (:func:`wait_quiet`), both ways.
+- **MIG devices** (:attr:`Outcome.mig_named`): on a real MIG node Slurm names a MIG device by its UUID in
+  ``CUDA_VISIBLE_DEVICES`` (``AutoDetect=nvml`` gives the device a ``UniqueId``, which ``common_gres_set_env``
+  in src/plugins/gres/common/gres_common.c prints instead of the index); the dev cluster's static gres.conf
+  cannot give one, so plain Slurm prints the index there and the product the UUID. A test that failed with
+  the product while printing a MIG UUID runs once more with the product and the MIG nodes drained; it is
+  explained when it passes there, a regression otherwise.
 """
 
 from __future__ import annotations
@@ -52,6 +60,10 @@ SELECT_RE = re.compile(r"gpu|gres", re.IGNORECASE)
 TEST_NAME_RE = re.compile(r"^test(\d+)\.(\d+)$")
 #: One line of the suite's log: ``[2026-12-05 13:09:24.348] Error   message (caller@file:line,...)``, maybe
 #: after a terminal's escape sequence.
+#: A ``CUDA_VISIBLE_DEVICES`` value (``NAME=value`` or a test's ``NAME:value``) naming a MIG device by UUID.
+MIG_NAMED_RE = re.compile(r"CUDA_VISIBLE_DEVICES[:=][^\s]*\bMIG-")
+#: The most seconds :func:`wait_quiet` waits before a run.
+QUIET_LIMIT = 30.0
 LOG_LINE_RE = re.compile(r"\[\d{4}-\d\d-\d\d [0-9:.]+\] (Fatal|Error|Warning)\s+(.*?)(?: \([^()]*@[^()]*\))?\s*$")
 DEFAULT_TIMEOUT = 240.0
 #: Results, as the table prints them.
@@ -67,11 +79,13 @@ class Outcome:
             exit status: expect itself failed).
         seconds: wall time of the run.
         reason: the test's own skip or failure message ('' when it passed).
+        mig_named: the output showed a ``CUDA_VISIBLE_DEVICES`` naming a MIG device by its UUID.
     """
 
     result: str
     seconds: float
     reason: str = ""
+    mig_named: bool = False
 
     @property
     def failed(self) -> bool:
@@ -86,12 +100,15 @@ class Row:
     Attributes:
         test: ``testN.M``.
         plain: the runs without the product's lines.
-        product: the runs with them (none when the plain run skipped).
+        product: the runs with them (none when the plain run skipped or failed).
+        without_mig: the run with the product and the MIG nodes drained (a product failure that showed MIG
+            UUIDs, see the module docstring), else None.
     """
 
     test: str
     plain: list[Outcome] = field(default_factory=list)
     product: list[Outcome] = field(default_factory=list)
+    without_mig: Outcome | None = None
 
     @property
     def differs(self) -> bool:
@@ -99,10 +116,16 @@ class Row:
         return bool(self.plain and self.product) and self.plain[0].result != self.product[0].result
 
     @property
+    def mig_explained(self) -> bool:
+        """Failed with the product printing MIG UUIDs and passed with the MIG nodes drained."""
+        return self.without_mig is not None and self.without_mig.result == PASS
+
+    @property
     def regression(self) -> bool:
-        """Passed on plain Slurm and failed with the product, in every run of each way (the rerun too)."""
+        """Passed on plain Slurm and failed with the product, in every run of each way (the rerun too),
+        unless :attr:`mig_explained`."""
         return (bool(self.plain and self.product) and all(o.result == PASS for o in self.plain)
-                and all(o.failed for o in self.product))
+                and all(o.failed for o in self.product) and not self.mig_explained)
 
 
 def order_key(name: str) -> tuple[int, int]:
@@ -144,34 +167,36 @@ def parse_outcome(returncode: int, output: str, seconds: float, *, timed_out: bo
     exits 0, ``fail`` 1, ``skip`` -1, i.e. 255). The reason: for a skip the last ``Warning`` line's message,
     for a failure the first ``Fatal`` line's, else the first ``Error`` line's, without the call chain in
     parentheses; a timeout says after how long."""
+    mig_named = MIG_NAMED_RE.search(output) is not None
     if timed_out:
-        return Outcome(TIMEOUT, seconds, f"no result within {seconds:.0f} s")
+        return Outcome(TIMEOUT, seconds, f"no result within {seconds:.0f} s", mig_named)
     lines: dict[str, list[str]] = {"Fatal": [], "Error": [], "Warning": []}
     for line in output.splitlines():
         m = LOG_LINE_RE.search(line)
         if m:
             lines[m.group(1)].append(m.group(2))
     if returncode == 0:
-        return Outcome(PASS, seconds)
+        return Outcome(PASS, seconds, "", mig_named)
     if returncode == 255:
-        return Outcome(SKIP, seconds, (lines["Warning"] or ["(no message)"])[-1])
+        return Outcome(SKIP, seconds, (lines["Warning"] or ["(no message)"])[-1], mig_named)
     reason = (lines["Fatal"] or lines["Error"] or ["(no message)"])[0]
     if returncode == 1:
-        return Outcome(FAIL, seconds, reason)
+        return Outcome(FAIL, seconds, reason, mig_named)
     tail = " | ".join(output.strip().splitlines()[-2:])
-    return Outcome(ERROR, seconds, f"exit {returncode}: {reason if reason != '(no message)' else tail}")
+    return Outcome(ERROR, seconds, f"exit {returncode}: {reason if reason != '(no message)' else tail}", mig_named)
 
 
-def compare(tests: list[str], run, set_product, *, out=None) -> list[Row]:
+def compare(tests: list[str], run, set_product, *, without_mig=None, out=None) -> list[Row]:
     """Run ``tests`` both ways: ``run(test)`` -> :class:`Outcome` on the cluster as it is,
-    ``set_product(bool)`` switches the product's lines. Plain first (a test that skips there is done),
-    then the product; a test whose results differ runs again with the product, then plain, so the
-    product is switched twice at most. ``out``: a stream that gets one line per run. Leaves the
-    product switched off."""
+    ``set_product(bool)`` switches the product's lines. Plain first (a test that skips or fails there is
+    done), then the product; ``without_mig(test)`` -> :class:`Outcome` (the product on, the MIG nodes
+    drained) for a test that passed plain and failed with the product printing MIG UUIDs; a test whose
+    results differ otherwise runs again with the product, then plain, so the product is switched twice at
+    most. ``out``: a stream that gets one line per run. Leaves the product switched off."""
     rows = {t: Row(t) for t in tests}
 
-    def one(test: str, way: str) -> Outcome:
-        o = run(test)
+    def one(test: str, way: str, how=run) -> Outcome:
+        o = how(test)
         if out is not None:
             print(f"peer-suite: {way:7} {test:10} {o.result:7} {o.seconds:6.1f} s  {o.reason}"[:200], file=out,
                   flush=True)
@@ -180,12 +205,16 @@ def compare(tests: list[str], run, set_product, *, out=None) -> list[Row]:
     set_product(False)
     for t in tests:
         rows[t].plain.append(one(t, "plain"))
-    runnable = [t for t in tests if rows[t].plain[0].result != SKIP]
+    runnable = [t for t in tests if rows[t].plain[0].result == PASS]
     if runnable:
         set_product(True)
         for t in runnable:
             rows[t].product.append(one(t, "product"))
-        again = [t for t in runnable if rows[t].differs]
+        if without_mig is not None:
+            for t in runnable:
+                if rows[t].product[0].failed and rows[t].product[0].mig_named:
+                    rows[t].without_mig = one(t, "no-MIG", without_mig)
+        again = [t for t in runnable if rows[t].differs and not rows[t].mig_explained]
         for t in again:
             rows[t].product.append(one(t, "product"))
         set_product(False)
@@ -206,6 +235,11 @@ def format_table(rows: list[Row], title: str = "") -> str:
         notes = []
         if r.regression:
             notes.append("**passes plain, fails with the product**")
+        elif r.mig_explained:
+            notes.append("MIG devices named by UUID (as Slurm names them with AutoDetect=nvml); passes with the "
+                         "product with the MIG nodes drained")
+        elif r.plain and r.plain[0].result in (FAIL, TIMEOUT, ERROR):
+            notes.append("fails on plain Slurm, not run with the product")
         elif r.differs:
             notes.append("differed once, not again" if len(r.product) > 1 else "differs")
         if len(r.product) > 1 and r.regression:
@@ -215,10 +249,10 @@ def format_table(rows: list[Row], title: str = "") -> str:
             notes.append(reasons[0].replace("|", "/")[:140])
         lines.append(f"| {r.test} | {plain} | {product} | {secs:.0f} | {'; '.join(notes)} |")
     ran = [r for r in rows if r.product]
-    count = {k: sum(1 for r in ran if r.plain[0].result == k) for k in (PASS, FAIL)}
+    skipped = sum(1 for r in rows if r.plain and r.plain[0].result == SKIP)
     lines.append("")
-    lines.append(f"{len(rows)} tests, {len(rows) - len(ran)} skipped on the dev cluster, {len(ran)} run both ways "
-                 f"({count[PASS]} passed plain, {count[FAIL]} failed plain); "
+    lines.append(f"{len(rows)} tests, {skipped} skipped on the dev cluster, {len(rows) - skipped - len(ran)} failed "
+                 f"on plain Slurm, {len(ran)} run both ways; "
                  f"{sum(1 for r in rows if r.differs)} differed; "
                  f"{sum(1 for r in rows if r.regression)} pass plain and fail with the product")
     return "\n".join(lines)
@@ -361,6 +395,22 @@ def run_test(expect_dir: Path, test: str, env: dict[str, str], *, timeout: float
     return parse_outcome(proc.returncode, text, seconds, timed_out=timed_out)
 
 
+def wait_quiet(query, *, limit: float = QUIET_LIMIT, poll: float = 0.1) -> bool:
+    """Wait until no job is completing (``squeue -h -t CG``) and no node is COMPLETING (``sinfo -h -N -o %T``),
+    at most ``limit`` seconds; ``query(argv)`` -> the command's stdout. Both ways of the comparison wait, so a
+    test that takes the first idle node right after the previous test's last job does not read that job's
+    Epilog (the product's Epilog of a GPU job takes longer than none: benchmarks/plain_jobs measures it).
+    Returns whether it got quiet (a run starts all the same)."""
+    deadline = time.monotonic() + limit
+    while True:
+        if not query(["squeue", "-h", "-t", "CG", "-o", "%i"]).strip() and \
+                "completing" not in query(["sinfo", "-h", "-N", "-o", "%T"]).lower():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(poll)
+
+
 def _signal_group(pgid: int, sig: int) -> None:
     try:
         os.killpg(pgid, sig)
@@ -404,13 +454,30 @@ def run_here(release: str, directory: Path, port: int, expect_dir: Path, tests: 
     log_dir = directory / "peer-suite" / "logs"
     shutil.rmtree(log_dir, ignore_errors=True)
 
+    def query(argv: list[str]) -> str:
+        return subprocess.run(argv, env=env, capture_output=True, text=True).stdout
+
+    mig_nodes = sorted(n for n, m in cluster.nodes.items() if any(g.mig_enabled for g in m.gpus))
+
     def run(test: str) -> Outcome:
+        if not wait_quiet(query):
+            print(f"peer-suite: the cluster was still completing jobs after {QUIET_LIMIT:.0f} s; {test} starts all "
+                  "the same", file=out, flush=True)
         o = run_test(expect_dir, test, env, timeout=timeout, log_dir=log_dir)
         if o.result == TIMEOUT:  # what it left queued would hold the nodes of the tests after it
             ids = subprocess.run(["squeue", "-h", "-o", "%i"], env=env, capture_output=True, text=True).stdout.split()
             if ids:
                 subprocess.run(["scancel", *ids], env=env, capture_output=True)
         return o
+
+    def without_mig(test: str) -> Outcome:
+        nodes = ",".join(mig_nodes)
+        subprocess.run(["scontrol", "update", f"nodename={nodes}", "state=drain", "reason=peer-suite: no MIG"],
+                       env=env, capture_output=True)
+        try:
+            return run(test)
+        finally:
+            subprocess.run(["scontrol", "update", f"nodename={nodes}", "state=resume"], env=env, capture_output=True)
 
     def switch(enabled: bool) -> None:
         if cluster.product == enabled:
@@ -424,7 +491,7 @@ def run_here(release: str, directory: Path, port: int, expect_dir: Path, tests: 
           f"{timeout:.0f} s each at most; logs in {log_dir}", file=out, flush=True)
     cluster.up(out=out)
     try:
-        return compare(tests, run, switch, out=out)
+        return compare(tests, run, switch, without_mig=without_mig if mig_nodes else None, out=out)
     finally:
         if not keep:
             cluster.down(out=out)
