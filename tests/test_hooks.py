@@ -274,6 +274,31 @@ def test_taskprolog_prints_the_env_file(node, tmp_path):
     assert epilog(node.ctx, _env("110")) == 0
 
 
+def test_taskprolog_keeps_a_device_slurm_already_names_by_uuid(tmp_path):
+    """With AutoDetect=nvml Slurm gives each MIG device a UniqueId and prints it in CUDA_VISIBLE_DEVICES
+    instead of the index (common_gres_set_env, gres_common.c); under task/cgroup a --gpus-per-task task then
+    holds its own MIG UUID while SLURM_STEP_GPUS names the step's first device. Slurm's UUID is kept: the
+    table translates indices only."""
+    script = tmp_path / "tp.sh"
+    shipped = (SITE / "taskprolog.sh").read_text()
+    script.write_text(shipped.replace('RUN_DIR="/run/slurm-gpushare"', f'RUN_DIR="{tmp_path}/run"'))
+    job = tmp_path / "run" / "jobs" / "120"
+    job.mkdir(parents=True)
+    (job / "devices").write_text(" 2=MIG-aaa 3=MIG-bbb \n")
+
+    def task(**env):
+        out = subprocess.run(["sh", str(script)], env={"SLURM_JOB_ID": "120", "SLURM_STEP_ID": "0", **env},
+                             capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    # task 1 of a --gpus-per-task=1 step under task/cgroup: its own device, the step's first id
+    assert task(SLURM_STEP_GPUS="2", CUDA_VISIBLE_DEVICES="MIG-bbb") == "export CUDA_VISIBLE_DEVICES=MIG-bbb\n"
+    assert task(SLURM_STEP_GPUS="0,3", CUDA_VISIBLE_DEVICES="0,MIG-bbb") == "export CUDA_VISIBLE_DEVICES=0,MIG-bbb\n"
+    # indices (a static gres.conf: no UniqueId) are translated as before
+    assert task(SLURM_STEP_GPUS="2,3", CUDA_VISIBLE_DEVICES="2,3") == "export CUDA_VISIBLE_DEVICES=MIG-aaa,MIG-bbb\n"
+
+
 def test_taskprolog_applies_the_ring_only_where_the_task_sees_every_gpu_and_no_binding_was_asked(node, tmp_path):
     node.jobs["111"] = SHOW.format(job="111", node="a100", gres="gpu:a100:2", detail="gpu:a100:2(IDX:0,2)",
                                    ac=GPUSHARE_AC)

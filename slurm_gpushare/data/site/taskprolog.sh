@@ -14,7 +14,9 @@ d="$RUN_DIR/jobs/$SLURM_JOB_ID"
 # in the same order, by their gres.conf index in SLURM_STEP_GPUS (the batch step: SLURM_JOB_GPUS); a task
 # without GPU has neither. devices (" <index>=<UUID> ...") lists the job's devices that must be named by UUID
 # (MIG devices; an MPS share's GPUs, which its clients name relative to the job's daemon): each such entry is
-# replaced, the others keep Slurm's form; lists of different lengths leave Slurm's value. The MPS variables
+# replaced, the others keep Slurm's form (so does an entry Slurm already names by UUID: with AutoDetect=nvml a
+# MIG device has a UniqueId, which Slurm prints instead of the index); lists of different lengths leave
+# Slurm's value. The MPS variables
 # (env) go only to a task that holds a GPU of the share; a step's task without one unsets those inherited
 # from the batch step's TaskProlog (forget, below). A job prepared without devices (an older Prolog) gets env.
 forget() {
@@ -32,7 +34,13 @@ translate() {
   for id in $ids; do
     [ $# -gt 0 ] || { hit=""; break; }
     e=$1; shift
-    case "$table" in *" $id="*) e=${table#* $id=}; e=${e%% *}; hit=1 ;; esac
+    case "$table" in *" $id="*)
+      case "$e" in
+        MIG-*|GPU-*) ;;  # Slurm named it by UUID itself (AutoDetect=nvml: UniqueId): keep Slurm's
+        *) e=${table#* $id=}; e=${e%% *} ;;
+      esac
+      hit=1 ;;
+    esac
     out="$out,$e"
   done
   [ $# -eq 0 ] || hit=""
