@@ -766,6 +766,18 @@ def test_doctor_finds_a_daemon_whose_job_directory_was_removed(node):
     assert not pid_alive(pid)
 
 
+def test_the_epilog_stops_a_daemon_whose_job_directory_was_removed(node):
+    """Issue 26 D15: the job's directory removed while it ran (an administrator, a cleaner of /run): the Epilog
+    finds the job's daemon by process and stops it, instead of leaving it to doctor --repair."""
+    _shard_job(node, "804")
+    assert prolog(node.ctx, _env("804")) == 0
+    pid = node.ctx.mps("804").pid()
+    remove_tree(node.ctx.job_dir("804"))
+    assert pid and pid_alive(pid)
+    assert epilog(node.ctx, _env("804")) == 0
+    wait_until(lambda: not pid_alive(pid), f"job 804's daemon {pid} stopped by the Epilog")
+
+
 def test_an_epilog_whose_node_config_is_broken_still_writes_the_record_it_can(node, tmp_path):
     """A typo in one key of node.toml: the keys that still read (run_dir, spool_dir, machine) give the
     Epilog what it needs for the job's accounting record; the daemon is stopped; exit 1 (config broken)."""

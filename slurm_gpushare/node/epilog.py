@@ -61,6 +61,8 @@ def epilog(ctx: HookContext, env: dict[str, str]) -> int:
     if job_dir.exists():
         with job_lock(job_dir, remove=True):
             problem = cleanup_job(ctx, job_id)
+    elif gpu_job:  # removed while the job ran (an administrator, a cleaner of the run dir): found by process
+        problem = stop_homeless(ctx, job_id)
     if not problem and gpu_job:
         problem = sweep_leftovers(ctx, env, start=run[1] if run else None)
     wake_waiting(ctx, job_id)
@@ -203,6 +205,16 @@ def _remove(job_dir: Path) -> None:
         remove_tree(job_dir)
     except OSError:
         shutil.rmtree(job_dir, ignore_errors=True)
+
+
+def stop_homeless(ctx: HookContext, job_id: str) -> str | None:
+    """Stop the MPS daemons of ``job_id`` found by process (:func:`~slurm_gpushare.node.jobdir.job_daemons`)
+    when its job directory is gone. Returns a drain reason for a process that survives SIGKILL."""
+    problems = [p for p in (stop_found_daemon(d, ctx.config.mps_quit_timeout)
+                            for d in by_pipe_dir(job_daemons(ctx.run_dir)) if d.job_id == job_id) if p]
+    for p in problems:
+        log_event(ctx, "epilog", f"job {job_id}: {p}")
+    return f"gpushare epilog job {job_id}: {problems[0]}" if problems else None
 
 
 def by_pipe_dir(found: list[JobDaemon]) -> list[JobDaemon]:
