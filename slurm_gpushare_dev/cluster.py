@@ -632,6 +632,17 @@ class DevCluster:
             except PermissionError:
                 raise ClusterError(f"cannot remove {self.pidfile(daemon)}", hint="run as root") from None
         self._remove_cgroups()
+        if os.geteuid() == 0:  # MPS directories of jobs whose Epilog never ran (tmpfs mounts under the run dir)
+            from slurm_gpushare.node.mps import unmount_below
+
+            try:
+                left = unmount_below(self.root)
+            except OSError as e:
+                print(f"left mounted: {e.filename} ({e.strerror})", file=out)
+            else:
+                if left:
+                    print(f"unmounted {len(left)} MPS director{'y' if len(left) == 1 else 'ies'} left under "
+                          f"{self.root}", file=out)
         print(f"dev cluster in {self.root} is down (stopped {len(stopped)} daemon(s))", file=out)
         return stopped
 

@@ -20,6 +20,7 @@ from slurm_gpushare.node.context import HookContext, NodeFault
 from slurm_gpushare.node.doctor import doctor
 from slurm_gpushare.node.epilog import epilog
 from slurm_gpushare.node.jobdir import read_state
+from slurm_gpushare.node.mps import remove_tree, unmount_below
 from slurm_gpushare.node.prolog import prolog
 from slurm_gpushare.node.shared_mps import shared_dir
 from slurm_gpushare_dev.cluster import MPS_STANDIN, SITE, packaged_machine, pid_alive
@@ -65,6 +66,7 @@ def node(monkeypatch):
     for d in (root / "run" / "a100" / "jobs").glob("*"):
         if d.is_dir():
             ctx.mps(d.name).stop()
+    unmount_below(root)  # MPS directories (tmpfs) a test left mounted
     shutil.rmtree(root, ignore_errors=True)
 
 
@@ -753,7 +755,7 @@ def test_doctor_finds_a_daemon_whose_job_directory_was_removed(node):
     _shard_job(node, "802")
     assert prolog(node.ctx, _env("802")) == 0
     pid = node.ctx.mps("802").pid()
-    shutil.rmtree(node.ctx.job_dir("802"))  # state, env, pipe dir: no trace but the process
+    remove_tree(node.ctx.job_dir("802"))  # state, env, pipe dir (a tmpfs mount): no trace but the process
     assert pid and pid_alive(pid)
     report = doctor(node.ctx, repair=False, running_jobs=set())
     assert [(f.job_id, f.action) for f in report if "without its job directory" in f.problem] == [
@@ -762,6 +764,18 @@ def test_doctor_finds_a_daemon_whose_job_directory_was_removed(node):
     fixed = doctor(node.ctx, repair=True, running_jobs=set())
     assert [(f.job_id, f.action) for f in fixed] == [("802", "stopped it")]
     assert not pid_alive(pid)
+
+
+def test_the_epilog_stops_a_daemon_whose_job_directory_was_removed(node):
+    """Issue 26 D15: the job's directory removed while it ran (an administrator, a cleaner of /run): the Epilog
+    finds the job's daemon by process and stops it, instead of leaving it to doctor --repair."""
+    _shard_job(node, "804")
+    assert prolog(node.ctx, _env("804")) == 0
+    pid = node.ctx.mps("804").pid()
+    remove_tree(node.ctx.job_dir("804"))
+    assert pid and pid_alive(pid)
+    assert epilog(node.ctx, _env("804")) == 0
+    wait_until(lambda: not pid_alive(pid), f"job 804's daemon {pid} stopped by the Epilog")
 
 
 def test_an_epilog_whose_node_config_is_broken_still_writes_the_record_it_can(node, tmp_path):

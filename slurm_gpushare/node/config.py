@@ -11,6 +11,8 @@ Every key is optional::
     shard_unit = "1G"                          # with a unit (1G, 512M); must match gres-conf --shard-unit
     mps_start_timeout = 10.0                   # seconds
     mps_quit_timeout = 10.0                    # seconds before SIGTERM/SIGKILL of a daemon that ignores quit
+    mps_dir_size = "64M"                       # tmpfs on each MPS pipe and log directory (the job user's,
+                                               # in the run dir, usually RAM); "0": none (unbounded)
     drain_on_stuck_daemon = true               # an MPS daemon that survives SIGKILL drains the node
     mps_mode = "per-job"                       # or "per-gpu": one daemon per GPU and user, shared by jobs
     low_priority_partitions = ["scavenger"]    # their jobs' MPS clients run below normal priority
@@ -43,7 +45,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from slurm_gpushare.errors import ConfigError, InputError
-from slurm_gpushare.memsize import format_mib, parse_shard_unit_value
+from slurm_gpushare.memsize import format_mib, parse_mib, parse_shard_unit_value
 
 if TYPE_CHECKING:  # annotations only: the hooks read node.toml before they know whether they need more
     from slurm_gpushare.hardware.machine import Machine
@@ -66,6 +68,7 @@ class NodeConfig:
     shard_unit_mib: int = 1024
     mps_start_timeout: float = 10.0
     mps_quit_timeout: float = 10.0
+    mps_dir_size_mib: int = 64
     drain_on_stuck_daemon: bool = True
     mps_env: tuple[tuple[str, str], ...] = ()
     mps_mode: str = "per-job"
@@ -92,7 +95,8 @@ class NodeConfig:
 
 _KEYS: dict[str, type | tuple[type, ...]] = {
     "version": int, "run_dir": str, "machine": str, "mps_control": str, "shard_unit": str,
-    "mps_start_timeout": (int, float), "mps_quit_timeout": (int, float), "drain_on_stuck_daemon": bool,
+    "mps_start_timeout": (int, float), "mps_quit_timeout": (int, float), "mps_dir_size": str,
+    "drain_on_stuck_daemon": bool,
     "mps_env": dict, "mps_mode": str, "low_priority_partitions": list, "gpu_order": str, "spool_dir": str,
     "monitor_interval": (int, float), "monitor_jobs_interval": (int, float),
     "monitor_steps_interval": (int, float), "monitor_save_interval": (int, float), "monitor_listen": str,
@@ -187,6 +191,13 @@ def _node_config_from_data(data: dict[str, Any], source: str) -> NodeConfig:
             continue
         if not _has_type(value, want):
             raise ConfigError(f"{key} has the wrong type ({type(value).__name__})", source=source)
+        if key == "mps_dir_size":
+            try:
+                kw["mps_dir_size_mib"] = 0 if value.strip() == "0" else parse_mib(value, what=key, maximum=1 << 20)
+            except InputError as e:
+                raise ConfigError(e.message, hint=e.hint or 'e.g. mps_dir_size = "64M", or "0" for none',
+                                  source=source) from None
+            continue
         if key == "version":
             continue
         if key == "low_priority_partitions":
