@@ -960,3 +960,29 @@ def test_prologs_that_start_at_once_on_one_gpu_see_each_other(tmp_path):
         claimed = sorted(p.name for p in (run_dir / "claims").iterdir())
         assert claimed in (["1"], ["2", "3", "4"]), (claimed, results)
         assert all(results[j] == [] for j in claimed)
+
+
+def test_a_hook_that_runs_out_of_time_fails_the_job_or_drains_with_a_clear_reason(node):
+    """Issue 26 item 2: each hook has its own time limit (node.toml hook_timeout), below slurmd's
+    PrologEpilogTimeout: a Prolog that runs out cancels its job (a job fault, the node kept), an Epilog that
+    runs out drains the node naming the job and the limit; neither leaves the node completing for ever."""
+    import dataclasses
+    import time
+
+    from slurm_gpushare.node.hook import run_limited
+
+    cfg = dataclasses.replace(node.ctx.config, hook_timeout=0.3)
+    hung = HookContext(cfg, "a100", job_record=lambda j: time.sleep(30) or "", drain=node.ctx.drain,
+                       cancel=node.cancelled.append, show_node=node.ctx.show_node)
+    _shard_job(node, "901")
+    started = time.monotonic()
+    assert run_limited(hung, "prolog", _env("901"), prolog) == 0
+    assert time.monotonic() - started < 5 and node.cancelled == ["901"]
+    started = time.monotonic()
+    assert run_limited(hung, "epilog", _env("902"), lambda ctx, env: time.sleep(30)) == 1
+    assert time.monotonic() - started < 5
+    assert node.drained[-1][1].startswith("gpushare epilog job 902: did not finish within 0.3 s")
+    # in time: the hook's own status, and no timer left behind
+    assert run_limited(hung, "epilog", _env("903"), lambda ctx, env: 0) == 0
+    import signal
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)

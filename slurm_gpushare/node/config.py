@@ -14,6 +14,8 @@ Every key is optional::
     mps_dir_size = "64M"                       # tmpfs on each MPS pipe and log directory (the job user's,
                                                # in the run dir, usually RAM); "0": none (unbounded)
     drain_on_stuck_daemon = true               # an MPS daemon that survives SIGKILL drains the node
+    hook_timeout = 120.0                       # seconds a Prolog/Epilog may run (keep it below slurm.conf's
+                                               # PrologEpilogTimeout): then the job fails / the node drains
     mps_mode = "per-job"                       # or "per-gpu": one daemon per GPU and user, shared by jobs
     low_priority_partitions = ["scavenger"]    # their jobs' MPS clients run below normal priority
     gpu_order = "gpushare"                     # whose multi-GPU tasks get NVLink ring order: "gpushare"
@@ -69,6 +71,7 @@ class NodeConfig:
     mps_start_timeout: float = 10.0
     mps_quit_timeout: float = 10.0
     mps_dir_size_mib: int = 64
+    hook_timeout: float = 120.0
     drain_on_stuck_daemon: bool = True
     mps_env: tuple[tuple[str, str], ...] = ()
     mps_mode: str = "per-job"
@@ -96,7 +99,7 @@ class NodeConfig:
 _KEYS: dict[str, type | tuple[type, ...]] = {
     "version": int, "run_dir": str, "machine": str, "mps_control": str, "shard_unit": str,
     "mps_start_timeout": (int, float), "mps_quit_timeout": (int, float), "mps_dir_size": str,
-    "drain_on_stuck_daemon": bool,
+    "drain_on_stuck_daemon": bool, "hook_timeout": (int, float),
     "mps_env": dict, "mps_mode": str, "low_priority_partitions": list, "gpu_order": str, "spool_dir": str,
     "monitor_interval": (int, float), "monitor_jobs_interval": (int, float),
     "monitor_steps_interval": (int, float), "monitor_save_interval": (int, float), "monitor_listen": str,
@@ -107,7 +110,7 @@ _KEYS: dict[str, type | tuple[type, ...]] = {
 
 #: Keys in seconds: (lowest, highest, lowest allowed itself).
 _SECONDS: dict[str, tuple[float, float, bool]] = {
-    "mps_start_timeout": (0, 600, False), "mps_quit_timeout": (0, 600, False),
+    "mps_start_timeout": (0, 600, False), "mps_quit_timeout": (0, 600, False), "hook_timeout": (0, 3600, False),
     "monitor_interval": (0.01, 3600, True), "monitor_jobs_interval": (0, 3600, True),
     "monitor_steps_interval": (0, 3600, True), "monitor_save_interval": (0, 3600, True),
     "admin_comment_interval": (1, 86400, True),
