@@ -164,6 +164,9 @@ class DevCluster:
         extra_conf: lines appended to slurm.conf (a test's own partitions, ``AccountingStorageEnforce``).
         scheduler_parameters: slurm.conf ``SchedulerParameters`` (benchmarks/packing runs backfill
             every second: its jobs last seconds, not hours).
+        product: slurm.conf names the product's hooks and plugins (:meth:`product_lines`); ``False``: the
+            same cluster (gres.conf, nodes, daemons, filterd and monitors) as plain Slurm, to compare the
+            two (:meth:`set_product` switches a running cluster).
     """
 
     root: Path
@@ -177,6 +180,7 @@ class DevCluster:
     gpu_order: str = "gpushare"
     extra_conf: tuple[str, ...] = ()
     scheduler_parameters: str = "sched_interval=2"
+    product: bool = True
     _start: _Start | None = field(default=None, init=False, repr=False, compare=False)
 
     @functools.cached_property
@@ -376,14 +380,7 @@ class DevCluster:
             "ReturnToService=2",
             "MinJobAge=30",
             "SlurmdParameters=config_overrides",
-            "PrologFlags=Alloc",
-            f"Prolog={r}/scripts/prolog.sh",
-            f"Epilog={r}/scripts/epilog.sh",
-            f"TaskProlog={self.site_config_dir}/taskprolog.sh",
-            "JobSubmitPlugins=lua",
-            # every release needs it: 22.05 for srun --gres=gpushare without an allocation, 23.11+ because
-            # the clients refuse "=" in a GRES type (cli_filter.lua writes it %3D; docs/admin-guide.md)
-            "CliFilterPlugins=cli_filter/lua",
+            *(self.product_lines() if self.product else ["# the product's lines are off (dev-cluster product on)"]),
         ]
         if self.dbd:
             conf += [
@@ -392,8 +389,6 @@ class DevCluster:
                 f"AccountingStoragePort={self.port_base + 2}",
                 f"AccountingStoragePass={r}/munge/munge.sock",
                 "AccountingStoreFlags=job_comment",
-                # the job's usage segment into slurmdbd's AdminComment once it ends (docs/accounting.md)
-                f"EpilogSlurmctld={r}/scripts/epilog_slurmctld.sh",
             ]
         else:
             conf.append("AccountingStorageType=accounting_storage/none")
@@ -425,8 +420,61 @@ class DevCluster:
             # once here rather than by every hook that opens the fake)
             files[f"machines/{name}.json"] = replace(m, gpus=tuple(derived_gpus(m))).to_json()
         files["cluster.json"] = json.dumps({"cgroup": self.cgroup, "dbd": self.dbd, "port_base": self.port_base,
-                                            "nodes": list(self.nodes), "slurm": self.slurm_release}, indent=2) + "\n"
+                                            "nodes": list(self.nodes), "slurm": self.slurm_release,
+                                            "product": self.product}, indent=2) + "\n"
         return files
+
+    def product_lines(self) -> list[str]:
+        """The slurm.conf lines that name the product (what ``slurm-gpushare install`` asks a site to add,
+        siteinstall.slurm_conf_lines, with this cluster's Prolog/Epilog shims): without them the cluster is
+        plain Slurm with the same nodes, GRES and daemons."""
+        r = self.root
+        lines = [
+            "PrologFlags=Alloc",
+            f"Prolog={r}/scripts/prolog.sh",
+            f"Epilog={r}/scripts/epilog.sh",
+            f"TaskProlog={self.site_config_dir}/taskprolog.sh",
+            "JobSubmitPlugins=lua",
+            # every release needs it: 22.05 for srun --gres=gpushare without an allocation, 23.11+ because
+            # the clients refuse "=" in a GRES type (cli_filter.lua writes it %3D; docs/admin-guide.md)
+            "CliFilterPlugins=cli_filter/lua",
+        ]
+        if self.dbd:
+            # the job's usage segment into slurmdbd's AdminComment once it ends (docs/accounting.md)
+            lines.append(f"EpilogSlurmctld={r}/scripts/epilog_slurmctld.sh")
+        return lines
+
+    def set_product(self, enabled: bool, *, timeout: float = 120.0) -> None:
+        """Switch the running cluster's product lines (:meth:`product_lines`) on or off: slurm.conf (and
+        cluster.json) rewritten, then ``scontrol reconfigure``, which applies every one of them on each
+        supported release (22.05: slurmctld re-reads slurm.conf and re-inits job_submit plugins whose list
+        changed, src/slurmctld/job_submit.c, and each slurmd re-reads its Prolog/Epilog/TaskProlog;
+        24.11+: slurmctld and slurmd restart in place; CliFilterPlugins is read by each client at start).
+        Returns once slurmctld's ``scontrol show config`` shows the new lines and every node is in service.
+        Jobs keep running; a job's own Prolog/Epilog is the one in force when it ran.
+
+        Raises:
+            ClusterError: the cluster is not running, or slurmctld does not show the change within ``timeout``.
+        """
+        if not self.alive("slurmctld"):
+            raise ClusterError(f"no dev cluster runs in {self.root}", hint=f"bring it up: scripts/dev-cluster up "
+                                                                       f"--dir {self.root}")
+        self.product = enabled
+        files = self.render()
+        for rel in ("etc/slurm.conf", "cluster.json"):
+            write_atomic(self.root / rel, files[rel], mode=0o644)
+        self._slurm(["scontrol", "reconfigure"])
+        want = f"{self.site_config_dir}/taskprolog.sh" if enabled else "(null)"
+
+        def applied() -> bool:
+            config = dict(re.findall(r"^(\w+)\s*=\s*(.*?)\s*$", self._slurm(["scontrol", "show", "config"],
+                                                                           check=False), flags=re.M))
+            return config.get("TaskProlog", "(null)") == want and \
+                ("lua" in config.get("JobSubmitPlugins", "")) == enabled
+        self._wait(applied, timeout, f"slurmctld showing the product's lines {'on' if enabled else 'off'}",
+                   log="log/slurmctld.log")
+        self._wait(self._up_resuming_drained, timeout, "all nodes in service (idle, or running jobs)",
+                   log="log/slurmctld.log")
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -584,6 +632,17 @@ class DevCluster:
             except PermissionError:
                 raise ClusterError(f"cannot remove {self.pidfile(daemon)}", hint="run as root") from None
         self._remove_cgroups()
+        if os.geteuid() == 0:  # MPS directories of jobs whose Epilog never ran (tmpfs mounts under the run dir)
+            from slurm_gpushare.node.mps import unmount_below
+
+            try:
+                left = unmount_below(self.root)
+            except OSError as e:
+                print(f"left mounted: {e.filename} ({e.strerror})", file=out)
+            else:
+                if left:
+                    print(f"unmounted {len(left)} MPS director{'y' if len(left) == 1 else 'ies'} left under "
+                          f"{self.root}", file=out)
         print(f"dev cluster in {self.root} is down (stopped {len(stopped)} daemon(s))", file=out)
         return stopped
 
@@ -816,6 +875,12 @@ class DevCluster:
         ``BEFORE_DIR``): where a test puts a jobstats-like step."""
         return self.root / "scripts" / "epilog_slurmctld.d"
 
+    @property
+    def sacct_queue(self) -> Path:
+        """The ``--dbd`` cluster's queue of ended GPU runs for the summary worker (the wrapper's ``QUEUE``;
+        :mod:`slurm_gpushare.accounting.sacctqueue`), with the worker's ``worker.log``."""
+        return self.root / "spool" / "gpushare-sacct-queue"
+
     def _epilog_slurmctld_text(self) -> str:
         """The shipped ``epilog_slurmctld.sh`` with this cluster's paths: its directory of earlier steps, the
         nodes' spool, the product (:attr:`installed_command`), and ``SLURM_CONF`` (slurmctld passes no
@@ -823,6 +888,7 @@ class DevCluster:
         text = (SITE / "epilog_slurmctld.sh").read_text()
         for old, new in (("@CONFIG_DIR@/epilog_slurmctld.d", str(self.epilog_slurmctld_dir)),
                          ('SPOOL="/var/spool/slurm-gpushare/accounting"', f'SPOOL="{self.accounting_spool}"'),
+                         ('QUEUE="/var/spool/slurm-gpushare/sacct-queue"', f'QUEUE="{self.sacct_queue}"'),
                          ('SLURM_GPUSHARE="@SLURM_GPUSHARE@"',
                           f'SLURM_GPUSHARE="{" ".join(self.installed_command)}"\n'
                           f'SLURM_CONF="{self.slurm_conf}"\nexport SLURM_CONF')):
@@ -1647,8 +1713,8 @@ def _run(argv: list[str], *, log: Path | None = None) -> None:
                epilog="exit status: 0 ok; 1 not running or a problem (status); 2 usage; 5 failure; "
                       "exec: the command's",
                context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument("action", type=click.Choice(["up", "down", "status", "env", "exec"]),
-                metavar="up|down|status|env|exec")
+@click.argument("action", type=click.Choice(["up", "down", "status", "env", "exec", "product"]),
+                metavar="up|down|status|env|exec|product")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.option("--dir", "dir_", help=f"state directory (env GPUSHARE_DEV_DIR, default {DEFAULT_DIR})")
 @click.option("--port-base", type=int, help=f"slurmctld port (env GPUSHARE_DEV_PORT, default {DEFAULT_PORT_BASE})")
@@ -1662,7 +1728,10 @@ def cli(action: str, command: tuple[str, ...], dir_: str | None, port_base: int 
         release: str | None, as_json: bool) -> int:
     """The command line; returns the exit status (see :func:`main`)."""
     try:
-        if command and action != "exec":
+        if action == "product" and (len(command) != 1 or command[0] not in ("on", "off")):
+            raise click.UsageError("product takes on or off: dev-cluster product off (plain Slurm: the product's "
+                                   "slurm.conf lines removed), dev-cluster product on")
+        if command and action not in ("exec", "product"):
             raise click.UsageError(f"unexpected argument {command[0]!r} ('exec -- COMMAND...' takes a command)")
         if action == "exec" and not command:
             raise click.UsageError("exec needs a command: dev-cluster exec -- sbatch --wrap hostname")
@@ -1673,6 +1742,8 @@ def cli(action: str, command: tuple[str, ...], dir_: str | None, port_base: int 
             raise ClusterError(f"the dev cluster in {cluster.root} runs Slurm {ran} (its cluster.json); "
                                f"this 'up' is for Slurm {release or host_release()}",
                                hint=f"run '{cluster.down_command}' first, or use another --dir/--port-base")
+        if action == "up" and cluster.alive("slurmctld"):
+            cluster.product = saved.get("product", True) is not False  # as 'product on|off' left it
         if action != "up":
             # down/status/env/exec act on the cluster as it was brought up, with its release
             if release and ran and release != ran:
@@ -1683,6 +1754,7 @@ def cli(action: str, command: tuple[str, ...], dir_: str | None, port_base: int 
                                    hint=f"bring one up: scripts/dev-cluster up --dir {cluster.root}")
             cluster.cgroup = cluster.cgroup or saved.get("cgroup", False)
             cluster.dbd = cluster.dbd or saved.get("dbd", False)
+            cluster.product = saved.get("product", True) is not False
             release = release or ran
             if port_base is None and isinstance(saved.get("port_base"), int):
                 cluster.port_base = saved["port_base"]
@@ -1701,6 +1773,9 @@ def cli(action: str, command: tuple[str, ...], dir_: str | None, port_base: int 
             cluster.up()
         elif action == "down":
             cluster.down()
+        elif action == "product":
+            cluster.set_product(command[0] == "on")
+            print(f"dev cluster in {cluster.root}: the product's slurm.conf lines are {command[0]}")
         elif action == "env":
             print(cluster.env_exports())
         elif action == "exec":

@@ -36,9 +36,11 @@ from slurm_gpushare.slurm.release import Release
 #: Supported releases -> the Debian suite whose ``slurm-wlm`` is that release (bookworm: the host).
 SUITES = {"22.05": "bookworm", "24.11": "trixie", "26.05": "sid"}
 #: What a root holds besides debootstrap's minbase: Slurm and its clients, MUNGE, Lua for job_submit.lua,
-#: Python for the product, slurmdbd and MariaDB for the ``--dbd`` cluster, and the tools the tests use.
+#: Python for the product, slurmdbd and MariaDB for the ``--dbd`` cluster, and the tools the tests use
+#: (expect and bc: SchedMD's expect tests, ``scripts/peer-suite``).
 ROOT_PACKAGES = ("slurm-wlm", "slurm-client", "slurmdbd", "munge", "lua-socket", "lua5.1", "python3",
-                 "python3-venv", "procps", "mariadb-server", "ca-certificates", "passwd", "util-linux")
+                 "python3-venv", "procps", "mariadb-server", "ca-certificates", "passwd", "util-linux", "expect",
+                 "bc")
 DEFAULT_ROOTS_DIR = "/var/cache/slurm-gpushare-dev/roots"
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 #: Set inside a root (to its release) by :meth:`ReleaseRoot.command`: a command that runs there must not

@@ -20,8 +20,10 @@ import sys
 import time
 import urllib.request
 import uuid
+from datetime import datetime
 from pathlib import Path
 
+import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -432,3 +434,65 @@ def test_jobstats_shows_a_users_own_job_refuses_anothers_and_its_suggestion_runs
     _sacct_until_segment(dbd, again.id)
     rerun = _jobstats_as(c, alice, again.id)
     assert rerun.returncode == 0 and "mps shard:4" in rerun.stdout, rerun.stdout + rerun.stderr
+
+
+def _summaries_running() -> list[str]:
+    """Command lines of the ``accounting sacct-summary`` processes now on this host (EpilogSlurmctld's Python)."""
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if "sacct-summary" in cmd and "python" in cmd.lower():
+            found.append(cmd)
+    return found
+
+
+def test_a_plain_job_costs_the_controller_no_python_and_its_successor_starts_at_once(dbd):
+    """A job that holds no GPU: its EpilogSlurmctld ends in the shell (no run marked in the spool's runs/), so
+    the job leaves COMPLETING as in plain Slurm and a '-d afterok' successor starts within seconds (it waited
+    the whole 120 s deadline of the summary for records such a job never writes)."""
+    first = dbd.sbatch(wrap="true")
+    second = dbd.sbatch(f"--dependency=afterok:{first.id}", wrap="true")
+    seen: list[str] = []
+
+    def ended() -> bool:
+        seen.extend(_summaries_running())
+        return dbd.show_job(second.id).get("JobState") in FINAL_STATES
+
+    wait_until(ended, f"job {second.id} (after {first.id}) ending", timeout=60)
+    assert seen == [], seen
+    end = dbd.show_job(first.id)["EndTime"]
+    start = dbd.show_job(second.id)["StartTime"]
+    delay = (datetime.fromisoformat(start) - datetime.fromisoformat(end)).total_seconds()
+    assert delay <= 5, (end, start)
+
+
+def _summary_processes() -> list[str]:
+    """Command lines of the Python processes of the controller's summary (``accounting sacct-summary`` or
+    ``accounting sacct-worker``) now on this host."""
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if ("sacct-summary" in cmd or "sacct-worker" in cmd) and "python" in cmd.lower():
+            found.append(cmd)
+    return found
+
+
+def test_an_array_of_gpu_jobs_costs_the_controller_one_worker_and_every_task_gets_its_segment(dbd):
+    """30 GPU tasks ending together: their EpilogSlurmctld only queues each run (plain sh); one long-lived
+    worker (``accounting sacct-worker``, single by its lock) writes every task's segment, so at most one
+    summary process is ever on the controller host (there was one per ended job, each waiting for records)."""
+    job = dbd.sbatch("--array=0-29", "--gres=gpu:1", wrap="true")
+    most: list[str] = []
+
+    def all_written() -> bool:
+        now = _summary_processes()
+        if len(now) > len(most):
+            most[:] = now
+        out = dbd.run(["sacct", "-j", job.id, "-X", "-n", "-P", "-o", "JobID,State,AdminComment"]).stdout
+        rows = [line.split("|", 2) for line in out.splitlines() if line.count("|") >= 2]
+        return len(rows) == 30 and all("[gpushare:u1 " in r[2] for r in rows)
+
+    log = dbd.cluster.sacct_queue / "worker.log"
+    wait_until(all_written, f"the [gpushare:u1 ...] segment of all 30 tasks of array {job.id}", timeout=240,
+               describe=lambda: log.read_text()[-2000:] if log.exists() else "no worker log")
+    assert len(most) <= 1, most

@@ -117,6 +117,55 @@ def test_typed_gpu_request_lands_on_that_model(cluster, slurm):
     assert len(job.output().strip().split(",")) == 2
 
 
+def test_product_off_renders_plain_slurm_on_the_same_nodes(tmp_path):
+    on = DevCluster.default(tmp_path, 30000, dbd=True)
+    off = DevCluster.default(tmp_path, 30000, dbd=True)
+    off.product = False
+    conf_on, conf_off = on.render()["etc/slurm.conf"], off.render()["etc/slurm.conf"]
+    for line in on.product_lines():
+        assert line in conf_on.splitlines() and line not in conf_off, line
+    assert [ln for ln in conf_on.splitlines() if ln not in on.product_lines() and not ln.startswith("#")] == \
+        [ln for ln in conf_off.splitlines() if not ln.startswith("#")]
+    assert {k for k in on.product_lines() for k in [k.split("=")[0]]} == {
+        "PrologFlags", "Prolog", "Epilog", "TaskProlog", "JobSubmitPlugins", "CliFilterPlugins", "EpilogSlurmctld"}
+    assert on.render()["etc/gres.conf"] == off.render()["etc/gres.conf"]
+    assert json.loads(off.render()["cluster.json"])["product"] is False
+
+
+def test_product_takes_on_or_off(capsys):
+    assert main(["product", "maybe", "--dir", "/nonexistent/x"]) == 2
+    assert "product takes on or off" in capsys.readouterr().err
+
+
+@pytest.mark.slurm
+def test_product_off_and_on_again_on_the_running_cluster(cluster, slurm):
+    """The same daemons with and without the product's slurm.conf lines: with them a gpushare request gets
+    the TaskProlog's lines (a shared GPU's MPS pipe); without them the same request is plain Slurm's refusal
+    (no job_submit.lua, no cli_filter.lua), and a GPU job sees Slurm's environment, nothing of the product."""
+    pids = {d: cluster.pid(d) for d in ("filterd", *(f"monitor-{n}" for n in cluster.nodes))}
+    wrap = "env | grep -E '^(CUDA_MPS_PIPE_DIRECTORY|CUDA_VISIBLE_DEVICES)=' | sort"
+
+    def env_of(job) -> dict[str, str]:
+        job = slurm.wait(job)
+        assert job.state == "COMPLETED", job.fields
+        return dict(line.split("=", 1) for line in job.output().splitlines() if "=" in line)
+
+    try:
+        cluster.set_product(False)
+        assert json.loads((cluster.root / "cluster.json").read_text())["product"] is False
+        config = slurm.run(["scontrol", "show", "config"]).stdout
+        assert not re.search(r"^(TaskProlog|Prolog|Epilog)\s*=\s*/", config, re.M), config
+        refused = slurm.sbatch("--gres=gpushare:mem=10G", wrap=wrap, check=False)
+        assert refused.returncode != 0, refused.stdout
+        env = env_of(slurm.sbatch("--gres=gpu:h100:1", "-w", "h100-nvs", wrap=wrap))
+        assert list(env) == ["CUDA_VISIBLE_DEVICES"], env
+    finally:
+        cluster.set_product(True)
+    env = env_of(slurm.sbatch("--gres=gpushare:mem=10G", "-p", "nomig", wrap=wrap))
+    assert env.get("CUDA_MPS_PIPE_DIRECTORY", "").startswith("/"), env
+    assert {d: cluster.pid(d) for d in pids} == pids  # the product's own daemons ran throughout
+
+
 @pytest.mark.slurm
 def test_up_twice_is_harmless(cluster):
     before = {d: cluster.pid(d) for d in cluster.daemons()}
@@ -478,7 +527,7 @@ def test_status_without_a_cluster_says_so_and_exits_1(tmp_path, capsys, as_json)
     (["exec"], "exec needs a command: dev-cluster exec -- sbatch --wrap hostname"),
     (["status", "extra"], "unexpected argument 'extra'"),
     (["up", "--slurm", "23.11"], "'23.11' is not one of '22.05', '24.11', '26.05'"),
-    ([], "Missing argument 'up|down|status|env|exec'. Choose from: up, down, status, env, exec"),
+    ([], "Missing argument 'up|down|status|env|exec|product'. Choose from: up, down, status, env, exec, product"),
     (["status", "--port-base", "high"], "'high' is not a valid integer"),
     (["status", "--bogus"], "No such option '--bogus'"),
 ])

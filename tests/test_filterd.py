@@ -80,6 +80,20 @@ def test_mig_where_it_fits_shard_elsewhere_with_audit(service):
     assert b["tres_per_node"] == "gres:shard:10" and "kind=mps" in b["admin_comment"]
 
 
+def test_a_share_in_a_heterogeneous_job_is_refused_until_each_component_gets_its_own(service):
+    """Issue 26 N4: the TaskProlog of a het job's tasks reads the leader's job directory, so component 1 got
+    component 0's MPS settings; shares, MIG slices and direct shard requests in a component are refused."""
+    for offset in (0, 1):
+        for tres in ("gres:gpushare:mem=10G", "gres:shard:4"):
+            a = ask(service, tres_per_node=tres, partition="gpu", het_job_offset=offset)
+            assert a["action"] == "reject" and a["errno"] == 2072, a
+            assert "heterogeneous" in a["message"] and "separate jobs" in a["message"]
+    # not a component: -1 (job_submit.lua's unset), Slurm's NO_VAL, or missing
+    for offset in (-1, 4294967294, None):
+        fields = {} if offset is None else {"het_job_offset": offset}
+        assert ask(service, tres_per_node="gres:gpushare:mem=10G", partition="gpu", **fields)["action"] == "rewrite"
+
+
 def test_refusal_has_message_and_gres_errno(service):
     a = ask(service, tres_per_node="gres:gpushare:mem=200G")
     assert a["action"] == "reject" and a["errno"] == 2072

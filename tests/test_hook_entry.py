@@ -57,7 +57,7 @@ def test_whole_gpu_and_mig_jobs_on_a_node_without_shards_never_ask_slurmctld(nod
            "SLURM_JOB_UID": "0", "SLURM_JOB_GID": "0",
            "SLURM_CONF": _slurm_dir(node, "mig", "4x-h100-mig-mixed.json", shards=False)}
     assert prolog(mig, env) == 0
-    assert (mig.job_dir("8") / "env").read_text().startswith("export CUDA_VISIBLE_DEVICES=MIG-")
+    assert (mig.job_dir("8") / "devices").read_text().startswith(" 4=MIG-")
     assert asked == [] and node.cancelled == [] and node.drained == []
 
 

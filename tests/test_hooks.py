@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -19,6 +20,7 @@ from slurm_gpushare.node.context import HookContext, NodeFault
 from slurm_gpushare.node.doctor import doctor
 from slurm_gpushare.node.epilog import epilog
 from slurm_gpushare.node.jobdir import read_state
+from slurm_gpushare.node.mps import remove_tree, unmount_below
 from slurm_gpushare.node.prolog import prolog
 from slurm_gpushare.node.shared_mps import shared_dir
 from slurm_gpushare_dev.cluster import MPS_STANDIN, SITE, packaged_machine, pid_alive
@@ -64,6 +66,7 @@ def node(monkeypatch):
     for d in (root / "run" / "a100" / "jobs").glob("*"):
         if d.is_dir():
             ctx.mps(d.name).stop()
+    unmount_below(root)  # MPS directories (tmpfs) a test left mounted
     shutil.rmtree(root, ignore_errors=True)
 
 
@@ -89,7 +92,8 @@ def test_shard_job_gets_its_own_daemon_limits_and_environment(node):
     assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=10G"
     assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
     assert env["CUDA_MPS_PIPE_DIRECTORY"] == str(jd / "mps" / "pipe")
-    assert env["CUDA_VISIBLE_DEVICES"].startswith("GPU-")
+    assert "CUDA_VISIBLE_DEVICES" not in env  # Slurm's per-task value stands, translated by the TaskProlog
+    assert re.fullmatch(r" 0=GPU-[0-9a-f-]{36} \n", (jd / "devices").read_text())  # the share's GPU: index 0
     assert "set_default_device_pinned_mem_limit 0 10G" in _commands(node, "101")
     assert "set_default_active_thread_percentage 25" in _commands(node, "101")
     assert oct((jd / "mps" / "pipe").stat().st_mode & 0o777) == "0o700"
@@ -123,8 +127,8 @@ def test_whole_gpu_and_mig_jobs_start_no_daemon(node, monkeypatch):
     node.jobs["8"] = SHOW.format(job="8", node="mig", gres="gpu:h100_1g.10gb:1",
                                  detail="gpu:h100_1g.10gb:1(IDX:4)", ac="")
     assert prolog(mig, {**_env("8"), "SLURMD_NODENAME": "mig"}) == 0
-    text = (mig.job_dir("8") / "env").read_text()
-    assert text.startswith("export CUDA_VISIBLE_DEVICES=MIG-") and "MPS" not in text
+    assert (mig.job_dir("8") / "env").read_text() == ""
+    assert re.fullmatch(r" 4=MIG-[0-9a-f-]{36} \n", (mig.job_dir("8") / "devices").read_text())
     assert epilog(mig, {**_env("8"), "SLURMD_NODENAME": "mig"}) == 0 and not mig.job_dir("8").exists()
 
 
@@ -255,13 +259,46 @@ def test_taskprolog_prints_the_env_file(node, tmp_path):
     script = tmp_path / "tp.sh"
     shipped = (SITE / "taskprolog.sh").read_text()
     script.write_text(shipped.replace('RUN_DIR="/run/slurm-gpushare"', f'RUN_DIR="{node.root}/run/{{node}}"'))
-    out = subprocess.run(["sh", str(script)], env={"SLURM_JOB_ID": "110", "SLURMD_NODENAME": "a100"},
-                         capture_output=True, text=True)
-    assert out.returncode == 0 and out.stdout == (node.ctx.job_dir("110") / "env").read_text()
+    uuid = (node.ctx.job_dir("110") / "devices").read_text().split("=")[1].strip()
+    task = {"SLURM_JOB_ID": "110", "SLURMD_NODENAME": "a100", "SLURM_JOB_GPUS": "0", "CUDA_VISIBLE_DEVICES": "0"}
+    out = subprocess.run(["sh", str(script)], env=task, capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout == (f"export CUDA_VISIBLE_DEVICES={uuid}\n"
+                                                  + (node.ctx.job_dir("110") / "env").read_text())
+    # a step's task without the share's GPU: no GPU variable, and the MPS variables it inherited are unset
+    inherited = dict(line[len("export "):].split("=", 1)
+                     for line in (node.ctx.job_dir("110") / "env").read_text().splitlines())
+    step = subprocess.run(["sh", str(script)], env={**task, "CUDA_VISIBLE_DEVICES": "", "SLURM_STEP_ID": "1",
+                                                    **inherited}, capture_output=True, text=True)
+    assert sorted(step.stdout.splitlines()) == sorted(f"unset {k}" for k in inherited)
     none = subprocess.run(["sh", str(script)], env={"SLURM_JOB_ID": "999", "SLURMD_NODENAME": "a100"},
                           capture_output=True, text=True)
     assert none.returncode == 0 and none.stdout == ""
     assert epilog(node.ctx, _env("110")) == 0
+
+
+def test_taskprolog_keeps_a_device_slurm_already_names_by_uuid(tmp_path):
+    """With AutoDetect=nvml Slurm gives each MIG device a UniqueId and prints it in CUDA_VISIBLE_DEVICES
+    instead of the index (common_gres_set_env, gres_common.c); under task/cgroup a --gpus-per-task task then
+    holds its own MIG UUID while SLURM_STEP_GPUS names the step's first device. Slurm's UUID is kept: the
+    table translates indices only."""
+    script = tmp_path / "tp.sh"
+    shipped = (SITE / "taskprolog.sh").read_text()
+    script.write_text(shipped.replace('RUN_DIR="/run/slurm-gpushare"', f'RUN_DIR="{tmp_path}/run"'))
+    job = tmp_path / "run" / "jobs" / "120"
+    job.mkdir(parents=True)
+    (job / "devices").write_text(" 2=MIG-aaa 3=MIG-bbb \n")
+
+    def task(**env):
+        out = subprocess.run(["sh", str(script)], env={"SLURM_JOB_ID": "120", "SLURM_STEP_ID": "0", **env},
+                             capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    # task 1 of a --gpus-per-task=1 step under task/cgroup: its own device, the step's first id
+    assert task(SLURM_STEP_GPUS="2", CUDA_VISIBLE_DEVICES="MIG-bbb") == "export CUDA_VISIBLE_DEVICES=MIG-bbb\n"
+    assert task(SLURM_STEP_GPUS="0,3", CUDA_VISIBLE_DEVICES="0,MIG-bbb") == "export CUDA_VISIBLE_DEVICES=0,MIG-bbb\n"
+    # indices (a static gres.conf: no UniqueId) are translated as before
+    assert task(SLURM_STEP_GPUS="2,3", CUDA_VISIBLE_DEVICES="2,3") == "export CUDA_VISIBLE_DEVICES=MIG-aaa,MIG-bbb\n"
 
 
 def test_taskprolog_applies_the_ring_only_where_the_task_sees_every_gpu_and_no_binding_was_asked(node, tmp_path):
@@ -718,7 +755,7 @@ def test_doctor_finds_a_daemon_whose_job_directory_was_removed(node):
     _shard_job(node, "802")
     assert prolog(node.ctx, _env("802")) == 0
     pid = node.ctx.mps("802").pid()
-    shutil.rmtree(node.ctx.job_dir("802"))  # state, env, pipe dir: no trace but the process
+    remove_tree(node.ctx.job_dir("802"))  # state, env, pipe dir (a tmpfs mount): no trace but the process
     assert pid and pid_alive(pid)
     report = doctor(node.ctx, repair=False, running_jobs=set())
     assert [(f.job_id, f.action) for f in report if "without its job directory" in f.problem] == [
@@ -727,6 +764,18 @@ def test_doctor_finds_a_daemon_whose_job_directory_was_removed(node):
     fixed = doctor(node.ctx, repair=True, running_jobs=set())
     assert [(f.job_id, f.action) for f in fixed] == [("802", "stopped it")]
     assert not pid_alive(pid)
+
+
+def test_the_epilog_stops_a_daemon_whose_job_directory_was_removed(node):
+    """Issue 26 D15: the job's directory removed while it ran (an administrator, a cleaner of /run): the Epilog
+    finds the job's daemon by process and stops it, instead of leaving it to doctor --repair."""
+    _shard_job(node, "804")
+    assert prolog(node.ctx, _env("804")) == 0
+    pid = node.ctx.mps("804").pid()
+    remove_tree(node.ctx.job_dir("804"))
+    assert pid and pid_alive(pid)
+    assert epilog(node.ctx, _env("804")) == 0
+    wait_until(lambda: not pid_alive(pid), f"job 804's daemon {pid} stopped by the Epilog")
 
 
 def test_an_epilog_whose_node_config_is_broken_still_writes_the_record_it_can(node, tmp_path):
@@ -911,3 +960,29 @@ def test_prologs_that_start_at_once_on_one_gpu_see_each_other(tmp_path):
         claimed = sorted(p.name for p in (run_dir / "claims").iterdir())
         assert claimed in (["1"], ["2", "3", "4"]), (claimed, results)
         assert all(results[j] == [] for j in claimed)
+
+
+def test_a_hook_that_runs_out_of_time_fails_the_job_or_drains_with_a_clear_reason(node):
+    """Issue 26 item 2: each hook has its own time limit (node.toml hook_timeout), below slurmd's
+    PrologEpilogTimeout: a Prolog that runs out cancels its job (a job fault, the node kept), an Epilog that
+    runs out drains the node naming the job and the limit; neither leaves the node completing for ever."""
+    import dataclasses
+    import time
+
+    from slurm_gpushare.node.hook import run_limited
+
+    cfg = dataclasses.replace(node.ctx.config, hook_timeout=0.3)
+    hung = HookContext(cfg, "a100", job_record=lambda j: time.sleep(30) or "", drain=node.ctx.drain,
+                       cancel=node.cancelled.append, show_node=node.ctx.show_node)
+    _shard_job(node, "901")
+    started = time.monotonic()
+    assert run_limited(hung, "prolog", _env("901"), prolog) == 0
+    assert time.monotonic() - started < 5 and node.cancelled == ["901"]
+    started = time.monotonic()
+    assert run_limited(hung, "epilog", _env("902"), lambda ctx, env: time.sleep(30)) == 1
+    assert time.monotonic() - started < 5
+    assert node.drained[-1][1].startswith("gpushare epilog job 902: did not finish within 0.3 s")
+    # in time: the hook's own status, and no timer left behind
+    assert run_limited(hung, "epilog", _env("903"), lambda ctx, env: 0) == 0
+    import signal
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)

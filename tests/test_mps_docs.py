@@ -12,6 +12,7 @@ from slurm_gpushare.node.plan import JobPlan
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "mps.md"
+TASKPROLOG = ROOT / "slurm_gpushare" / "data" / "site" / "taskprolog.sh"
 
 #: ``tests/<file>.py::test_name`` as the "Verified here" section cites a test.
 CITED_TEST = re.compile(r"`(tests/[\w/]+\.py)::(test_\w+)`")
@@ -64,5 +65,8 @@ def test_taskprolog_variables_are_those_jobplan_exports():
     daemon = MpsDaemon("/run/gpushare/jobs/1/mps/pipe", "/run/gpushare/jobs/1/mps/log", visible_devices="")
     mps = JobPlan("mps", "1", 1000, 1000, (0, 1), "GPU-a,GPU-b", 10240, 25, client_priority=1)
     exported = set(mps.env(daemon.client_env())) | set(JobPlan("mig", "2", visible_devices="MIG-a").env())
+    # CUDA_VISIBLE_DEVICES is not in the env file: taskprolog.sh prints Slurm's own value for the task,
+    # translated through the plan's devices table, with an export line of its own
+    exported |= set(re.findall(r'echo "export ([A-Z][A-Z0-9_]*)=', TASKPROLOG.read_text()))
     assert sorted(documented - exported) == [], "docs/mps.md lists variables the TaskProlog does not export"
     assert sorted(exported - documented) == [], "the TaskProlog exports variables docs/mps.md does not list"

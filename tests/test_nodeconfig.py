@@ -31,6 +31,10 @@ def test_values_and_templates():
     assert cfg.run_dir_for("gpu01") == Path("/r/gpu01") and cfg.shard_unit_mib == 512
     assert cfg.mps_quit_timeout == 2.0 and cfg.mps_env == (("LD_LIBRARY_PATH", "/x"),)
     assert cfg.gpu_order == "gpushare" and parse_node_config('version = 1\ngpu_order = "all"\n').gpu_order == "all"
+    assert cfg.mps_dir_size_mib == 64 and cfg.hook_timeout == 120.0
+    assert parse_node_config("version = 1\nhook_timeout = 30\n").hook_timeout == 30.0
+    assert [parse_node_config(f'version = 1\nmps_dir_size = "{v}"\n').mps_dir_size_mib for v in ("16M", "1G", "0")] \
+        == [16, 1024, 0]
 
 
 @pytest.mark.parametrize("text, message", [
@@ -43,6 +47,9 @@ def test_values_and_templates():
     ("version = 1\ndrain_on_stuck_daemon = 1\n", "wrong type"),
     ("version = [\n", "not valid TOML"),
     ("version = 1\ngpu_order = 'ring'\n", "gpu_order = 'ring' is not a choice"),
+    ("version = 1\nmps_dir_size = 64\n", "mps_dir_size has the wrong type"),
+    ("version = 1\nhook_timeout = 0\n", "hook_timeout = 0 is out of range"),
+    ("version = 1\nmps_dir_size = 'lots'\n", "mps_dir_size: 'lots' is not a memory size"),
 ])
 def test_bad_files_name_the_problem(text, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):

@@ -388,47 +388,91 @@ def write_final_summary(job: FinalJob, spools: Sequence[str | Path], *, wait: fl
             value read back is not the one written.
         InputError: a value that cannot be written (see :func:`merge_final`).
     """
-    from slurm_gpushare.slurm import commands
-    from slurm_gpushare.slurm.job import parse_job_json
-
-    sacct = sacct or (lambda args: commands.sacct_jobs(args))
-    show_job = show_job or (lambda jid: parse_job_json(commands.job_record(jid), jid).admin_comment)
-    sacctmgr = sacctmgr or commands.sacctmgr_admin_comment
-    deadline = clock() + wait
-    records = spooled_records(spools, job)
-    while {r.node for r in records} < set(job.nodes) and clock() < deadline:
+    run = FinalRun(job, spools, wait=wait, sacct=sacct, show_job=show_job, sacctmgr=sacctmgr, clock=clock,
+                   release=release)
+    while not run.step():
         sleep(poll)
-        records = spooled_records(spools, job)
-    if not records:
-        return None
-    segment = final_segment(records)
+    return run.result
 
-    def stored_row() -> SacctJob | None:
-        rows = [r for r in parse_sacct(sacct(["-j", job.job_id])) if r.job_id == job.job_id]
-        # -D lists every run, oldest first: this run is the last one
-        return rows[-1] if rows else None
 
-    row = stored_row()
-    while (row is None or not _final_state(row.state)) and clock() < deadline:
-        sleep(poll)
-        row = stored_row()
-    if row is None or not _final_state(row.state):
-        raise SlurmError(f"slurmdbd has no end record of job {job.job_id} after {wait:.0f} s "
-                         f"(sacct state {row.state if row else 'none'!r}): its usage segment was not written",
-                         hint="is slurmdbd up? (sacctmgr show cluster)")
-    try:
-        live = show_job(job.job_id)
-    except GpushareError:
-        live = None
-    text = merge_final(row.admin_comment, live, segment)
-    sacctmgr(job.sacctmgr_id, text)
-    after = stored_row()
-    keeps_case = (release or local_release()) >= SACCTMGR_KEEPS_CASE
-    want = text if keeps_case else text.lower()
-    if after is None or after.admin_comment.strip() != want:
-        raise SlurmError(f"job {job.job_id}: sacct shows AdminComment {after.admin_comment if after else None!r} "
-                         f"after sacctmgr set {text!r}")
-    return want
+class FinalRun:
+    """:func:`write_final_summary` for one run, as non-blocking steps, so that one process can carry many runs
+    at once (the controller's queue worker, :mod:`slurm_gpushare.accounting.sacctqueue`), each with its own
+    deadline. :meth:`step` does what can be done now and says whether the run is finished; ``result`` is then
+    :func:`write_final_summary`'s return value.
+
+    Args:
+        job, spools, sacct, show_job, sacctmgr, release: as :func:`write_final_summary`.
+        wait: seconds from now (``clock``) to the run's deadline, for the nodes' records and then slurmdbd's
+            end record.
+        clock: monotonic seconds.
+    """
+
+    def __init__(self, job: FinalJob, spools: Sequence[str | Path], *, wait: float = 120.0,
+                 sacct: Callable[[list[str]], str] | None = None, show_job: Callable[[str], str] | None = None,
+                 sacctmgr: Callable[[str, str], str] | None = None, clock: Callable[[], float] = time.monotonic,
+                 release: Release | None = None) -> None:
+        from slurm_gpushare.slurm import commands
+        from slurm_gpushare.slurm.job import parse_job_json
+
+        self.job, self.spools, self.wait, self.clock, self.release = job, spools, wait, clock, release
+        self.sacct = sacct or (lambda args: commands.sacct_jobs(args))
+        self.show_job = show_job or (lambda jid: parse_job_json(commands.job_record(jid), jid).admin_comment)
+        self.sacctmgr = sacctmgr or commands.sacctmgr_admin_comment
+        self.deadline = clock() + wait
+        self.segment: str | None = None  # once every node's records are in (or the deadline passed)
+        self.result: str | None = None
+
+    @property
+    def phase(self) -> str:
+        """``records`` (waiting for the nodes' records) or ``dbd`` (waiting for slurmdbd's end record)."""
+        return "records" if self.segment is None else "dbd"
+
+    def stored_row(self, rows: Sequence[SacctJob] | None = None) -> SacctJob | None:
+        """The run's row in slurmdbd: from ``rows`` (a sacct of several jobs at once) or a sacct of its own."""
+        if rows is None:
+            rows = parse_sacct(self.sacct(["-j", self.job.job_id]))
+        mine = [r for r in rows if r.job_id == self.job.job_id]
+        return mine[-1] if mine else None  # -D lists every run, oldest first: this run is the last one
+
+    def step(self, rows: Sequence[SacctJob] | None = None) -> bool:
+        """Do what can be done now: look for the records; once they are in, look for slurmdbd's end record
+        (in ``rows`` when given: parsed sacct rows holding this job's, else one ``sacct -j``); once it is
+        there, merge, write and read back (see :func:`write_final_summary`). True when finished.
+
+        Raises:
+            SlurmError, InputError: as :func:`write_final_summary` (the end record missing at the deadline).
+        """
+        job = self.job
+        if self.segment is None:
+            records = spooled_records(self.spools, job)
+            if {r.node for r in records} < set(job.nodes) and self.clock() < self.deadline:
+                return False
+            if not records:
+                return True
+            self.segment = final_segment(records)
+            rows = None  # fetched before the records were in: maybe before the end record too
+        row = self.stored_row(rows)
+        if row is None or not _final_state(row.state):
+            if self.clock() < self.deadline:
+                return False
+            raise SlurmError(f"slurmdbd has no end record of job {job.job_id} after {self.wait:.0f} s "
+                             f"(sacct state {row.state if row else 'none'!r}): its usage segment was not written",
+                             hint="is slurmdbd up? (sacctmgr show cluster)")
+        try:
+            live = self.show_job(job.job_id)
+        except GpushareError:
+            live = None
+        text = merge_final(row.admin_comment, live, self.segment)
+        self.sacctmgr(job.sacctmgr_id, text)
+        after = self.stored_row()
+        keeps_case = (self.release or local_release()) >= SACCTMGR_KEEPS_CASE
+        want = text if keeps_case else text.lower()
+        if after is None or after.admin_comment.strip() != want:
+            raise SlurmError(f"job {job.job_id}: sacct shows AdminComment "
+                             f"{after.admin_comment if after else None!r} after sacctmgr set {text!r}")
+        self.result = want
+        return True
 
 
 def _final_state(state: str) -> bool:

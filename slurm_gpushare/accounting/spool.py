@@ -42,7 +42,58 @@ from slurm_gpushare.errors import GpushareError, InputError
 DEFAULT_SPOOL_DIR = "/var/spool/slurm-gpushare/accounting"
 #: Spool files end in this.
 SUFFIX = ".jsonl"
+#: Below the spool directory: one empty file ``<job id>.<restart count>.<node>`` per run and node that holds
+#: GPUs there, made by the node's Prolog (root's, like the spool), so that the controller's EpilogSlurmctld
+#: (epilog_slurmctld.sh, plain sh) knows without Python which runs will have records, and from which nodes.
+RUNS_DIR = "runs"
+
+
+def run_marks(spool_dir: str | Path, job_id: str, restart: int) -> dict[str, Path]:
+    """The nodes that marked run ``restart`` of ``job_id`` in ``spool_dir`` (see :data:`RUNS_DIR`): node name ->
+    marker file. Empty when none did (a job that held no GPU) or the directory is unreadable."""
+    prefix = f"{job_id}.{restart}."
+    try:
+        names = os.listdir(Path(spool_dir) / RUNS_DIR)
+    except OSError:
+        return {}
+    return {n[len(prefix):]: Path(spool_dir) / RUNS_DIR / n for n in names
+            if n.startswith(prefix) and _NODE.match(n[len(prefix):])}
 _NODE = re.compile(r"^[A-Za-z0-9_.+-]+$")
+
+
+def prune_marks(spool_dir: str | Path, node: str, *, max_age: float = 86400.0, every: float = 3600.0,
+                now: float | None = None) -> int:
+    """Remove ``node``'s own run marks (:data:`RUNS_DIR`) older than ``max_age`` seconds, at most once per
+    ``every`` seconds (a stamp file ``.pruned.<node>`` there: one ``stat`` otherwise). The node's Epilog
+    calls it: the marks are root's, and the controller's worker, as SlurmUser, may not remove them; it
+    does not need to (a queue entry done is done). Times are epoch seconds (``now``: default the time).
+    Returns how many marks went; nothing is raised (an unreadable directory prunes nothing).
+    """
+    runs = Path(spool_dir) / RUNS_DIR
+    stamp = runs / f".pruned.{node}"
+    now = time.time() if now is None else now
+    try:
+        if now - stamp.stat().st_mtime < every:
+            return 0
+    except OSError:
+        pass
+    try:
+        stamp.touch()
+        os.utime(stamp, (now, now))
+        names = os.listdir(runs)
+    except OSError:
+        return 0
+    gone = 0
+    for name in names:
+        if name.startswith(".") or not name.endswith(f".{node}"):
+            continue
+        try:
+            if now - (runs / name).stat().st_mtime > max_age:
+                (runs / name).unlink()
+                gone += 1
+        except OSError:
+            continue
+    return gone
 
 
 class SpoolError(GpushareError):

@@ -77,17 +77,58 @@ def sacct_summary(job_id, spools, wait):
     epilog_slurmctld.sh. The segment comes from the job's accounting records in the spools; other
     tools' text in AdminComment (jobstats' JS1:) is kept. Prints what was written.
     """
+    import contextlib
     import os
+    from dataclasses import replace
 
     from slurm_gpushare.accounting.sacct import FinalJob, write_final_summary
-    from slurm_gpushare.accounting.spool import DEFAULT_SPOOL_DIR
+    from slurm_gpushare.accounting.spool import DEFAULT_SPOOL_DIR, run_marks
 
+    spools = list(spools) or [DEFAULT_SPOOL_DIR]
     job = FinalJob.from_env(dict(os.environ), job_id)
-    text = write_final_summary(job, list(spools) or [DEFAULT_SPOOL_DIR], wait=wait)
+    marks = {n: p for spool in spools for n, p in run_marks(spool, job.job_id, job.restart).items()}
+    if marks:  # the nodes whose Prologs saw GPUs of this run: their records only are waited for
+        job = replace(job, nodes=tuple(n for n in job.nodes if n in marks) or tuple(sorted(marks)))
+    text = write_final_summary(job, spools, wait=wait)
+    for mark in marks.values():
+        with contextlib.suppress(OSError):  # SlurmUser may not remove root's marks: left behind
+            mark.unlink()
     if text is None:
         click.echo(f"job {job.job_id}: no accounting records of run {job.restart} in the spools: nothing written")
     else:
         click.echo(f"job {job.job_id}: AdminComment={text}")
+
+
+@accounting.command("sacct-worker")
+@click.option("--queue", "queue_dir", metavar="DIR", default=None,
+              help="the queue epilog_slurmctld.sh writes (default /var/spool/slurm-gpushare/sacct-queue)")
+@click.option("--spool", "spools", multiple=True, metavar="DIR|FILE",
+              help="where the nodes' spools are readable here; repeatable "
+                   "(default /var/spool/slurm-gpushare/accounting)")
+@click.option("--wait", "wait", type=click.FloatRange(min=0), default=120.0, show_default=True,
+              help="seconds each queued run may take: the nodes' records, then slurmdbd's end record")
+@click.option("--idle", "idle", type=click.FloatRange(min=0), default=60.0, show_default=True,
+              help="exit after the queue has been empty this many seconds")
+@click.option("--lock-fd", "lock_fd", type=click.IntRange(min=3), default=None,
+              help="an open descriptor on which the caller holds QUEUE/worker.lock (epilog_slurmctld.sh's flock -n)")
+@click.option("--detach", is_flag=True,
+              help="fork once started and let the caller go on (epilog_slurmctld.sh, after setsid)")
+def sacct_worker(queue_dir, spools, wait, idle, lock_fd, detach):
+    """Write the usage segments of every run queued by epilog_slurmctld.sh, then exit when idle.
+
+    One worker per queue (it holds QUEUE/worker.lock; a second one exits at once). The wrapper takes
+    the lock (flock -n) and starts it, detached, holding it (--lock-fd). Failed and expired runs are
+    logged on stderr (the wrapper sends it to QUEUE/worker.log). See docs/accounting.md.
+    """
+    from slurm_gpushare.accounting.sacctqueue import DEFAULT_QUEUE_DIR, Worker
+    from slurm_gpushare.accounting.spool import DEFAULT_SPOOL_DIR
+
+    queue = Path(queue_dir or DEFAULT_QUEUE_DIR)
+    if not queue.is_dir():
+        raise InputError(f"queue directory {queue} does not exist", hint="epilog_slurmctld.sh makes it (QUEUE=)")
+    if detach and os.fork():
+        os._exit(0)  # the caller waited only for the start: the worker is already in its own session
+    Worker(queue, list(spools) or [DEFAULT_SPOOL_DIR], wait=wait, idle=idle).run(lock_fd)
 
 
 @main.command(context_settings={"ignore_unknown_options": True})

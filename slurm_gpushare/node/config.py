@@ -11,7 +11,11 @@ Every key is optional::
     shard_unit = "1G"                          # with a unit (1G, 512M); must match gres-conf --shard-unit
     mps_start_timeout = 10.0                   # seconds
     mps_quit_timeout = 10.0                    # seconds before SIGTERM/SIGKILL of a daemon that ignores quit
+    mps_dir_size = "64M"                       # tmpfs on each MPS pipe and log directory (the job user's,
+                                               # in the run dir, usually RAM); "0": none (unbounded)
     drain_on_stuck_daemon = true               # an MPS daemon that survives SIGKILL drains the node
+    hook_timeout = 120.0                       # seconds a Prolog/Epilog may run (keep it below slurm.conf's
+                                               # PrologEpilogTimeout): then the job fails / the node drains
     mps_mode = "per-job"                       # or "per-gpu": one daemon per GPU and user, shared by jobs
     low_priority_partitions = ["scavenger"]    # their jobs' MPS clients run below normal priority
     gpu_order = "gpushare"                     # whose multi-GPU tasks get NVLink ring order: "gpushare"
@@ -43,7 +47,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from slurm_gpushare.errors import ConfigError, InputError
-from slurm_gpushare.memsize import format_mib, parse_shard_unit_value
+from slurm_gpushare.memsize import format_mib, parse_mib, parse_shard_unit_value
 
 if TYPE_CHECKING:  # annotations only: the hooks read node.toml before they know whether they need more
     from slurm_gpushare.hardware.machine import Machine
@@ -66,6 +70,8 @@ class NodeConfig:
     shard_unit_mib: int = 1024
     mps_start_timeout: float = 10.0
     mps_quit_timeout: float = 10.0
+    mps_dir_size_mib: int = 64
+    hook_timeout: float = 120.0
     drain_on_stuck_daemon: bool = True
     mps_env: tuple[tuple[str, str], ...] = ()
     mps_mode: str = "per-job"
@@ -92,7 +98,8 @@ class NodeConfig:
 
 _KEYS: dict[str, type | tuple[type, ...]] = {
     "version": int, "run_dir": str, "machine": str, "mps_control": str, "shard_unit": str,
-    "mps_start_timeout": (int, float), "mps_quit_timeout": (int, float), "drain_on_stuck_daemon": bool,
+    "mps_start_timeout": (int, float), "mps_quit_timeout": (int, float), "mps_dir_size": str,
+    "drain_on_stuck_daemon": bool, "hook_timeout": (int, float),
     "mps_env": dict, "mps_mode": str, "low_priority_partitions": list, "gpu_order": str, "spool_dir": str,
     "monitor_interval": (int, float), "monitor_jobs_interval": (int, float),
     "monitor_steps_interval": (int, float), "monitor_save_interval": (int, float), "monitor_listen": str,
@@ -103,7 +110,7 @@ _KEYS: dict[str, type | tuple[type, ...]] = {
 
 #: Keys in seconds: (lowest, highest, lowest allowed itself).
 _SECONDS: dict[str, tuple[float, float, bool]] = {
-    "mps_start_timeout": (0, 600, False), "mps_quit_timeout": (0, 600, False),
+    "mps_start_timeout": (0, 600, False), "mps_quit_timeout": (0, 600, False), "hook_timeout": (0, 3600, False),
     "monitor_interval": (0.01, 3600, True), "monitor_jobs_interval": (0, 3600, True),
     "monitor_steps_interval": (0, 3600, True), "monitor_save_interval": (0, 3600, True),
     "admin_comment_interval": (1, 86400, True),
@@ -187,6 +194,13 @@ def _node_config_from_data(data: dict[str, Any], source: str) -> NodeConfig:
             continue
         if not _has_type(value, want):
             raise ConfigError(f"{key} has the wrong type ({type(value).__name__})", source=source)
+        if key == "mps_dir_size":
+            try:
+                kw["mps_dir_size_mib"] = 0 if value.strip() == "0" else parse_mib(value, what=key, maximum=1 << 20)
+            except InputError as e:
+                raise ConfigError(e.message, hint=e.hint or 'e.g. mps_dir_size = "64M", or "0" for none',
+                                  source=source) from None
+            continue
         if key == "version":
             continue
         if key == "low_priority_partitions":

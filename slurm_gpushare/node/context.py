@@ -78,7 +78,8 @@ class HookContext:
         d = base if base is not None else self.job_dir(job_id) / "mps"
         settings = MpsSettings(control_binary=self.config.mps_control,
                                start_timeout_s=self.config.mps_start_timeout,
-                               quit_timeout_s=self.config.mps_quit_timeout)
+                               quit_timeout_s=self.config.mps_quit_timeout,
+                               dir_size_mib=self.config.mps_dir_size_mib)
         return MpsDaemon(d / "pipe", d / "log", settings=settings,
                          visible_devices=plan.visible_devices if plan else "",
                          uid=plan.uid if plan and plan.uid >= 0 else None,

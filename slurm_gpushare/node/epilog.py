@@ -37,7 +37,7 @@ from slurm_gpushare.node.context import (
 )
 from slurm_gpushare.node.jobdir import JobDaemon, job_daemons, job_lock, read_run, read_state
 from slurm_gpushare.node.leftovers import EndedJob, drain_reason, sweep
-from slurm_gpushare.node.mps import MpsDaemon, MpsSettings
+from slurm_gpushare.node.mps import MpsDaemon, MpsSettings, remove_tree
 from slurm_gpushare.node.plan import JobPlan
 from slurm_gpushare.node.shared_mps import leave_shared
 from slurm_gpushare.slurm.job import JobInfo, job_from_env
@@ -61,9 +61,15 @@ def epilog(ctx: HookContext, env: dict[str, str]) -> int:
     if job_dir.exists():
         with job_lock(job_dir, remove=True):
             problem = cleanup_job(ctx, job_id)
+    elif gpu_job:  # removed while the job ran (an administrator, a cleaner of the run dir): found by process
+        problem = stop_homeless(ctx, job_id)
     if not problem and gpu_job:
         problem = sweep_leftovers(ctx, env, start=run[1] if run else None)
     wake_waiting(ctx, job_id)
+    if gpu_job:  # this node's old run marks (the controller's worker, as SlurmUser, may not remove them)
+        from slurm_gpushare.accounting.spool import prune_marks
+
+        prune_marks(ctx.config.spool_dir, ctx.node)
     if problem:
         ctx.do_drain(problem)
         return 1
@@ -186,11 +192,29 @@ def epilog_without_config(env: dict[str, str], config_path: str | Path | None, e
     if job_id:
         record_usage(ctx, env, read_state(job_dir) or {})
     if job_id and job_dir.is_dir():
-        shutil.rmtree(job_dir, ignore_errors=True)
+        _remove(job_dir)
     for p in problems:
         print(f"slurm-gpushare epilog: job {job_id}: {p}", file=sys.stderr)
     ctx.do_drain(" ".join(f"gpushare epilog: node config: {error}".split()))
     return 1
+
+
+def _remove(job_dir: Path) -> None:
+    """Remove a job directory, its MPS directories' tmpfs mounts first; what cannot go is left to doctor."""
+    try:
+        remove_tree(job_dir)
+    except OSError:
+        shutil.rmtree(job_dir, ignore_errors=True)
+
+
+def stop_homeless(ctx: HookContext, job_id: str) -> str | None:
+    """Stop the MPS daemons of ``job_id`` found by process (:func:`~slurm_gpushare.node.jobdir.job_daemons`)
+    when its job directory is gone. Returns a drain reason for a process that survives SIGKILL."""
+    problems = [p for p in (stop_found_daemon(d, ctx.config.mps_quit_timeout)
+                            for d in by_pipe_dir(job_daemons(ctx.run_dir)) if d.job_id == job_id) if p]
+    for p in problems:
+        log_event(ctx, "epilog", f"job {job_id}: {p}")
+    return f"gpushare epilog job {job_id}: {problems[0]}" if problems else None
 
 
 def by_pipe_dir(found: list[JobDaemon]) -> list[JobDaemon]:
@@ -226,7 +250,7 @@ def cleanup_job(ctx: HookContext, job_id: str) -> str | None:
     problem = stuck_reason(ctx, ctx.mps(job_id).stop(), f"MPS daemon of job {job_id}")
     if problem:
         return problem
-    shutil.rmtree(job_dir, ignore_errors=True)
+    _remove(job_dir)
     return None
 
 

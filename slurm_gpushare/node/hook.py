@@ -82,15 +82,56 @@ def run(which: str, config_path: str | None, env: Mapping[str, str]) -> int:
     try:
         if which == "prolog":
             from slurm_gpushare.node.prolog import prolog
-            return prolog(ctx, env)
+            return run_limited(ctx, which, env, prolog)
         from slurm_gpushare.node.epilog import epilog
-        return epilog(ctx, env)
+        return run_limited(ctx, which, env, epilog)
     except NodeFault as e:
         print(f"slurm-gpushare {which}: node fault: {e}", file=sys.stderr)
         return 1
     except GpushareError as e:
         print(f"slurm-gpushare {which}: {e}", file=sys.stderr)
         return 1
+
+
+class HookTimeout(BaseException):
+    """The hook's own time limit ran out (a BaseException: no ``except Exception`` inside the hook takes it)."""
+
+
+def run_limited(ctx, which: str, env: Mapping[str, str], hook) -> int:
+    """``hook(ctx, env)`` within node.toml's ``hook_timeout`` seconds (SIGALRM, ``setitimer``; the limit is the
+    hook's own, below slurmd's ``PrologEpilogTimeout``, which would kill the hook without a word and, for an
+    Epilog, leave the node to Slurm). When it runs out: a Prolog fails its job (cancelled, the node kept:
+    :func:`~slurm_gpushare.node.context.fail_job`) and exits 0; an Epilog drains the node with a reason naming
+    the job and the limit and exits 1 (what it had not done yet, e.g. stopping the job's MPS daemon, is
+    ``doctor --repair``'s). Locks taken with ``with`` are released on the way out. Returns the exit status."""
+    import signal
+
+    from slurm_gpushare.node.context import JobFault, fail_job, log_event
+
+    limit = ctx.config.hook_timeout
+    job_id = env.get("SLURM_JOB_ID", "")
+
+    def expired(signum, frame):
+        raise HookTimeout
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, limit)
+    try:
+        try:
+            return hook(ctx, dict(env))
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+    except HookTimeout:
+        what = f"did not finish within {limit:g} s (node.toml hook_timeout)"
+        if which == "prolog":
+            fail_job(ctx, job_id, JobFault(f"the Prolog {what}"), "prolog")
+            return 0
+        reason = f"gpushare epilog job {job_id}: {what}: run 'slurm-gpushare doctor --repair'"
+        log_event(ctx, "epilog", reason)
+        ctx.do_drain(reason)
+        return 1
+    finally:
+        signal.signal(signal.SIGALRM, previous)
 
 
 def config_drain(node: str, reason: str) -> None:

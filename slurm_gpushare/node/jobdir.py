@@ -4,7 +4,11 @@
   the Epilog and ``doctor`` trust it, and it names the job's user;
 * ``env``: ``export NAME=value`` lines that the TaskProlog (``taskprolog.sh`` in
   ``slurm_gpushare/data/site/``, a few lines of shell, no Python) prints before every task; it runs as
-  the job's user, so these are owned by that user, mode 0600: no other user reads them;
+  the job's user, so these are owned by that user, mode 0600: no other user reads them; for an MPS share
+  the client's variables, which the TaskProlog prints only to a task that holds a GPU of the share;
+* ``devices``: one line, `` <index>=<UUID>`` per device whose ``CUDA_VISIBLE_DEVICES`` entry the
+  TaskProlog translates in each task (MIG devices, an MPS share's GPUs; the index is slurmstepd's
+  ``SLURM_STEP_GPUS``/``SLURM_JOB_GPUS`` entry), same owner and mode;
 * ``ring.<k>``, ``task.<n>.<local id>``, ``note``: a multi-GPU job's NVLink ring order of its ``k`` GPUs
   here, the hints of each local rank when ``n`` tasks of a step run here, and the line that tells the
   job what was changed; the TaskProlog prints them only where they apply (docs/placement.md), same
@@ -22,7 +26,7 @@ import fcntl
 import json
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -154,6 +158,25 @@ def write_env(path: Path, env: Mapping[str, str], *, uid: int | None = None) -> 
         OSError: the file could not be written or given to ``uid``.
     """
     write_atomic(path, "".join(_export_line(k, v) for k, v in env.items()), mode=FILE_MODE, fsync=VOLATILE_FSYNC)
+    if uid is not None and uid >= 0 and uid != os.geteuid():
+        os.chown(path, uid, -1)
+
+
+def write_devices(path: Path, devices: Iterable[tuple[int, str]], *, uid: int | None = None) -> None:
+    """Replace the job's ``devices`` file: one line `` <index>=<UUID>`` per device and a trailing space (the
+    TaskProlog reads it with one ``read`` and finds `` <index>=`` with a shell pattern). Owner and mode as
+    :func:`write_env`.
+
+    Raises:
+        InputError: a UUID that is empty or holds a space, ``=`` or a line break.
+        OSError: the file could not be written or given to ``uid``.
+    """
+    line = ""
+    for index, uuid in devices:
+        if not uuid or any(ch in uuid for ch in " =\n\t"):
+            raise InputError(f"device {index}: UUID {uuid!r} cannot be written to the devices table")
+        line += f" {int(index)}={uuid}"
+    write_atomic(path, line + " \n", mode=FILE_MODE, fsync=VOLATILE_FSYNC)
     if uid is not None and uid >= 0 and uid != os.geteuid():
         os.chown(path, uid, -1)
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import re
 import shutil
 import signal
 import stat
@@ -74,6 +75,81 @@ _LOG_LINE_CHARS = 300
 _PID_FILE_BYTES = 32
 
 
+#: mount(2) flags of a job's MPS directory: no set-uid programs, no device files, nothing executed from it.
+_MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 2, 4, 8
+#: umount2(2) flags: detach now (a process may still hold a file there), never follow a symbolic link.
+_MNT_DETACH, _UMOUNT_NOFOLLOW = 2, 8
+
+
+def _libc():
+    import ctypes
+
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _mount_tmpfs(path: Path, size_mib: int, uid: int, gid: int) -> None:
+    """Mount a tmpfs of ``size_mib`` MiB on the directory ``path`` (root made it, in a directory of root's),
+    its root owned by ``uid``:``gid`` with mode 0700, nosuid, nodev, noexec (mount(2), as root).
+
+    Raises:
+        MpsError: mount(2) failed (not root, no CAP_SYS_ADMIN: node.toml ``mps_dir_size = "0"`` mounts nothing).
+    """
+    import ctypes
+
+    options = f"size={size_mib}m,mode=0700,uid={uid},gid={gid}".encode()
+    if _libc().mount(b"tmpfs", os.fsencode(path), b"tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, options) != 0:
+        err = ctypes.get_errno()
+        raise MpsError(f"cannot mount a {size_mib} MiB tmpfs on {path}: {os.strerror(err)}",
+                       source=f"MPS directory {path}",
+                       hint='the hooks run as root with CAP_SYS_ADMIN; or set mps_dir_size = "0" in node.toml '
+                            "(the directories are then unbounded)")
+
+
+def _mount_points_below(path: Path) -> list[str]:
+    """Mount points at or below ``path``, deepest first (``/proc/self/mountinfo``: field 5, octal escapes)."""
+    prefix = os.path.abspath(path)
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    points = []
+    for line in lines:
+        fields = line.split(" ")
+        if len(fields) > 4:
+            point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
+            if point == prefix or point.startswith(prefix.rstrip("/") + "/"):
+                points.append(point)
+    return sorted(set(points), key=len, reverse=True)
+
+
+def unmount_below(path: str | Path) -> list[str]:
+    """Unmount (detached, no-follow) every mount at or below ``path``, deepest first; returns the mount points.
+
+    Raises:
+        OSError: a mount could not be detached (not root).
+    """
+    points = _mount_points_below(Path(path))
+    for point in points:
+        if _libc().umount2(os.fsencode(point), _MNT_DETACH | _UMOUNT_NOFOLLOW) != 0:
+            import ctypes
+
+            err = ctypes.get_errno()
+            raise OSError(err, f"cannot unmount: {os.strerror(err)}", point)
+    return points
+
+
+def remove_tree(path: str | Path) -> None:
+    """Remove the directory tree ``path`` after :func:`unmount_below`: a job's MPS directories are tmpfs
+    mounts (:attr:`MpsSettings.dir_size_mib`), which ``rmtree`` alone would empty and leave mounted.
+
+    Raises:
+        OSError: a mount could not be detached, or the tree not removed.
+    """
+    unmount_below(path)
+    shutil.rmtree(path)
+
+
 class MpsError(HardwareError):
     """The MPS control daemon could not be started, answered a command wrongly, or could not be stopped.
 
@@ -93,9 +169,12 @@ class MpsSettings:
         quit_timeout_s: seconds :meth:`MpsDaemon.stop` waits after ``quit`` for the daemon to exit.
         kill_timeout_s: seconds to wait after SIGTERM, and again after SIGKILL.
         command_timeout_s: seconds one front-end command may take.
+        dir_size_mib: the size of the tmpfs mounted on each of the pipe and log directories when the daemon
+            starts (they are the daemon's user's, and the run dir is usually tmpfs, i.e. RAM: a job must not
+            fill it); ``0`` mounts nothing (node.toml ``mps_dir_size``).
 
     Raises:
-        InputError: a timeout that is not positive, or an empty binary name.
+        InputError: a timeout that is not positive, an empty binary name, or a negative size.
     """
 
     control_binary: str = "nvidia-cuda-mps-control"
@@ -103,10 +182,14 @@ class MpsSettings:
     quit_timeout_s: float = 10.0
     kill_timeout_s: float = 5.0
     command_timeout_s: float = 10.0
+    dir_size_mib: int = 64
 
     def __post_init__(self) -> None:
         if not self.control_binary:
             raise InputError("MPS control binary: empty name", hint="nvidia-cuda-mps-control or a path to it")
+        if isinstance(self.dir_size_mib, bool) or not isinstance(self.dir_size_mib, int) or self.dir_size_mib < 0:
+            raise InputError(f"MPS settings: dir_size_mib = {self.dir_size_mib!r} is not a size in MiB",
+                             hint="a whole number of MiB, 0 for no size limit")
         for name in ("start_timeout_s", "quit_timeout_s", "kill_timeout_s", "command_timeout_s"):
             value = getattr(self, name)
             if not value > 0:
@@ -408,11 +491,17 @@ class MpsDaemon:
     # --- directories ----------------------------------------------------------------------------------
 
     def _make_dir(self, path: Path) -> None:
+        """Make ``path`` the daemon's user's directory (mode 0700): with ``dir_size_mib``, a tmpfs of that size
+        mounted there (its root owned by the user), unless one is mounted there already."""
+        size = self.settings.dir_size_mib
         try:
             st = os.lstat(path)
         except FileNotFoundError:
             path.parent.mkdir(parents=True, exist_ok=True)
             os.mkdir(path, 0o700)
+            if size:
+                _mount_tmpfs(path, size, self.uid, self.gid)
+                return
             if self._switch:
                 os.chown(path, self.uid, self.gid)
             os.chmod(path, 0o700)
@@ -423,6 +512,9 @@ class MpsDaemon:
         if st.st_uid != self.uid:
             raise MpsError(f"{path} is owned by uid {st.st_uid}, not by the daemon's uid {self.uid}",
                            source=self._source, hint="remove it, or run slurm-gpushare doctor")
+        if size and not os.path.ismount(path):
+            _mount_tmpfs(path, size, self.uid, self.gid)  # over what is there: removed with it (remove_tree)
+            return
         if stat.S_IMODE(st.st_mode) != 0o700:
             os.chmod(path, 0o700)
 
@@ -433,7 +525,7 @@ class MpsDaemon:
             if not os.path.lexists(d):
                 continue
             try:
-                shutil.rmtree(d)
+                remove_tree(d)
             except OSError as e:
                 not_removed.append(f"{d}: {e.strerror or e}")
             else:

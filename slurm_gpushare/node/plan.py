@@ -9,9 +9,13 @@ Kinds:
     ``mps``: the job holds ``shard:N`` (N shards of ``shard_unit`` MiB): one MPS control daemon for
         the job, the pinned-memory limit N x unit per device and, when the audit says ``sm=P``, the
         active thread percentage P.
-    ``mig``: the job holds MIG devices (``gpu:<model>_<profile>``): ``CUDA_VISIBLE_DEVICES`` names
-        the MIG device UUIDs; no MPS.
+    ``mig``: the job holds MIG devices (``gpu:<model>_<profile>``): each task's ``CUDA_VISIBLE_DEVICES``
+        names its MIG devices by UUID (CUDA cannot name one by index); no MPS.
     ``gpu``: whole GPUs: Slurm's own ``CUDA_VISIBLE_DEVICES`` stands; nothing to prepare.
+
+Slurm's per-task binding is the input, never replaced: the plan's :attr:`JobPlan.devices` is the table of
+the job's devices that the TaskProlog translates entry by entry in the ``CUDA_VISIBLE_DEVICES`` slurmstepd
+set for each task (docs/placement.md, "What each job and step sees").
     ``none``: no GPU GRES on this node.
 """
 
@@ -34,7 +38,12 @@ class JobPlan:
         kind: ``mps``, ``mig``, ``gpu`` or ``none``.
         job_id, uid, gid: the job and its owner (from slurmctld).
         gpu_indices: NVML indices of the GPUs (parents of MIG devices) the job holds here.
-        visible_devices: what ``CUDA_VISIBLE_DEVICES`` must say (GPU or MIG UUIDs), ``""`` to leave it.
+        visible_devices: the UUIDs of the job's devices here (the MPS daemon's ``CUDA_VISIBLE_DEVICES``; a
+            MIG job's devices, whole GPUs among them, for its record), ``""`` for ``gpu``/``none``.
+        devices: ``(Slurm device index, UUID)`` of each device whose ``CUDA_VISIBLE_DEVICES`` entry the
+            TaskProlog translates: MIG devices (``mig``) and the GPUs of an MPS share (``mps``: a client
+            names devices relative to its daemon, which runs on UUIDs). The index is the gres.conf device
+            index, slurmctld's ``IDX`` and slurmstepd's ``SLURM_STEP_GPUS``/``SLURM_JOB_GPUS`` entries.
         mem_limit_mib: MPS pinned-memory limit per device, MiB (``mps`` only).
         sm_percent: MPS active thread percentage (``mps`` with ``sm=`` only).
         note: a remark for the log (e.g. shards spread over several GPUs).
@@ -52,14 +61,17 @@ class JobPlan:
     sm_percent: int | None = None
     note: str = ""
     client_priority: int | None = None
+    devices: tuple[tuple[int, str], ...] = ()
 
     @classmethod
     def from_dict(cls, fields: dict) -> JobPlan:
         """The plan written with :func:`dataclasses.asdict` (a job's state.json; JSON makes the tuple a list)."""
-        return cls(**{**fields, "gpu_indices": tuple(fields.get("gpu_indices", ()))})
+        return cls(**{**fields, "gpu_indices": tuple(fields.get("gpu_indices", ())),
+                      "devices": tuple((int(i), str(u)) for i, u in fields.get("devices", ()))})
 
     def env(self, mps_client: Mapping[str, str] | None = None) -> dict[str, str]:
-        """The variables the TaskProlog exports for this job (ordered).
+        """The variables the TaskProlog exports to each task that holds a device of :attr:`devices` (ordered):
+        the MPS client's, nothing for ``mig`` (``CUDA_VISIBLE_DEVICES`` is translated per task instead).
 
         Args:
             mps_client: for ``mps``, what a client of the job's daemon needs to find it
@@ -67,8 +79,6 @@ class JobPlan:
                 ``CUDA_MPS_LOG_DIRECTORY``); the job's limits follow it.
         """
         out: dict[str, str] = {}
-        if self.visible_devices:
-            out["CUDA_VISIBLE_DEVICES"] = self.visible_devices
         if self.kind == "mps":
             out.update(mps_client or {})
             if self.mem_limit_mib is not None:
@@ -129,11 +139,13 @@ def plan_job(info: JobInfo, node: str, gres: NodeGres, *, gpu_uuids: dict[int, s
         low = bool(set(info.partition.split(",")) & set(low_priority_partitions))
         return JobPlan("mps", info.job_id, info.uid, info.gid, gpus,
                        ",".join(gpu_uuids[g] for g in gpus), count * shard_unit_mib,
-                       int(sm) if sm and sm.isdigit() else None, note, 1 if low else None)
+                       int(sm) if sm and sm.isdigit() else None, note, 1 if low else None,
+                       tuple((i, gpu_uuids[record(i).gpu_index]) for i in idx))
     gpu_allocs = [a for a in allocs if a.name == "gpu"]
     if not gpu_allocs:
         return base
-    recs = [record(i) for a in gpu_allocs for i in a.indices]
+    held = [i for a in gpu_allocs for i in a.indices]
+    recs = [record(i) for i in held]
     if any(r.mig_gi is not None for r in recs):
         uuids = []
         for r in recs:
@@ -146,5 +158,6 @@ def plan_job(info: JobInfo, node: str, gres: NodeGres, *, gpu_uuids: dict[int, s
                                  "is not known to NVML on this node",
                                  hint="the MIG layout changed: regenerate the machine description and gres.conf")
             uuids.append(mig_uuids[key])
-        return JobPlan("mig", info.job_id, info.uid, info.gid, tuple(r.gpu_index for r in recs), ",".join(uuids))
+        return JobPlan("mig", info.job_id, info.uid, info.gid, tuple(r.gpu_index for r in recs), ",".join(uuids),
+                       devices=tuple((i, u) for i, r, u in zip(held, recs, uuids, strict=True) if r.mig_gi is not None))
     return JobPlan("gpu", info.job_id, info.uid, info.gid, tuple(r.gpu_index for r in recs))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -38,6 +39,7 @@ from slurm_gpushare.node.jobdir import (
     make_job_dir,
     read_state,
     restart_from_env,
+    write_devices,
     write_env,
     write_note,
     write_run,
@@ -126,6 +128,7 @@ def prolog(ctx: HookContext, env: dict[str, str]) -> int:
         raise InputError("SLURM_JOB_ID is not set: run this as slurmd's Prolog")
     if not (env.get("SLURM_JOB_GPUS") or env.get("CUDA_VISIBLE_DEVICES")):
         return 0
+    mark_run(ctx, job_id, env)
     try:
         from_env = plan_from_env(ctx, env)
         if from_env is not None:
@@ -155,6 +158,23 @@ def prolog(ctx: HookContext, env: dict[str, str]) -> int:
         ctx.do_drain(f"gpushare prolog job {job_id}: {e}")
         raise
     return 0
+
+
+def mark_run(ctx: HookContext, job_id: str, env: dict[str, str]) -> None:
+    """Tell the controller that this run of the job holds GPUs here, so its Epilog will spool records: an empty
+    file ``<spool_dir>/runs/<job id>.<restart count>.<node>`` (:data:`~slurm_gpushare.accounting.spool.RUNS_DIR`;
+    restart count from slurmd's ``SLURM_JOB_RESTART_COUNT``). EpilogSlurmctld waits for the runs so marked and
+    starts no Python for the others (epilog_slurmctld.sh); it removes the marks it handled. A mark that cannot
+    be made costs the run its AdminComment segment, not the job: one line on stderr (slurmd's log)."""
+    from slurm_gpushare.accounting.spool import RUNS_DIR
+
+    runs = Path(ctx.config.spool_dir) / RUNS_DIR
+    try:
+        runs.mkdir(mode=0o755, parents=True, exist_ok=True)
+        (runs / f"{job_id}.{restart_from_env(env)}.{ctx.node}").touch(mode=0o644)
+    except OSError as e:
+        print(f"slurm-gpushare prolog: job {job_id}: cannot mark its run for the controller's summary: {e}",
+              file=sys.stderr)
 
 
 def wait_for_gpus(ctx: HookContext, job_id: str, plan: JobPlan) -> bool:
@@ -336,7 +356,8 @@ def configures_no_shards(path: Path, node: str) -> bool:
 
 
 def prepare(ctx: HookContext, plan: JobPlan, job_dir: Path) -> None:
-    """Start what an ``mps`` or ``mig`` job needs and write its state and environment (under its lock).
+    """Start what an ``mps`` or ``mig`` job needs and write its state, its devices table (which the TaskProlog
+    applies to each task's own ``CUDA_VISIBLE_DEVICES``) and its MPS environment (under its lock).
 
     A Prolog that finds the job ready does nothing; one that finds a half-started job replaces it.
 
@@ -371,6 +392,7 @@ def prepare(ctx: HookContext, plan: JobPlan, job_dir: Path) -> None:
             raise JobFault(f"MPS control daemon for job {plan.job_id} failed: {e}",
                            hint=f"check {ctx.config.mps_control} and the driver") from None
         env = plan.env(daemon.client_env())
+    write_devices(job_dir / "devices", plan.devices, uid=plan.uid)
     write_env(job_dir / "env", env, uid=plan.uid)
     state["phase"] = "ready"
     write_state(job_dir, state)

@@ -14,7 +14,7 @@ from pathlib import Path
 from slurm_gpushare.atomicfile import write_atomic
 from slurm_gpushare.node.context import HookContext, JobFault, stuck_reason
 from slurm_gpushare.node.jobdir import FILE_MODE, job_lock
-from slurm_gpushare.node.mps import MpsDaemon, MpsError
+from slurm_gpushare.node.mps import MpsDaemon, MpsError, remove_tree
 from slurm_gpushare.node.plan import JobPlan
 
 
@@ -88,5 +88,8 @@ def leave_shared(ctx: HookContext, job_id: str, d: Path) -> str | None:
         problem = stuck_reason(ctx, ctx.mps(job_id, base=d).stop(), f"shared MPS daemon {d}")
         if problem:
             return problem
-        shutil.rmtree(d, ignore_errors=True)
+        try:
+            remove_tree(d)  # its pipe and log directories are tmpfs mounts
+        except OSError:
+            shutil.rmtree(d, ignore_errors=True)
         return None

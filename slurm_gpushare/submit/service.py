@@ -18,7 +18,11 @@ closed. Request (strings and numbers; missing = empty)::
     {"v": 2, "op": "submit" | "modify" | "move" | "cli", "tres_per_node": "gres:gpushare:mem=10G",
      "tres_per_job": "", "tres_per_task": "", "tres_per_socket": "", "mem_per_tres": "",
      "cpus_per_tres": "", "ntasks_per_tres": 65534, "partition": "gpu", "admin_comment": "",
-     "min_nodes": 2, "num_tasks": 8, "ntasks_per_node": 4, "cli_request": "", "uid": 1000, "job_id": ""}
+     "min_nodes": 2, "num_tasks": 8, "ntasks_per_node": 4, "cli_request": "", "uid": 1000, "job_id": "",
+     "het_job_offset": -1}
+
+``het_job_offset`` (job_desc's; -1 or NO_VAL: no heterogeneous job) refuses a share in a component
+(:data:`HET_JOB_REFUSAL`).
 
 The counts (``min_nodes``, ``num_tasks``, ``ntasks_per_node``) are JSON numbers: whole, 0 to 4294967295 (Slurm's
 NO_VAL and INFINITE, the top two, mean not set, as do a negative one down to -4294967295, 0 and a missing one:
@@ -490,6 +494,15 @@ class DecisionLogBudget:
 COUNT_FIELDS = ("min_nodes", "num_tasks", "ntasks_per_node")
 #: The largest count a job_desc field holds (32 bits; NO_VAL and INFINITE are the top two).
 _MAX_COUNT = 0xFFFFFFFF
+#: Slurm's NO_VAL: ``het_job_offset`` of a job that is no component of a heterogeneous job.
+_NO_VAL = 0xFFFFFFFE
+#: The answer to a GPU share (gpushare, shard, mps) in a component of a heterogeneous job (``het_job_offset``
+#: 0, 1, ...): every component's tasks read the leader's job directory on a node (``SLURM_JOB_ID`` is the
+#: leader's id), so a component would get another's MPS settings or MIG devices.
+HET_JOB_REFUSAL = ("gpushare: GPU shares (gpushare, shard, mps) are not available in heterogeneous jobs: the tasks "
+                   "of one component would get another component's share settings. Submit the components as "
+                   "separate jobs (e.g. the second with --dependency=after:<first job id>), or ask whole GPUs "
+                   "with --gres=gpu:N")
 
 
 def _count_problem(key: str, value: Any) -> str | None:
@@ -632,6 +645,9 @@ class FilterService:
             problem = _count_problem(key, req.get(key))
             if problem is not None:
                 raise InputError(problem)
+        het = req.get("het_job_offset")
+        if isinstance(het, (int, float)) and not isinstance(het, bool) and 0 <= het < _NO_VAL:
+            return self._reject(HET_JOB_REFUSAL)
         snap = self.cache.state()
         tpn = req.get("tres_per_node") or ""
         tpj = req.get("tres_per_job") or ""

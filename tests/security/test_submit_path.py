@@ -268,3 +268,18 @@ def test_a_users_update_from_a_share_to_plain_gres_is_refused_and_keeps_the_audi
     assert upd.returncode != 0 and f"Access/permission denied for job {job}" in upd.stderr, upd.stderr
     fields = slurm.show_job(job)
     assert bare(fields["TresPerNode"]) == "gpu:h100_1g.10gb:1" and "[gpushare:v1" in fields["AdminComment"]
+
+
+def test_a_heterogeneous_job_with_a_share_is_refused_with_a_message(slurm, users):
+    """Issue 26 N4 on the real controller: ``sbatch ... : ...`` with gpushare in a component is refused at
+    submission (each component would get the first one's MPS settings), and a plain het job still runs."""
+    alice = USERS[0]
+    het = as_user(slurm.cluster, alice, ["sbatch", "-H", "--parsable", "-o", "/dev/null", "-p", "nomig", "-n1",
+                                         "--gres=gpushare:mem=5G", ":", "-p", "nomig", "-n1",
+                                         "--gres=gpushare:mem=5G", "--wrap", "true"])
+    assert het.returncode != 0 and "heterogeneous" in het.stderr, het
+    plain = as_user(slurm.cluster, alice, ["sbatch", "-H", "--parsable", "-o", "/dev/null", "-p", "nomig", "-n1",
+                                           ":", "-p", "nomig", "-n1", "--wrap", "true"])
+    assert plain.returncode == 0, plain
+    subprocess.run(["scancel", plain.stdout.strip().split(";")[0].split("+")[0]], env=slurm.cluster.env,
+                   capture_output=True)

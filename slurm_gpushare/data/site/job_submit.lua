@@ -108,7 +108,7 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
     partition = job_desc.partition or "", admin_comment = job_desc.admin_comment or "",
     min_nodes = num(job_desc.min_nodes), num_tasks = num(job_desc.num_tasks),
     ntasks_per_node = num(job_desc.ntasks_per_node), cli_request = cli_request,
-    uid = submit_uid or -1,
+    uid = submit_uid or -1, het_job_offset = num(job_desc.het_job_offset),
   }, client.controller_socket())
   if not answer then return unavailable(why, client.mentions_gpushare(tpn, tpj)) end
   return apply(job_desc, answer, false)

@@ -1,23 +1,24 @@
 #!/bin/sh
 # slurm-gpushare TaskProlog: runs as the job's user before every task and prints the
-# "export NAME=value" lines the Prolog prepared for this job (MPS pipe directory and limits,
-# CUDA_VISIBLE_DEVICES for MIG devices; for multi-GPU jobs, where they apply, the NVLink ring order
-# and this task's NIC/core hints). Plain shell, no Python: a task start must stay cheap.
+# "export NAME=value" lines the Prolog prepared for this job: this task's MIG devices and MPS share GPUs
+# as UUIDs in the CUDA_VISIBLE_DEVICES Slurm gave it, the MPS pipe directory and limits to a task that holds
+# a GPU of the share; for multi-GPU jobs, where they apply, the NVLink ring order and this task's NIC/core
+# hints. Plain shell, no Python: a task start must stay cheap.
 # RUN_DIR is the node config's run_dir ({node} is replaced by the Slurm node name).
 RUN_DIR="/run/slurm-gpushare"
 case "$RUN_DIR" in
   *"{node}"*) RUN_DIR="${RUN_DIR%%\{node\}*}${SLURMD_NODENAME}${RUN_DIR#*\{node\}}" ;;
 esac
 d="$RUN_DIR/jobs/$SLURM_JOB_ID"
-if [ -r "$d/env" ]; then cat "$d/env"; fi
-# ring.<k>: the job's k GPUs here in NVLink ring order (written only where node.toml gpu_order lets the
-# product order this job). It applies to a task only when nothing asked for a GPU binding (--gpu-bind,
-# --gpus-per-task, --tres-bind, --ntasks-per-gpu: Slurm exports them to the job's tasks) and Slurm gave
-# this task every one of the k GPUs (its CUDA_VISIBLE_DEVICES, set by slurmstepd before the TaskProlog,
-# has k entries): then every named GPU is one the task can open. Otherwise Slurm's value stands.
-# A step's tasks inherit what the batch step's TaskProlog exported (srun passes the environment on):
-# first unset those of our variables that still hold the batch step's values; what applies to this
-# task is exported again below.
+# Slurm's binding is the input: slurmstepd set this task's CUDA_VISIBLE_DEVICES and named the same devices,
+# in the same order, by their gres.conf index in SLURM_STEP_GPUS (the batch step: SLURM_JOB_GPUS); a task
+# without GPU has neither. devices (" <index>=<UUID> ...") lists the job's devices that must be named by UUID
+# (MIG devices; an MPS share's GPUs, which its clients name relative to the job's daemon): each such entry is
+# replaced, the others keep Slurm's form (so does an entry Slurm already names by UUID: with AutoDetect=nvml a
+# MIG device has a UniqueId, which Slurm prints instead of the index); lists of different lengths leave
+# Slurm's value. The MPS variables
+# (env) go only to a task that holds a GPU of the share; a step's task without one unsets those inherited
+# from the batch step's TaskProlog (forget, below). A job prepared without devices (an older Prolog) gets env.
 forget() {
   while IFS= read -r line; do
     line=${line#export }; name=${line%%=*}
@@ -26,6 +27,45 @@ forget() {
     if [ "$cur" = "${line#*=}" ]; then echo "unset $name"; fi
   done < "$1"
 }
+translate() {
+  table=$1 ids=${SLURM_STEP_GPUS:-$SLURM_JOB_GPUS} out="" hit=""
+  set -f; IFS=,
+  set -- $CUDA_VISIBLE_DEVICES
+  for id in $ids; do
+    [ $# -gt 0 ] || { hit=""; break; }
+    e=$1; shift
+    case "$table" in *" $id="*)
+      case "$e" in
+        MIG-*|GPU-*) ;;  # Slurm named it by UUID itself (AutoDetect=nvml: UniqueId): keep Slurm's
+        *) e=${table#* $id=}; e=${e%% *} ;;
+      esac
+      hit=1 ;;
+    esac
+    out="$out,$e"
+  done
+  [ $# -eq 0 ] || hit=""
+  unset IFS; set +f
+  [ -n "$hit" ] && echo "export CUDA_VISIBLE_DEVICES=${out#,}"
+}
+if [ -r "$d/devices" ]; then
+  table=""
+  read -r table < "$d/devices"
+  if [ -n "$CUDA_VISIBLE_DEVICES" ] && translate " $table "; then
+    if [ -r "$d/env" ]; then cat "$d/env"; fi
+  elif [ -n "$SLURM_STEP_ID" ] && [ -r "$d/env" ]; then
+    forget "$d/env"
+  fi
+elif [ -r "$d/env" ]; then
+  cat "$d/env"
+fi
+# ring.<k>: the job's k GPUs here in NVLink ring order (written only where node.toml gpu_order lets the
+# product order this job). It applies to a task only when nothing asked for a GPU binding (--gpu-bind,
+# --gpus-per-task, --tres-bind, --ntasks-per-gpu: Slurm exports them to the job's tasks) and Slurm gave
+# this task every one of the k GPUs (its CUDA_VISIBLE_DEVICES, set by slurmstepd before the TaskProlog,
+# has k entries): then every named GPU is one the task can open. Otherwise Slurm's value stands.
+# A step's tasks inherit what the batch step's TaskProlog exported (srun passes the environment on):
+# first unset those of our variables that still hold the batch step's values; what applies to this
+# task is exported again below.
 # The job directory is not listable by the job's user (mode 0711): every file is opened by its name.
 count() { c=0; IFS=,; for x in $1; do c=$((c + 1)); done; unset IFS; }
 if [ -n "$SLURM_STEP_ID" ] && [ -n "$GPUSHARE_GPU_RING" ]; then
