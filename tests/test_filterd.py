@@ -838,7 +838,12 @@ def test_gpus_per_task_added_by_an_update_beside_a_granted_share_are_refused_as_
         assert a["action"] == "reject" and says in a["message"], (field, a)
         assert move("", **{field: tres, "tres_per_node": "gres:gpu:1"}) == {"v": 2, "action": "pass"}, field
     assert move(granted, tres_per_task="cpu=2") == {"v": 2, "action": "pass"}
-    assert move(mig, tres_per_node="gres:gpu:h100_1g.10gb:1", partition="pcie") == {"v": 2, "action": "pass"}
+    # issue 26 D19/N10: a MIG slice granted in one partition, moved to one without that slice, pended for ever
+    # (BadConstraints): refused, naming the slice and the partition
+    a = move(mig, tres_per_node="gres:gpu:h100_1g.10gb:1", partition="pcie")
+    assert a["action"] == "reject" and "gpu:h100_1g.10gb:1" in a["message"] and "pcie" in a["message"], a
+    assert "submit it again" in a["message"] and "0 node" not in a["message"], a
+    assert move(mig, tres_per_node="gres:gpu:h100_1g.10gb:1", partition="gpu") == {"v": 2, "action": "pass"}
 
 
 def test_a_node_count_raised_by_an_update_must_find_the_granted_slice_on_that_many_nodes(service):

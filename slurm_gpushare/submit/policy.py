@@ -159,6 +159,9 @@ MESSAGES: dict[str, tuple[str, str]] = {
     "nodes-too-many": ("{nodes} nodes asked for, but only {have} node(s) of {where} have {what}",
                        "ask for -N {have} (--nodes), or for a smaller request"),
     "nodes-bad": ("the node count {nodes} cannot be served", "ask for --nodes between 1 and {max}"),
+    "grant-not-here": ("{what}, which this job was granted for its gpushare request, is on no usable node of {where}",
+                       "keep the job where it is, or cancel it and submit it again with the new options (the "
+                       "request is then decided for them)"),
     "mps-large": ("mps:{n} is more than one GPU (mps:100)",
                   "ask for mps:100 at most, or for whole GPUs with gpushare:mode=gpu:1"),
 }
@@ -872,7 +875,7 @@ def decide(tres_per_node: str | None, tres_per_job: str | None, *, partitions: t
         if granted_share or any(item_name(t) == "gpushare" for t in (tres_per_node or "").split(",")):
             _refuse_per_gpu_options(tres_per_task, tres_per_socket, mem_per_tres, cpus_per_tres, ntasks_per_tres)
         if not policed:
-            if granted_share and nodes != 1:
+            if granted_share:  # the new partition or node count must still hold what was granted
                 _grant_on_nodes(tres_per_node or "", partitions, inventory, policy, pools, nodes)
             return Decision("pass", tres_per_node)
         return _decide(tres_per_node or "", tres_per_job or "", partitions, inventory, policy, audit, pools)
@@ -885,10 +888,11 @@ def decide(tres_per_node: str | None, tres_per_job: str | None, *, partitions: t
 def _grant_on_nodes(tres_per_node: str, partitions: tuple[str, ...] | None, inventory: ClusterInventory,
                     policy: SitePolicy, pools: PoolIndex | None, nodes: int) -> None:
     """Check that ``nodes`` usable nodes of the partitions each hold the ``gpu`` items of a granted MIG slice or
-    whole GPUs (an update that raised the job's node count: the grant is per node).
+    whole GPUs (an update that moved the job to another partition or raised its node count: the grant is per
+    node, and a partition without it would leave the job pending for ever).
 
     Raises:
-        InputError: ``nodes`` out of range, or fewer nodes hold an item (the message names how many do).
+        InputError: ``nodes`` out of range, no node holds an item, or fewer nodes do (the message names how many).
     """
     from slurm_gpushare.slurm.gres import GresSyntaxError, parse
 
@@ -902,6 +906,8 @@ def _grant_on_nodes(tres_per_node: str, partitions: tuple[str, ...] | None, inve
     for it in items:
         on = pool.mig.get(it.type) or pool.whole.get(it.type)
         have = len(on.held(it.count or 1)) if on is not None else 0
+        if have == 0:
+            raise _error("grant-not-here", where=pool.where, what=it.body)
         if have < nodes:
             raise _error("nodes-too-many", nodes=nodes, have=have, where=pool.where, what=it.body)
 
