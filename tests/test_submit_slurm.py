@@ -127,6 +127,21 @@ def test_scontrol_update_goes_through_the_same_checks(slurm):
     assert bare(_show(slurm, job.id)["TresPerNode"]) == "shard:10"
 
 
+def test_a_move_to_a_partition_without_the_granted_slice_is_refused_and_says_why(slurm):
+    """Issue 26 D19/N10 and N11: a pending job granted a MIG slice moved to a partition without one was accepted
+    and pended for ever; it is refused, and from 24.11 on the user reads the product's reason (job_submit.lua's
+    slurm.log_user reaches the user from slurm_job_modify since 23.02; 22.05 discards it, and its user reads
+    only Slurm's "Invalid generic resource")."""
+    job = slurm.sbatch("-H", "-p", "gpu", "--gres=gpushare:mem=10G", wrap="true")
+    assert bare(_show(slurm, job.id)["TresPerNode"]) == "gpu:h100_1g.10gb:1"
+    moved = slurm.run(["scontrol", "update", f"jobid={job.id}", "partition=pcie"], check=False)
+    assert moved.returncode != 0, moved
+    assert _show(slurm, job.id)["Partition"] == "gpu"
+    if slurm.cluster.slurm_release != "22.05":
+        assert "is on no usable node of partition pcie" in moved.stderr, moved.stderr
+    slurm.run(["scancel", job.id])
+
+
 def _submit_times(slurm, n: int, gres: str) -> list[float]:
     times = []
     for _ in range(n):

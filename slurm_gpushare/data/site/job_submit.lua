@@ -60,6 +60,11 @@ local function num(v)
   return -1
 end
 
+-- slurm.log_user reaches the user from slurm_job_modify since Slurm 23.02 (job_modify's err_msg); 22.05 discards
+-- it with an error line in slurmctld's log. GRES_ALLOW_TASK_SHARING is a constant of 23.11 and later (slurm_lua.c
+-- at slurm-24-11-5-1 and slurm-26-05-3-1; not at slurm-22-05-8-1), the releases supported here that have it.
+local MODIFY_TELLS_USER = slurm.GRES_ALLOW_TASK_SHARING ~= nil
+
 local function unavailable(why, gpushare)
   if gpushare or client.settings.fail_policy ~= "allow-direct" then
     slurm.log_user("%s", "gpushare: the GPU-sharing service cannot decide this request now (" .. why ..
@@ -82,7 +87,12 @@ local function apply(job_desc, answer, in_modify)
     return slurm.SUCCESS
   end
   local msg = answer.message or "gpushare: the request was refused"
-  if in_modify then slurm.log_info("%s", msg) else slurm.log_user("%s", msg) end
+  if in_modify then
+    slurm.log_info("%s", msg)
+    if MODIFY_TELLS_USER then slurm.log_user("%s", msg) end
+  else
+    slurm.log_user("%s", msg)
+  end
   return tonumber(answer.errno) or slurm.ERROR
 end
 
