@@ -56,12 +56,14 @@ def node(monkeypatch):
     jobs: dict[str, str] = {}
     used: dict[str, str] = {"a100": "GresUsed=gpu:a100:0(IDX:N/A),shard:a100:0(IDX:N/A)"}
     cancelled: list[str] = []
+    notes: list[tuple[str, str]] = []
     ctx = HookContext(cfg, "a100", job_record=lambda j: as_job_json(jobs[str(j)], str(j)),
                       drain=lambda n, r: drained.append((n, r)), cancel=cancelled.append,
+                      set_admin_comment=lambda j, t: notes.append((j, t)),
                       show_node=lambda n: f"NodeName={n}\n   {used[n]}\n")
     ctx_obj = type("Node", (), {})()
     ctx_obj.root, ctx_obj.ctx, ctx_obj.jobs, ctx_obj.drained, ctx_obj.mode = root, ctx, jobs, drained, mode
-    ctx_obj.used, ctx_obj.cancelled = used, cancelled
+    ctx_obj.used, ctx_obj.cancelled, ctx_obj.notes = used, cancelled, notes
     yield ctx_obj
     for d in (root / "run" / "a100" / "jobs").glob("*"):
         if d.is_dir():
@@ -179,6 +181,12 @@ def test_daemon_that_cannot_start_fails_the_job_not_the_node(node, capfd):
     # the hook exits 0: slurmd logs its output only at debug2, so the reason is in the node log too
     log = (node.ctx.run_dir / "node.log").read_text(errors="replace")
     assert " prolog: job 105 failed, node kept up: MPS control daemon" in log
+    # issue 26 N11: the user reads why in the job's AdminComment (scontrol show job, sacct -o AdminComment),
+    # after the audit already there, not only CANCELLED
+    [(job, text)] = node.notes
+    assert job == "105" and text.startswith("[gpushare:v1 req=mem=10G+sm=25 grant=gres:shard:10 kind=mps sm=25] ")
+    assert "gpushare: cancelled by the Prolog on a100: MPS control daemon for job 105 failed" in text
+    assert len(text) < 1000 and text.isprintable()
 
 
 def test_unreadable_job_record_fails_the_job_not_the_node(node, capfd):

@@ -137,6 +137,9 @@ def test_daemon_that_cannot_start_fails_the_job_not_the_node(cluster, slurm):
     try:
         job = slurm.wait(slurm.sbatch("-p", "pcie", "--gres=gpushare:mem=5G", wrap="true"))
         assert job.state == "CANCELLED", job.fields
+        # the user reads why (issue 26 N11): the Prolog's reason after the audit in AdminComment
+        shown = slurm.run(["scontrol", "show", "job", job.id]).stdout
+        assert "gpushare: cancelled by the Prolog on rtx4090-pcie: MPS control daemon" in shown, shown
         node = slurm.run(["scontrol", "show", "node", "rtx4090-pcie"]).stdout
         assert "DRAIN" not in node, node
     finally:

@@ -59,6 +59,8 @@ class HookContext:
     cancel: Callable[[str], None] = commands.cancel_job  # job id -> None; scancel
     requeue: Callable[[str], None] = commands.requeue_job  # job id -> None; scontrol requeue
     start_now: Callable[[str], None] = commands.start_now  # job id -> None; scontrol update StartTime=now
+    # (job id, text) -> None; scontrol update AdminComment= (the user reads it; a user cannot write it)
+    set_admin_comment: Callable[[str, str], None] = commands.update_admin_comment
     job_owners: Callable[[str], dict[str, int]] = commands.running_job_owners  # node -> {job id: uid}; squeue
     listpids: Callable[[str], str] = commands.listpids  # node -> `scontrol listpids` text
 
@@ -164,10 +166,33 @@ def fail_job(ctx: HookContext, job_id: str, fault: JobFault, hook: str) -> None:
     is logged too; the job then runs without its share prepared (its tasks find no MPS environment). Both go
     where :func:`log_event` puts them: the hook exits 0, so slurmd itself keeps them only at debug2."""
     log_event(ctx, hook, f"job {job_id} failed, node kept up: {fault}", level=syslog.LOG_ERR)
+    tell_user(ctx, job_id, f"gpushare: cancelled by the {hook.capitalize()} on {ctx.node}: {fault}", hook)
     try:
         ctx.cancel(job_id)
     except GpushareError as e:
         log_event(ctx, hook, f"job {job_id}: scancel failed: {e}", level=syslog.LOG_ERR)
+
+
+#: The most characters of the note :func:`tell_user` adds to a job's AdminComment.
+NOTE_CHARS = 400
+
+
+def tell_user(ctx: HookContext, job_id: str, note: str, hook: str) -> None:
+    """Append ``note`` (made printable, cut to :data:`NOTE_CHARS`) to the job's AdminComment, after what is there
+    (the gpushare audit), where its user reads it (``scontrol show job``, ``sacct -o AdminComment``): the hook's
+    own output reaches only slurmd's log. AdminComment is written by root, SlurmUser and administrators only.
+    Nothing here fails the hook: a record that cannot be read or an update slurmctld refuses is logged."""
+    from slurm_gpushare.atomicfile import printable
+
+    text = printable(" ".join(note.split()), limit=NOTE_CHARS)
+    try:
+        current = parse_job_json(ctx.job_record(job_id), job_id).admin_comment
+    except GpushareError:
+        current = ""
+    try:
+        ctx.set_admin_comment(job_id, f"{current} {text}" if current else text)
+    except GpushareError as e:
+        log_event(ctx, hook, f"job {job_id}: the reason was not put in its AdminComment: {e}")
 
 
 def load_machine(ctx: HookContext) -> Machine:
