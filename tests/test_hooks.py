@@ -639,6 +639,20 @@ def test_a_cancelled_job_is_recorded_signaled_although_slurmd_says_0_0(node):
     assert (recs["802"]["exit_state"], recs["802"]["exit_code"]) == ("COMPLETED", "0:0")
 
 
+def test_a_requeued_runs_record_keeps_its_own_restart_count_and_says_requeued(node):
+    """Issue 26 N13: the Epilog of a run that was requeued sees slurmctld's raised restart count; the record keeps
+    the run's own (the Prolog's run.json) and its state is REQUEUED, as sacct says, not COMPLETED."""
+    from dataclasses import replace
+    ctx = HookContext(replace(node.ctx.config, spool_dir=str(node.root / "spool")), "a100",
+                      job_record=node.ctx.job_record, drain=node.ctx.drain, show_node=node.ctx.show_node)
+    _shard_job(node, "811", idx="3", ac="[gpushare:v1 req=mem=10G grant=gres:shard:10 kind=mps mem=10240/10240MiB]")
+    assert prolog(ctx, {**_env("811"), "SLURM_JOB_GPUS": "3"}) == 0
+    env = {**_env("811"), "SLURM_JOB_GPUS": "3", "SLURM_JOB_RESTART_COUNT": "1", "SLURM_JOB_EXIT_CODE2": "0:0"}
+    assert epilog(ctx, env) == 0
+    (rec,) = [json.loads(line) for f in (node.root / "spool").glob("*.jsonl") for line in f.read_text().splitlines()]
+    assert (rec["restart"], rec["exit_state"]) == (0, "REQUEUED"), rec
+
+
 @pytest.mark.parametrize("tres, job_gpus, want", [
     # Slurm 23.x and later write the gres/ prefix (seen on 24.11 and 26.05)
     ("gres/shard:10", "0", ("shard", "", 10, (0,))),

@@ -220,7 +220,8 @@ class UsageRecord:
             ``[start + i * width * d, start + (i + 1) * width * d)`` with ``d = (end - start) / samples``;
             the last bucket may be partly filled. A tuple in Python, a JSON list in the line.
         mem_series_width: samples per bucket of the series (1, 2, 4, ...); None exactly when the series is.
-        exit_state: ``COMPLETED``, ``FAILED`` or ``SIGNALED`` (:func:`exit_from_env`), or Slurm's state.
+        exit_state: ``COMPLETED``, ``FAILED`` or ``SIGNALED`` (:func:`exit_from_env`), ``REQUEUED`` (a run that was
+            requeued: the Epilog saw a restart count above its run's), or Slurm's state.
         exit_code: ``exit:signal`` as Slurm prints it (``0:0``, ``1:0``, ``0:9``); ``""`` unknown.
         placement_cost: the placement's cost from the topology-aware placement; None until it exists.
         v: the format version, :data:`RECORD_VERSION`.

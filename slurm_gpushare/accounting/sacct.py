@@ -289,12 +289,16 @@ class FinalJob:
         nodes: ``SLURM_JOB_NODELIST`` expanded.
         sacctmgr_id: ``<array>_<task>`` for the array task whose id is the array's own
             (``SLURM_ARRAY_JOB_ID == SLURM_JOB_ID``; ``jobid=<array>`` would name every task), else the id.
+        user: ``SLURM_JOB_USER`` (every supported release), ``""`` unknown.
+        start: ``SLURM_JOB_START_TIME`` (epoch s; 24.11 and later), 0 unknown.
     """
 
     job_id: str
     restart: int
     nodes: tuple[str, ...]
     sacctmgr_id: str
+    user: str = ""
+    start: int = 0
 
     @classmethod
     def from_env(cls, env: dict[str, str], job_id: str | None = None) -> FinalJob:
@@ -313,7 +317,15 @@ class FinalJob:
         array, task = env.get("SLURM_ARRAY_JOB_ID", ""), env.get("SLURM_ARRAY_TASK_ID", "")
         sid = f"{array}_{task}" if array == jid and task.isdigit() else jid
         nodes = expand_hostlist(env.get("SLURM_JOB_NODELIST", "")) if env.get("SLURM_JOB_NODELIST") else ()
-        return cls(jid, int(restart) if restart.isdigit() else 0, nodes, sid)
+        start = env.get("SLURM_JOB_START_TIME", "")
+        return cls(jid, int(restart) if restart.isdigit() else 0, nodes, sid, env.get("SLURM_JOB_USER", "").strip(),
+                   int(start) if start.isdigit() else 0)
+
+    def owns(self, r: UsageRecord) -> bool:
+        """Whether ``r`` (of this job id and run) is this job's and not an earlier job's of the same id (a lost
+        StateSaveLocation, MaxJobId wrapping): the same user, and not started before this job (a minute's slack:
+        the Prolog's start is slurmctld's, or the Prolog's clock where slurmctld had none yet)."""
+        return (not self.user or not r.user or r.user == self.user) and (not self.start or r.start >= self.start - 60)
 
 
 def spooled_records(spools: Sequence[str | Path], job: FinalJob) -> list[UsageRecord]:
@@ -347,7 +359,7 @@ def spooled_records(spools: Sequence[str | Path], job: FinalJob) -> list[UsageRe
                 r = UsageRecord.from_json(line)
             except RecordError:
                 continue
-            if r.job_id == job.job_id and r.restart == job.restart and r.step == "":
+            if r.job_id == job.job_id and r.restart == job.restart and r.step == "" and job.owns(r):
                 # one record per device; where an Epilog ran twice for a run, the one that saw the run wins
                 # (more samples, then the longer span), not the one that happened to be spooled first
                 have = found.get(r.key)

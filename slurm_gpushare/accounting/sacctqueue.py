@@ -46,7 +46,7 @@ from slurm_gpushare.slurm.release import Release
 DEFAULT_QUEUE_DIR = "/var/spool/slurm-gpushare/sacct-queue"
 #: EpilogSlurmctld's variables an entry holds, one ``KEY=VALUE`` line each.
 ENTRY_KEYS = ("SLURM_JOB_ID", "SLURM_JOB_RESTART_COUNT", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID",
-              "SLURM_JOB_NODELIST")
+              "SLURM_JOB_NODELIST", "SLURM_JOB_USER", "SLURM_JOB_START_TIME")
 #: Entries end in this (``<job id>.<restart count>.run``); other names (the lock, the log, ``.``-temp files)
 #: are not entries.
 ENTRY_SUFFIX = ".run"

@@ -70,9 +70,12 @@ from slurm_gpushare.errors import GpushareError, InputError
 DEFAULT_DB = "/var/lib/slurm-gpushare/accounting.db"
 #: Version of the database layout (table ``meta``, key ``schema``). 2: records have ``restart`` (part of
 #: the unique key); ``spool_progress`` has ``tail_sha1``. 3: records have the memory series
-#: (``mem_series_mib`` as text ``"512,2048"``, ``mem_series_width``) and are all ``v`` 3. A database of an
+#: (``mem_series_mib`` as text ``"512,2048"``, ``mem_series_width``) and are all ``v`` 3. 4: the unique key
+#: has the job's ``user`` (a job id Slurm gives another user again, after a lost StateSaveLocation or MaxJobId
+#: wrapping, is another run, never a replacement of the first user's record; the start cannot serve: an Epilog
+#: run again without the Prolog's run record writes the same run with another start). A database of an
 #: earlier layout is upgraded in place.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 #: Bytes of spool text per transaction.
 BATCH_BYTES = 16 << 20
 #: Above this much unread spool text, chunks are parsed by worker processes while this one inserts.
@@ -99,7 +102,9 @@ GPU_SHARE_SQL = ('CASE WHEN "mode" = \'gpu\' OR "gpu_memory_mib" <= 0 THEN 1.0 '
 #: :data:`GPU_SHARE_SQL` in PostgreSQL (a stored column there: PostgreSQL before 18 has no virtual ones)
 _GPU_SHARE_PG = ('CASE WHEN "mode" = \'gpu\' OR "gpu_memory_mib" <= 0 THEN 1.0 '
                  'ELSE LEAST(1.0, CAST("mem_granted_mib" AS DOUBLE PRECISION) / "gpu_memory_mib") END')
-_KEY = '"job_id", "restart", "step", "node", "gpu_index", "gpu_uuid", "v"'
+_KEY = '"job_id", "restart", "user", "step", "node", "gpu_index", "gpu_uuid", "v"'
+#: the unique key of layouts 2 and 3
+_KEY_V3 = '"job_id", "restart", "step", "node", "gpu_index", "gpu_uuid", "v"'
 #: the report indexes: the group first, then every column the grouped report reads (covering)
 _REPORT_COLUMNS = ('"job_id", "start", "end", "gpu_share", "mem_granted_mib", "mem_peak_mib", "sm_mean_percent", '
                    '"sm_peak_percent"')
@@ -154,6 +159,14 @@ ALTER TABLE usage ADD COLUMN "mem_series_mib" TEXT;
 ALTER TABLE usage ADD COLUMN "mem_series_width" INTEGER;
 UPDATE usage SET "v" = 3;
 UPDATE meta SET value = '3' WHERE key = 'schema';
+"""
+# layout 3 -> 4 (SQLite): the table again with the job's user in its unique key (indexes made again by _SCHEMA)
+_UPGRADE_3 = f"""
+CREATE TABLE usage_4 {_USAGE_TABLE};
+INSERT OR IGNORE INTO usage_4 ({_COLUMNS}) SELECT {_COLUMNS} FROM usage;
+DROP TABLE usage;
+ALTER TABLE usage_4 RENAME TO usage;
+UPDATE meta SET value = '4' WHERE key = 'schema';
 """
 #: a record of a key already stored replaces it only where it saw more of the run (an Epilog run twice for
 #: one run: :meth:`~slurm_gpushare.accounting.record.UsageRecord.saw_more`, as the sacct segment chooses);
@@ -286,9 +299,9 @@ class Store:
             db.script("PRAGMA synchronous = NORMAL; PRAGMA cache_size = -65536; PRAGMA threads = 2;")
             old = db.execute("SELECT 1 FROM sqlite_master WHERE name = 'meta'") and \
                 db.execute("SELECT value FROM meta WHERE key = 'schema'")
-            if old and old[0][0] in ("1", "2"):
-                db.script("BEGIN IMMEDIATE;" + (_UPGRADE_1 if old[0][0] == "1" else _UPGRADE_2) + _SCHEMA
-                          + "COMMIT;")
+            if old and old[0][0] in ("1", "2", "3"):
+                steps = {"1": _UPGRADE_1, "2": _UPGRADE_2, "3": ""}[old[0][0]]
+                db.script("BEGIN IMMEDIATE;" + steps + _UPGRADE_3 + _SCHEMA + "COMMIT;")
             self._prepare(create)
         except (sqlite3.Error, StoreError) as e:
             if db is not None:
@@ -317,6 +330,9 @@ class Store:
             raise StoreError("not an accounting database (no table meta)", source=self.where,
                              hint="run 'slurm-gpushare accounting ingest' with this --db first" if self.url else None)
         row = db.execute("SELECT value FROM meta WHERE key = 'schema'")
+        if self.url and row and row[0][0] == "3":
+            self._upgrade_pg_3()
+            row = db.execute("SELECT value FROM meta WHERE key = 'schema'")
         if not row:
             if not create:
                 raise StoreError("not an accounting database (no layout version)", source=self.where)
@@ -324,6 +340,19 @@ class Store:
         elif row[0][0] != str(SCHEMA_VERSION):
             raise StoreError(f"database layout version {row[0][0]}; this slurm-gpushare uses {SCHEMA_VERSION}",
                              source=self.where, hint="use the slurm-gpushare release that created it")
+
+    def _upgrade_pg_3(self) -> None:
+        """PostgreSQL layout 3 -> 4: the unique key gets the job's user (one transaction, under the ingest lock)."""
+        db = self._db
+        db.begin()
+        db.execute("SELECT pg_advisory_xact_lock(?)", (_PG_LOCK,))
+        if db.execute("SELECT value FROM meta WHERE key = 'schema'") == [("3",)]:
+            for (name,) in db.execute("SELECT conname FROM pg_constraint WHERE conrelid = 'usage'::regclass "
+                                      "AND contype = 'u'"):
+                db.execute(f'ALTER TABLE usage DROP CONSTRAINT "{name}"')
+            db.execute(f"ALTER TABLE usage ADD UNIQUE ({_KEY})")
+            db.execute("UPDATE meta SET value = '4' WHERE key = 'schema'")
+        db.commit()
 
     def _has_meta(self) -> bool:
         if self.url:

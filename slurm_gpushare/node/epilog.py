@@ -307,6 +307,8 @@ def record_usage(ctx: HookContext, env: dict[str, str], state: dict) -> int:
         # the Prolog's record of this run: after a requeue slurmctld has already raised the restart count
         # and reset the start when this Epilog runs
         restart, start = read_run(ctx.job_dir(job_id)) or (restart_from_env(env), info.start_time or end)
+        if restart_from_env(env) > restart:  # this run was requeued: sacct says REQUEUED of it, not how it ended
+            exit_state = "REQUEUED"
         records = records_for_job(
             info, plan, machine, node=ctx.node, start=start, end=end,
             exit_state=exit_state, exit_code=exit_code, gpu_uuids={g.index: g.uuid for g in machine.gpus},

@@ -305,3 +305,20 @@ def test_of_two_records_of_one_device_the_one_that_saw_the_run_is_the_final_segm
     assert spooled_records([spool], job) == [good]
     spool.write_text(good.to_json() + "\n" + poor.to_json() + "\n")
     assert spooled_records([spool], job) == [good]
+
+
+def test_the_final_segment_takes_only_this_jobs_run_of_a_reused_id(tmp_path):
+    """Issue 26 N15: the spool still holds an earlier job of the same id (another user's, or the same user's
+    long before): EpilogSlurmctld put the older usage into the new owner's sacct row. A record is this job's
+    when its user is the job's (SLURM_JOB_USER) and, where Slurm says when the job started (SLURM_JOB_START_TIME,
+    24.11 and later), it did not start before."""
+    older = record(job_id="79", node="n1", user="alice", start=1_000, end=1_500)
+    other = record(job_id="79", node="n1", user="bob", start=9_000, end=9_500, gpu_index=1, gpu_uuid="GPU-1")
+    mine = record(job_id="79", node="n1", user="bob", start=20_000, end=20_600)
+    spool = tmp_path / "n1.gpushare.jsonl"
+    spool.write_text("".join(r.to_json() + "\n" for r in (older, other, mine)))
+    env = {"SLURM_JOB_ID": "79", "SLURM_JOB_NODELIST": "n1", "SLURM_JOB_USER": "bob"}
+    assert spooled_records([spool], FinalJob.from_env(env)) == [mine, other]
+    assert spooled_records([spool], FinalJob.from_env({**env, "SLURM_JOB_START_TIME": "20000"})) == [mine]
+    # no user known (an entry of an older queue): as before
+    assert len(spooled_records([spool], FinalJob.from_env({"SLURM_JOB_ID": "79", "SLURM_JOB_NODELIST": "n1"}))) == 2

@@ -203,7 +203,7 @@ def test_a_version_2_database_is_migrated_in_place_and_keeps_the_memory_series(t
         st.add([record(job_id="7", mem_series_mib=(), mem_series_width=1)])
         assert st.records(job_id="7")[0].mem_series_mib == ()
     with Store(old_db, create=False) as st:
-        assert st.count() == 3 and st.query("SELECT value FROM meta WHERE key = 'schema'") == [("3",)]
+        assert st.count() == 3 and st.query("SELECT value FROM meta WHERE key = 'schema'") == [("4",)]
         assert st.query('SELECT "mem_series_mib" FROM usage WHERE "job_id" = \'6\'') == [("0,1024,4096,2048",)]
 
 
@@ -370,3 +370,46 @@ def test_of_two_records_of_one_key_the_store_keeps_the_one_that_saw_more_whichev
     st.ingest(tmp_path / "spool")
     assert st.records() == [full]
     st.close()
+
+
+def test_a_job_id_given_to_another_user_again_is_another_record(new_store):
+    """Issue 26 N15: a job id Slurm gives again (a lost StateSaveLocation, MaxJobId wrapping) to another user,
+    restart 0, same node and GPU: the older user's record was replaced by the newer job's (same key). Both are
+    kept now, each with its own owner; the same run spooled again is still one record."""
+    old = record(job_id="3", user="alice", start=1_000, end=1_500)
+    new = record(job_id="3", user="bob", start=9_000, end=9_100)
+    with new_store() as st:
+        st.add([old])
+        st.add([new])
+        assert sorted((r.user, r.start) for r in st.records(job_id="3")) == [("alice", 1_000), ("bob", 9_000)]
+        st.add([new])
+        assert st.count() == 2
+
+
+def test_a_layout_3_database_gets_the_new_key(target):
+    """Layout 3 keyed a record without its user: opening it upgrades the key in place (records kept), after
+    which another user's job of a reused id is a record of its own."""
+    from slurm_gpushare.accounting.store import _KEY_V3
+
+    with Store(target) as st:
+        st.add([record(job_id="3", user="alice", start=1_000, end=1_500)])
+        db = st._db
+        if st.url:
+            (name,) = db.execute("SELECT conname FROM pg_constraint WHERE conrelid = 'usage'::regclass "
+                                 "AND contype = 'u'")[0]
+            db.begin()
+            db.execute(f'ALTER TABLE usage DROP CONSTRAINT "{name}"')
+            db.execute(f"ALTER TABLE usage ADD UNIQUE ({_KEY_V3})")
+            db.execute("UPDATE meta SET value = '3' WHERE key = 'schema'")
+            db.commit()
+        else:
+            cols = ", ".join(f'"{c}"' for (c,) in st.query("SELECT name FROM pragma_table_info('usage')")
+                             if c != "gpu_share")
+            db.script("BEGIN; CREATE TABLE old AS SELECT * FROM usage; DROP TABLE usage;"
+                      f"CREATE TABLE usage ({cols}, UNIQUE ({_KEY_V3})); INSERT INTO usage SELECT {cols} FROM old;"
+                      "DROP TABLE old; UPDATE meta SET value = '3' WHERE key = 'schema'; COMMIT;")
+    with Store(target) as st:
+        assert st.query("SELECT value FROM meta WHERE key = 'schema'") == [("4",)]
+        assert [r.user for r in st.records(job_id="3")] == ["alice"]
+        st.add([record(job_id="3", user="bob", start=9_000, end=9_100)])
+        assert st.count() == 2

@@ -77,6 +77,8 @@ def test_a_requeued_jobs_two_runs_are_both_recorded_and_reported(cluster, slurm,
     assert sorted(by_run) == [0, 1] and len(recs) == 2, recs
     assert all(r["user"] == USERS[0] for r in recs)
     first, second = by_run[0], by_run[1]
+    # the first run was requeued, as sacct says of it (issue 26 N13); the second ran to its end
+    assert (first["exit_state"], second["exit_state"]) == ("REQUEUED", "COMPLETED"), recs
     assert first["start"] <= runs[0] and first["end"] >= requeued_at - 1 and first["end"] - first["start"] >= 2, first
     # Slurm's start is whole seconds, the scheduler's clock at the start of its pass: the second run may start
     # within the second of the requeue (26.05.5: requeued at 11:36:36.725, started 11:36:36)

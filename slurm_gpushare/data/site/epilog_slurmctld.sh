@@ -35,9 +35,9 @@ set -- "$SPOOL/runs/$SLURM_JOB_ID.${SLURM_JOB_RESTART_COUNT:-0}."*
 if [ -n "$SLURM_JOB_ID" ] && [ -e "$1" ]; then
   entry="$SLURM_JOB_ID.${SLURM_JOB_RESTART_COUNT:-0}.run"
   if (umask 077 && mkdir -p "$QUEUE" &&
-      printf 'SLURM_JOB_ID=%s\nSLURM_JOB_RESTART_COUNT=%s\nSLURM_ARRAY_JOB_ID=%s\nSLURM_ARRAY_TASK_ID=%s\nSLURM_JOB_NODELIST=%s\n' \
+      printf 'SLURM_JOB_ID=%s\nSLURM_JOB_RESTART_COUNT=%s\nSLURM_ARRAY_JOB_ID=%s\nSLURM_ARRAY_TASK_ID=%s\nSLURM_JOB_NODELIST=%s\nSLURM_JOB_USER=%s\nSLURM_JOB_START_TIME=%s\n' \
         "$SLURM_JOB_ID" "${SLURM_JOB_RESTART_COUNT:-0}" "$SLURM_ARRAY_JOB_ID" "$SLURM_ARRAY_TASK_ID" \
-        "$SLURM_JOB_NODELIST" >"$QUEUE/.$entry.$$" && mv -f "$QUEUE/.$entry.$$" "$QUEUE/$entry") 2>/dev/null; then
+        "$SLURM_JOB_NODELIST" "$SLURM_JOB_USER" "$SLURM_JOB_START_TIME" >"$QUEUE/.$entry.$$" && mv -f "$QUEUE/.$entry.$$" "$QUEUE/$entry") 2>/dev/null; then
     # waited for until the worker, already in a session of its own (setsid before Python starts), forks
     # (--detach): slurmctld 24.11+ (slurmscriptd) kills the script's process group once the script exits
     if command -v flock >/dev/null 2>&1; then  # the lock taken here, held by the worker on fd 9
