@@ -69,7 +69,8 @@ def test_a_whole_gpu_job_on_a_node_with_shards_asks_slurmctld(node):  # noqa: F8
     env = {**_env("101"), "SLURM_CONF": _slurm_dir(node, "a100", "8x-a100-nv12-bridge.json", shards=True)}
     shard_job(node)
     assert prolog(ctx, env) == 0
-    assert asked == ["101"] * 3 and node.cancelled == ["101"] and node.drained == []
+    # three tries for the plan, then one for the AdminComment the user's reason is appended to (fail_job)
+    assert asked == ["101"] * 4 and node.cancelled == ["101"] and node.drained == []
 
 
 def test_a_multi_gpu_job_is_audited_against_slurmctld_also_without_shards(node):  # noqa: F811

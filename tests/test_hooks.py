@@ -840,6 +840,34 @@ def _guarded(node, running: dict[str, int] | None, requeue_fails: bool = False):
     return ctx, requeued
 
 
+def test_the_script_of_a_run_the_prolog_requeued_never_starts(node, tmp_path):
+    """Issue 26 N8: on 22.05 slurmd launches the batch script of the run the Prolog has just requeued (the Prolog
+    exits 0; the requeue lands a moment later), and its processes ran ~6 s on the shared GPU. The Prolog marks the
+    run refused (root's file, readable by the job's user); the TaskProlog of that run fails (slurmstepd then
+    never execs the task: TaskProlog failed), the next run is not touched, and the run's Epilog drops the mark."""
+    _shard_job(node, job="101", idx="3")
+    assert prolog(node.ctx, _env("101")) == 0  # a share on GPU 3
+    node.jobs["6"] = SHOW.format(job="6", node="a100", gres="gpu:a100:1", detail="gpu:a100:1(IDX:3)", ac="")
+    ctx, requeued = _guarded(node, {"101": 0, "6": 0})
+    assert prolog(ctx, {**_env("6"), "SLURM_JOB_GPUS": "3", "SLURM_JOB_RESTART_COUNT": "2"}) == 0
+    assert requeued == ["6"]
+    mark = node.root / "run" / "a100" / "refused" / "6.2"
+    assert mark.is_file() and (mark.stat().st_mode & 0o777) == 0o644
+    script = tmp_path / "tp.sh"
+    script.write_text((SITE / "taskprolog.sh").read_text().replace(
+        'RUN_DIR="/run/slurm-gpushare"', f'RUN_DIR="{node.root}/run/{{node}}"'))
+    task = {"SLURM_JOB_ID": "6", "SLURMD_NODENAME": "a100", "SLURM_JOB_GPUS": "3", "CUDA_VISIBLE_DEVICES": "3"}
+    refused = subprocess.run(["sh", str(script)], env={**task, "SLURM_RESTART_COUNT": "2"}, capture_output=True,
+                             text=True)
+    assert refused.returncode != 0 and "requeued by the Prolog" in refused.stdout, refused
+    later = subprocess.run(["sh", str(script)], env={**task, "SLURM_RESTART_COUNT": "3"}, capture_output=True,
+                           text=True)
+    assert later.returncode == 0, later
+    assert epilog(ctx, {**_env("6"), "SLURM_JOB_GPUS": "3", "SLURM_JOB_RESTART_COUNT": "3"}) == 0
+    assert not mark.exists()
+    assert epilog(node.ctx, _env("101")) == 0
+
+
 def test_a_whole_gpu_still_used_by_a_share_requeues_the_job_given_it(node):
     """Slurm 22.05 frees a GPU of shards when one of its shard jobs ends while another still runs there, and
     gives it whole to the next gpu job (tests/test_shard_sharing_slurm.py): the Prolog requeues that job."""

@@ -16,6 +16,11 @@ Files, all root's (mode 0600, directories 0700), in the node's run dir:
   that start at once on one GPU see each other, and a Prolog's requeue and the Epilog's wake-up cannot cross.
 
 No user writes any of these: the decision reads only what root's Prologs wrote and slurmctld's own job list.
+
+* ``refused/<job id>.<restart>``: a run the Prolog requeued (mode 0644 in a 0755 directory: the job's
+  TaskProlog, as the job's user, reads that it is there). On 22.05 slurmd launches that run's batch script
+  before the requeue lands; its TaskProlog fails, so slurmstepd never starts the script (TaskProlog failed:
+  ``exec_task`` in src/slurmd/slurmstepd/task.c). The run's Epilog removes it.
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ CLAIMS_DIR = "claims"
 WAITING_DIR = "waiting"
 #: ``<run_dir>/claims.lock``
 LOCK_FILE = "claims.lock"
+#: ``<run_dir>/refused/<job id>.<restart>``
+REFUSED_DIR = "refused"
 #: Kinds of claim: a GPU held whole, or an MPS share of it (:attr:`slurm_gpushare.node.plan.JobPlan.kind`).
 KINDS = ("gpu", "mps")
 _MAX_BYTES = 65536
@@ -167,3 +174,29 @@ def waiting(run_dir: Path) -> dict[str, list[str]]:
         else:
             Path(e.path).unlink(missing_ok=True)
     return out
+
+
+def refuse_run(run_dir: Path, job: str, restart: int, why: str) -> Path:
+    """Mark run ``restart`` of ``job`` as requeued by the Prolog (``refused/<job>.<restart>``, 0644, holding
+    ``why``): its TaskProlog fails, so its batch script never starts here.
+
+    Raises:
+        OSError: the run dir cannot be written.
+    """
+    d = run_dir / REFUSED_DIR
+    d.mkdir(mode=0o755, exist_ok=True)
+    os.chmod(d, 0o755)
+    return write_atomic(d / f"{job}.{restart}", why[:500] + "\n", mode=0o644, fsync=False)
+
+
+def forget_refused(run_dir: Path, job: str, up_to: int) -> None:
+    """Remove the refused-run marks of ``job`` up to run ``up_to`` (its Epilog: that run has ended)."""
+    d = run_dir / REFUSED_DIR
+    try:
+        names = [p.name for p in d.iterdir()]
+    except OSError:
+        return
+    for name in names:
+        j, _, n = name.partition(".")
+        if j == job and n.isdigit() and int(n) <= up_to:
+            (d / name).unlink(missing_ok=True)

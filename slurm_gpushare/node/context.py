@@ -160,13 +160,14 @@ def job_info(ctx: HookContext, job_id: str, env: dict[str, str] | None = None) -
                        hint="check that this node reaches slurmctld (scontrol ping)") from None
 
 
-def fail_job(ctx: HookContext, job_id: str, fault: JobFault, hook: str) -> None:
+def fail_job(ctx: HookContext, job_id: str, fault: JobFault, hook: str, *, tell: bool = True) -> None:
     """End job ``job_id`` for ``fault`` without draining the node: the reason goes to slurmd's log (the hook's
     stderr), then the job is cancelled (:func:`slurm_gpushare.slurm.commands.cancel_job`). A cancel that fails
     is logged too; the job then runs without its share prepared (its tasks find no MPS environment). Both go
     where :func:`log_event` puts them: the hook exits 0, so slurmd itself keeps them only at debug2."""
     log_event(ctx, hook, f"job {job_id} failed, node kept up: {fault}", level=syslog.LOG_ERR)
-    tell_user(ctx, job_id, f"gpushare: cancelled by the {hook.capitalize()} on {ctx.node}: {fault}", hook)
+    if tell:  # the reason where the user reads it (not when slurmctld itself may be why the hook is late)
+        tell_user(ctx, job_id, f"gpushare: cancelled by the {hook.capitalize()} on {ctx.node}: {fault}", hook)
     try:
         ctx.cancel(job_id)
     except GpushareError as e:

@@ -35,7 +35,7 @@ from slurm_gpushare.node.context import (
     plan_with_machine,
     stuck_reason,
 )
-from slurm_gpushare.node.jobdir import JobDaemon, job_daemons, job_lock, read_run, read_state
+from slurm_gpushare.node.jobdir import JobDaemon, job_daemons, job_lock, read_run, read_state, restart_from_env
 from slurm_gpushare.node.leftovers import EndedJob, drain_reason, sweep
 from slurm_gpushare.node.mps import MpsDaemon, MpsSettings, remove_tree
 from slurm_gpushare.node.plan import JobPlan
@@ -65,7 +65,7 @@ def epilog(ctx: HookContext, env: dict[str, str]) -> int:
         problem = stop_homeless(ctx, job_id)
     if not problem and gpu_job:
         problem = sweep_leftovers(ctx, env, start=run[1] if run else None)
-    wake_waiting(ctx, job_id)
+    wake_waiting(ctx, job_id, restart_from_env(env))
     if gpu_job:  # this node's old run marks (the controller's worker, as SlurmUser, may not remove them)
         from slurm_gpushare.accounting.spool import prune_marks
 
@@ -76,7 +76,7 @@ def epilog(ctx: HookContext, env: dict[str, str]) -> int:
     return 0
 
 
-def wake_waiting(ctx: HookContext, job_id: str) -> list[str]:
+def wake_waiting(ctx: HookContext, job_id: str, restart: int = 0) -> list[str]:
     """Forget ``job_id``'s claim on its GPUs (:mod:`slurm_gpushare.node.claims`) and make eligible now
     (``scontrol update StartTime=now``), instead of after slurmctld's requeue delay, each job the Prolog requeued
     for it (:func:`~slurm_gpushare.node.prolog.wait_for_gpus`) that waits for nobody else; a job still waiting
@@ -94,6 +94,7 @@ def wake_waiting(ctx: HookContext, job_id: str) -> list[str]:
     try:
         with claims.claims_lock(ctx.run_dir):
             claims.drop_claim(ctx.run_dir, job_id)
+            claims.forget_refused(ctx.run_dir, job_id, up_to=restart)
             for job, waits_for in claims.waiting(ctx.run_dir).items():
                 if job_id not in waits_for:
                     continue

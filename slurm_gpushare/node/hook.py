@@ -93,6 +93,10 @@ def run(which: str, config_path: str | None, env: Mapping[str, str]) -> int:
         return 1
 
 
+#: Seconds a hook that ran out of time has to end its job (cancel) or drain the node.
+_GRACE_S = 15.0
+
+
 class HookTimeout(BaseException):
     """The hook's own time limit ran out (a BaseException: no ``except Exception`` inside the hook takes it)."""
 
@@ -103,7 +107,9 @@ def run_limited(ctx, which: str, env: Mapping[str, str], hook) -> int:
     Epilog, leave the node to Slurm). When it runs out: a Prolog fails its job (cancelled, the node kept:
     :func:`~slurm_gpushare.node.context.fail_job`) and exits 0; an Epilog drains the node with a reason naming
     the job and the limit and exits 1 (what it had not done yet, e.g. stopping the job's MPS daemon, is
-    ``doctor --repair``'s). Locks taken with ``with`` are released on the way out. Returns the exit status."""
+    ``doctor --repair``'s); doing that has :data:`_GRACE_S` seconds of its own, after which the hook exits 1
+    (slurmd then drains the node and requeues the job). Locks taken with ``with`` are released on the way out.
+    Returns the exit status."""
     import signal
 
     from slurm_gpushare.node.context import JobFault, fail_job, log_event
@@ -123,13 +129,21 @@ def run_limited(ctx, which: str, env: Mapping[str, str], hook) -> int:
             signal.setitimer(signal.ITIMER_REAL, 0)
     except HookTimeout:
         what = f"did not finish within {limit:g} s (node.toml hook_timeout)"
-        if which == "prolog":
-            fail_job(ctx, job_id, JobFault(f"the Prolog {what}"), "prolog")
-            return 0
-        reason = f"gpushare epilog job {job_id}: {what}: run 'slurm-gpushare doctor --repair'"
-        log_event(ctx, "epilog", reason)
-        ctx.do_drain(reason)
-        return 1
+        signal.setitimer(signal.ITIMER_REAL, min(limit, _GRACE_S))  # ending it has a limit of its own
+        try:
+            if which == "prolog":
+                fail_job(ctx, job_id, JobFault(f"the Prolog {what}"), "prolog", tell=False)
+                return 0
+            reason = f"gpushare epilog job {job_id}: {what}: run 'slurm-gpushare doctor --repair'"
+            log_event(ctx, "epilog", reason)
+            ctx.do_drain(reason)
+            return 1
+        except HookTimeout:  # slurmctld does not answer either: slurmd drains the node and requeues the job
+            print(f"slurm-gpushare {which}: job {job_id}: {what}, and ending it did not finish in time either",
+                  file=sys.stderr)
+            return 1
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
     finally:
         signal.signal(signal.SIGALRM, previous)
 

@@ -137,7 +137,7 @@ def prolog(ctx: HookContext, env: dict[str, str]) -> int:
             info, (plan, machine, gres) = record_and_plan(ctx, job_id, env)
         if plan.kind == "none":
             return 0
-        if wait_for_gpus(ctx, job_id, plan):
+        if wait_for_gpus(ctx, job_id, plan, restart=restart_from_env(env)):
             return 0
         job_dir = ctx.job_dir(job_id)
         with job_lock(job_dir):
@@ -177,7 +177,7 @@ def mark_run(ctx: HookContext, job_id: str, env: dict[str, str]) -> None:
               file=sys.stderr)
 
 
-def wait_for_gpus(ctx: HookContext, job_id: str, plan: JobPlan) -> bool:
+def wait_for_gpus(ctx: HookContext, job_id: str, plan: JobPlan, *, restart: int = 0) -> bool:
     """Claim the job's GPUs on this node (:mod:`slurm_gpushare.node.claims`), or requeue the job when another
     running job's claim holds one of them in a way this job's cannot share: a GPU given whole while another job's
     MPS share runs on it, or a share of a GPU another job holds whole. Returns whether the job was requeued (or,
@@ -193,6 +193,8 @@ def wait_for_gpus(ctx: HookContext, job_id: str, plan: JobPlan) -> bool:
     first. Costs a directory listing and a small file; slurmctld is asked (``squeue``) only when a claim
     conflicts, to skip (and forget) a claim that outlived its job. A job that cannot be requeued
     (``--no-requeue``) is cancelled, the reason in the node log (:func:`~slurm_gpushare.node.context.fail_job`).
+    Either way run ``restart`` is marked refused first (:func:`~slurm_gpushare.node.claims.refuse_run`): on 22.05
+    slurmd launches its batch script before the requeue lands, and the TaskProlog then stops it.
     A run dir that cannot be written claims nothing and requeues nothing (logged): Slurm's own choice stands.
     """
     if plan.kind not in claims.KINDS or not plan.gpu_indices:
@@ -210,7 +212,7 @@ def wait_for_gpus(ctx: HookContext, job_id: str, plan: JobPlan) -> bool:
                         claims.drop_claim(ctx.run_dir, stale)
                     found = {j: g for j, g in found.items() if j in running}
             if found:
-                _requeue_for(ctx, job_id, plan, found)
+                _requeue_for(ctx, job_id, plan, found, restart)
                 return True
             claims.waiting_path(ctx.run_dir, job_id).unlink(missing_ok=True)  # it runs: nothing to wake
             claims.write_claim(ctx.run_dir, claims.Claim(job_id, plan.kind, plan.gpu_indices))
@@ -220,7 +222,8 @@ def wait_for_gpus(ctx: HookContext, job_id: str, plan: JobPlan) -> bool:
     return False
 
 
-def _requeue_for(ctx: HookContext, job_id: str, plan: JobPlan, found: dict[str, tuple[int, ...]]) -> None:
+def _requeue_for(ctx: HookContext, job_id: str, plan: JobPlan, found: dict[str, tuple[int, ...]],
+                 restart: int = 0) -> None:
     """Requeue ``job_id`` until the jobs of ``found`` end, remembered as waiting first (so that an Epilog that
     ends the last of them right after the requeue finds it); cancel it when it cannot be requeued."""
     on = ", ".join(f"GPU {','.join(map(str, g))} (job {j})" for j, g in sorted(found.items()))
@@ -228,6 +231,11 @@ def _requeue_for(ctx: HookContext, job_id: str, plan: JobPlan, found: dict[str, 
         why = f"given whole GPUs that another job's MPS share still uses: {on}; Slurm freed them too early"
     else:
         why = f"given an MPS share of GPUs another job holds whole: {on}; Slurm shared them too early"
+    try:
+        claims.refuse_run(ctx.run_dir, job_id, restart, f"requeued by the Prolog on {ctx.node}: {why}")
+    except OSError as e:
+        log_event(ctx, "prolog", f"job {job_id}: run {restart} not marked refused ({e.strerror}): its batch script "
+                                 "may start before the requeue lands")
     path = claims.waiting_path(ctx.run_dir, job_id)
     try:
         claims.write_waiting(ctx.run_dir, job_id, found)

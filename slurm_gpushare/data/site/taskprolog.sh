@@ -10,6 +10,12 @@ case "$RUN_DIR" in
   *"{node}"*) RUN_DIR="${RUN_DIR%%\{node\}*}${SLURMD_NODENAME}${RUN_DIR#*\{node\}}" ;;
 esac
 d="$RUN_DIR/jobs/$SLURM_JOB_ID"
+# A run the Prolog requeued (another job still held its GPUs: Slurm 22.05): slurmd may launch its script before
+# the requeue lands. Its mark (root's, claims.refuse_run) makes this TaskProlog fail, so the task never starts.
+if [ -n "$SLURM_JOB_ID" ] && [ -e "$RUN_DIR/refused/$SLURM_JOB_ID.${SLURM_RESTART_COUNT:-0}" ]; then
+  echo "print gpushare: this run of job $SLURM_JOB_ID was requeued by the Prolog on $SLURMD_NODENAME (its GPUs were still in use by another job); it does not start here and runs again later"
+  exit 1
+fi
 # Slurm's binding is the input: slurmstepd set this task's CUDA_VISIBLE_DEVICES and named the same devices,
 # in the same order, by their gres.conf index in SLURM_STEP_GPUS (the batch step: SLURM_JOB_GPUS); a task
 # without GPU has neither. devices (" <index>=<UUID> ...") lists the job's devices that must be named by UUID
