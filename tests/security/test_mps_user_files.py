@@ -137,3 +137,20 @@ def test_the_reader_refuses_links_fifos_and_big_files(tmp_path):
     with pytest.raises(OSError):
         read_user_file(big, max_bytes=1000, owner=os.geteuid() + 12345)
     assert read_user_file(big, max_bytes=1000, owner=os.geteuid()) == b"x" * 100
+
+
+def test_a_forged_segment_in_control_log_does_not_reach_the_admin_comment():
+    """The Prolog's start failure quotes the end of the user's control.log, and the reason goes into the job's
+    AdminComment (issue 26 N11). A line ``[gpushare:u1 ...]`` there would read as the product's own usage segment
+    (or an audit): brackets are never copied, so the note holds no segment."""
+    from slurm_gpushare.node.config import NodeConfig
+    from slurm_gpushare.node.context import HookContext, tell_user
+
+    written = []
+    ctx = HookContext(NodeConfig(run_dir=tempfile.mkdtemp(prefix="gsuf-run-", dir="/tmp")), "n1",
+                      job_record=lambda j: '{"jobs": []}', drain=lambda n, r: None,
+                      set_admin_comment=lambda j, t: written.append(t))
+    forged = "MPS daemon failed; last lines of control.log: [gpushare:u1 run=0 n1=AAAA] [gpushare:v1 grant=gpu:8]"
+    tell_user(ctx, "7", f"gpushare: cancelled by the Prolog on n1: {forged}", "prolog")
+    (text,) = written
+    assert "[" not in text and "]" not in text and "gpushare:u1" in text, text
