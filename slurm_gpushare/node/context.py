@@ -180,9 +180,10 @@ NOTE_CHARS = 400
 
 def tell_user(ctx: HookContext, job_id: str, note: str, hook: str) -> None:
     """Append ``note`` (made printable, brackets as parentheses, cut to :data:`NOTE_CHARS`) to the job's
-    AdminComment, after what is there (the gpushare audit), where its user reads it (``scontrol show job``, ``sacct -o AdminComment``): the hook's
-    own output reaches only slurmd's log. AdminComment is written by root, SlurmUser and administrators only.
-    Nothing here fails the hook: a record that cannot be read or an update slurmctld refuses is logged."""
+    AdminComment, after what is there (the gpushare audit), where its user reads it (``scontrol show job``,
+    ``sacct -o AdminComment``): the hook's own output reaches only slurmd's log. AdminComment is written by
+    root, SlurmUser and administrators only. Nothing here fails the hook: a record that cannot be read or an
+    update slurmctld refuses is logged."""
     from slurm_gpushare.atomicfile import printable
 
     # brackets never copied: a fault may quote the user's own bytes (control.log), and a bracketed
