@@ -65,6 +65,9 @@ from slurm_gpushare_dev.release import IN_ROOT_ENV, PROJECT, SUITES, host_releas
 
 DEFAULT_DIR = "/tmp/slurm-gpushare-dev"
 DEFAULT_PORT_BASE = 16817
+#: The dev clusters' credential lifetime (AuthInfo cred_expire, seconds): also slurmctld's requeue delay.
+CRED_EXPIRE_S = 30
+
 #: The embedded default cluster: node name -> packaged machine description.
 DEFAULT_NODES = {
     "h100-nvs": "dgx-h100-8gpu-nv18.json",
@@ -357,7 +360,10 @@ class DevCluster:
             f"SlurmdPort={self.port_base + 1}",
             "AuthType=auth/munge",
             "CredType=cred/munge",
-            f"AuthInfo=socket={r}/munge/munge.sock",
+            # cred_expire (slurm.conf(5) AuthInfo; 120 s by default): a requeued job waits this long (+1 s) before
+            # it is eligible again, and slurmd runs no Prolog for a job id it ran within it; shorter here, so
+            # that the tests of requeued jobs do not wait 2 minutes
+            f"AuthInfo=socket={r}/munge/munge.sock,cred_expire={CRED_EXPIRE_S}",
             f"StateSaveLocation={r}/spool/ctld",
             f"SlurmdSpoolDir={r}/spool/d-%n",
             f"SlurmdPidFile={r}/run/slurmd-%n.pid",

@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -840,11 +841,18 @@ def _guarded(node, running: dict[str, int] | None, requeue_fails: bool = False):
     return ctx, requeued
 
 
+def _taskprolog(node, tmp_path) -> Path:
+    script = tmp_path / "tp.sh"
+    script.write_text((SITE / "taskprolog.sh").read_text().replace(
+        'RUN_DIR="/run/slurm-gpushare"', f'RUN_DIR="{node.root}/run/{{node}}"'))
+    return script
+
+
 def test_the_script_of_a_run_the_prolog_requeued_never_starts(node, tmp_path):
     """Issue 26 N8: on 22.05 slurmd launches the batch script of the run the Prolog has just requeued (the Prolog
     exits 0; the requeue lands a moment later), and its processes ran ~6 s on the shared GPU. The Prolog marks the
     run refused (root's file, readable by the job's user); the TaskProlog of that run fails (slurmstepd then
-    never execs the task: TaskProlog failed), the next run is not touched, and the run's Epilog drops the mark."""
+    never execs the task: TaskProlog failed). The mark stays until a Prolog lets a later run of the job start."""
     _shard_job(node, job="101", idx="3")
     assert prolog(node.ctx, _env("101")) == 0  # a share on GPU 3
     node.jobs["6"] = SHOW.format(job="6", node="a100", gres="gpu:a100:1", detail="gpu:a100:1(IDX:3)", ac="")
@@ -853,19 +861,71 @@ def test_the_script_of_a_run_the_prolog_requeued_never_starts(node, tmp_path):
     assert requeued == ["6"]
     mark = node.root / "run" / "a100" / "refused" / "6.2"
     assert mark.is_file() and (mark.stat().st_mode & 0o777) == 0o644
-    script = tmp_path / "tp.sh"
-    script.write_text((SITE / "taskprolog.sh").read_text().replace(
-        'RUN_DIR="/run/slurm-gpushare"', f'RUN_DIR="{node.root}/run/{{node}}"'))
+    script = _taskprolog(node, tmp_path)
     task = {"SLURM_JOB_ID": "6", "SLURMD_NODENAME": "a100", "SLURM_JOB_GPUS": "3", "CUDA_VISIBLE_DEVICES": "3"}
     refused = subprocess.run(["sh", str(script)], env={**task, "SLURM_RESTART_COUNT": "2"}, capture_output=True,
                              text=True)
     assert refused.returncode != 0 and "requeued by the Prolog" in refused.stdout, refused
+    # its Epilog (slurmd's restart count already raised by the requeue) keeps the mark and requeues nothing more
+    assert epilog(ctx, {**_env("6"), "SLURM_JOB_GPUS": "3", "SLURM_JOB_RESTART_COUNT": "3"}) == 0
+    assert mark.exists() and requeued == ["6"]
+    # the share has ended; the next run's Prolog lets it start: the mark is gone, its tasks start
+    assert epilog(node.ctx, _env("101")) == 0
+    assert prolog(ctx, {**_env("6"), "SLURM_JOB_GPUS": "3", "SLURM_JOB_RESTART_COUNT": "3"}) == 0
+    assert requeued == ["6"] and not mark.exists()
     later = subprocess.run(["sh", str(script)], env={**task, "SLURM_RESTART_COUNT": "3"}, capture_output=True,
                            text=True)
     assert later.returncode == 0, later
     assert epilog(ctx, {**_env("6"), "SLURM_JOB_GPUS": "3", "SLURM_JOB_RESTART_COUNT": "3"}) == 0
-    assert not mark.exists()
+    assert requeued == ["6"]
+
+
+def test_a_rerun_that_slurmd_starts_without_the_prolog_is_stopped_and_requeued(node, tmp_path):
+    """Issue 26 N12: slurmd runs the Prolog only for a job id it has not seen within its credential window
+    (``first_job_run = !slurm_cred_jobid_cached()`` in src/slurmd/slurmd/req.c, 22.05; the window is cred_expire,
+    120 s): a requeued run brought forward (the job's user may ``scontrol update StartTime=now`` it) starts
+    without a Prolog, whole on a GPU another user's share still uses. Its TaskProlog finds the earlier run's
+    refused mark, which only a Prolog that lets a run start removes, and fails; its Epilog requeues the job and
+    marks this run refused too. The run after that, with its Prolog, starts."""
+    _shard_job(node, job="101", idx="3")
+    assert prolog(node.ctx, _env("101")) == 0  # a share on GPU 3
+    node.jobs["6"] = SHOW.format(job="6", node="a100", gres="gpu:a100:1", detail="gpu:a100:1(IDX:3)", ac="")
+    ctx, requeued = _guarded(node, {"101": 0, "6": 0})
+    run = {**_env("6"), "SLURM_JOB_GPUS": "3"}
+    assert prolog(ctx, {**run, "SLURM_JOB_RESTART_COUNT": "0"}) == 0 and requeued == ["6"]
+    assert epilog(ctx, {**run, "SLURM_JOB_RESTART_COUNT": "1"}) == 0 and requeued == ["6"]
+    # run 1 starts at once, no Prolog: its task does not start
+    script = _taskprolog(node, tmp_path)
+    task = {"SLURM_JOB_ID": "6", "SLURMD_NODENAME": "a100", "SLURM_JOB_GPUS": "3", "CUDA_VISIBLE_DEVICES": "3",
+            "SLURM_RESTART_COUNT": "1"}
+    stopped = subprocess.run(["sh", str(script)], env=task, capture_output=True, text=True)
+    assert stopped.returncode != 0, stopped
+    assert "started without its Prolog" in stopped.stdout and "runs again later" in stopped.stdout, stopped
+    # a step of that run (srun inside the batch script, had it started) is stopped the same way
+    step = subprocess.run(["sh", str(script)], env={**task, "SLURM_STEP_ID": "0"}, capture_output=True, text=True)
+    assert step.returncode != 0, step
+    # its Epilog requeues the job and marks run 1 refused
+    assert epilog(ctx, {**run, "SLURM_JOB_RESTART_COUNT": "1"}) == 0 and requeued == ["6", "6"]
+    assert (node.root / "run" / "a100" / "refused" / "6.1").is_file()
+    assert "job 6 requeued: run 1 started without its Prolog" in (node.root / "run" / "a100" / "node.log").read_text()
+    assert not node.drained
+    # the share ends; run 2 has its Prolog: it starts, the marks are gone
     assert epilog(node.ctx, _env("101")) == 0
+    assert prolog(ctx, {**run, "SLURM_JOB_RESTART_COUNT": "2"}) == 0 and requeued == ["6", "6"]
+    assert not list((node.root / "run" / "a100" / "refused").iterdir())
+    ok = subprocess.run(["sh", str(script)], env={**task, "SLURM_RESTART_COUNT": "2"}, capture_output=True, text=True)
+    assert ok.returncode == 0, ok
+    assert epilog(ctx, {**run, "SLURM_JOB_RESTART_COUNT": "2"}) == 0 and requeued == ["6", "6"]
+    # another job's tasks, with or without GPUs, never look at job 6's marks
+    claims_refused = node.root / "run" / "a100" / "refused"
+    (claims_refused / "6.7").write_text("x\n")
+    other = subprocess.run(["sh", str(script)], env={**task, "SLURM_JOB_ID": "61"}, capture_output=True, text=True)
+    assert other.returncode == 0, other
+    # a task without GPUs (a run given none here) is not stopped; a mark a day old is removed by any Epilog
+    cpu = {k: v for k, v in task.items() if k not in ("SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES")}
+    assert subprocess.run(["sh", str(script)], env=cpu, capture_output=True, text=True).returncode == 0
+    os.utime(claims_refused / "6.7", (time.time() - 2 * 86400,) * 2)
+    assert epilog(node.ctx, _env("101")) == 0 and not (claims_refused / "6.7").exists()
 
 
 def test_a_whole_gpu_still_used_by_a_share_requeues_the_job_given_it(node):
@@ -890,63 +950,30 @@ def test_a_whole_gpu_still_used_by_a_share_requeues_the_job_given_it(node):
     # a job that cannot be requeued is cancelled, the node stays up
     ctx, requeued = _guarded(node, {"101": 0, "8": 0}, requeue_fails=True)
     assert prolog(ctx, _env("8")) == 0 and node.cancelled == ["8"] and not node.drained
-    assert not (node.root / "run" / "a100" / "waiting" / "8").exists()  # not requeued: nothing to wake
     # a share whose job no longer runs: its claim is forgotten, the job runs
     ctx, requeued = _guarded(node, {"6": 0})
     assert prolog(ctx, _env("6")) == 0 and requeued == [] and (ctx.job_dir("6") / "run.json").exists()
-    assert sorted(p.name for p in (node.root / "run" / "a100" / "claims").iterdir()) == ["6", "7"]
+    assert sorted(p.name for p in (node.root / "run" / "a100" / "claims").iterdir()) == ["6", "7", "8.refused"]
     for job in ("101", "6", "7"):
         epilog(node.ctx, _env(job))
 
 
-def test_the_last_share_s_epilog_makes_the_requeued_job_eligible(node):
-    """A job requeued for shares on its GPU starts as soon as the last of them has ended, not after slurmctld's
-    requeue delay: each share's Epilog takes itself off the job's list, the last one brings its start forward."""
-    _shard_job(node, job="101", idx="3")
-    _shard_job(node, job="102", idx="3")
-    assert prolog(node.ctx, _env("101")) == 0 and prolog(node.ctx, _env("102")) == 0
-    node.jobs["6"] = SHOW.format(job="6", node="a100", gres="gpu:a100:1", detail="gpu:a100:1(IDX:3)", ac="")
-    ctx, requeued = _guarded(node, {"101": 0, "102": 0, "6": 0})
-    woken: list[str] = []
-    ctx = replace(ctx, start_now=woken.append)
-    assert prolog(ctx, _env("6")) == 0 and requeued == ["6"]
-    waiting = node.root / "run" / "a100" / "waiting" / "6"
-    assert json.loads(waiting.read_text()) == {"waits_for": ["101", "102"]}
-    assert oct(waiting.stat().st_mode & 0o777) == "0o600" and oct(waiting.parent.stat().st_mode & 0o777) == "0o700"
-    assert epilog(ctx, _env("101")) == 0 and woken == []  # 102 still shares GPU 3
-    assert json.loads(waiting.read_text()) == {"waits_for": ["102"]}
-    assert epilog(ctx, _env("102")) == 0 and woken == ["6"] and not waiting.exists()
-    assert "job 6 made eligible" in (node.root / "run" / "a100" / "node.log").read_text()
-    # a job gone meanwhile (scontrol fails) is forgotten, the Epilog still succeeds; a corrupt file is dropped
-    waiting.write_text(json.dumps({"shares": ["103"]}))
-    (waiting.parent / "9").write_text("{not json")
-
-    def gone(job):
-        raise SlurmError(f"scontrol update: Invalid job id specified ({job})")
-
-    assert epilog(replace(ctx, start_now=gone), {"SLURM_JOB_ID": "103", "SLURMD_NODENAME": "a100"}) == 0
-    assert not list(waiting.parent.iterdir())
-
-
 def test_a_share_of_a_gpu_held_whole_requeues_the_share_until_the_whole_job_ends(node):
     """The other order (also seen on 22.05 in the packing replay): a share given a GPU another job holds whole.
-    The share's job yields; the whole job's Epilog makes it eligible. The waiting record is written before the
-    requeue, so an Epilog that runs right after the requeue finds it."""
+    The share's job yields (requeued, its run marked refused before the requeue, so a script slurmd launches
+    meanwhile never starts); the whole job's Epilog leaves it to slurmctld's requeue delay."""
     node.jobs["6"] = SHOW.format(job="6", node="a100", gres="gpu:a100:1", detail="gpu:a100:1(IDX:3)", ac="")
     assert prolog(node.ctx, _env("6")) == 0 and (node.ctx.job_dir("6") / "run.json").exists()
     _shard_job(node, job="101", idx="3")
-    waiting = node.root / "run" / "a100" / "waiting" / "101"
+    mark = node.root / "run" / "a100" / "refused" / "101.0"
     seen: list[bool] = []
     ctx, requeued = _guarded(node, {"6": 0, "101": 0})
-    ctx = replace(ctx, requeue=lambda job: (seen.append(waiting.exists()), requeued.append(job)))
-    woken: list[str] = []
-    ctx = replace(ctx, start_now=woken.append)
+    ctx = replace(ctx, requeue=lambda job: (seen.append(mark.exists()), requeued.append(job)))
     assert prolog(ctx, _env("101")) == 0 and requeued == ["101"] and seen == [True]
     assert not (ctx.job_dir("101") / "state.json").exists()  # no MPS daemon started for it
     assert "given an MPS share of GPUs another job holds whole: GPU 3 (job 6)" in (
         node.root / "run" / "a100" / "node.log").read_text()
-    assert json.loads(waiting.read_text()) == {"waits_for": ["6"]}
-    assert epilog(ctx, _env("6")) == 0 and woken == ["101"] and not waiting.exists()
+    assert epilog(ctx, _env("6")) == 0 and requeued == ["101"]
     # tried again, it runs, and its claim now makes a whole-GPU job given GPU 3 yield
     assert prolog(ctx, _env("101")) == 0 and (ctx.job_dir("101") / "state.json").exists()
     node.jobs["7"] = SHOW.format(job="7", node="a100", gres="gpu:a100:1", detail="gpu:a100:1(IDX:3)", ac="")
@@ -960,14 +987,11 @@ def test_a_share_of_a_gpu_held_whole_requeues_the_share_until_the_whole_job_ends
         assert epilog(node.ctx, _env(job)) == 0
 
 
-def test_a_job_that_starts_forgets_it_waited_and_claims_never_fail_the_epilog(node):
-    """A requeued job that starts (woken, or after the delay) is no longer waiting; an Epilog whose claims
-    cannot be updated (the run dir's claims path is not a directory) still ends the job cleanly."""
-    waiting = node.root / "run" / "a100" / "waiting" / "6"
-    waiting.parent.mkdir(parents=True)
-    waiting.write_text(json.dumps({"waits_for": ["101"]}))
+def test_claims_never_fail_the_epilog(node):
+    """An Epilog whose claims cannot be updated (the run dir's claims path is not a directory) still ends the job
+    cleanly."""
     node.jobs["6"] = SHOW.format(job="6", node="a100", gres="gpu:a100:1", detail="gpu:a100:1(IDX:3)", ac="")
-    assert prolog(node.ctx, _env("6")) == 0 and not waiting.exists()
+    assert prolog(node.ctx, _env("6")) == 0
     claims_dir = node.root / "run" / "a100" / "claims"
     shutil.rmtree(claims_dir)
     claims_dir.write_text("not a directory")
@@ -976,6 +1000,35 @@ def test_a_job_that_starts_forgets_it_waited_and_claims_never_fail_the_epilog(no
     claims_dir.unlink()
     _shard_job(node, job="101", idx="3")
     assert prolog(node.ctx, _env("101")) == 0 and epilog(node.ctx, _env("101")) == 0
+
+
+def test_a_requeued_share_s_rerun_without_the_prolog_never_runs_without_its_daemon(node, tmp_path):
+    """Issue 26 N12, on every release: a user requeues their own MPS share and brings its start forward; slurmd,
+    the job id still in its credential cache, runs the rerun without the Prolog: no MPS daemon, no limit, on a
+    GPU other users share. The requeued run's Epilog marks it refused; the rerun's tasks fail in the TaskProlog
+    and its Epilog requeues the job; the run after that has its Prolog and its daemon."""
+    _shard_job(node, job="101", idx="3")
+    ctx, requeued = _guarded(node, {"101": 0})
+    env0 = {**_env("101"), "SLURM_JOB_RESTART_COUNT": "0"}
+    assert prolog(ctx, env0) == 0 and (ctx.job_dir("101") / "env").exists()
+    # the user's scontrol requeue: the Epilog sees the raised count
+    assert epilog(ctx, {**env0, "SLURM_JOB_RESTART_COUNT": "1"}) == 0 and requeued == []
+    assert (node.root / "run" / "a100" / "refused" / "101.0").is_file()
+    script = _taskprolog(node, tmp_path)
+    task = {"SLURM_JOB_ID": "101", "SLURMD_NODENAME": "a100", "CUDA_VISIBLE_DEVICES": "3", "SLURM_RESTART_COUNT": "1"}
+    stopped = subprocess.run(["sh", str(script)], env=task, capture_output=True, text=True)
+    assert stopped.returncode != 0 and "started without its Prolog" in stopped.stdout, stopped
+    assert epilog(ctx, {**env0, "SLURM_JOB_RESTART_COUNT": "1"}) == 0 and requeued == ["101"]
+    assert prolog(ctx, {**env0, "SLURM_JOB_RESTART_COUNT": "2"}) == 0 and (ctx.job_dir("101") / "env").exists()
+    assert subprocess.run(["sh", str(script)], env={**task, "SLURM_RESTART_COUNT": "2"}, capture_output=True,
+                          text=True).returncode == 0
+    assert epilog(ctx, {**env0, "SLURM_JOB_RESTART_COUNT": "2"}) == 0 and requeued == ["101"]
+    assert not list((node.root / "run" / "a100" / "refused").iterdir())
+    # a whole GPU the product did not prepare (a plain gpu job) is left to Slurm when requeued
+    node.jobs["6"] = SHOW.format(job="6", node="a100", gres="gpu:a100:1", detail="gpu:a100:1(IDX:4)", ac="")
+    assert prolog(ctx, {**_env("6"), "SLURM_JOB_RESTART_COUNT": "0"}) == 0
+    assert epilog(ctx, {**_env("6"), "SLURM_JOB_RESTART_COUNT": "1"}) == 0
+    assert not list((node.root / "run" / "a100" / "refused").iterdir())
 
 
 def _claim_in_child(run_dir: str, job: str, kind: str, go, out) -> None:
@@ -1036,3 +1089,31 @@ def test_a_hook_that_runs_out_of_time_fails_the_job_or_drains_with_a_clear_reaso
     assert run_limited(hung, "epilog", _env("903"), lambda ctx, env: 0) == 0
     import signal
     assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
+def test_doctor_that_runs_out_of_time_returns_what_it_found_and_says_so(node):
+    """Issue 26 item 2: doctor has a limit of its own. Something it waits on that never answers (here NVML, in a
+    trial the user's FIFO pid file) returns within the limit what was found before, and says it did not finish."""
+    from slurm_gpushare.hardware.fake import FakeNvml
+    from slurm_gpushare.node.doctor import doctor_within
+
+    class StuckNvml:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def compute_mode(self, index):
+            time.sleep(3600)
+
+    d = node.ctx.job_dir("107")
+    d.mkdir(parents=True)
+    t0 = time.monotonic()
+    findings, finished = doctor_within(node.ctx, repair=False, limit=1.0, running_jobs={"108"}, port=StuckNvml())
+    assert time.monotonic() - t0 < 10 and not finished
+    assert findings == []  # NVML is asked first: nothing was found before it stuck
+    # a doctor that finishes in time returns all it found
+    findings, finished = doctor_within(node.ctx, repair=False, limit=30.0, running_jobs={"108"},
+                                       port=FakeNvml(packaged_machine("8x-a100-nv12-bridge.json")))
+    assert finished and [f.job_id for f in findings if f.job_id != "-"] == ["107"], findings

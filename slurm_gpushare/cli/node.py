@@ -39,21 +39,29 @@ def hook(which, config_path):
 @click.option("--config", "config_path", help="node config TOML (default /etc/slurm/gpushare/node.toml)")
 @click.option("--node", help="Slurm node name (default: SLURMD_NODENAME, else this host's short name)")
 @click.option("--repair", is_flag=True, help="clean up and restart what can be, instead of only reporting")
-def doctor(config_path, node, repair):
+@click.option("--timeout", type=click.FloatRange(0.1, 86400), default=None,
+              help="seconds doctor may take (default: hook_timeout of node.toml, 120)")
+def doctor(config_path, node, repair, timeout):
     """Find leftovers of the gpushare hooks on a node, and with --repair fix them.
 
     Job directories and MPS daemons of jobs that no longer run here are stopped and removed; a running
     job whose MPS daemon died gets a new one with its limits; a GPU process whose cgroup names a job that
     no longer runs here is killed, any other GPU process of no running job is reported and left alone.
-    Exit status 1 when something was found and not repaired.
+    Exit status 1 when something was found and not repaired, 2 when doctor did not finish within --timeout
+    (what it found before is printed).
     """
-    from slurm_gpushare.node.doctor import LEFT_ALONE
-    from slurm_gpushare.node.doctor import doctor as run_doctor
+    from slurm_gpushare.node.doctor import LEFT_ALONE, doctor_within
 
     ctx = _context(config_path, node)
-    findings = run_doctor(ctx, repair=repair)
+    limit = timeout if timeout is not None else ctx.config.hook_timeout
+    findings, finished = doctor_within(ctx, repair=repair, limit=limit)
     for f in findings:
         click.echo(f"{'job ' + f.job_id + ': ' if f.job_id != '-' else ''}{f.problem}: {f.action}")
+    if not finished:
+        click.echo(f"{ctx.node}: doctor did not finish within {limit:g} s (--timeout; default node.toml hook_timeout): "
+                   "something it waits on does not answer (slurmctld, NVML, an MPS daemon); what is listed above "
+                   "was found before", err=True)
+        sys.exit(2)
     if not findings:
         click.echo(f"{ctx.node}: nothing left over in {ctx.run_dir}")
     unchecked = any(f.action == "nothing done" or f.action.startswith(LEFT_ALONE) for f in findings)

@@ -4,23 +4,31 @@ Slurm 22.05.8 gives a GPU whole to a ``gpu`` job while another job's MPS share (
 on it, and a share to a GPU that a job holds whole (its shard bookkeeping of a GPU is reset when one of the
 GPU's shard jobs ends; measured on the dev cluster, tests/test_shard_sharing_slurm.py; 24.11 and 26.05 keep
 them apart). The Prolog of the later job finds the earlier one's claim here and yields
-(:func:`slurm_gpushare.node.prolog.wait_for_gpus`): it is requeued, remembered as waiting, and made eligible
-by the Epilog of the last job it waited for (:func:`slurm_gpushare.node.epilog.wake_waiting`).
+(:func:`slurm_gpushare.node.prolog.wait_for_gpus`): it is requeued, and slurmctld starts it again after its
+requeue delay (``BeginTime``: now + the credential lifetime, cred_expire, 120 s by default; job_mgr.c), when
+slurmd has forgotten the job's credential and runs the Prolog again.
 
-Files, all root's (mode 0600, directories 0700), in the node's run dir:
+Files, all root's, in the node's run dir:
 
 * ``claims/<job id>``: ``{"kind": "gpu" | "mps", "gpus": [NVML index, ...]}``, written by the job's Prolog,
-  removed by its Epilog;
-* ``waiting/<job id>``: ``{"waits_for": [job id, ...]}``, a requeued job and the jobs whose GPUs it waits for;
-* ``claims.lock``: the lock every read-modify-write of both takes (:func:`claims_lock`), so that two Prologs
-  that start at once on one GPU see each other, and a Prolog's requeue and the Epilog's wake-up cannot cross.
+  removed by its Epilog (mode 0600 in a 0700 directory);
+* ``claims.lock``: the lock every read-modify-write of them takes (:func:`claims_lock`), so that two Prologs
+  that start at once on one GPU see each other;
+* ``refused/<job id>.<restart>``: a run of the job that did not get its GPUs here (mode 0644 in a 0755
+  directory: the job's TaskProlog, as the job's user, looks for them), from the Prolog that requeued it, or
+  from the Epilog of a run that started without a Prolog after one was requeued. They stay until a Prolog
+  lets a later run of the job start (:func:`forget_refused`). While one is there, every task of the job on
+  this node fails in its TaskProlog, so slurmstepd never starts it (TaskProlog failed: ``exec_task`` in
+  src/slurmd/slurmstepd/task.c): on 22.05 slurmd launches the batch script of the run the Prolog requeued
+  before the requeue lands, and it runs a rerun without the Prolog when the job id is still in its
+  credential cache (``slurm_cred_jobid_cached()`` in src/slurmd/slurmd/req.c, every supported release), e.g.
+  one whose start its user brought forward. The Epilog of a requeued run of a job the product prepared (an MPS
+  share, MIG devices) marks it too: a rerun without the Prolog would have no daemon and no limit;
+* ``claims/<job id>.refused``: the run the Prolog refused has not had its Epilog yet (root's, 0600): that
+  Epilog removes it, and an Epilog that finds refused marks but none of these ends a run that started without
+  its Prolog.
 
 No user writes any of these: the decision reads only what root's Prologs wrote and slurmctld's own job list.
-
-* ``refused/<job id>.<restart>``: a run the Prolog requeued (mode 0644 in a 0755 directory: the job's
-  TaskProlog, as the job's user, reads that it is there). On 22.05 slurmd launches that run's batch script
-  before the requeue lands; its TaskProlog fails, so slurmstepd never starts the script (TaskProlog failed:
-  ``exec_task`` in src/slurmd/slurmstepd/task.c). The run's Epilog removes it.
 """
 
 from __future__ import annotations
@@ -37,8 +45,6 @@ from slurm_gpushare.atomicfile import read_own_file, write_atomic
 
 #: ``<run_dir>/claims/<job id>``
 CLAIMS_DIR = "claims"
-#: ``<run_dir>/waiting/<job id>``
-WAITING_DIR = "waiting"
 #: ``<run_dir>/claims.lock``
 LOCK_FILE = "claims.lock"
 #: ``<run_dir>/refused/<job id>.<restart>``
@@ -136,67 +142,71 @@ def drop_claim(run_dir: Path, job: str) -> None:
     (Path(run_dir) / CLAIMS_DIR / job).unlink(missing_ok=True)
 
 
-def waiting_path(run_dir: Path, job: str) -> Path:
-    """Where a requeued job is remembered (root's, mode 0600)."""
-    return Path(run_dir) / WAITING_DIR / job
-
-
-def write_waiting(run_dir: Path, job: str, waits_for: Iterable[str]) -> None:
-    """Remember ``job`` as waiting for the jobs ``waits_for``.
-
-    Raises:
-        OSError: it cannot be written.
-    """
-    path = waiting_path(run_dir, job)
-    path.parent.mkdir(mode=0o700, exist_ok=True)
-    write_atomic(path, json.dumps({"waits_for": sorted(set(waits_for))}), mode=0o600, fsync=False)
-
-
-def waiting(run_dir: Path) -> dict[str, list[str]]:
-    """Every waiting job and the jobs it waits for. A file that cannot be read as such is removed (it would
-    wake nobody), and so is one that waits for nothing."""
-    try:
-        entries = sorted(os.scandir(Path(run_dir) / WAITING_DIR), key=lambda e: e.name)
-    except OSError:
-        return {}
-    out = {}
-    for e in entries:
-        if not e.name.isdigit():
-            continue
-        try:
-            data = json.loads(read_own_file(Path(e.path), max_bytes=_MAX_BYTES))
-            # "shares": the name of the list before a share could wait for a whole GPU too
-            jobs = [str(j) for j in data.get("waits_for", data.get("shares"))]
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            jobs = []
-        if jobs:
-            out[e.name] = jobs
-        else:
-            Path(e.path).unlink(missing_ok=True)
-    return out
-
-
-def refuse_run(run_dir: Path, job: str, restart: int, why: str) -> Path:
-    """Mark run ``restart`` of ``job`` as requeued by the Prolog (``refused/<job>.<restart>``, 0644, holding
-    ``why``): its TaskProlog fails, so its batch script never starts here.
+def refuse_run(run_dir: Path, job: str, restart: int, why: str, *, by_prolog: bool = False) -> Path:
+    """Mark run ``restart`` of ``job`` as refused here (``refused/<job>.<restart>``, 0644, holding ``why``): the
+    job's tasks on this node fail in their TaskProlog until a Prolog lets a later run start. ``by_prolog``: the
+    run's Prolog refused it, and its Epilog is still to come (``claims/<job>.refused``, :func:`epilog_of_refused`).
 
     Raises:
         OSError: the run dir cannot be written.
     """
+    if by_prolog:
+        d = run_dir / CLAIMS_DIR
+        d.mkdir(mode=0o700, exist_ok=True)
+        write_atomic(d / f"{job}.refused", f"{restart}\n", mode=0o600, fsync=False)
     d = run_dir / REFUSED_DIR
     d.mkdir(mode=0o755, exist_ok=True)
     os.chmod(d, 0o755)
     return write_atomic(d / f"{job}.{restart}", why[:500] + "\n", mode=0o644, fsync=False)
 
 
-def forget_refused(run_dir: Path, job: str, up_to: int) -> None:
-    """Remove the refused-run marks of ``job`` up to run ``up_to`` (its Epilog: that run has ended)."""
+def epilog_of_refused(run_dir: Path, job: str) -> bool:
+    """Whether this Epilog of ``job`` ends the run its Prolog refused (:func:`refuse_run` ``by_prolog``); that
+    is then forgotten."""
+    path = run_dir / CLAIMS_DIR / f"{job}.refused"
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return False
+    return True
+
+
+#: A refused mark older than this (seconds) is removed by any Epilog: a mark matters only until the job's next
+#: run starts on the node, which is within slurmctld's requeue delay (the credential lifetime, 120 s by default)
+#: unless the job is held; a later run of a held job has its Prolog (the credential is long forgotten).
+REFUSED_KEEP_S = 86400
+
+
+def refused_runs(run_dir: Path, job: str, *, prune_before: float | None = None) -> list[int]:
+    """The runs of ``job`` marked refused here, in order. With ``prune_before`` (a time, seconds since the
+    epoch), marks of any job older than that are removed first."""
     d = run_dir / REFUSED_DIR
     try:
-        names = [p.name for p in d.iterdir()]
+        entries = list(os.scandir(d))
     except OSError:
-        return
-    for name in names:
-        j, _, n = name.partition(".")
-        if j == job and n.isdigit() and int(n) <= up_to:
-            (d / name).unlink(missing_ok=True)
+        return []
+    runs = []
+    for e in entries:
+        j, _, n = e.name.partition(".")
+        if prune_before is not None:
+            try:
+                if e.stat(follow_symlinks=False).st_mtime < prune_before:
+                    Path(e.path).unlink(missing_ok=True)
+                    continue
+            except OSError:
+                continue
+        if j == job and n.isdigit():
+            runs.append(int(n))
+    return sorted(runs)
+
+
+def forget_refused(run_dir: Path, job: str, up_to: int) -> None:
+    """Remove the refused marks of ``job`` up to run ``up_to`` (a Prolog let that run start).
+
+    Raises:
+        OSError: a mark cannot be removed.
+    """
+    (run_dir / CLAIMS_DIR / f"{job}.refused").unlink(missing_ok=True)
+    for n in refused_runs(run_dir, job):
+        if n <= up_to:
+            (run_dir / REFUSED_DIR / f"{job}.{n}").unlink(missing_ok=True)

@@ -58,7 +58,6 @@ class HookContext:
     drain: Callable[[str, str], None] | None = None  # (node, reason); default: scontrol update
     cancel: Callable[[str], None] = commands.cancel_job  # job id -> None; scancel
     requeue: Callable[[str], None] = commands.requeue_job  # job id -> None; scontrol requeue
-    start_now: Callable[[str], None] = commands.start_now  # job id -> None; scontrol update StartTime=now
     # (job id, text) -> None; scontrol update AdminComment= (the user reads it; a user cannot write it)
     set_admin_comment: Callable[[str, str], None] = commands.update_admin_comment
     job_owners: Callable[[str], dict[str, int]] = commands.running_job_owners  # node -> {job id: uid}; squeue

@@ -82,7 +82,27 @@ def _gpu_processes(ctx: HookContext, repair: bool, running_jobs: set[str] | None
 LEFT_ALONE = "left alone"
 
 
-def doctor(ctx: HookContext, *, repair: bool, running_jobs: set[str] | None = None, port=None) -> list[Finding]:
+def doctor_within(ctx: HookContext, *, repair: bool, limit: float, **kw) -> tuple[list[Finding], bool]:
+    """:func:`doctor` within ``limit`` seconds (SIGALRM, as the hooks' own limit:
+    :func:`slurm_gpushare.node.hook.time_limit`): something it waits on may never answer (slurmctld, NVML, an
+    MPS daemon that ignores ``quit``). Keyword arguments as :func:`doctor`.
+
+    Returns:
+        the findings (those made before the limit when it ran out) and whether it finished.
+    """
+    from slurm_gpushare.node.hook import HookTimeout, time_limit
+
+    findings: list[Finding] = []
+    try:
+        with time_limit(limit):
+            doctor(ctx, repair=repair, findings=findings, **kw)
+    except HookTimeout:
+        return findings, False
+    return findings, True
+
+
+def doctor(ctx: HookContext, *, repair: bool, running_jobs: set[str] | None = None, port=None,
+           findings: list[Finding] | None = None) -> list[Finding]:
     """Find leftovers on this node: job directories and MPS daemons of jobs no longer running here,
     shared daemons listing such jobs, dead daemons of running jobs, GPUs left in a non-DEFAULT
     compute mode, GPU processes of no running job (:mod:`slurm_gpushare.node.leftovers`). With
@@ -92,13 +112,15 @@ def doctor(ctx: HookContext, *, repair: bool, running_jobs: set[str] | None = No
     Args:
         running_jobs: ids of jobs running on this node (default: asks slurmctld with ``squeue``).
         port: the NVML port for the compute modes and the GPU processes (default: :func:`open_nvml`).
+        findings: the list to add the findings to as they are made (returned).
 
     Raises:
         SlurmError: squeue failed (when ``running_jobs`` is not given).
     """
     jobs_dir = ctx.run_dir / "jobs"
     shared_root = ctx.run_dir / "shared"
-    findings: list[Finding] = _compute_modes(ctx, repair, port)
+    findings = [] if findings is None else findings
+    findings += _compute_modes(ctx, repair, port)
     findings += _gpu_processes(ctx, repair, running_jobs, port)
     # found by process: a daemon whose job directory was removed has no other trace
     homeless = [d for d in by_pipe_dir(job_daemons(ctx.run_dir)) if not ctx.job_dir(d.job_id).is_dir()]

@@ -13,7 +13,6 @@ same); accounting never fails the Epilog.
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 import time
@@ -57,6 +56,7 @@ def epilog(ctx: HookContext, env: dict[str, str]) -> int:
     if gpu_job or job_dir.exists():
         record_usage(ctx, env, read_state(job_dir) or {})
     run = read_run(job_dir)
+    served = any((job_dir / name).exists() for name in ("env", "devices"))  # an MPS share, MIG devices
     problem = None
     if job_dir.exists():
         with job_lock(job_dir, remove=True):
@@ -65,7 +65,8 @@ def epilog(ctx: HookContext, env: dict[str, str]) -> int:
         problem = stop_homeless(ctx, job_id)
     if not problem and gpu_job:
         problem = sweep_leftovers(ctx, env, start=run[1] if run else None)
-    wake_waiting(ctx, job_id, restart_from_env(env))
+    release_claim(ctx, job_id, restart_from_env(env), gpu_job=gpu_job, run=run[0] if run else None,
+                  served=served)
     if gpu_job:  # this node's old run marks (the controller's worker, as SlurmUser, may not remove them)
         from slurm_gpushare.accounting.spool import prune_marks
 
@@ -76,44 +77,51 @@ def epilog(ctx: HookContext, env: dict[str, str]) -> int:
     return 0
 
 
-def wake_waiting(ctx: HookContext, job_id: str, restart: int = 0) -> list[str]:
-    """Forget ``job_id``'s claim on its GPUs (:mod:`slurm_gpushare.node.claims`) and make eligible now
-    (``scontrol update StartTime=now``), instead of after slurmctld's requeue delay, each job the Prolog requeued
-    for it (:func:`~slurm_gpushare.node.prolog.wait_for_gpus`) that waits for nobody else; a job still waiting
-    for others keeps the rest of its list. One step under the node's claims lock, so a Prolog requeueing a job
-    for ``job_id`` at this moment is either seen here or sees the claim gone. Nothing here fails the Epilog: a
-    job that is gone, slurmctld not reached, or the run dir not writable is logged (a requeued job then starts
-    after the delay).
+def release_claim(ctx: HookContext, job_id: str, restart: int = 0, *, gpu_job: bool = True,
+                  run: int | None = None, served: bool = False) -> bool:
+    """Forget ``job_id``'s claim on its GPUs (:mod:`slurm_gpushare.node.claims`) and keep a rerun from starting
+    without its Prolog (issue 26 N12): slurmd runs no Prolog for a job id still in its credential cache
+    (``first_job_run`` in src/slurmd/slurmd/req.c, every supported release; the cache keeps an ended job's id for
+    the credential lifetime, 120 s by default), so a requeued job whose start is brought forward (its user may
+    ``scontrol update StartTime=now``) runs without one.
+
+    * This run had a Prolog (``run``: its restart count from run.json), the product prepared it (``served``: an
+      MPS share or MIG devices) and slurmctld has requeued it (``restart``, slurmd's count, is higher): it is
+      marked refused, so the next run's tasks start only after a Prolog.
+    * This run of a job with GPUs here had no Prolog (``run`` is None), an earlier run is marked refused here,
+      and this is not the Epilog of the run the Prolog refused: its tasks failed in the TaskProlog; the job is
+      requeued (the next run comes after slurmctld's requeue delay, with its Prolog) and this run marked refused.
+
+    Refused marks older than :data:`~slurm_gpushare.node.claims.REFUSED_KEEP_S` are removed. Nothing here fails
+    the Epilog: a job that cannot be requeued, slurmctld not reached, or a run dir that cannot be written is
+    logged.
 
     Returns:
-        the jobs made eligible.
+        whether the job was requeued.
     """
-    from slurm_gpushare.atomicfile import write_atomic
-
-    woken: list[str] = []
     try:
         with claims.claims_lock(ctx.run_dir):
             claims.drop_claim(ctx.run_dir, job_id)
-            claims.forget_refused(ctx.run_dir, job_id, up_to=restart)
-            for job, waits_for in claims.waiting(ctx.run_dir).items():
-                if job_id not in waits_for:
-                    continue
-                path = claims.waiting_path(ctx.run_dir, job)
-                left = [j for j in waits_for if j != job_id]
-                if left:
-                    write_atomic(path, json.dumps({"waits_for": left}), mode=0o600, fsync=False)
-                    continue
-                path.unlink(missing_ok=True)
-                try:
-                    ctx.start_now(job)
-                    woken.append(job)
-                    log_event(ctx, "epilog", f"job {job} made eligible: job {job_id}, which held its GPUs, ended")
-                except GpushareError as err:
-                    log_event(ctx, "epilog", f"job {job}: not made eligible after job {job_id} ended: {err}")
+            refused = claims.refused_runs(ctx.run_dir, job_id, prune_before=time.time() - claims.REFUSED_KEEP_S)
+            if run is not None:
+                if served and restart > run:
+                    claims.refuse_run(ctx.run_dir, job_id, run, f"run {run} was requeued on {ctx.node}")
+                return False
+            if claims.epilog_of_refused(ctx.run_dir, job_id) or not gpu_job or not refused:
+                return False
+            why = (f"run {restart} started without its Prolog on {ctx.node}, after run {refused[-1]} was requeued "
+                   "there; slurmd skips the Prolog of a job id it ran within its credential lifetime")
+            claims.refuse_run(ctx.run_dir, job_id, restart, f"requeued by the Epilog on {ctx.node}: {why}")
     except OSError as e:
-        log_event(ctx, "epilog", f"job {job_id}: claims not updated ({e.strerror}: {e.filename}): a job waiting for "
-                                 "it starts after slurmctld's requeue delay")
-    return woken
+        log_event(ctx, "epilog", f"job {job_id}: claims not updated ({e.strerror}: {e.filename})")
+        return False
+    try:
+        ctx.requeue(job_id)
+    except GpushareError as e:
+        log_event(ctx, "epilog", f"job {job_id}: {why}; not requeued: {e}")
+        return False
+    log_event(ctx, "epilog", f"job {job_id} requeued: {why}")
+    return True
 
 
 def ended_job(ctx: HookContext, env: dict[str, str], start: float | None) -> EndedJob:

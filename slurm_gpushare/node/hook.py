@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 
 #: The hooks this entry point runs.
 HOOKS = ("prolog", "epilog")
@@ -99,6 +100,24 @@ _GRACE_S = 15.0
 
 class HookTimeout(BaseException):
     """The hook's own time limit ran out (a BaseException: no ``except Exception`` inside the hook takes it)."""
+
+
+@contextmanager
+def time_limit(seconds: float) -> Iterator[None]:
+    """Raise :class:`HookTimeout` in the block once ``seconds`` have passed (SIGALRM, ``setitimer``; main thread
+    only). The previous SIGALRM handler is restored on the way out."""
+    import signal
+
+    def expired(signum, frame):
+        raise HookTimeout
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def run_limited(ctx, which: str, env: Mapping[str, str], hook) -> int:

@@ -135,13 +135,18 @@ def prolog(ctx: HookContext, env: dict[str, str]) -> int:
             info, (plan, machine, gres) = from_env
         else:
             info, (plan, machine, gres) = record_and_plan(ctx, job_id, env)
-        if plan.kind == "none":
+        restart = restart_from_env(env)
+        if plan.kind != "none" and wait_for_gpus(ctx, job_id, plan, restart=restart):
             return 0
-        if wait_for_gpus(ctx, job_id, plan, restart=restart_from_env(env)):
+        try:  # this run starts: its tasks may start (earlier runs' refused marks: claims.refuse_run)
+            claims.forget_refused(ctx.run_dir, job_id, up_to=restart)
+        except OSError as e:
+            log_event(ctx, "prolog", f"job {job_id}: its refused marks not removed ({e.strerror}): its tasks fail")
+        if plan.kind == "none":
             return 0
         job_dir = ctx.job_dir(job_id)
         with job_lock(job_dir):
-            write_run(job_dir, restart=restart_from_env(env), start=info.start_time or int(time.time()))
+            write_run(job_dir, restart=restart, start=info.start_time or int(time.time()))
         if plan.kind == "gpu" and len(plan.gpu_indices) < 2:
             return 0
         if plan.kind == "mps":
@@ -187,14 +192,15 @@ def wait_for_gpus(ctx: HookContext, job_id: str, plan: JobPlan, *, restart: int 
     and then gives the GPU whole to the next ``gpu`` job, or a share of it while it is held whole (measured on the
     dev cluster; 24.11.5 and 26.05.3 keep them apart: tests/test_shard_sharing_slurm.py): that job's user would be
     told the whole GPU that the share's MPS limit also promised. The check and the claim are one step under the
-    node's claims lock, so two Prologs that start at once see each other. Requeued, the job waits (slurmctld's
-    ``Reason=BeginTime``) and is tried again once the jobs it waits for have ended: the last one's Epilog brings
-    its start forward (:func:`~slurm_gpushare.node.epilog.wake_waiting`), else slurmctld's requeue delay passes
-    first. Costs a directory listing and a small file; slurmctld is asked (``squeue``) only when a claim
-    conflicts, to skip (and forget) a claim that outlived its job. A job that cannot be requeued
+    node's claims lock, so two Prologs that start at once see each other. Requeued, the job waits for
+    slurmctld's requeue delay (``Reason=BeginTime``, the credential lifetime: 120 s by default) and is tried
+    again; its start is never brought forward, since slurmd runs no Prolog for a job id still in its credential
+    cache (issue 26 N12). Costs a directory listing and a small file; slurmctld is asked (``squeue``) only when a
+    claim conflicts, to skip (and forget) a claim that outlived its job. A job that cannot be requeued
     (``--no-requeue``) is cancelled, the reason in the node log (:func:`~slurm_gpushare.node.context.fail_job`).
     Either way run ``restart`` is marked refused first (:func:`~slurm_gpushare.node.claims.refuse_run`): on 22.05
-    slurmd launches its batch script before the requeue lands, and the TaskProlog then stops it.
+    slurmd launches its batch script before the requeue lands, and the TaskProlog then stops it. A run that
+    starts removes the job's refused marks here (:func:`prolog`).
     A run dir that cannot be written claims nothing and requeues nothing (logged): Slurm's own choice stands.
     """
     if plan.kind not in claims.KINDS or not plan.gpu_indices:
@@ -214,7 +220,6 @@ def wait_for_gpus(ctx: HookContext, job_id: str, plan: JobPlan, *, restart: int 
             if found:
                 _requeue_for(ctx, job_id, plan, found, restart)
                 return True
-            claims.waiting_path(ctx.run_dir, job_id).unlink(missing_ok=True)  # it runs: nothing to wake
             claims.write_claim(ctx.run_dir, claims.Claim(job_id, plan.kind, plan.gpu_indices))
     except OSError as e:
         log_event(ctx, "prolog", f"job {job_id}: its GPUs not claimed ({e.strerror}: {e.filename}): another job "
@@ -224,28 +229,21 @@ def wait_for_gpus(ctx: HookContext, job_id: str, plan: JobPlan, *, restart: int 
 
 def _requeue_for(ctx: HookContext, job_id: str, plan: JobPlan, found: dict[str, tuple[int, ...]],
                  restart: int = 0) -> None:
-    """Requeue ``job_id`` until the jobs of ``found`` end, remembered as waiting first (so that an Epilog that
-    ends the last of them right after the requeue finds it); cancel it when it cannot be requeued."""
+    """Requeue ``job_id`` (its run ``restart`` marked refused first); cancel it when it cannot be requeued."""
     on = ", ".join(f"GPU {','.join(map(str, g))} (job {j})" for j, g in sorted(found.items()))
     if plan.kind == "gpu":
         why = f"given whole GPUs that another job's MPS share still uses: {on}; Slurm freed them too early"
     else:
         why = f"given an MPS share of GPUs another job holds whole: {on}; Slurm shared them too early"
     try:
-        claims.refuse_run(ctx.run_dir, job_id, restart, f"requeued by the Prolog on {ctx.node}: {why}")
+        claims.refuse_run(ctx.run_dir, job_id, restart, f"requeued by the Prolog on {ctx.node}: {why}",
+                          by_prolog=True)
     except OSError as e:
         log_event(ctx, "prolog", f"job {job_id}: run {restart} not marked refused ({e.strerror}): its batch script "
                                  "may start before the requeue lands")
-    path = claims.waiting_path(ctx.run_dir, job_id)
-    try:
-        claims.write_waiting(ctx.run_dir, job_id, found)
-    except OSError as e:
-        log_event(ctx, "prolog", f"job {job_id}: not remembered as waiting ({e.strerror}): it starts after "
-                                 "slurmctld's requeue delay")
     try:
         ctx.requeue(job_id)
     except GpushareError as e:
-        path.unlink(missing_ok=True)
         fail_job(ctx, job_id, JobFault(f"{why}; requeue failed ({e})"), "prolog")
         return
     log_event(ctx, "prolog", f"job {job_id} requeued: {why}")

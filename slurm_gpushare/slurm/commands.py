@@ -108,16 +108,6 @@ def requeue_job(job_id: str | int, **kw) -> None:
     run(["scontrol", "requeue", str(job_id)], **kw)
 
 
-def start_now(job_id: str | int, **kw) -> None:
-    """``scontrol update JobId=ID StartTime=now`` (scontrol(1); root): a pending job is eligible at once (a
-    requeued job's ``BeginTime`` brought forward).
-
-    Raises:
-        SlurmError: scontrol failed (e.g. the job is gone).
-    """
-    run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], **kw)
-
-
 def running_jobs(node: str, **kw) -> list[str]:
     """Jobs with an allocation on ``node``, sorted, each once:
     ``squeue -h -w NODE -t RUNNING,COMPLETING,CONFIGURING -o %A`` (squeue(1); COMPLETING so that a job stays

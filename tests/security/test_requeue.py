@@ -1,5 +1,8 @@
 """A user's ``scontrol requeue`` of their own running gpushare job on the real dev cluster (issue #12, item 8):
-both runs are recorded (restart 0 and 1, each with its own start and end) and the job report bills both."""
+each run is recorded (its own restart count, start and end) and the job report bills them. The user then brings
+the requeued job's start forward (``scontrol update StartTime=now``, allowed to a job's owner): slurmd runs that
+rerun without the Prolog (the job id is still in its credential cache), so it would run with no MPS daemon and
+no limit; it never starts, and the run after it has its Prolog and its daemon (issue 26 N12)."""
 
 from __future__ import annotations
 
@@ -15,13 +18,15 @@ import pytest
 
 from tests.conftest import DEADLINE, Job, spooled_records, wait_until
 from tests.security.conftest import USERS
+from tests.security.test_leftovers import node_log
 from tests.security.test_node_records import drained
 
 pytestmark = pytest.mark.slurm
 
 CLI = [sys.executable, "-m", "slurm_gpushare"]
-#: the first run waits to be requeued; the second ends after 2 s; each prints its restart count and start
-SCRIPT = ('echo "run=${SLURM_RESTART_COUNT:-0} t=$(date +%s)"; '
+#: the first run waits to be requeued; a later one ends after 2 s; each prints its restart count, start and MPS
+#: pipe directory
+SCRIPT = ('echo "run=${SLURM_RESTART_COUNT:-0} t=$(date +%s) pipe=${CUDA_MPS_PIPE_DIRECTORY:-none}"; '
           'if [ "${SLURM_RESTART_COUNT:-0}" = 0 ]; then sleep 600; else sleep 2; fi')
 
 
@@ -63,12 +68,20 @@ def test_a_requeued_jobs_two_runs_are_both_recorded_and_reported(cluster, slurm,
     # revoked", cred_revoked() in src/slurmd/slurmd/cred_context.c at slurm-24-11-5-1; seen on 24.11)
     seen = int(time.time())
     wait_until(lambda: int(time.time()) > seen, "the next second")
-    slurm.run(["scontrol", "update", f"jobid={job.id}", "StartTime=now"])
+    forward = subprocess.run(["runuser", "-u", USERS[0], "--", "scontrol", "update", f"jobid={job.id}",
+                              "StartTime=now"], env=cluster.env, capture_output=True, text=True)
+    assert forward.returncode == 0, forward.stderr
     done = slurm.wait(job)
     assert done.state == "COMPLETED", done.fields
-    runs = {int(k.split("=")[1]): int(v.split("=")[1]) for k, v in
-            (line.split() for line in job.output().splitlines() if line.startswith("run="))}
-    assert sorted(runs) == [0, 1], job.output()
+    lines = [dict(f.split("=", 1) for f in line.split()) for line in job.output().splitlines()
+             if line.startswith("run=")]
+    runs = {int(x["run"]): int(x["t"]) for x in lines}
+    # every run whose script started had its MPS daemon; the rerun slurmd started without the Prolog (run 1)
+    # did not start its script: it was requeued and run 2 ran
+    assert all(x["pipe"] != "none" for x in lines), job.output()
+    assert sorted(runs) in ([0, 1], [0, 2]), job.output()
+    if sorted(runs) == [0, 2]:
+        assert "started without its Prolog" in node_log(cluster, done.fields["NodeList"]), job.output()
     assert drained(slurm) == []
 
     recs = wait_until(lambda: r if len(r := _records(cluster, job.id)) >= 2 else None,

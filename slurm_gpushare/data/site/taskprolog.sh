@@ -10,11 +10,20 @@ case "$RUN_DIR" in
   *"{node}"*) RUN_DIR="${RUN_DIR%%\{node\}*}${SLURMD_NODENAME}${RUN_DIR#*\{node\}}" ;;
 esac
 d="$RUN_DIR/jobs/$SLURM_JOB_ID"
-# A run the Prolog requeued (another job still held its GPUs: Slurm 22.05): slurmd may launch its script before
-# the requeue lands. Its mark (root's, claims.refuse_run) makes this TaskProlog fail, so the task never starts.
-if [ -n "$SLURM_JOB_ID" ] && [ -e "$RUN_DIR/refused/$SLURM_JOB_ID.${SLURM_RESTART_COUNT:-0}" ]; then
-  echo "print gpushare: this run of job $SLURM_JOB_ID was requeued by the Prolog on $SLURMD_NODENAME (its GPUs were still in use by another job); it does not start here and runs again later"
-  exit 1
+# A run refused here (root's marks, claims.refuse_run): the Prolog requeued it (another job still held its GPUs:
+# Slurm 22.05), and slurmd may launch its script before the requeue lands; or it started without its Prolog after
+# an earlier run was requeued (slurmd skips the Prolog of a job id still in its credential cache). A mark stays
+# until a Prolog lets a later run start. A task of such a run that holds GPUs fails here, so it never starts.
+if [ -n "$SLURM_JOB_ID" ] && [ -n "$SLURM_JOB_GPUS$CUDA_VISIBLE_DEVICES" ]; then
+  for f in "$RUN_DIR/refused/$SLURM_JOB_ID".*; do
+    [ -e "$f" ] || continue
+    if [ "${f##*.}" = "${SLURM_RESTART_COUNT:-0}" ]; then
+      echo "print gpushare: this run of job $SLURM_JOB_ID was requeued by the Prolog on $SLURMD_NODENAME (its GPUs were still in use by another job); it does not start here and runs again later"
+    else
+      echo "print gpushare: run ${SLURM_RESTART_COUNT:-0} of job $SLURM_JOB_ID started without its Prolog on $SLURMD_NODENAME after run ${f##*.} was requeued there (its GPUs were in use by another job); it does not start here and runs again later"
+    fi
+    exit 1
+  done
 fi
 # Slurm's binding is the input: slurmstepd set this task's CUDA_VISIBLE_DEVICES and named the same devices,
 # in the same order, by their gres.conf index in SLURM_STEP_GPUS (the batch step: SLURM_JOB_GPUS); a task
