@@ -154,12 +154,19 @@ def test_two_users_requested_vs_peak_and_per_user_totals(cluster, slurm, users, 
     assert drawn.returncode == 0 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", drawn.stderr
 
 
-def test_monitor_endpoint_flags_two_processes_over_the_share(cluster, slurm):
+def test_a_share_whose_processes_together_pass_it_is_killed_and_its_neighbour_runs_on(cluster, slurm):
+    """Issue 27 (b): an MPS limit is per client process, so two processes of 6 GiB each stay under a 10 GiB
+    share's limit and together hold 12 GiB. The monitor flags the job, and after node.toml's enforce_grace
+    samples kills those processes (enforce = "kill", the default); a neighbour share on the node runs on."""
     app = shlex.quote(str(cluster.fake_gpu_app))
-    # each process stays under the MPS per-client limit (10 GiB), together they hold 12 GiB
-    job = slurm.sbatch("-p", "pcie", "--gres=gpushare:mem=10G",
-                       wrap=f"{app} --mem 6G --seconds 8 & {app} --mem 6G --seconds 8; wait")
     url = cluster.monitor_url("rtx4090-pcie")
+    # the second process starts 8 s after the first: the neighbour, another share on the node, starts meanwhile
+    # (Slurm 22.05 puts it on another GPU of the node)
+    job = slurm.sbatch("-p", "pcie", "--gres=gpushare:mem=10G",
+                       wrap=f"{app} --mem 6G --seconds 600 & p=$!; sleep 8; {app} --mem 6G --seconds 600; wait $p")
+    slurm.wait(job, states={"RUNNING"})
+    neighbour = slurm.sbatch("-p", "pcie", "--gres=gpushare:mem=4G", wrap=f"{app} --mem 4G --seconds 25")
+    slurm.wait(neighbour, states={"RUNNING"})
 
     def over() -> dict | None:
         fams = scrape_metrics(url)
@@ -173,7 +180,20 @@ def test_monitor_endpoint_flags_two_processes_over_the_share(cluster, slurm):
     reserved = {s.labels["job_id"]: s.value for s in flagged["gpushare_job_gpu_memory_reserved_bytes"]}
     procs = {s.labels["job_id"]: s.value for s in flagged["gpushare_job_gpu_processes"]}
     assert (used[job.id], reserved[job.id], procs[job.id]) == (12 << 30, 10 << 30, 2)
-    assert slurm.wait(job).state == "COMPLETED"
+    gpu = labels["gpu"]
+    # its processes are killed (its script's wait returns: the job fails) long before their 600 s
+    done = slurm.wait(job)
+    assert done.state == "FAILED", done.fields
+    note = done.fields["AdminComment"]
+    assert f"gpushare: GPU {gpu} of rtx4090-pcie: its 2 process(es) there held 12288 MiB together, its share is " \
+           "10240 MiB; the monitor killed 2 of its process(es) there" in note, note
+    kills = [s.value for s in scrape_metrics(url)["gpushare_monitor_enforcements_total"]
+             if s.labels["action"] == "kill"]
+    assert kills and kills[0] >= 1
+    # the neighbour was not touched
+    assert slurm.show_job(neighbour.id)["JobState"] == "RUNNING"
+    assert slurm.wait(neighbour).state == "COMPLETED"
+    assert "gpushare: GPU" not in (slurm.show_job(neighbour.id).get("AdminComment") or "")
     # once the job is gone its series go too
     wait_until(lambda: not [s for s in scrape_metrics(url).get("gpushare_job_gpu_over_limit", [])
                             if s.labels["job_id"] == job.id], f"job {job.id}'s series gone after it ended")

@@ -92,9 +92,14 @@ def dbd() -> SlurmSession:
 
 def _sacct(slurm: SlurmSession, job_id: str) -> tuple[str, str]:
     """``(State, AdminComment)`` of the job's allocation (``-X``: a step row has no AdminComment of its own
-    and sacct 22.05 sometimes prints unrelated text in that column for the ``.batch`` row)."""
-    out = slurm.run(["sacct", "-j", job_id, "-X", "-n", "-P", "-o", "State,AdminComment"]).stdout.strip()
-    state, _, admin_comment = out.partition("|") if out else ("", "", "")
+    and sacct 22.05 sometimes prints unrelated text in that column for the ``.batch`` row). Of several jobs of
+    that id (``-D``: slurmctld restarted without its state within the module while slurmdbd kept the older
+    job), the one submitted last: the test's own."""
+    out = slurm.run(["sacct", "-j", job_id, "-X", "-D", "-n", "-P", "-o", "Submit,State,AdminComment"]).stdout
+    rows = [line.split("|", 2) for line in out.splitlines() if line.count("|") >= 2]
+    if not rows:
+        return "", ""
+    _, state, admin_comment = max(rows, key=lambda r: r[0])
     return state, admin_comment
 
 

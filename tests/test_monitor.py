@@ -5,6 +5,7 @@ Prometheus text format."""
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import threading
 import urllib.request
@@ -91,6 +92,15 @@ class Node:
         self.listpids_calls = 0
         self.squeue_calls = 0
         self.log: list[str] = []
+        self.killed: list[tuple[int, int]] = []  # (pid, signal): the fake pids are never signalled for real
+        self.requeued: list[str] = []
+        self.requeue_fails = False
+        self.admin_comments: dict[str, str] = {}
+
+    def requeue(self, job):
+        if self.requeue_fails:
+            raise SlurmError("scontrol requeue: Requested operation is presently disabled")
+        self.requeued.append(job)
 
     def listpids(self, node):
         assert node == "a100"
@@ -112,7 +122,9 @@ class Node:
                        cgroup_of=lambda pid: self.cgroups.get(pid, "0::/\n"),
                        cgroup_owner=lambda cg: self.cgroup_owners.get(cg.path, 0),
                        proc_of=lambda pid: ProcFacts(self.uids[pid], 7) if pid in self.uids else None,
-                       log=self.log.append, clock=self.clock)
+                       log=self.log.append, clock=self.clock, requeue=self.requeue,
+                       kill=lambda pid, sig: self.killed.append((pid, sig)),
+                       update_admin_comment=self.admin_comments.__setitem__)
 
 
 @pytest.fixture
@@ -188,6 +200,64 @@ def test_over_limit_fires_for_two_processes_that_together_exceed_the_share(node)
         fams = _families(_scrape_once(mon))
         assert _value(fams, "gpushare_job_gpu_over_limit", job_id="201") == 0
         assert _value(fams, "gpushare_monitor_over_limit_episodes_total") == 1
+
+
+def test_a_share_over_its_limit_for_the_grace_has_its_processes_there_killed(node):
+    """Issue 27 (b): the MPS limit is per client process, so job 201's two processes of 6000 MiB each pin 12000
+    MiB of its 10240 MiB share. After enforce_grace samples (3) the monitor kills those two processes, as root,
+    and only those (bob's jobs on other GPUs are not touched), tells alice in the AdminComment, logs and counts."""
+    with node.monitor() as mon:
+        mon.sample()
+        mon.sample()
+        assert node.killed == []  # within the grace: not one blip
+        mon.sample()
+        assert node.killed == [(1001, signal.SIGKILL), (1002, signal.SIGKILL)]
+        note = node.admin_comments["201"]
+        assert note.startswith("[gpushare:v1 req=mem=10G ") and "gpushare: GPU 0 of a100: its 2 process(es) there " \
+            "held 12000 MiB together, its share is 10240 MiB; the monitor killed 2 of its process(es) there " \
+            "(pid 1001, 1002)." in note, note
+        assert [line for line in node.log if line.startswith("enforce: ")] == [
+            "enforce: job 201 (alice, partition gpu) on GPU 0 of a100: its 2 process(es) there held 12000 MiB "
+            "together, its share is 10240 MiB: killed 2 of its process(es) there (pid 1001, 1002)"]
+        mon.sample()  # the same episode (the fake processes outlive SIGKILL): acted on once
+        assert len(node.killed) == 2
+        assert _value(_families(_scrape_once(mon)), "gpushare_monitor_enforcements_total", action="kill") == 1
+        # the episode ends; a new one is acted on again after its own grace
+        node.nvml.remove_process(1002)
+        mon.sample()
+        node.cgroups[1003], node.uids[1003] = CGROUP.format(job=201), 1000
+        node.nvml.add_process(ScheduledProcess(1003, 0, node.clock.t, ((0, 6000, 25),)))
+        for _ in range(3):
+            mon.sample()
+        assert node.killed[2:] == [(1001, signal.SIGKILL), (1003, signal.SIGKILL)] and node.requeued == []
+
+
+def test_enforcement_follows_the_partition_s_action_and_spares_a_reused_pid(node):
+    from dataclasses import replace
+
+    node.config = replace(node.config, enforce="requeue", enforce_partitions=(("gpu", "warn"),), enforce_grace=1)
+    with node.monitor() as mon:
+        mon.sample()  # job 201 runs in partition gpu: warned only
+        assert node.killed == [] and node.requeued == []
+        assert "the monitor warned (node.toml enforce = \"warn\")." in node.admin_comments["201"]
+        assert _value(_families(_scrape_once(mon)), "gpushare_monitor_enforcements_total", action="warn") == 1
+    node.config = replace(node.config, enforce_partitions=())
+    with node.monitor() as mon:
+        mon.sample()  # requeued; a job that cannot be requeued is killed instead
+        assert node.requeued == ["201"] and node.killed == []
+    node.requeue_fails = True
+    node.config = replace(node.config, enforce_grace=2)
+    with node.monitor() as mon:
+        act = mon.enforce
+
+        def pid_reused(e):  # pid 1002 ends and the kernel gives it to another process (another start) first
+            mon._proc_of = lambda pid: ProcFacts(node.uids[pid], 8 if pid == 1002 else 7)
+            act(e)
+
+        mon.enforce = pid_reused
+        mon.sample()
+        mon.sample()
+        assert node.killed == [(1001, signal.SIGKILL)]
 
 
 def _scrape_once(mon) -> str:

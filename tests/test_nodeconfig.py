@@ -33,6 +33,9 @@ def test_values_and_templates():
     assert cfg.gpu_order == "gpushare" and parse_node_config('version = 1\ngpu_order = "all"\n').gpu_order == "all"
     assert cfg.mps_dir_size_mib == 64 and cfg.hook_timeout == 120.0
     assert parse_node_config("version = 1\nhook_timeout = 30\n").hook_timeout == 30.0
+    assert (cfg.enforce, cfg.enforce_grace, cfg.enforce_for("any")) == ("kill", 3, "kill")
+    warned = parse_node_config('version = 1\nenforce = "requeue"\n[enforce_partitions]\ndebug = "warn"\n')
+    assert (warned.enforce_for("debug"), warned.enforce_for("gpu")) == ("warn", "requeue")
     assert [parse_node_config(f'version = 1\nmps_dir_size = "{v}"\n').mps_dir_size_mib for v in ("16M", "1G", "0")] \
         == [16, 1024, 0]
 
@@ -50,6 +53,10 @@ def test_values_and_templates():
     ("version = 1\nmps_dir_size = 64\n", "mps_dir_size has the wrong type"),
     ("version = 1\nhook_timeout = 0\n", "hook_timeout = 0 is out of range"),
     ("version = 1\nmps_dir_size = 'lots'\n", "mps_dir_size: 'lots' is not a memory size"),
+    ("version = 1\nenforce = 'kil'\n", "enforce = 'kil' is not an action"),
+    ("version = 1\nenforce_grace = 0\n", "enforce_grace = 0 is out of range (1-100 samples)"),
+    ("version = 1\nenforce_grace = 2.5\n", "enforce_grace has the wrong type"),
+    ("version = 1\n[enforce_partitions]\ndebug = 'stop'\n", "enforce_partitions: debug must be"),
 ])
 def test_bad_files_name_the_problem(text, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):

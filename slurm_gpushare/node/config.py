@@ -29,6 +29,13 @@ Every key is optional::
     monitor_textfile = ""                      # node_exporter textfile to write after each sample ("" none)
     admin_comment_summary = false              # the monitor puts a usage summary in running jobs' AdminComment
     admin_comment_interval = 300.0             # seconds between two such updates of one job
+    enforce = "kill"                           # what the monitor does to an MPS share job whose processes on a
+                                               # GPU together hold more than its share: "kill" them, "requeue"
+                                               # the job, or "warn" (log, metric, AdminComment note)
+    enforce_grace = 3                          # consecutive samples over the share before it acts (1-100)
+
+    [enforce_partitions]                       # another action for the jobs of a partition
+    debug = "warn"
 
     [mps_env]                                  # extra environment of the MPS control daemon
     LD_LIBRARY_PATH = "/usr/local/cuda/lib64"
@@ -54,6 +61,8 @@ if TYPE_CHECKING:  # annotations only: the hooks read node.toml before they know
     from slurm_gpushare.slurm.conf import GresConf
 
 NODE_CONFIG_VERSION = 1
+#: ``enforce``: what the node monitor does to an MPS share job whose processes together hold more than its share.
+ENFORCE_ACTIONS = ("kill", "requeue", "warn")
 #: ``gpu_order``: whose multi-GPU tasks the TaskProlog may give the GPUs in NVLink ring order (and task
 #: hints): only jobs that asked for a GPU share (their AdminComment has a gpushare segment), every job, none.
 GPU_ORDERS = ("gpushare", "all", "none")
@@ -86,6 +95,13 @@ class NodeConfig:
     monitor_textfile: str = ""
     admin_comment_summary: bool = False
     admin_comment_interval: float = 300.0
+    enforce: str = "kill"
+    enforce_grace: int = 3
+    enforce_partitions: tuple[tuple[str, str], ...] = ()
+
+    def enforce_for(self, partition: str) -> str:
+        """The enforcement action (:data:`ENFORCE_ACTIONS`) for a job of ``partition``."""
+        return dict(self.enforce_partitions).get(partition, self.enforce)
 
     def run_dir_for(self, node: str) -> Path:
         """The run dir of Slurm node ``node`` (``{node}`` in ``run_dir`` replaced by its name)."""
@@ -105,6 +121,7 @@ _KEYS: dict[str, type | tuple[type, ...]] = {
     "monitor_steps_interval": (int, float), "monitor_save_interval": (int, float), "monitor_listen": str,
     "monitor_textfile": str,
     "admin_comment_summary": bool, "admin_comment_interval": (int, float),
+    "enforce": str, "enforce_grace": int, "enforce_partitions": dict,
 }
 
 
@@ -217,6 +234,21 @@ def _node_config_from_data(data: dict[str, Any], source: str) -> NodeConfig:
                 raise ConfigError(f"gpu_order = {value!r} is not a choice",
                                   hint='use "gpushare" (jobs that asked for a GPU share), "all" or "none"',
                                   source=source)
+            kw[key] = value
+        elif key == "enforce":
+            if value not in ENFORCE_ACTIONS:
+                raise ConfigError(f"enforce = {value!r} is not an action", hint='use "kill", "requeue" or "warn"',
+                                  source=source)
+            kw[key] = value
+        elif key == "enforce_partitions":
+            bad = sorted(k for k, v in value.items() if v not in ENFORCE_ACTIONS)
+            if bad:
+                raise ConfigError(f"enforce_partitions: {', '.join(bad)} must be \"kill\", \"requeue\" or \"warn\"",
+                                  source=source)
+            kw[key] = tuple(sorted(value.items()))
+        elif key == "enforce_grace":
+            if not 1 <= value <= 100:
+                raise ConfigError(f"enforce_grace = {value} is out of range (1-100 samples)", source=source)
             kw[key] = value
         elif key == "mps_env":
             bad = [k for k, v in value.items() if not isinstance(v, str) or k.startswith("CUDA_MPS_")]

@@ -76,6 +76,7 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import sys
 import threading
 import time
@@ -85,11 +86,12 @@ from pathlib import Path
 
 from slurm_gpushare.accounting.live import load_state, remove_usage, restore_all, save_usage, usage_files
 from slurm_gpushare.accounting.record import UsageRecord, UsageTracker
-from slurm_gpushare.atomicfile import write_atomic
+from slurm_gpushare.atomicfile import printable, write_atomic
 from slurm_gpushare.errors import GpushareError, InputError
 from slurm_gpushare.hardware.machine import GpuProcess, Machine
 from slurm_gpushare.hardware.port import NvmlPort, read_uuids
-from slurm_gpushare.node.config import NodeConfig, parse_listen
+from slurm_gpushare.node.config import ENFORCE_ACTIONS, NodeConfig, parse_listen
+from slurm_gpushare.node.context import NOTE_CHARS
 from slurm_gpushare.node.membership import (
     CgroupFs,
     CgroupJob,
@@ -125,6 +127,31 @@ class _Job:
     # device key -> provisional record: what the Epilog would write now (reserved, asked)
     devices: dict[JobKey, UsageRecord]
     over: set[JobKey] = field(default_factory=set)
+    over_samples: dict[JobKey, int] = field(default_factory=dict)  # consecutive samples over the share
+    enforced: set[JobKey] = field(default_factory=set)  # acted on in this episode
+
+
+@dataclass(frozen=True)
+class Enforcement:
+    """An action the monitor takes on a job whose processes on a device held more than its share for
+    ``enforce_grace`` samples (:meth:`Monitor.enforce`).
+
+    Attributes:
+        job_id, user, partition: the job.
+        key: the device (NVML index of a GPU).
+        action: ``kill``, ``requeue`` or ``warn`` (node.toml ``enforce``/``enforce_partitions``).
+        used_mib, share_mib: what its processes held together, and its share (MiB).
+        processes: ``(pid, start)`` of the job's processes on the device (``/proc/<pid>/stat`` start).
+    """
+
+    job_id: str
+    user: str
+    partition: str
+    key: JobKey
+    action: str
+    used_mib: int
+    share_mib: int
+    processes: tuple[tuple[int, int], ...]
 
 
 def device_key(record: UsageRecord) -> JobKey:
@@ -190,6 +217,8 @@ class Monitor:
         clock: seconds since the epoch.
         update_admin_comment: callable(job id, text) that sets a job's AdminComment (default
             ``scontrol update jobid=ID AdminComment=TEXT``).
+        requeue: callable(job id) that requeues a job (default ``scontrol requeue``), for ``enforce = "requeue"``.
+        kill: callable(pid, signal) (default :func:`os.kill`), for ``enforce = "kill"``.
     """
 
     def __init__(self, config: NodeConfig, node: str, machine: Machine, port: NvmlPort, *,
@@ -201,7 +230,9 @@ class Monitor:
                  proc_of: Callable[[int], ProcFacts | None] | None = None,
                  log: Callable[[str], None] | None = None,
                  clock: Callable[[], float] = time.time,
-                 update_admin_comment: Callable[[str, str], None] | None = None):
+                 update_admin_comment: Callable[[str, str], None] | None = None,
+                 requeue: Callable[[str], None] | None = None,
+                 kill: Callable[[int, int], None] = os.kill):
         self.config = config
         self.node = node
         self.machine = machine
@@ -222,6 +253,10 @@ class Monitor:
         self._log = log or (lambda line: print(f"slurm-gpushare monitor: {line}", file=sys.stderr, flush=True))
         self._clock = clock
         self._update_admin_comment = update_admin_comment or commands.update_admin_comment
+        self._requeue = requeue or commands.requeue_job
+        self._kill = kill
+        self._enforcements: list[Enforcement] = []
+        self.enforced_total: dict[str, int] = {}
         self._jobs: dict[str, _Job] = {}
         self._gres = node_gres(machine, node, GresOptions(shard_unit_mib=config.shard_unit_mib))
         self._gpu_uuids: dict[int, str] = {}
@@ -510,10 +545,60 @@ class Monitor:
         return index
 
     def sample(self) -> Snapshot:
-        """Take one sample (see module docstring) and return it. Never raises for a failing NVML call or
-        Slurm command: the failure is counted (``gpushare_monitor_errors_total``) and logged."""
+        """Take one sample (see module docstring) and return it, then act on the jobs over their share for
+        ``enforce_grace`` samples (:meth:`enforce`). Never raises for a failing NVML call or Slurm command: the
+        failure is counted (``gpushare_monitor_errors_total``) and logged."""
         with self._lock:
-            return self._sample()
+            snapshot = self._sample()
+            due, self._enforcements = self._enforcements, []
+        for e in due:
+            self.enforce(e)
+        return snapshot
+
+    def enforce(self, e: Enforcement) -> None:
+        """Act on an MPS share job whose processes on a GPU held more than its share (its MPS limit is per
+        client process: several processes, or one outside MPS, get past it) for ``enforce_grace`` samples, by
+        node.toml's ``enforce`` (``enforce_partitions``): ``kill`` sends SIGKILL, as root, to the job's processes
+        on that GPU only (those the monitor attributed to the job from its cgroup or Slurm's pid list; a pid whose
+        start time changed is another process and is left alone), ``requeue`` asks slurmctld to requeue the job
+        (``scontrol requeue``; a job that cannot be requeued is killed instead), ``warn`` does neither. Every
+        action is logged, counted (``gpushare_monitor_enforcements_total``) and told to the job's user in its
+        AdminComment (root's; ``scontrol show job``). Other jobs on the GPU are never touched."""
+        where = f"GPU {e.key} of {self.node}"
+        over = (f"its {len(e.processes)} process(es) there held {e.used_mib} MiB together, its share is "
+                f"{e.share_mib} MiB")
+        action = e.action
+        if action == "requeue":
+            try:
+                self._requeue(e.job_id)
+                done = "requeued the job"
+            except GpushareError as err:
+                self.note_error("slurm", f"job {e.job_id}: requeue failed: {err}")
+                action = "kill"
+        targets = []
+        if action == "kill":
+            for pid, start in e.processes:
+                facts = self._proc_of(pid)
+                if facts is not None and facts.start == start:  # else ended, or the pid is another process now
+                    targets.append(pid)
+            done = f"killed {len(targets)} of its process(es) there (pid {', '.join(map(str, targets)) or '-'})"
+        elif action == "warn":
+            done = "warned (node.toml enforce = \"warn\")"
+        self.enforced_total[action] = self.enforced_total.get(action, 0) + 1
+        self._log(f"enforce: job {e.job_id} ({e.user}, partition {e.partition}) on {where}: {over}: {done}")
+        # told first: slurmctld refuses an AdminComment update once the job has ended
+        note = f"gpushare: {where}: {over}; the monitor {done}."
+        try:
+            current = parse_job_json(self._job_record(e.job_id), e.job_id).admin_comment
+            text = printable(" ".join(note.split()), limit=NOTE_CHARS).replace("[", "(").replace("]", ")")
+            self._update_admin_comment(e.job_id, f"{current} {text}" if current else text)
+        except GpushareError as err:
+            self.note_error("admin-comment", f"job {e.job_id}: {err}")
+        for pid in targets:
+            try:
+                self._kill(pid, signal.SIGKILL)
+            except OSError:
+                continue
 
     def _sample(self) -> Snapshot:
         t0 = time.monotonic()
@@ -547,11 +632,11 @@ class Monitor:
                     pass  # not supported on this GPU: no data
         owner = self._attribute({p.pid for procs in per_gpu.values() for p in procs}, local)
 
-        # (job, key) -> [used MiB, sm sum, all processes had sm, processes, gpu index]
+        # (job, key) -> [used MiB, sm sum, all processes had sm, processes, gpu index, pids]
         acc: dict[tuple[str, JobKey], list] = {}
         for job_id, job in self._jobs.items():
             for key, r in job.devices.items():
-                acc[(job_id, key)] = [0, 0.0, True, 0, r.gpu_index]
+                acc[(job_id, key)] = [0, 0.0, True, 0, r.gpu_index, []]
         unattributed: dict[int, list[int]] = {g.index: [0, 0] for g in self.machine.gpus}
         for index, procs in per_gpu.items():
             for p in procs:
@@ -560,8 +645,9 @@ class Monitor:
                     unattributed[index][0] += p.used_memory_mib
                     unattributed[index][1] += 1
                     continue
-                a = acc.setdefault((owner_job, self._key(index, p)), [0, 0.0, True, 0, index])
+                a = acc.setdefault((owner_job, self._key(index, p)), [0, 0.0, True, 0, index, []])
                 a[0] += p.used_memory_mib
+                a[5].append(p.pid)
                 if p.sm_util is None:
                     a[2] = False
                 else:
@@ -570,7 +656,8 @@ class Monitor:
 
         devices: list[DeviceSample] = []
         rose: set[str] = set()
-        for (job_id, key), (used, sm_sum, sm_all, nproc, index) in sorted(acc.items(), key=lambda kv: str(kv[0])):
+        for (job_id, key), (used, sm_sum, sm_all, nproc, index, pids) in sorted(acc.items(),
+                                                                               key=lambda kv: str(kv[0])):
             if index in unread:
                 continue
             job = self._jobs[job_id]
@@ -597,8 +684,18 @@ class Monitor:
                     self._log(f"over limit: job {job_id} ({job.info.user}) holds {used} MiB on "
                               f"{f'MIG device {key}' if mig else f'GPU {key}'}, its share is {reserved} MiB "
                               f"({nproc} process(es))")
+                job.over_samples[key] = job.over_samples.get(key, 0) + 1
+                if (job.plan.kind == "mps" and not mig and key not in job.enforced
+                        and job.over_samples[key] >= self.config.enforce_grace):
+                    job.enforced.add(key)
+                    held = tuple((pid, f.start) for pid in sorted(pids) if (f := self._proc_of(pid)) is not None)
+                    self._enforcements.append(Enforcement(
+                        job_id, job.info.user, job.info.partition, key,
+                        self.config.enforce_for(job.info.partition), used, reserved, held))
             else:
                 job.over.discard(key)
+                job.over_samples.pop(key, None)
+                job.enforced.discard(key)
         if now - self._last_save >= self.config.monitor_save_interval:
             self._last_save = now
             measured = set(self.tracker.jobs())
@@ -801,7 +898,12 @@ class Monitor:
                                     "job's record)", labels=["node", "command"])
         for command in ("listpids", "squeue", "job"):
             calls.add_metric([self.node, command], self.calls_total.get(command, 0))
-        yield from (samples, errors, episodes, last, took, refused, attributed, calls)
+        enforced = CounterMetricFamily("gpushare_monitor_enforcements",
+                                       "Actions taken on MPS share jobs whose processes held more than their share "
+                                       "for enforce_grace samples (node.toml enforce)", labels=["node", "action"])
+        for action in ENFORCE_ACTIONS:
+            enforced.add_metric([self.node, action], self.enforced_total.get(action, 0))
+        yield from (samples, errors, episodes, last, took, refused, attributed, calls, enforced)
 
 
 # --- serving ----------------------------------------------------------------------------------------------
