@@ -444,6 +444,49 @@ def assess(files: Sequence[SiteFile], layout: Layout, *, force: bool = False) ->
     return out
 
 
+#: The mode of every directory ``install`` makes or writes into: root-run scripts live there (no other writer),
+#: and login users' clients read cli_filter.lua from there.
+DIR_MODE = 0o755
+
+
+def _refuse_foreign_writable(d: Path) -> None:
+    """Refuse a directory the files would go into that is writable by group or others and owned by another user
+    (anyone who may write there could replace a root-run script); one of this user's is repaired by
+    :func:`make_dir`.
+
+    Raises:
+        InputError: naming the directory, its mode and owner.
+    """
+    try:
+        st = d.lstat()
+    except FileNotFoundError:
+        return
+    if st.st_mode & 0o022 and st.st_uid != os.geteuid():
+        raise InputError(f"{d} is writable by others and owned by uid {st.st_uid} (mode {oct(st.st_mode & 0o7777)}): "
+                         "whoever may write there could replace the root-run Prolog and Epilog; nothing was written",
+                         hint=f"chown root {d} && chmod 755 {d}, or install elsewhere (--prefix)")
+
+
+def make_dir(d: Path) -> None:
+    """Create ``d`` and its missing parents with mode :data:`DIR_MODE` whatever the umask, and take group and
+    others' write permission from ``d`` when it is there already.
+
+    Raises:
+        OSError: a directory cannot be made or changed.
+    """
+    missing = []
+    p = d
+    while not p.exists():
+        missing.append(p)
+        p = p.parent
+    for p in reversed(missing):
+        p.mkdir(mode=DIR_MODE)
+        os.chmod(p, DIR_MODE)  # mkdir's mode is masked by the umask
+    mode = d.stat().st_mode & 0o7777
+    if mode & 0o022:
+        os.chmod(d, mode & ~0o022)
+
+
 def install(files: Sequence[SiteFile], layout: Layout, *, force: bool = False, dry_run: bool = False) -> list[Outcome]:
     """Write ``files`` (atomically each, :mod:`slurm_gpushare.atomicfile`) and the manifest.
 
@@ -469,9 +512,12 @@ def install(files: Sequence[SiteFile], layout: Layout, *, force: bool = False, d
     if dry_run:
         return outcomes
     writes = [o.file for o in outcomes if o.state != "unchanged"]
+    dirs = sorted({f.path.parent for f in files} | {layout.manifest.parent})
+    for d in dirs:
+        _refuse_foreign_writable(d)
     try:
-        for d in sorted({f.path.parent for f in files} | {layout.manifest.parent}):
-            d.mkdir(parents=True, exist_ok=True)
+        for d in dirs:
+            make_dir(d)
         # one write for every file (each with its mode): none is replaced unless all could be written
         write_all_atomic({f.path: f.text for f in writes}, mode={f.path: f.mode for f in writes})
         manifest = _read_manifest(layout.manifest)

@@ -164,6 +164,8 @@ def test_a_valid_description_round_trips():
     ("NVIDIA RTX 4000 SFF Ada Generation", "rtx4000ada"), ("NVIDIA RTX 4000 Ada Generation", "rtx4000ada"),
     ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "rtxpro6000blackwell"),
     ("NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition", "rtxpro6000blackwell"),
+    ("NVIDIA B300 SXM6 AC", "b300"),  # the board (SXM6) and its air cooling (AC) are not the model
+    ("NVIDIA GB300", "gb300"),
     # other models get other names (the old rule gave the second of each pair the first's name)
     ("NVIDIA RTX 6000 Ada Generation", "rtx6000ada"), ("NVIDIA GeForce RTX 3090 Ti", "rtx3090ti"),
     ("NVIDIA TITAN V", "titanv"), ("NVIDIA TITAN RTX", "titanrtx"),

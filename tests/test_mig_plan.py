@@ -299,7 +299,7 @@ def test_demand_from_the_store_weighs_run_time_in_the_period(tmp_path):
 
 def test_demand_files_csv_and_json(tmp_path):
     f = tmp_path / "d.csv"
-    f.write_text("# sizes seen last month\nmem,count,sm\n10G,6,\n20G,2,30\ngpu,1,\n10240,1,\n")
+    f.write_text("# sizes seen last month\nmem,count,sm\n10G,6,\n20G,2,30\ngpu,1,\n10240M,1,\n")
     d = read_demand_file(f)
     assert {(r.mem_mib, r.weight, r.sm_percent, r.whole) for r in d} == {
         (10 * G, 7.0, None, False), (20 * G, 2.0, 30, False), (0, 1.0, None, True)}
@@ -313,7 +313,10 @@ def test_demand_files_csv_and_json(tmp_path):
     ("10G,6,120\n", "d.txt:1: sm 120 is outside 1-100"),
     ("10G\n", "d.txt:1: 1 columns, expected 2 or 3"),
     ("ten,1\n", "d.txt:1: mem: 'ten' is not a memory size"),
-    ("0,1\n", "d.txt:1: mem: '0' is less than 1 MiB"),
+    ("0M,1\n", "d.txt:1: mem: '0M' is less than 1 MiB"),
+    # a bare number was read as MiB: 10 meant 10 GiB to whoever wrote it, and the plan was 1000x off
+    ("10,6\n", "d.txt:1: mem '10' has no unit: write 10G (GiB) or 10M (MiB)"),
+    ('{"requests": [{"mem": 10, "count": 6}]}', "requests[0]: mem 10 has no unit"),
     ("10G,0\n", "count '0' must be above 0"),
     ("# nothing\n", "holds no request"),
     ('{"requests": [{"mem": "10G"}]}', "requests[0]: each request has count"),
@@ -356,7 +359,7 @@ def test_demand_files_that_are_not_what_they_seem_are_one_parse_error(tmp_path, 
 
 def test_a_mem_error_names_the_value_once(tmp_path):
     f = tmp_path / "d.csv"
-    f.write_text("0,1\n")
+    f.write_text("0M,1\n")
     with pytest.raises(ParseError) as e:
         read_demand_file(f)
     assert str(e.value).count("mem") == 1, str(e.value)

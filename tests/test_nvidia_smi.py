@@ -549,3 +549,27 @@ def test_lgip_duplicate_profile():
 def test_lgip_without_profiles():
     with pytest.raises(ParseError, match=r"l.txt:1: no GPU instance profiles found"):
         parse_mig_profiles("No MIG-enabled devices found.\n", source="l.txt")
+
+
+def test_a_header_row_underlined_by_terminal_escapes_is_read():
+    """collect_env scripts (sglang, vLLM) print the header row between ANSI underline codes (issue 28 item 6)."""
+    text = (TOPO / L40S).read_text()
+    lines = text.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.strip().startswith("GPU0") and " X " not in line)
+    lines[at] = "\x1b[4m" + lines[at] + "\x1b[0m"
+    lines[at + 1] = "\x1b[1m" + lines[at + 1][:4] + "\x1b[0m" + lines[at + 1][4:]
+    assert parse_topo_matrix("\n".join(lines), source=L40S, memory_mib=1) == \
+        parse_topo_matrix(text, source=L40S, memory_mib=1)
+
+
+def test_a_pcie_only_matrix_of_topo_mp_is_refused_not_read_as_one_without_nvlink():
+    """``nvidia-smi topo -mp`` prints the PCIe paths only: its legend has no NV# line, and every NVLink of the
+    machine would be missing from what the product reads (issue 28 item 6). ``-m``'s legend always has it."""
+    text = (TOPO / L40S).read_text()
+    assert "NV#" in text
+    mp = "\n".join(line for line in text.splitlines() if "NV#" not in line)
+    message = parse_error(mp)
+    assert "nvidia-smi topo -mp" in message and "nvidia-smi topo -m" in message, message
+    # a legend cut short before its PIX line (a copy that stops early) says nothing either way: read
+    cut = "\n".join(line for line in text.splitlines() if "NV#" not in line and "PIX  =" not in line)
+    assert parse_topo_matrix(cut, source=L40S, memory_mib=1) == parse_topo_matrix(text, source=L40S, memory_mib=1)

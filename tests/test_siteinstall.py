@@ -363,3 +363,36 @@ def test_a_console_script_run_through_a_link_names_the_venvs_script(tmp_path):
     link.unlink()
     link.symlink_to(other)
     assert siteinstall.this_installation(str(link), str(venv / "python")) == (str(other),)
+
+
+@pytest.mark.parametrize("umask", [0o000, 0o077])
+def test_directories_get_0755_whatever_the_umask_and_a_writable_one_is_repaired(tmp_path, umask):
+    """Issue 28 item 5: under umask 000 the directory holding the root-run Prolog/Epilog was made 0777 (any user
+    could replace them); under 077, 0700 (login users' srun could not read cli_filter.lua)."""
+    lay = layout(tmp_path)
+    files = siteinstall.plan(["node", "login"], lay)
+    old = os.umask(umask)
+    try:
+        siteinstall.install(files, lay)
+    finally:
+        os.umask(old)
+    made = {d for f in files for d in (f.path.parent, *f.path.parent.parents) if tmp_path in d.parents}
+    assert made and {oct(d.stat().st_mode & 0o777) for d in made} == {"0o755"}, \
+        {str(d): oct(d.stat().st_mode & 0o777) for d in made}
+    # a directory already there and writable by others is made 0755 before anything is written into it
+    cfg = tmp_path / "p/etc/slurm/gpushare"
+    cfg.chmod(0o777)
+    siteinstall.install(files, lay)
+    assert cfg.stat().st_mode & 0o777 == 0o755
+
+
+def test_a_writable_directory_of_another_owner_is_refused(tmp_path):
+    lay = layout(tmp_path)
+    files = siteinstall.plan(["node"], lay)
+    cfg = tmp_path / "p/etc/slurm/gpushare"
+    cfg.mkdir(parents=True)
+    cfg.chmod(0o777)
+    os.chown(cfg, 12345, 12345)
+    with pytest.raises(InputError, match="writable by others and owned by uid 12345"):
+        siteinstall.install(files, lay)
+    assert not list(cfg.iterdir())

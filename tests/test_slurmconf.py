@@ -279,7 +279,15 @@ def test_gres_value_grammar(value, specs):
     assert parse_gres_value(value) == specs
 
 
-@pytest.mark.parametrize("value", ["gpu:a:b:c:4", ",gpu:1", ":4"])
+def test_empty_gres_items_are_skipped_as_slurmctld_skips_them():
+    """slurmctld splits a node's Gres= with strtok_r (``_get_gres_cnt`` in src/common/gres.c at slurm-22-05-8-1),
+    which passes over empty items: a trailing comma is accepted there, and aborted --check here (issue 28)."""
+    want = (GresItem("gpu", "a100", 8), GresItem("shard", "", 640))
+    assert parse_gres_value("gpu:a100:8,shard:640,") == want
+    assert parse_gres_value(",gpu:a100:8,,shard:640") == want
+
+
+@pytest.mark.parametrize("value", ["gpu:a:b:c:4", ":4", ","])
 def test_bad_gres_values(value):
     with pytest.raises(ParseError):
         parse_gres_value(value)

@@ -658,7 +658,7 @@ MODEL_BRAND_WORDS = frozenset({"nvidia", "tesla", "geforce", "quadro", "grid"})
 #: ``PCIe``/``SXM``/``NVL``/``SFF`` are form factors (NVIDIA's H100 NVL and RTX 4000 SFF Ada are the
 #: H100 and the RTX 4000 Ada in another board), ``Max-Q`` a power limit, ``HBM3`` the memory kind,
 #: ``Generation``, ``Edition``, ``Server``, ``Workstation`` and ``GPU`` fill words of the marketing name.
-MODEL_PACKAGING_WORDS = frozenset({"pcie", "sxm", "nvl", "sff", "max-q", "generation", "edition", "server",
+MODEL_PACKAGING_WORDS = frozenset({"pcie", "sxm", "nvl", "sff", "max-q", "generation", "edition", "server", "ac",
                                    "workstation", "gpu", "dgxs", "fhhl"})
 _MEMORY_WORD = re.compile(r"\d+(?:\.\d+)?(?:gb|g|mb|tb)|hbm\d*e?|sxm\d*|pcie\d*|gddr\d*x?", re.IGNORECASE)
 

@@ -69,6 +69,8 @@ AFFINITY_TITLES = ("CPU Affinity", "NUMA Affinity", "GPU NUMA ID")
 _LEGACY_LEVELS = {"SOC": "SYS"}
 
 _TOKENS_HINT = "a cell is X, NV<count>, PIX, PXB, PHB, NODE, SYS (or legacy SOC) or N/A"
+#: A terminal escape sequence (CSI, e.g. ``\x1b[4m`` underline, or a two-byte ESC sequence).
+_ANSI_ESCAPE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|[@-Z\\-_])")
 _HEADER_TOKEN = re.compile("|".join(re.escape(t) for t in AFFINITY_TITLES) + r"|\S+")
 _GPU_TITLE = re.compile(r"GPU(\d+)")
 _NIC_TITLE = re.compile(r"NIC(\d+)")
@@ -136,6 +138,7 @@ def parse_topo_matrix(text: str, *, source: str = "<topo>", hostname: str = "nod
             missing ``memory_mib``, a given ``cpus`` layout that the affinity columns contradict,
             several matrices without ``section``, or a ``section`` out of range.
     """
+    text = _ANSI_ESCAPE.sub("", text)  # terminal codes around a row (collect_env scripts underline the header)
     lines = text.splitlines()
     sections = topo_sections(text)
     if section is None and len(sections) > 1:
@@ -170,6 +173,7 @@ def parse_topo_matrix(text: str, *, source: str = "<topo>", hostname: str = "nod
                          f"{len(header.devices)} device columns, {len(rows)} rows were found)",
                          hint="record the whole 'nvidia-smi topo -m' output", source=f"{source}:{end_at}")
     _check_symmetry(header, rows, source)
+    _refuse_pcie_only(lines[end_at - 1:], rows, source, first_line=end_at)
 
     gpus = tuple(_gpu_from_row(n, rows[t], header, source, gpu_name or "unknown GPU", memory_mib)
                  for n, t in enumerate(header.gpus))
@@ -591,6 +595,25 @@ def _links(header: _Header, rows: dict[str, _Row]) -> tuple[Link, ...]:
             elif tok != "N/A":
                 links.append(Link(a=i, b=j, pcie=_level(tok)))
     return tuple(links)
+
+
+def _refuse_pcie_only(after: list[str], rows: dict[str, _Row], source: str, *, first_line: int = 1) -> None:
+    """Refuse the output of ``nvidia-smi topo -mp``: the PCIe paths only, whose legend ends at its ``PIX`` line
+    without the ``NV#`` line that ``-m``'s always has. Read as ``-m``, every NVLink of the machine would be
+    missing. A legend cut short before ``PIX`` (a partial copy) says nothing either way.
+
+    Raises:
+        ParseError: naming the command to run instead.
+    """
+    legend = [line.strip() for line in after]
+    if any(line.startswith("NV#") for line in legend) or not any(line.startswith("PIX ") for line in legend):
+        return
+    if any(_nvlinks(tok) is not None for row in rows.values() for tok in row.cells.values()):
+        return
+    at = next(i for i, line in enumerate(legend) if line.startswith("PIX "))
+    raise ParseError("this is 'nvidia-smi topo -mp' output (its legend has no NV# line): it shows PCIe paths only, "
+                     "so any NVLink between these GPUs would be missing",
+                     hint="record 'nvidia-smi topo -m' on the node instead", source=f"{source}:{first_line + at}")
 
 
 def _nic_legend(lines: list[str]) -> dict[int, str]:

@@ -176,6 +176,9 @@ def _request(mem: object, count: object, sm: object, where: str) -> Request:
             raise ParseError(f"sm {sm_percent} is outside 1-100 (percent of a whole GPU)", source=where, hint=_HINT)
     if str(mem).strip().lower() == "gpu":
         return Request(mem_mib=0, weight=weight, whole=True)
+    if isinstance(mem, bool) or isinstance(mem, (int, float)) or str(mem).strip().replace(".", "", 1).isdigit():
+        raise ParseError(f"mem {mem!r} has no unit: write {str(mem).strip()}G (GiB) or {str(mem).strip()}M (MiB)",
+                         source=where, hint='e.g. "10G,6": 10 GiB, 6 requests at once')
     try:
         mem_mib = parse_mib(str(mem), what="mem", maximum=MAX_MEMORY_MIB)
     except InputError as e:

@@ -486,17 +486,21 @@ def parse_gres_value(text: str) -> tuple[GresItem, ...]:
 
     Grammar (slurm.conf(5) "Gres"): comma-separated ``<name>[:<type>][:no_consume]:<count>[K|M|G|T|P]``,
     the count may be left out (1), a socket binding may follow in parentheses; read by
-    :func:`slurm_gpushare.slurm.gres.parse` with ``units=True``.
+    :func:`slurm_gpushare.slurm.gres.parse` with ``units=True``. Empty items (a trailing comma, ``,,``) are
+    skipped, as slurmctld's ``strtok_r`` skips them (``_get_gres_cnt`` in src/common/gres.c).
 
     Raises:
-        ParseError: an empty item or name, a bad count, more fields than the grammar allows
+        ParseError: no item at all, an empty name, a bad count, more fields than the grammar allows
             (``source`` is None).
     """
+    hint = "write <name>[:<type>][:no_consume]:<count>, e.g. Gres=gpu:a100:8,shard:640"
     try:
-        return parse(text, units=True, allow_empty=False)
+        items = parse(text, units=True, allow_empty=True)
     except ParseError as e:
-        raise ParseError(f"{e.message} in Gres={text}", hint="write <name>[:<type>][:no_consume]:<count>, "
-                         "e.g. Gres=gpu:a100:8,shard:640") from None
+        raise ParseError(f"{e.message} in Gres={text}", hint=hint) from None
+    if not items:
+        raise ParseError(f"no GRES item in Gres={text}", hint=hint)
+    return items
 
 
 def parse_slurm_conf_gres(text: str, *, source: str, include: IncludeLoader | None = None) -> SlurmGresConf:
