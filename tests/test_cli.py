@@ -45,6 +45,13 @@ def _golden(name: str, text: str) -> None:
     assert text == path.read_text(), f"{name} changed; review and regenerate with GPUSHARE_UPDATE_GOLDEN=1"
 
 
+@pytest.fixture(autouse=True)
+def no_site_slurm_conf(monkeypatch, tmp_path):
+    """gres-conf reads the site's slurm.conf ($SLURM_CONF, else /etc/slurm/slurm.conf) for AccountingStorageType:
+    these tests name none, whatever the host has."""
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "no-site-slurm.conf"))
+
+
 @pytest.mark.parametrize("node", sorted(TOPO_ARGS))
 def test_gres_conf_golden_from_topo(node):
     r = run("gres-conf", *TOPO_ARGS[node], "--hostname", node, "--slurm-version", "22.05")
@@ -732,3 +739,27 @@ def test_a_gpu_name_that_names_no_model_is_refused(name):
     r = CliRunner().invoke(main, ["gres-conf", "--from-topo", str(DATA / "topo/dgx-h100-8gpu-nv18-no-nic.txt"),
                                   "--gpu-name", name, "--memory", "80G", "--slurm-version", "22.05"])
     one_line_error(r, "names no GPU model")
+
+
+def test_gres_conf_prints_only_lines_that_start_slurmctld_without_slurmdbd(tmp_path, monkeypatch):
+    """Issue 28 item 1: without slurmdbd, AccountingStorageTRES with GRES stops slurmctld ("slurmdbd is required
+    to run with TRES gres/gpu") and so does a GRES billing weight ("failed to parse tres weights str"). gres-conf
+    printed both whatever the site ran; it now reads the site's slurm.conf (or --no-slurmdbd)."""
+    args = ["gres-conf", *TOPO_ARGS["a100-bridge"], "--hostname", "a100", "--slurm-version", "22.05"]
+    site = tmp_path / "slurm.conf"
+    site.write_text("SlurmctldHost=head\nClusterName=c\n")  # no AccountingStorageType: accounting_storage/none
+    monkeypatch.setenv("SLURM_CONF", str(site))
+    out = run(*args).output
+    assert "AccountingStorageTRES=" not in out and "TRESBillingWeights=" not in out, out
+    assert "# no slurmdbd" in out and "GresTypes=gpu,shard,gpushare" in out and "NodeName=a100 " in out
+    # with slurmdbd the TRES and the weights are printed, as with --slurmdbd whatever the file says
+    site.write_text("SlurmctldHost=head\nAccountingStorageType=accounting_storage/slurmdbd\n")
+    with_dbd = run(*args).output
+    assert "AccountingStorageTRES=gres/gpu" in with_dbd and "TRESBillingWeights=" in with_dbd
+    assert run(*args, "--no-slurmdbd").output == out
+    site.write_text("SlurmctldHost=head\n")
+    assert run(*args, "--slurmdbd").output == with_dbd
+    # no readable slurm.conf: as with slurmdbd, and the output says how to tell otherwise
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "missing.conf"))
+    unknown = run(*args).output
+    assert "AccountingStorageTRES=gres/gpu" in unknown and "--no-slurmdbd" in unknown, unknown

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from slurm_gpushare.errors import InputError, ParseError
-from slurm_gpushare.gresconf.check import Finding, compare, lint_gres_conf
+from slurm_gpushare.gresconf.check import Finding, compare, lint_billing, lint_gres_conf
 from slurm_gpushare.gresconf.render import generate_node_gres, render_gres_conf, render_slurm_conf
 from slurm_gpushare.hardware.machine import CpuLayout, Machine
 from slurm_gpushare.hardware.nvidia_smi import parse_topo_matrix
@@ -551,6 +551,29 @@ def test_gres_tres_without_slurmdbd_is_an_error():
         "AccountingStorageTRES lists gres/gpu"]
     dbd = slurm_text.replace("accounting_storage/none", "accounting_storage/slurmdbd")
     assert lint_gres_conf(gres(gres_text), slurm(dbd)) == []
+
+
+def test_a_slurm_conf_without_accounting_storage_type_has_no_slurmdbd():
+    """slurm.conf(5): AccountingStorageType defaults to accounting_storage/none. --check took a slurm.conf without
+    the key as one with slurmdbd and said the files matched, while slurmctld refused to start (issue 28)."""
+    gres_text = "NodeName=n1 Name=gpu Type=a100 File=/dev/nvidia0\n"
+    slurm_text = ("SlurmctldHost=head\nGresTypes=gpu\nAccountingStorageTRES=cpu,gres/gpu,gres/gpu:a100\n"
+                  "NodeName=n1 Gres=gpu:a100:1\n")
+    findings = lint_gres_conf(gres(gres_text), slurm(slurm_text))
+    assert messages(findings) == [
+        ("error", "slurm.conf:3", "AccountingStorageTRES lists gres/gpu,gres/gpu:a100 but there is no slurmdbd "
+                                  "(no AccountingStorageType: accounting_storage/none): slurmctld 22.05 refuses to "
+                                  "start ('slurmdbd is required to run with TRES gres/gpu')")]
+    # GRES billing weights need the GRES TRES: without slurmdbd they stop slurmctld too, and the advice is to
+    # remove them, never to add the TRES
+    billed = slurm_text.replace("AccountingStorageTRES=cpu,gres/gpu,gres/gpu:a100\n", "") + \
+        "PartitionName=gpu Nodes=n1 TRESBillingWeights=GRES/gpu:a100=1\n"
+    found = lint_billing(slurm(billed), [])
+    assert [f.severity for f in found] == ["error"] and "no slurmdbd" in found[0].message, found
+    assert "remove" in found[0].hint and "AccountingStorageTRES" not in found[0].hint, found[0].hint
+    # a snippet (no SlurmctldHost) without the key says nothing about slurmdbd: the merged file decides
+    snippet = slurm_text.replace("SlurmctldHost=head\n", "")
+    assert lint_gres_conf(gres(gres_text), slurm(snippet)) == []
 
 
 # --- rules that differ between releases (values from the source: slurm_gpushare.slurm.gresrules) ----

@@ -15,10 +15,13 @@ from slurm_gpushare.slurm.release import OLDEST, SUPPORTED, Release
 
 
 def _installed_path(given: str | None, name: str) -> Path:
-    """An installed config file: as given, else next to ``$SLURM_CONF``, else ``/etc/slurm/<name>``."""
+    """An installed config file: as given, else ``$SLURM_CONF`` itself for slurm.conf and the file next to it for
+    the others, else ``/etc/slurm/<name>``."""
     if given:
         return Path(given)
     conf = os.environ.get("SLURM_CONF")
+    if conf and name == "slurm.conf":
+        return Path(conf)
     return (Path(conf).parent if conf else Path("/etc/slurm")) / name
 
 
@@ -99,6 +102,13 @@ def _output_dir(path: str) -> tuple[Path, bool]:
               show_default=True,
               help="weigh a MIG device by its share of the GPU's memory slices (1g.10gb: 1/8) or compute "
                    "slices (1/7)")
+@click.option("--slurmdbd", "with_dbd", is_flag=True,
+              help="the cluster runs slurmdbd: print AccountingStorageTRES and TRESBillingWeights (default: as "
+                   "AccountingStorageType of the installed slurm.conf says, see --slurm-conf; when it cannot be "
+                   "read, as with slurmdbd)")
+@click.option("--no-slurmdbd", "without_dbd", is_flag=True,
+              help="the cluster runs no slurmdbd: print no AccountingStorageTRES and no TRESBillingWeights (Slurm "
+                   "tracks GRES only with slurmdbd; slurmctld stops on either without it)")
 @click.option("--check", is_flag=True, help="compare with the installed gres.conf/slurm.conf and lint them")
 @click.option("--gres-conf", "gres_conf", type=click.Path(),
               help="installed gres.conf for --check (default: next to $SLURM_CONF, else /etc/slurm)")
@@ -109,7 +119,7 @@ def _output_dir(path: str) -> tuple[Path, bool]:
                    "gres.conf, device by device (one machine only; with or without --check)")
 def gres_conf(machine_files, from_topo, gpu_name, memory, mig_table, cpus, topo_host, hostname, node_name, device_dir,
               shard_unit, no_links, no_shards, slurm_version, mig_multiple_files, output_dir, partitions,
-              gpu_weight, mig_by, check, gres_conf, slurm_conf, slurmd_g):
+              gpu_weight, mig_by, with_dbd, without_dbd, check, gres_conf, slurm_conf, slurmd_g):
     """Generate gres.conf and the matching slurm.conf lines from machine descriptions.
 
     Give one or more MACHINE.json files (one node each), or --from-topo FILE, or nothing to probe
@@ -181,7 +191,20 @@ def gres_conf(machine_files, from_topo, gpu_name, memory, mig_table, cpus, topo_
     if check:
         sys.exit(_check(gres_text, nodes, _installed_path(gres_conf, "gres.conf"),
                         Path(slurm_conf) if slurm_conf else _installed_path(None, "slurm.conf"), release, mig_by))
-    slurm_text = render_slurm_conf(nodes, partitions=_partitions(partitions, nodes, gpu_weight, mig_by))
+    if with_dbd and without_dbd:
+        raise click.UsageError("--slurmdbd and --no-slurmdbd contradict each other: give one")
+    slurmdbd = True if with_dbd else False if without_dbd else None
+    if slurmdbd is None:
+        slurmdbd = _site_has_slurmdbd(Path(slurm_conf) if slurm_conf else _installed_path(None, "slurm.conf"))
+    slurm_text = render_slurm_conf(nodes, accounting_tres=slurmdbd is not False,
+                                   partitions=_partitions(partitions, nodes, gpu_weight, mig_by))
+    if slurmdbd is None:  # the site's slurm.conf not read: the lines for slurmdbd, and how to get the others
+        slurm_text += ("# AccountingStorageTRES and TRESBillingWeights need slurmdbd (AccountingStorageType="
+                       "accounting_storage/slurmdbd): slurmctld stops on them without it; then generate with "
+                       "--no-slurmdbd\n")
+    if slurmdbd is False:
+        slurm_text = ("# no slurmdbd: no AccountingStorageTRES and no TRESBillingWeights, which stop slurmctld "
+                      "without it (Slurm tracks GRES only with slurmdbd)\n" + slurm_text)
     if output_dir:
         out, created = _output_dir(output_dir)
         write_files_atomically({out / "gres.conf": gres_text,
@@ -193,6 +216,21 @@ def gres_conf(machine_files, from_topo, gpu_name, memory, mig_table, cpus, topo_
     click.echo(gres_text, nl=False)
     click.echo("# ===== slurm.conf (merge these lines) =====")
     click.echo(slurm_text, nl=False)
+
+
+def _site_has_slurmdbd(path: Path) -> bool | None:
+    """Whether the site's slurm.conf at ``path`` runs slurmdbd (``AccountingStorageType``, its includes
+    followed); None when it cannot be read or is not a whole slurm.conf (no ``SlurmctldHost``)."""
+    from slurm_gpushare.errors import GpushareError
+    from slurm_gpushare.slurm.conf import parse_slurm_conf_gres
+
+    try:
+        conf = parse_slurm_conf_gres(path.read_text(), source=str(path), include=include_loader(path.parent))
+    except (OSError, UnicodeDecodeError, GpushareError):
+        return None
+    if conf.slurmdbd:
+        return True
+    return False if conf.no_slurmdbd else None
 
 
 def _partitions(given: tuple[str, ...], nodes, gpu_weight: float, mig_by: str):

@@ -710,6 +710,13 @@ def _where_list(entries: list[GresEntry]) -> str:
     return f"{source}:{format_ranges([e.line for e in entries])}"
 
 
+def _storage_type(slurm: SlurmGresConf) -> str:
+    """How slurm.conf sets AccountingStorageType, for a message."""
+    if slurm.accounting_storage_type is None:
+        return "no AccountingStorageType: accounting_storage/none"
+    return f"AccountingStorageType={slurm.accounting_storage_type}"
+
+
 def _lint_types(gres: GresConf, slurm: SlurmGresConf) -> list[_Raw]:
     """Lint (d): GRES names missing from ``GresTypes``, typed GRES missing from ``AccountingStorageTRES``."""
     used: dict[str, str] = {}
@@ -734,13 +741,13 @@ def _lint_types(gres: GresConf, slurm: SlurmGresConf) -> list[_Raw]:
             where = slurm.where("GresTypes") if slurm.gres_types_line else used[name]
             out.append(_line("error", where, f"GRES {name} is configured ({used[name]}) but slurm.conf has {written}",
                              f"GresTypes={fix}; gres.conf(5) Name: 'The name must match a value in GresTypes'"))
-    no_slurmdbd = slurm.accounting_storage_type is not None and not slurm.slurmdbd
+    no_slurmdbd = slurm.no_slurmdbd
     if slurm.accounting_tres is not None and no_slurmdbd:
         gres_tres = [t for t in slurm.accounting_tres if t.lower().startswith("gres/")]
         if gres_tres:
             out.append(_line("error", slurm.where("AccountingStorageTRES"),
                              f"AccountingStorageTRES lists {','.join(gres_tres)} but there is no slurmdbd "
-                             f"(AccountingStorageType={slurm.accounting_storage_type}): slurmctld 22.05 refuses "
+                             f"({_storage_type(slurm)}): slurmctld 22.05 refuses "
                              "to start ('slurmdbd is required to run with TRES gres/gpu')",
                              "remove the gres/ items, or set AccountingStorageType=accounting_storage/slurmdbd; "
                              "slurm.conf(5) AccountingStorageTRES"))
@@ -1029,6 +1036,13 @@ def lint_billing(slurm: SlurmGresConf, nodes: Iterable[NodeGres], *, mig_by: str
                                    f"partition {part.name}: TRESBillingWeights item {item!r} is not <TRES>=<number>: "
                                    "slurmctld stops ('failed to parse tres weights str')",
                                    f"write a decimal, e.g. GRES/shard=0.0125 for 1/80; {man}"))
+            elif tres.startswith("gres/") and slurm.no_slurmdbd:
+                out.append(Finding("error", part.where,
+                                   f"partition {part.name}: TRESBillingWeights names {item.partition('=')[0]}, and "
+                                   f"there is no slurmdbd ({_storage_type(slurm)}): Slurm tracks GRES only with "
+                                   "slurmdbd, so slurmctld stops ('failed to parse tres weights str')",
+                                   f"remove the GRES/ items from TRESBillingWeights (gres-conf --no-slurmdbd prints "
+                                   f"none); {man}"))
             elif tres not in tracked:
                 out.append(Finding("error", part.where,
                                    f"partition {part.name}: TRESBillingWeights names {item.partition('=')[0]}, "

@@ -439,6 +439,8 @@ class SlurmGresConf:
         accounting_storage_type_line: its line number, or None.
         partitions: the ``PartitionName=`` lines (not ``DEFAULT``, whose values they inherit), in file
             order.
+        whole: the text names its controller (``SlurmctldHost`` or the older ``ControlMachine``, which
+            slurmctld requires): a whole slurm.conf, not a snippet, so a key it lacks has Slurm's default.
     """
 
     source: str
@@ -451,6 +453,14 @@ class SlurmGresConf:
     accounting_storage_type_line: int | None = None
     origins: dict[str, str] = field(default_factory=dict, compare=False)
     partitions: tuple[SlurmPartition, ...] = ()
+    whole: bool = False
+
+    @property
+    def no_slurmdbd(self) -> bool:
+        """Whether this slurm.conf runs without slurmdbd: ``AccountingStorageType`` set to another plugin, or not
+        set in a whole file (its default is ``accounting_storage/none``, slurm.conf(5)). A snippet without the key
+        says nothing."""
+        return not self.slurmdbd and (self.accounting_storage_type is not None or self.whole)
 
     def where(self, key: str) -> str:
         """``file:line`` of ``GresTypes``, ``AccountingStorageTRES`` or ``AccountingStorageType`` (the
@@ -525,6 +535,7 @@ def parse_slurm_conf_gres(text: str, *, source: str, include: IncludeLoader | No
     """
     gres_types = tres = storage_type = None
     gres_types_line = tres_line = storage_type_line = None
+    whole = False
     defaults: dict[str, str] = {}
     nodes: dict[str, SlurmNode] = {}
     origins: dict[str, str] = {}
@@ -571,11 +582,13 @@ def parse_slurm_conf_gres(text: str, *, source: str, include: IncludeLoader | No
                 elif key.lower() == "accountingstoragetype":
                     storage_type, storage_type_line = value, number
                     origins["AccountingStorageType"] = src
+                elif key.lower() in ("slurmctldhost", "controlmachine"):
+                    whole = True
         except ParseError as e:
             raise _at(src, number, e) from None
     return SlurmGresConf(source, gres_types, gres_types_line, tres, tres_line, tuple(nodes.values()),
                          accounting_storage_type=storage_type, accounting_storage_type_line=storage_type_line,
-                         origins=origins, partitions=tuple(partitions))
+                         origins=origins, partitions=tuple(partitions), whole=whole)
 
 
 def _slurm_node(name: str, values: dict[str, str], source: str, number: int) -> SlurmNode:
