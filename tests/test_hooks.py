@@ -891,6 +891,8 @@ def test_a_rerun_that_slurmd_starts_without_the_prolog_is_stopped_and_requeued(n
     assert prolog(node.ctx, _env("101")) == 0  # a share on GPU 3
     node.jobs["6"] = SHOW.format(job="6", node="a100", gres="gpu:a100:1", detail="gpu:a100:1(IDX:3)", ac="")
     ctx, requeued = _guarded(node, {"101": 0, "6": 0})
+    spool = tmp_path / "spool"
+    ctx = replace(ctx, config=replace(ctx.config, spool_dir=str(spool)))
     run = {**_env("6"), "SLURM_JOB_GPUS": "3"}
     assert prolog(ctx, {**run, "SLURM_JOB_RESTART_COUNT": "0"}) == 0 and requeued == ["6"]
     assert epilog(ctx, {**run, "SLURM_JOB_RESTART_COUNT": "1"}) == 0 and requeued == ["6"]
@@ -908,6 +910,11 @@ def test_a_rerun_that_slurmd_starts_without_the_prolog_is_stopped_and_requeued(n
     assert epilog(ctx, {**run, "SLURM_JOB_RESTART_COUNT": "1"}) == 0 and requeued == ["6", "6"]
     assert (node.root / "run" / "a100" / "refused" / "6.1").is_file()
     assert "job 6 requeued: run 1 started without its Prolog" in (node.root / "run" / "a100" / "node.log").read_text()
+    # its record says what sacct says of that run: REQUEUED, not how its refused task ended
+    from slurm_gpushare.accounting.spool import spool_files
+    recs = [json.loads(line) for f in spool_files(spool) for line in f.read_text().splitlines()]
+    assert [(r["restart"], r["exit_state"]) for r in recs if r["job_id"] == "6" and r["restart"] == 1] == \
+        [(1, "REQUEUED")], recs
     assert not node.drained
     # the share ends; run 2 has its Prolog: it starts, the marks are gone
     assert epilog(node.ctx, _env("101")) == 0

@@ -160,15 +160,17 @@ def refuse_run(run_dir: Path, job: str, restart: int, why: str, *, by_prolog: bo
     return write_atomic(d / f"{job}.{restart}", why[:500] + "\n", mode=0o644, fsync=False)
 
 
-def epilog_of_refused(run_dir: Path, job: str) -> bool:
-    """Whether this Epilog of ``job`` ends the run its Prolog refused (:func:`refuse_run` ``by_prolog``); that
-    is then forgotten."""
+def epilog_of_refused(run_dir: Path, job: str) -> int | None:
+    """The restart count of the run whose Prolog refused it (:func:`refuse_run` ``by_prolog``) when this Epilog of
+    ``job`` ends that run, else None; it is then forgotten."""
     path = run_dir / CLAIMS_DIR / f"{job}.refused"
     try:
-        path.unlink()
-    except FileNotFoundError:
-        return False
-    return True
+        text = read_own_file(path, max_bytes=64)
+    except OSError:
+        return None
+    path.unlink(missing_ok=True)
+    text = text.strip()
+    return int(text) if text.isdigit() else 0
 
 
 #: A refused mark older than this (seconds) is removed by any Epilog: a mark matters only until the job's next

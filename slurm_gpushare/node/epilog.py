@@ -53,10 +53,12 @@ def epilog(ctx: HookContext, env: dict[str, str]) -> int:
         raise InputError("SLURM_JOB_ID is not set: run this as slurmd's Epilog")
     job_dir = ctx.job_dir(job_id)
     gpu_job = bool(env.get("SLURM_JOB_GPUS") or env.get("CUDA_VISIBLE_DEVICES"))
-    if gpu_job or job_dir.exists():
-        record_usage(ctx, env, read_state(job_dir) or {})
     run = read_run(job_dir)
     served = any((job_dir / name).exists() for name in ("env", "devices"))  # an MPS share, MIG devices
+    released = release_claim(ctx, job_id, restart_from_env(env), gpu_job=gpu_job, run=run[0] if run else None,
+                             served=served)
+    if gpu_job or job_dir.exists():
+        record_usage(ctx, env, read_state(job_dir) or {}, refused=released)
     problem = None
     if job_dir.exists():
         with job_lock(job_dir, remove=True):
@@ -65,8 +67,6 @@ def epilog(ctx: HookContext, env: dict[str, str]) -> int:
         problem = stop_homeless(ctx, job_id)
     if not problem and gpu_job:
         problem = sweep_leftovers(ctx, env, start=run[1] if run else None)
-    release_claim(ctx, job_id, restart_from_env(env), gpu_job=gpu_job, run=run[0] if run else None,
-                  served=served)
     if gpu_job:  # this node's old run marks (the controller's worker, as SlurmUser, may not remove them)
         from slurm_gpushare.accounting.spool import prune_marks
 
@@ -78,7 +78,7 @@ def epilog(ctx: HookContext, env: dict[str, str]) -> int:
 
 
 def release_claim(ctx: HookContext, job_id: str, restart: int = 0, *, gpu_job: bool = True,
-                  run: int | None = None, served: bool = False) -> bool:
+                  run: int | None = None, served: bool = False) -> int | None:
     """Forget ``job_id``'s claim on its GPUs (:mod:`slurm_gpushare.node.claims`) and keep a rerun from starting
     without its Prolog (issue 26 N12): slurmd runs no Prolog for a job id still in its credential cache
     (``first_job_run`` in src/slurmd/slurmd/req.c, every supported release; the cache keeps an ended job's id for
@@ -97,7 +97,8 @@ def release_claim(ctx: HookContext, job_id: str, restart: int = 0, *, gpu_job: b
     logged.
 
     Returns:
-        whether the job was requeued.
+        the restart count of this run when it did not get its GPUs here (the run the Prolog refused, or one
+        requeued here for starting without its Prolog: its record says REQUEUED), else None.
     """
     try:
         with claims.claims_lock(ctx.run_dir):
@@ -106,22 +107,25 @@ def release_claim(ctx: HookContext, job_id: str, restart: int = 0, *, gpu_job: b
             if run is not None:
                 if served and restart > run:
                     claims.refuse_run(ctx.run_dir, job_id, run, f"run {run} was requeued on {ctx.node}")
-                return False
-            if claims.epilog_of_refused(ctx.run_dir, job_id) or not gpu_job or not refused:
-                return False
+                return None
+            by_prolog = claims.epilog_of_refused(ctx.run_dir, job_id)
+            if by_prolog is not None:
+                return by_prolog
+            if not gpu_job or not refused:
+                return None
             why = (f"run {restart} started without its Prolog on {ctx.node}, after run {refused[-1]} was requeued "
                    "there; slurmd skips the Prolog of a job id it ran within its credential lifetime")
             claims.refuse_run(ctx.run_dir, job_id, restart, f"requeued by the Epilog on {ctx.node}: {why}")
     except OSError as e:
         log_event(ctx, "epilog", f"job {job_id}: claims not updated ({e.strerror}: {e.filename})")
-        return False
+        return None
     try:
         ctx.requeue(job_id)
     except GpushareError as e:
         log_event(ctx, "epilog", f"job {job_id}: {why}; not requeued: {e}")
-        return False
+        return None
     log_event(ctx, "epilog", f"job {job_id} requeued: {why}")
-    return True
+    return restart
 
 
 def ended_job(ctx: HookContext, env: dict[str, str], start: float | None) -> EndedJob:
@@ -263,8 +267,9 @@ def cleanup_job(ctx: HookContext, job_id: str) -> str | None:
     return None
 
 
-def record_usage(ctx: HookContext, env: dict[str, str], state: dict) -> int:
+def record_usage(ctx: HookContext, env: dict[str, str], state: dict, *, refused: int | None = None) -> int:
     """Append the finished job's per-GPU records to the node's accounting spool (docs/accounting.md).
+    ``refused``: this run (that restart count) did not get its GPUs here (:func:`release_claim`): REQUEUED.
 
     Never fails the Epilog: a record that cannot be built or written is reported on stderr (slurmd's
     log) with the job id, and the node stays up. Peak memory and SM utilization come from the node
@@ -316,8 +321,10 @@ def record_usage(ctx: HookContext, env: dict[str, str], state: dict) -> int:
         # the Prolog's record of this run: after a requeue slurmctld has already raised the restart count
         # and reset the start when this Epilog runs
         restart, start = read_run(ctx.job_dir(job_id)) or (restart_from_env(env), info.start_time or end)
-        if restart_from_env(env) > restart:  # this run was requeued: sacct says REQUEUED of it, not how it ended
-            exit_state = "REQUEUED"
+        if refused is not None:
+            restart = refused
+        if restart_from_env(env) > restart or refused is not None:
+            exit_state = "REQUEUED"  # this run was requeued: sacct says REQUEUED of it, not how it ended
         records = records_for_job(
             info, plan, machine, node=ctx.node, start=start, end=end,
             exit_state=exit_state, exit_code=exit_code, gpu_uuids={g.index: g.uuid for g in machine.gpus},
