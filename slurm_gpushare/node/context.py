@@ -177,17 +177,22 @@ def fail_job(ctx: HookContext, job_id: str, fault: JobFault, hook: str, *, tell:
 NOTE_CHARS = 400
 
 
+def admin_note(note: str) -> str:
+    """``note`` as it goes into an AdminComment: one line, printable, at most :data:`NOTE_CHARS`, brackets as
+    parentheses (a note may quote the user's own bytes, e.g. control.log, and a bracketed ``[gpushare:...]`` there
+    would read as the product's audit or usage segment)."""
+    from slurm_gpushare.atomicfile import printable
+
+    return printable(" ".join(note.split()), limit=NOTE_CHARS).replace("[", "(").replace("]", ")")
+
+
 def tell_user(ctx: HookContext, job_id: str, note: str, hook: str) -> None:
     """Append ``note`` (made printable, brackets as parentheses, cut to :data:`NOTE_CHARS`) to the job's
     AdminComment, after what is there (the gpushare audit), where its user reads it (``scontrol show job``,
     ``sacct -o AdminComment``): the hook's own output reaches only slurmd's log. AdminComment is written by
     root, SlurmUser and administrators only. Nothing here fails the hook: a record that cannot be read or an
     update slurmctld refuses is logged."""
-    from slurm_gpushare.atomicfile import printable
-
-    # brackets never copied: a fault may quote the user's own bytes (control.log), and a bracketed
-    # [gpushare:...] there would read as the product's audit or usage segment
-    text = printable(" ".join(note.split()), limit=NOTE_CHARS).replace("[", "(").replace("]", ")")
+    text = admin_note(note)
     try:
         current = parse_job_json(ctx.job_record(job_id), job_id).admin_comment
     except GpushareError:

@@ -129,42 +129,28 @@ def run_limited(ctx, which: str, env: Mapping[str, str], hook) -> int:
     ``doctor --repair``'s); doing that has :data:`_GRACE_S` seconds of its own, after which the hook exits 1
     (slurmd then drains the node and requeues the job). Locks taken with ``with`` are released on the way out.
     Returns the exit status."""
-    import signal
-
     from slurm_gpushare.node.context import JobFault, fail_job, log_event
 
     limit = ctx.config.hook_timeout
     job_id = env.get("SLURM_JOB_ID", "")
-
-    def expired(signum, frame):
-        raise HookTimeout
-
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.setitimer(signal.ITIMER_REAL, limit)
     try:
-        try:
+        with time_limit(limit):
             return hook(ctx, dict(env))
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
     except HookTimeout:
         what = f"did not finish within {limit:g} s (node.toml hook_timeout)"
-        signal.setitimer(signal.ITIMER_REAL, min(limit, _GRACE_S))  # ending it has a limit of its own
         try:
-            if which == "prolog":
-                fail_job(ctx, job_id, JobFault(f"the Prolog {what}"), "prolog", tell=False)
-                return 0
-            reason = f"gpushare epilog job {job_id}: {what}: run 'slurm-gpushare doctor --repair'"
-            log_event(ctx, "epilog", reason)
-            ctx.do_drain(reason)
-            return 1
+            with time_limit(min(limit, _GRACE_S)):  # ending it has a limit of its own
+                if which == "prolog":
+                    fail_job(ctx, job_id, JobFault(f"the Prolog {what}"), "prolog", tell=False)
+                    return 0
+                reason = f"gpushare epilog job {job_id}: {what}: run 'slurm-gpushare doctor --repair'"
+                log_event(ctx, "epilog", reason)
+                ctx.do_drain(reason)
+                return 1
         except HookTimeout:  # slurmctld does not answer either: slurmd drains the node and requeues the job
             print(f"slurm-gpushare {which}: job {job_id}: {what}, and ending it did not finish in time either",
                   file=sys.stderr)
             return 1
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-    finally:
-        signal.signal(signal.SIGALRM, previous)
 
 
 def config_drain(node: str, reason: str) -> None:

@@ -86,12 +86,12 @@ from pathlib import Path
 
 from slurm_gpushare.accounting.live import load_state, remove_usage, restore_all, save_usage, usage_files
 from slurm_gpushare.accounting.record import UsageRecord, UsageTracker
-from slurm_gpushare.atomicfile import printable, write_atomic
+from slurm_gpushare.atomicfile import write_atomic
 from slurm_gpushare.errors import GpushareError, InputError
 from slurm_gpushare.hardware.machine import GpuProcess, Machine
 from slurm_gpushare.hardware.port import NvmlPort, read_uuids
 from slurm_gpushare.node.config import ENFORCE_ACTIONS, NodeConfig, parse_listen
-from slurm_gpushare.node.context import NOTE_CHARS
+from slurm_gpushare.node.context import admin_note
 from slurm_gpushare.node.membership import (
     CgroupFs,
     CgroupJob,
@@ -590,7 +590,7 @@ class Monitor:
         note = f"gpushare: {where}: {over}; the monitor {done}."
         try:
             current = parse_job_json(self._job_record(e.job_id), e.job_id).admin_comment
-            text = printable(" ".join(note.split()), limit=NOTE_CHARS).replace("[", "(").replace("]", ")")
+            text = admin_note(note)
             self._update_admin_comment(e.job_id, f"{current} {text}" if current else text)
         except GpushareError as err:
             self.note_error("admin-comment", f"job {e.job_id}: {err}")
