@@ -759,6 +759,8 @@ def test_gres_conf_prints_only_lines_that_start_slurmctld_without_slurmdbd(tmp_p
     assert run(*args, "--no-slurmdbd").output == out
     site.write_text("SlurmctldHost=head\n")
     assert run(*args, "--slurmdbd").output == with_dbd
+    both = CliRunner().invoke(main, ["gres-conf", "--slurmdbd", "--no-slurmdbd"])
+    assert both.exit_code == 2 and "--slurmdbd and --no-slurmdbd contradict each other" in both.output
     # no readable slurm.conf: as with slurmdbd, and the output says how to tell otherwise
     monkeypatch.setenv("SLURM_CONF", str(tmp_path / "missing.conf"))
     unknown = run(*args).output

@@ -151,6 +151,8 @@ def gres_conf(machine_files, from_topo, gpu_name, memory, mig_table, cpus, topo_
     from slurm_gpushare.memsize import format_mib, parse_shard_unit
     from slurm_gpushare.slurm.nodegres import GresOptions
 
+    if with_dbd and without_dbd:
+        raise click.UsageError("--slurmdbd and --no-slurmdbd contradict each other: give one")
     if machine_files and (from_topo or len(machine_files) > 1 and node_name):
         raise InputError("--node-name and --from-topo take one machine; several MACHINE.json files use "
                          "their own hostnames")
@@ -191,8 +193,6 @@ def gres_conf(machine_files, from_topo, gpu_name, memory, mig_table, cpus, topo_
     if check:
         sys.exit(_check(gres_text, nodes, _installed_path(gres_conf, "gres.conf"),
                         Path(slurm_conf) if slurm_conf else _installed_path(None, "slurm.conf"), release, mig_by))
-    if with_dbd and without_dbd:
-        raise click.UsageError("--slurmdbd and --no-slurmdbd contradict each other: give one")
     slurmdbd = True if with_dbd else False if without_dbd else None
     if slurmdbd is None:
         slurmdbd = _site_has_slurmdbd(Path(slurm_conf) if slurm_conf else _installed_path(None, "slurm.conf"))
