@@ -121,6 +121,7 @@ class SacctJob:
         array_job_id, array_task_id: from ``JobID`` ``<array>_<task>``; None outside arrays.
         user, account, partition, state: as slurmdbd stored them.
         admin_comment: the AdminComment column (root, SlurmUser and Operators write it; never Comment).
+        start: the run's ``Start`` (epoch seconds; None: it never started).
     """
 
     job_id: str
@@ -131,6 +132,7 @@ class SacctJob:
     partition: str
     state: str
     admin_comment: str
+    start: int | None = None
 
 
 def parse_sacct(text: str) -> list[SacctJob]:
@@ -155,9 +157,49 @@ def parse_sacct(text: str) -> list[SacctJob]:
             raise InputError(f"sacct row with JobIDRaw {raw!r}: not a job id", hint="sacct -X -P -o JobIDRaw,...")
         array_job, _, task = f["JobID"].partition("_")
         array = (array_job, int(task)) if task.isdigit() else (None, None)
+        start = f["Start"].strip()
         rows.append(SacctJob(raw, array[0], array[1], f["User"], f["Account"], f["Partition"], f["State"],
-                             f["AdminComment"]))
+                             f["AdminComment"], int(start) if start.isdigit() and start != "0" else None))
     return rows
+
+
+#: sacct states of a run after which Slurm may run the same job again under its id (sacct(1) JOB STATE CODES):
+#: an earlier row of the job that a later row continues.
+_RERUN_STATES = ("REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "PREEMPTED", "NODE_FAIL", "BOOT_FAIL")
+_RUN = re.compile(r"\[gpushare:u\d+ run=(\d+)")
+
+
+def latest_jobs(rows: Iterable[SacctJob]) -> list[SacctJob]:
+    """Per job id, the rows of the most recent job of that id: what ``sacct -j`` shows without ``-D`` (sacct(1)
+    ``--duplicates``: "returns the most recent job with that number"; slurmdbd orders a job id's rows by
+    submit time), with that job's earlier runs kept, which ``-D`` also lists. A job id is used again once
+    slurmctld's state is lost while slurmdbd keeps the old jobs. Going back from the newest row (by
+    ``Start``), an older row is a run of the same job while its state is one Slurm runs a job again after
+    (:data:`_RERUN_STATES`) and its segment's ``run=`` (where both have one) is below the later run's; the
+    first row that is neither ends the job. Rows keep their order."""
+    rows = list(rows)
+    by_id: dict[str, list[SacctJob]] = {}
+    for r in rows:
+        by_id.setdefault(r.job_id, []).append(r)
+    keep: set[int] = set()
+    for runs in by_id.values():
+        newest_first = sorted(runs, key=lambda r: r.start or 0, reverse=True)
+        keep.add(id(newest_first[0]))
+        later = _run_of(newest_first[0])
+        for r in newest_first[1:]:
+            run = _run_of(r)
+            rerun = (r.state.split() or [""])[0] in _RERUN_STATES
+            if not rerun or (run is not None and later is not None and run >= later):
+                break
+            keep.add(id(r))
+            later = run if run is not None else later
+    return [r for r in rows if id(r) in keep]
+
+
+def _run_of(row: SacctJob) -> int | None:
+    """The ``run=`` of the row's usage segment (None: no segment)."""
+    m = _RUN.search(row.admin_comment or "")
+    return int(m.group(1)) if m else None
 
 
 def _get(text: str, kind: str, what: str):

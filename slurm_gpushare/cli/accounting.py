@@ -240,11 +240,12 @@ _SACCT_SHAPING = frozenset({"-o", "--format", "-p", "--parsable", "-P", "--parsa
 
 def _store_from_sacct(args: list[str], since: str | None, until: str | None, filters=None):
     """An in-memory store of the records that sacct's rows describe (``report --from-sacct``)."""
-    from slurm_gpushare.accounting.sacct import parse_sacct, records_from_sacct
+    from slurm_gpushare.accounting.sacct import latest_jobs, parse_sacct, records_from_sacct
     from slurm_gpushare.accounting.store import Store
     from slurm_gpushare.slurm import commands
 
     flags = {a.split("=", 1)[0] for a in args}
+    by_job = bool(flags & {"-j", "--jobs"} or (filters is not None and filters.jobs))
     shaping = sorted(flags & _SACCT_SHAPING)
     if shaping:
         raise click.UsageError(f"sacct option {shaping[0]} changes sacct's output, which --from-sacct reads itself: "
@@ -261,8 +262,10 @@ def _store_from_sacct(args: list[str], since: str | None, until: str | None, fil
             args += ["-A", ",".join(filters.accounts)]
         if filters.jobs and not flags & {"-j", "--jobs"}:
             args += ["-j", ",".join(filters.jobs)]
+    rows = parse_sacct(commands.sacct_jobs(args))
+    # jobs named by id: the most recent job of each id, as sacct -j shows without -D (with its requeued runs)
     store = Store(":memory:")
-    store.add(records_from_sacct(parse_sacct(commands.sacct_jobs(args))))
+    store.add(records_from_sacct(latest_jobs(rows) if by_job else rows))
     return store
 
 
@@ -299,7 +302,7 @@ def jobstats(job_id, db_path, from_sacct, policy_path, machines_dir, fmt):
     """
     from slurm_gpushare.accounting import jobstats as js
     from slurm_gpushare.accounting.backend import is_url
-    from slurm_gpushare.accounting.sacct import parse_sacct, records_from_sacct
+    from slurm_gpushare.accounting.sacct import latest_jobs, parse_sacct, records_from_sacct
     from slurm_gpushare.accounting.store import Store, default_db
     from slurm_gpushare.slurm import commands
 
@@ -323,7 +326,8 @@ def jobstats(job_id, db_path, from_sacct, policy_path, machines_dir, fmt):
             # the allocation's records (step ""), as the AdminComment segment holds them
             records, source = [r for r in store.records(job_id=job_id) if r.step == "" and owners(r.user)], "store"
     if not records:
-        rows = [r for r in parse_sacct(commands.sacct_jobs(["-j", job_id])) if r.job_id == job_id and owners(r.user)]
+        rows = [r for r in latest_jobs(parse_sacct(commands.sacct_jobs(["-j", job_id])))
+                if r.job_id == job_id and owners(r.user)]
         records, source = records_from_sacct(rows), "sacct"
     policy = _policy(policy_path)
     stats = js.job_stats(job_id, records, source=source, offers=_offers(machines_dir, policy.mig_enabled),
@@ -342,9 +346,8 @@ def _job_id(text: str) -> str | None:
 
 def _job_uid(job_id: str) -> int | None:
     """The job's uid as slurmctld holds it (the job of that id now: a job id can be used again once slurmctld's
-    state is lost while slurmdbd keeps the old job's row), else as slurmdbd recorded it (sacct, one uid for
-    every run of that id: a job slurmctld has forgotten); None when neither knows the job, or slurmdbd holds
-    jobs of several users under that id and slurmctld none."""
+    state is lost while slurmdbd keeps the old job's row), else as slurmdbd recorded it for the most recent job
+    of that id (sacct without -D: a job slurmctld has forgotten); None when neither knows the job."""
     from slurm_gpushare.errors import GpushareError
     from slurm_gpushare.slurm import commands
     from slurm_gpushare.slurm.job import parse_job_json

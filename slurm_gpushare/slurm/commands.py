@@ -225,14 +225,15 @@ def sacctmgr_admin_comment(job: str, text: str, **kw) -> str:
 
 
 def sacct_uids(job_id: str, **kw) -> str:
-    """``sacct -X -D -n -P -o JobIDRaw,UID -j JOBID`` (sacct(1)): the uid slurmdbd recorded for each run of the
-    job (``id_user`` of its row: slurmctld's, never the user's to write), ``ID|UID`` per line; empty when
-    slurmdbd does not know the job.
+    """``sacct -X -n -P -o JobIDRaw,UID -j JOBID`` (sacct(1)): the uid slurmdbd recorded for the most recent job
+    of that id (``id_user`` of its row: slurmctld's, never the user's to write; without ``-D`` sacct gives
+    one row per id, the latest submitted, where an id was used again after slurmctld's state was lost),
+    ``ID|UID``; empty when slurmdbd does not know the job.
 
     Raises:
         SlurmError: sacct failed (no slurmdbd).
     """
-    return run(["sacct", "-X", "-D", "-n", "-P", "-o", "JobIDRaw,UID", "-j", str(job_id)], **kw)
+    return run(["sacct", "-X", "-n", "-P", "-o", "JobIDRaw,UID", "-j", str(job_id)], **kw)
 
 
 def show_config(**kw) -> str:
