@@ -57,6 +57,7 @@ from slurm_gpushare.hardware.fake import PROCESS_TABLE_ENV, ProcessTable, derive
 from slurm_gpushare.hardware.machine import Machine, mig_cap_minors
 from slurm_gpushare.hardware.ports import ENV as NVML_ENV
 from slurm_gpushare.memsize import format_mib
+from slurm_gpushare.mig.apply import RECONFIGURE_RESTARTS
 from slurm_gpushare.procinfo import pid_alive
 from slurm_gpushare.siteinstall import set_lua_setting
 from slurm_gpushare.slurm.nodegres import MIB_PER_GIB, GresOptions
@@ -455,7 +456,10 @@ class DevCluster:
         cluster.json) rewritten, then ``scontrol reconfigure``, which applies every one of them on each
         supported release (22.05: slurmctld re-reads slurm.conf and re-inits job_submit plugins whose list
         changed, src/slurmctld/job_submit.c, and each slurmd re-reads its Prolog/Epilog/TaskProlog;
-        24.11+: slurmctld and slurmd restart in place; CliFilterPlugins is read by each client at start).
+        24.11+: slurmctld and slurmd restart in place; CliFilterPlugins is read by each client at start),
+        except an added or removed ``EpilogSlurmctld`` on 22.05, which prep/script takes only at its init
+        (``have_epilog_slurmctld`` in src/plugins/prep/script/prep_script.c at slurm-22-05-8-1): there, with
+        slurmdbd, slurmctld is restarted after the reconfigure (its state kept: running jobs go on).
         Returns once slurmctld's ``scontrol show config`` shows the new lines and every node is in service.
         Jobs keep running; a job's own Prolog/Epilog is the one in force when it ran.
 
@@ -470,6 +474,14 @@ class DevCluster:
         for rel in ("etc/slurm.conf", "cluster.json"):
             write_atomic(self.root / rel, files[rel], mode=0o644)
         self._slurm(["scontrol", "reconfigure"])
+        if self.dbd and self.slurm_release and Release.parse(self.slurm_release) < RECONFIGURE_RESTARTS:
+            # 22.05's reconfigure keeps whether an EpilogSlurmctld runs (prep/script's have_epilog_slurmctld,
+            # set at its init): removed, slurmctld still runs one (exit 127); added, none. Restart slurmctld.
+            pid = self.pid("slurmctld")
+            if pid is not None and self.is_ours("slurmctld", pid):
+                _stop_pid(pid, what="slurmctld")
+                self.pidfile("slurmctld").unlink(missing_ok=True)
+            self.up(timeout=timeout, out=open(os.devnull, "w"))
         want = f"{self.site_config_dir}/taskprolog.sh" if enabled else "(null)"
 
         def applied() -> bool:

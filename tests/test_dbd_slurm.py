@@ -502,3 +502,27 @@ def test_an_array_of_gpu_jobs_costs_the_controller_one_worker_and_every_task_get
     wait_until(all_written, f"the [gpushare:u1 ...] segment of all 30 tasks of array {job.id}", timeout=240,
                describe=lambda: log.read_text()[-2000:] if log.exists() else "no worker log")
     assert len(most) <= 1, most
+
+
+def test_product_off_runs_no_epilog_slurmctld_and_on_again_writes_the_segment(dbd):
+    """The plain-Slurm side of benchmarks/plain_jobs is plain: with the product's lines off no EpilogSlurmctld
+    runs at a job's end. Slurm 22.05's scontrol reconfigure does not take an added or removed EpilogSlurmctld
+    (prep/script decides at its init whether one is configured: have_epilog_slurmctld in
+    src/plugins/prep/script/prep_script.c at slurm-22-05-8-1), so with the line removed slurmctld still ran one
+    (exit 127, logged), and with it added to a slurmctld started without it, none; from 23.11 reconfigure
+    restarts slurmctld. Back on, a GPU job's usage segment is written again."""
+    c = dbd.cluster
+    log = c.root / "log" / "slurmctld.log"
+    try:
+        c.set_product(False)
+        plain = dbd.sbatch("--gres=gpu:1", wrap="true")
+        assert dbd.wait(plain).state == "COMPLETED"
+        time.sleep(1)  # slurmscriptd logs a script's exit after the job's end
+        ran = [ln for ln in log.read_text(errors="replace").splitlines()
+               if f"JobId={plain.id} EpilogSlurmctld" in ln]
+        assert ran == [], ran
+    finally:
+        c.set_product(True)
+    job = dbd.sbatch("--gres=gpu:1", wrap="true")
+    assert dbd.wait(job).state == "COMPLETED"
+    assert "[gpushare:u1 " in _sacct_until_segment(dbd, job.id)
