@@ -151,6 +151,16 @@ def test_the_node_hooks_load_no_cli_framework_numpy_scipy_networkx_or_pynvml(tmp
     full = _hook_modules("import slurm_gpushare.node.hook, slurm_gpushare.node.prolog, slurm_gpushare.node.epilog",
                          {})
     assert "psutil" in full and not full & {"click", *HEAVY}
+    # nor the accounting store (SQLite, and the process pool of its ingest): the hooks write the spool only;
+    # importing it cost each GPU job's Prolog and Epilog about 40 ms (benchmarks/plain_jobs)
+    # (with what the hooks import inside their functions for a one-GPU or MPS job)
+    lazy = ("slurm_gpushare.accounting.spool", "slurm_gpushare.accounting.live", "slurm_gpushare.accounting.record",
+            "slurm_gpushare.node.records", "slurm_gpushare.node.mps", "slurm_gpushare.node.shared_mps",
+            "slurm_gpushare.slurm.nodegres", "slurm_gpushare.slurm.conf", "slurm_gpushare.slurm.hostlist")
+    gpu_job = _hook_modules("import slurm_gpushare.node.hook, slurm_gpushare.node.prolog, slurm_gpushare.node.epilog, "
+                            + ", ".join(lazy), {})
+    assert "psutil" in gpu_job and not gpu_job & {"click", *HEAVY, "sqlite3", "multiprocessing", "concurrent"}, \
+        gpu_job & {"click", *HEAVY, "sqlite3", "multiprocessing", "concurrent"}
 
 
 def test_the_task_prolog_runs_no_python():

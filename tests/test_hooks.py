@@ -466,6 +466,20 @@ def test_a_plain_multi_gpu_job_is_audited_and_its_gpus_left_alone(node):
     assert epilog(node.ctx, _env("501")) == 0 and not jd.exists()
 
 
+def test_the_epilog_of_a_job_that_never_had_an_mps_daemon_scans_no_process(node, monkeypatch):
+    """A whole-GPU job has no MPS directory: its Epilog looks for no orphaned MPS process (a scan of every
+    process's environment, about 20 ms of each GPU job's Epilog: benchmarks/plain_jobs)."""
+    import psutil
+
+    node.jobs["507"] = SHOW.format(job="507", node="a100", gres="gpu:a100:1", detail="gpu:a100:1(IDX:5)", ac="")
+    assert prolog(node.ctx, _env("507")) == 0
+    assert node.ctx.job_dir("507").exists() and not (node.ctx.job_dir("507") / "mps").exists()
+    scanned: list = []
+    monkeypatch.setattr(psutil, "process_iter", lambda *a, **k: scanned.append(a) or iter(()))
+    assert epilog(node.ctx, _env("507")) == 0 and not node.ctx.job_dir("507").exists()
+    assert scanned == []
+
+
 def test_a_gpushare_job_gets_its_ring_and_cpu_hints_from_its_own_cores(node):
     # the job holds cores 40-43 (socket 1, cores 8-11) and runs 2 tasks; its GPUs 0 and 2 are near socket 0
     # (CPU affinity 0-31 in the description): the old binding hinted the cores near the GPUs, 0-15 and 16-31

@@ -13,6 +13,7 @@ same); accounting never fails the Epilog.
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import time
@@ -252,17 +253,20 @@ def stop_found_daemon(found: JobDaemon, quit_timeout_s: float = 10.0) -> str | N
 
 
 def cleanup_job(ctx: HookContext, job_id: str) -> str | None:
-    """Stop the job's MPS daemon and remove its directory (under its lock). Returns a drain reason when a
-    process is stuck."""
+    """Stop the job's MPS daemon, where one was started, and remove its directory (under its lock). Returns a drain
+    reason when a process is stuck."""
     job_dir = ctx.job_dir(job_id)
     shared = (read_state(job_dir) or {}).get("shared")
     if shared:
         problem = leave_shared(ctx, job_id, Path(shared))
         if problem:
             return problem
-    problem = stuck_reason(ctx, ctx.mps(job_id).stop(), f"MPS daemon of job {job_id}")
-    if problem:
-        return problem
+    # <job dir>/mps is root's (made by the Prolog before the daemon's own directories): without it no MPS daemon
+    # was ever started for the job, and every process's environment need not be read for its orphans
+    if os.path.lexists(job_dir / "mps"):
+        problem = stuck_reason(ctx, ctx.mps(job_id).stop(), f"MPS daemon of job {job_id}")
+        if problem:
+            return problem
     _remove(job_dir)
     return None
 
