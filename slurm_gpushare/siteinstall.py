@@ -47,10 +47,12 @@ ROLES = ("controller", "node", "login")
 DEFAULT_RUN_DIR = "/run/slurm-gpushare"
 #: The run directory the shipped files name (replaced by the layout's).
 SHIPPED_RUN_DIR = "/run/slurm-gpushare"
+#: filterd's socket directory below the run directory (the filterd unit's RuntimeDirectory=).
+SOCKET_SUBDIR = "filterd"
 #: The manifest of what the last install wrote (path -> sha256), in the layout's config directory.
 MANIFEST = "install-manifest.json"
 #: The placeholders a template may hold; an unknown ``@NAME@`` left in a template is an error.
-PLACEHOLDERS = ("SLURM_GPUSHARE", "PYTHON", "CONFIG_DIR", "SLURM_CONF_DIR", "RUN_DIR", "RUNTIME_DIRECTORY")
+PLACEHOLDERS = ("SLURM_GPUSHARE", "PYTHON", "CONFIG_DIR", "SLURM_CONF_DIR", "RUN_DIR", "SOCKET_DIR", "RUNTIME_DIRECTORY")
 _PLACEHOLDER = re.compile(r"@([A-Z][A-Z_]*)@")
 #: Characters a path written into the files may hold: Slurm splits its values on whitespace, systemd and
 #: sh would expand ``%``, ``$`` and quotes, Lua strings end at a quote. ``{node}`` only in a node's run dir.
@@ -139,8 +141,10 @@ class Layout:
         slurm_conf_dir: slurm.conf's directory (the Lua files go there).
         config_dir: the product's configuration directory (wrappers, example configs, machines/).
         systemd_dir: where the units go.
-        run_dir: the filter service's socket directory (controller, login) and the hooks' run directory
-            (node; may hold ``{node}``, the Slurm node name).
+        run_dir: the hooks' run directory (node; may hold ``{node}``, the Slurm node name); the filter service's
+            sockets are in its ``filterd`` subdirectory (:attr:`socket_dir`; controller, login), the unit's
+            ``RuntimeDirectory=``, which systemd removes whenever filterd stops or restarts: on a host with both
+            roles the running jobs' state in the run directory stays.
         command: argv words that run this installation's ``slurm-gpushare`` (:func:`this_installation`).
         python: this installation's interpreter (``sys.executable``, symlinks kept: a venv's ``bin/python``),
             for templates that run a module of the package with ``@PYTHON@ -m ...``.
@@ -152,6 +156,11 @@ class Layout:
     run_dir: str = DEFAULT_RUN_DIR
     command: tuple[str, ...] = ()
     python: str = ""
+
+    @property
+    def socket_dir(self) -> str:
+        """filterd's socket directory: ``<run_dir>/filterd``."""
+        return f"{self.run_dir}/{SOCKET_SUBDIR}"
 
     @classmethod
     def under(cls, prefix: str | Path, *, slurm_conf_dir: str | Path | None = None,
@@ -275,8 +284,8 @@ def render(name: str, layout: Layout) -> str:
                          f"({name} names the filter service's sockets)",
                          hint="install the node role with its own --run-dir")
     if spec.render == "lua_client":
-        text = set_lua_setting(text, "socket", f'"{layout.run_dir}/filterd.sock"', source=source)
-        text = set_lua_setting(text, "controller_socket", f'"{layout.run_dir}/controller.sock"', source=source)
+        text = set_lua_setting(text, "socket", f'"{layout.socket_dir}/filterd.sock"', source=source)
+        text = set_lua_setting(text, "controller_socket", f'"{layout.socket_dir}/controller.sock"', source=source)
     elif spec.render == "taskprolog":
         text = _replace_line(text, f'RUN_DIR="{SHIPPED_RUN_DIR}"', f'RUN_DIR="{layout.run_dir}"', source)
     elif spec.render == "node_example":
@@ -289,9 +298,11 @@ def render(name: str, layout: Layout) -> str:
             "CONFIG_DIR": str(layout.config_dir),
             "SLURM_CONF_DIR": str(layout.slurm_conf_dir),
             "RUN_DIR": layout.run_dir,
-            # systemd makes (and owns to User=) a RuntimeDirectory= below /run only
-            "RUNTIME_DIRECTORY": (f"RuntimeDirectory={rel}" if rel != layout.run_dir and rel
-                                  else f"# {layout.run_dir} is not below /run: create it, owned by User=, first"),
+            "SOCKET_DIR": layout.socket_dir,
+            # systemd makes (and owns to User=) a RuntimeDirectory= below /run only, and removes the innermost
+            # directory when the unit stops or restarts (systemd.exec(5)): filterd's own, never the node's run dir
+            "RUNTIME_DIRECTORY": (f"RuntimeDirectory={rel}/{SOCKET_SUBDIR}" if rel != layout.run_dir and rel
+                                  else f"# {layout.socket_dir} is not below /run: create it, owned by User=, first"),
         }
 
         def fill(m: re.Match) -> str:

@@ -59,7 +59,7 @@ from slurm_gpushare.hardware.ports import ENV as NVML_ENV
 from slurm_gpushare.memsize import format_mib
 from slurm_gpushare.mig.apply import RECONFIGURE_RESTARTS
 from slurm_gpushare.procinfo import pid_alive
-from slurm_gpushare.siteinstall import set_lua_setting
+from slurm_gpushare.siteinstall import SOCKET_SUBDIR, set_lua_setting
 from slurm_gpushare.slurm.nodegres import MIB_PER_GIB, GresOptions
 from slurm_gpushare.slurm.release import Release
 from slurm_gpushare_dev.release import IN_ROOT_ENV, PROJECT, SUITES, host_release, needs_root, run_in_release
@@ -248,13 +248,14 @@ class DevCluster:
 
     @property
     def filterd_socket(self) -> Path:
-        """The filter service's public unix socket (cli_filter.lua's)."""
-        return self.root / "run" / "filterd.sock"
+        """The filter service's public unix socket (cli_filter.lua's), in ``run/filterd`` as a site's install puts it
+        in ``<run dir>/filterd``."""
+        return self.root / "run" / SOCKET_SUBDIR / "filterd.sock"
 
     @property
     def controller_socket(self) -> Path:
         """The filter service's private unix socket (job_submit.lua's in slurmctld)."""
-        return self.root / "run" / "controller.sock"
+        return self.root / "run" / SOCKET_SUBDIR / "controller.sock"
 
     @property
     def fake_gpu_procs(self) -> Path:
@@ -1047,12 +1048,12 @@ class DevCluster:
 
     def install_commands(self) -> list[list[str]]:
         """The ``slurm-gpushare install`` runs that write this cluster's site files: the controller and login
-        roles with the filter service's socket directory (``run/``), the node role with the simulated nodes'
+        roles with the run directory ``run/`` (the filter service's sockets in ``run/filterd``), the node role with the simulated nodes'
         run directory (one per node: ``{node}``). ``--force``: the cluster owns these files, and its
         gpushare_client.lua timeout is set after the install (:data:`FILTER_TIMEOUT_ENV`)."""
         common = [*self.installed_command, "install", "--prefix", str(self.site_prefix),
                   "--slurm-conf-dir", str(self.root / "etc"), "--config-dir", str(self.site_config_dir), "--force"]
-        return [[*common, "--role", "controller", "--role", "login", "--run-dir", str(self.filterd_socket.parent)],
+        return [[*common, "--role", "controller", "--role", "login", "--run-dir", str(self.root / "run")],
                 [*common, "--role", "node", "--run-dir", self.node_run_dir]]
 
     def install_site(self) -> None:

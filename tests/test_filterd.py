@@ -693,7 +693,7 @@ def run_cli_filter(tmp_path: Path, calls: list[dict], client_socket: Path | None
     shutil.copy(SITE / "cli_filter.lua", d / "cli_filter.lua")
     if client_socket is not None:
         text = (SITE / "gpushare_client.lua").read_text()
-        (d / "gpushare_client.lua").write_text(text.replace('socket = "/run/slurm-gpushare/filterd.sock"',
+        (d / "gpushare_client.lua").write_text(text.replace('socket = "/run/slurm-gpushare/filterd/filterd.sock"',
                                                             f'socket = "{client_socket}"', 1))
     lines = ["slurm = {SUCCESS = 0, ERROR = -1,"
              " log_error = function(f, ...) print('log: ' .. string.format(f, ...)) end}",

@@ -58,13 +58,18 @@ def test_the_files_name_this_installation_and_the_layout_and_no_placeholder_is_l
     assert files["prolog.sh"].text.splitlines()[-1] == f"exec {CMD[0]} hook prolog --config {cfg}/node.toml"
     assert files["epilog.sh"].text.splitlines()[-1] == f"exec {CMD[0]} hook epilog --config {cfg}/node.toml"
     unit = files["slurm-gpushare-filterd.service"].text
-    assert (f"ExecStart={CMD[0]} filterd --socket /run/gps/filterd.sock --controller-socket /run/gps/controller.sock "
-            f"--machines {cfg}/machines --default-policy {cfg}/gpushare.toml") in unit.splitlines()
-    assert "RuntimeDirectory=gps" in unit.splitlines()  # systemd.exec(5): relative to /run
+    assert (f"ExecStart={CMD[0]} filterd --socket /run/gps/filterd/filterd.sock --controller-socket "
+            f"/run/gps/filterd/controller.sock --machines {cfg}/machines --default-policy {cfg}/gpushare.toml"
+            ) in unit.splitlines()
+    # systemd.exec(5): relative to /run; systemd removes the innermost directory when the unit stops or restarts,
+    # so filterd's sockets have a directory of their own below the node's run dir (controller and node on one
+    # host: a filterd restart took the running jobs' MPS pipes, claims and job directories with it)
+    assert "RuntimeDirectory=gps/filterd" in unit.splitlines()
     assert f"Environment=SLURM_CONF={tmp_path}/p/etc/slurm/slurm.conf" in unit.splitlines()
     assert f"ExecStart={CMD[0]} monitor --config {cfg}/node.toml" in files["slurm-gpushare-monitor.service"].text
     client = files["gpushare_client.lua"].text
-    assert 'socket = "/run/gps/filterd.sock",' in client and 'controller_socket = "/run/gps/controller.sock",' in client
+    assert 'socket = "/run/gps/filterd/filterd.sock",' in client
+    assert 'controller_socket = "/run/gps/filterd/controller.sock",' in client
     assert 'RUN_DIR="/run/gps"' in files["taskprolog.sh"].text.splitlines()
     assert 'run_dir = "/run/gps"' in files["node.toml.example"].text.splitlines()
     for f in files.values():
@@ -396,3 +401,20 @@ def test_a_writable_directory_of_another_owner_is_refused(tmp_path):
     with pytest.raises(InputError, match="writable by others and owned by uid 12345"):
         siteinstall.install(files, lay)
     assert not list(cfg.iterdir())
+
+
+def test_the_default_sockets_agree_everywhere_and_lie_below_the_node_run_dir_in_their_own_directory(tmp_path):
+    """filterd's defaults, the shipped gpushare_client.lua and a default install name the same two sockets, in
+    <run dir>/filterd: the unit's RuntimeDirectory, which systemd removes at every stop and restart, is never
+    the directory the node hooks keep running jobs' state in (one host with both roles)."""
+    from slurm_gpushare.cli.service import DEFAULT_CONTROLLER_SOCKET, DEFAULT_SOCKET
+
+    run = siteinstall.DEFAULT_RUN_DIR
+    assert (DEFAULT_SOCKET, DEFAULT_CONTROLLER_SOCKET) == (f"{run}/filterd/filterd.sock",
+                                                           f"{run}/filterd/controller.sock")
+    shipped = (SHIPPED / "gpushare_client.lua").read_text()
+    assert f'socket = "{DEFAULT_SOCKET}",' in shipped and f'controller_socket = "{DEFAULT_CONTROLLER_SOCKET}",' in shipped
+    files = {f.path.name: f for f in siteinstall.plan(siteinstall.ROLES, layout(tmp_path))}
+    unit = files["slurm-gpushare-filterd.service"].text.splitlines()
+    assert f"RuntimeDirectory={run.removeprefix('/run/')}/filterd" in unit
+    assert f'run_dir = "{run}"' in files["node.toml.example"].text.splitlines()

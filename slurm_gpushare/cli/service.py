@@ -11,8 +11,8 @@ import click
 from slurm_gpushare.cli import main
 from slurm_gpushare.errors import InputError
 
-DEFAULT_SOCKET = "/run/slurm-gpushare/filterd.sock"
-DEFAULT_CONTROLLER_SOCKET = "/run/slurm-gpushare/controller.sock"
+DEFAULT_SOCKET = "/run/slurm-gpushare/filterd/filterd.sock"
+DEFAULT_CONTROLLER_SOCKET = "/run/slurm-gpushare/filterd/controller.sock"
 DEFAULT_MACHINES = "/etc/slurm/gpushare/machines"
 DEFAULT_POLICY = "/etc/slurm/gpushare/gpushare.toml"
 

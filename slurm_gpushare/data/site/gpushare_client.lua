@@ -10,10 +10,10 @@ local M = {}
 
 M.settings = {
   -- public unix socket of `slurm-gpushare filterd` (its --socket): cli_filter.lua, as the user
-  socket = "/run/slurm-gpushare/filterd.sock",
+  socket = "/run/slurm-gpushare/filterd/filterd.sock",
   -- private unix socket of filterd (its --controller-socket, mode 0600, SlurmUser and root only):
   -- job_submit.lua in slurmctld, where no user can fill the backlog; nil or "": job_submit.lua uses `socket`
-  controller_socket = "/run/slurm-gpushare/controller.sock",
+  controller_socket = "/run/slurm-gpushare/filterd/controller.sock",
   -- seconds to wait for one answer (a decision takes well under 1 ms); a dead service (no socket,
   -- refused) fails at once. slurmctld runs job_submit.lua one job at a time: a hung service costs at
   -- most this per GPU-share job, and jobs that mention no gpushare/shard/mps never wait at all.
