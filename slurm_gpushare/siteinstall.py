@@ -52,7 +52,8 @@ SOCKET_SUBDIR = "filterd"
 #: The manifest of what the last install wrote (path -> sha256), in the layout's config directory.
 MANIFEST = "install-manifest.json"
 #: The placeholders a template may hold; an unknown ``@NAME@`` left in a template is an error.
-PLACEHOLDERS = ("SLURM_GPUSHARE", "PYTHON", "CONFIG_DIR", "SLURM_CONF_DIR", "RUN_DIR", "SOCKET_DIR", "RUNTIME_DIRECTORY")
+PLACEHOLDERS = ("SLURM_GPUSHARE", "PYTHON", "CONFIG_DIR", "SLURM_CONF_DIR", "RUN_DIR", "SOCKET_DIR",
+                "RUNTIME_DIRECTORY")
 _PLACEHOLDER = re.compile(r"@([A-Z][A-Z_]*)@")
 #: Characters a path written into the files may hold: Slurm splits its values on whitespace, systemd and
 #: sh would expand ``%``, ``$`` and quotes, Lua strings end at a quote. ``{node}`` only in a node's run dir.
