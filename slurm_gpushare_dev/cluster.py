@@ -1049,8 +1049,8 @@ class DevCluster:
     def install_commands(self) -> list[list[str]]:
         """The ``slurm-gpushare install`` runs that write this cluster's site files: the controller and login
         roles with the run directory ``run/`` (the filter service's sockets in ``run/filterd``), the node role
-        with the simulated nodes' run directory (one per node: ``{node}``). ``--force``: the cluster owns these files, and its
-        gpushare_client.lua timeout is set after the install (:data:`FILTER_TIMEOUT_ENV`)."""
+        with the simulated nodes' run directory (one per node: ``{node}``). ``--force``: the cluster owns these
+        files, and its gpushare_client.lua timeout is set after the install (:data:`FILTER_TIMEOUT_ENV`)."""
         common = [*self.installed_command, "install", "--prefix", str(self.site_prefix),
                   "--slurm-conf-dir", str(self.root / "etc"), "--config-dir", str(self.site_config_dir), "--force"]
         return [[*common, "--role", "controller", "--role", "login", "--run-dir", str(self.root / "run")],
