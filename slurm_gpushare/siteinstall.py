@@ -380,14 +380,27 @@ class Outcome:
 
 
 def _read_manifest(path: Path) -> dict[str, str]:
+    return _read_manifest_data(path)[0]
+
+
+def _read_manifest_data(path: Path) -> tuple[dict[str, str], set[str] | None]:
+    """The manifest's files (path -> sha256) and the roles installed (None: a manifest of a version that did not
+    record them)."""
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:
-        return {}
+        return {}, None
     except (OSError, ValueError):
-        return {}  # an unreadable manifest only means: nothing counts as written by the last install
+        return {}, None  # an unreadable manifest only means: nothing counts as written by the last install
     files = data.get("files") if isinstance(data, dict) else None
-    return {str(k): str(v) for k, v in files.items()} if isinstance(files, dict) else {}
+    roles = data.get("roles") if isinstance(data, dict) else None
+    return ({str(k): str(v) for k, v in files.items()} if isinstance(files, dict) else {},
+            {str(r) for r in roles if r in ROLES} if isinstance(roles, list) else None)
+
+
+def _write_manifest(layout: Layout, files: dict[str, str], roles: set[str]) -> None:
+    write_atomic(layout.manifest, json.dumps({"files": dict(sorted(files.items())), "roles": sorted(roles)},
+                                             indent=2) + "\n", mode=0o644)
 
 
 def _digest(path: Path) -> str | None:
@@ -532,11 +545,126 @@ def install(files: Sequence[SiteFile], layout: Layout, *, force: bool = False, d
             make_dir(d)
         # one write for every file (each with its mode): none is replaced unless all could be written
         write_all_atomic({f.path: f.text for f in writes}, mode={f.path: f.mode for f in writes})
-        manifest = _read_manifest(layout.manifest)
+        manifest, installed = _read_manifest_data(layout.manifest)
         manifest.update({str(f.path): f.digest for f in files})
-        write_atomic(layout.manifest, json.dumps({"files": dict(sorted(manifest.items()))}, indent=2) + "\n",
-                     mode=0o644)
+        _write_manifest(layout, manifest, (installed or set()) | {r for f in files for r in f.roles})
     except OSError as e:
         raise InputError(f"cannot write {e.filename or layout.config_dir}: {e.strerror or e}",
                          hint=_NO_WRITE_HINT) from None
     return outcomes
+
+
+# --- uninstall ----------------------------------------------------------------------------------------------
+
+#: The slurm.conf settings that name each site file (slurm.conf(5)): while one of them is in force, the file must
+#: stay (slurmctld or slurmd would fail to load it, or drain the node running a Prolog that is gone). A
+#: ``*.lua`` file is named by its plugin (``JobSubmitPlugins=lua``, ``CliFilterPlugins=cli_filter/lua``), the
+#: scripts by their path.
+_NAMED_BY = {"job_submit.lua": ("JobSubmitPlugins", "lua"), "cli_filter.lua": ("CliFilterPlugins", "cli_filter/lua"),
+             "epilog_slurmctld.sh": ("EpilogSlurmctld", None), "prolog.sh": ("Prolog", None),
+             "epilog.sh": ("Epilog", None), "taskprolog.sh": ("TaskProlog", None)}
+
+
+@dataclass(frozen=True)
+class Removal:
+    """What :func:`uninstall` did (or would do) with one file of the roles.
+
+    ``state``: ``"remove"`` (as the last install wrote it: removed), ``"changed"`` (changed since the last install
+    wrote it, or not written by it: left), ``"gone"`` (not there), ``"shared"`` (also a file of a role this host
+    keeps: left).
+    """
+
+    path: Path
+    state: str
+
+
+def _installed_roles(manifest: dict[str, str], recorded: set[str] | None, layout: Layout) -> set[str]:
+    """The roles the manifest records as installed; for a manifest that does not record them, those one of whose
+    own files (not shared with another role) it lists."""
+    if recorded is not None:
+        return recorded
+    listed = set(manifest)
+    out = set()
+    for role, names in ROLE_FILES.items():
+        own = [n for n in names if sum(n in other for other in ROLE_FILES.values()) == 1]
+        if any(str(layout.directory(_SPECS[n].where) / n) in listed for n in own):
+            out.add(role)
+    return out
+
+
+def uninstall_plan(roles: Iterable[str], layout: Layout) -> list[Removal]:
+    """What :func:`uninstall` would do with each file of ``roles`` (reading only): a file is removed only as the
+    last install wrote it (the manifest's digest), and only when no role this host keeps also installs it.
+
+    Raises:
+        InputError: an unknown role (see :func:`plan`).
+    """
+    roles = set(roles)
+    files = plan(roles, layout)
+    manifest, recorded = _read_manifest_data(layout.manifest)
+    kept = _installed_roles(manifest, recorded, layout) - roles
+    out = []
+    for f in files:
+        have = _digest(f.path)
+        if have is None:
+            state = "gone"
+        elif any(f.path.name in ROLE_FILES[r] for r in kept):
+            state = "shared"
+        elif manifest.get(str(f.path)) == have:
+            state = "remove"
+        else:
+            state = "changed"
+        out.append(Removal(f.path, state))
+    return out
+
+
+def lines_in_force(removals: Sequence[Removal], settings: Sequence[tuple[str, int, str, str]]) -> list[str]:
+    """The slurm.conf settings (``file:line: Key=Value``, from :func:`slurm_gpushare.slurm.conf.slurm_conf_settings`)
+    that name a file ``removals`` would remove: they must go from slurm.conf (and slurmctld and slurmd be told)
+    before the files do."""
+    out = []
+    for r in removals:
+        if r.state != "remove" or r.path.name not in _NAMED_BY:
+            continue
+        key, plugin = _NAMED_BY[r.path.name]
+        for src, number, k, v in settings:
+            if k.lower() != key.lower():
+                continue
+            items = [x.strip() for x in v.split(",")]
+            if (plugin in items) if plugin else (str(r.path) in items):
+                out.append(f"{src}:{number}: {k}={v}")
+    return list(dict.fromkeys(out))
+
+
+def job_dirs(layout: Layout) -> list[Path]:
+    """The job directories in the node run directory (``{node}`` read as any node): jobs whose Prolog ran here
+    and whose Epilog has not ended yet."""
+    pattern = layout.run_dir.replace("{node}", "*").lstrip("/")
+    return sorted(p for d in Path("/").glob(pattern) for p in (d / "jobs").glob("*") if p.is_dir())
+
+
+def uninstall(roles: Iterable[str], removals: Sequence[Removal], layout: Layout, *, dry_run: bool = False) -> None:
+    """Remove the files ``removals`` mark ``remove``, take them and ``roles`` out of the manifest (removed when it
+    lists nothing else). Directories stay (they may hold the site's own files: node.toml, machines/, policies).
+
+    Raises:
+        InputError: a file that could not be removed (naming it); the manifest then still lists it.
+    """
+    if dry_run:
+        return
+    manifest, recorded = _read_manifest_data(layout.manifest)
+    left_roles = _installed_roles(manifest, recorded, layout) - set(roles)
+    try:
+        for r in removals:
+            if r.state == "remove":
+                r.path.unlink(missing_ok=True)
+                manifest.pop(str(r.path), None)
+            elif r.state == "gone":
+                manifest.pop(str(r.path), None)
+        if manifest:
+            _write_manifest(layout, manifest, left_roles)
+        else:
+            layout.manifest.unlink(missing_ok=True)
+    except OSError as e:
+        raise InputError(f"cannot remove {e.filename or layout.config_dir}: {e.strerror or e}",
+                         hint=_NO_WRITE_HINT) from None

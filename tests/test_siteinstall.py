@@ -419,3 +419,76 @@ def test_the_default_sockets_agree_everywhere_and_lie_below_the_node_run_dir_in_
     unit = files["slurm-gpushare-filterd.service"].text.splitlines()
     assert f"RuntimeDirectory={run.removeprefix('/run/')}/filterd" in unit
     assert f'run_dir = "{run}"' in files["node.toml.example"].text.splitlines()
+
+
+# --- uninstall ---------------------------------------------------------------------------------------------
+
+def _installed(tmp_path: Path, *roles: str, **kw) -> siteinstall.Layout:
+    lay = layout(tmp_path, **kw)
+    siteinstall.install(siteinstall.plan(roles, lay), lay)
+    return lay
+
+
+def _uninstall(tmp_path: Path, *args: str):
+    return CliRunner().invoke(main, ["uninstall", "--prefix", str(tmp_path / "p"), *args])
+
+
+def test_uninstall_removes_what_install_wrote_and_leaves_edited_files_and_the_sites_own(tmp_path):
+    lay = _installed(tmp_path, "controller", "node")
+    (lay.config_dir / "node.toml").write_text("version = 1\n")  # the site's own file
+    edited = lay.config_dir / "prolog.sh"
+    edited.write_text(edited.read_text() + "# site change\n")
+    r = _uninstall(tmp_path, "--role", "node", "--role", "controller", "--run-dir", str(tmp_path / "run"))
+    assert r.exit_code == 0, r.output
+    assert f"left (changed since the last install wrote it, or not written by it): {edited}" in r.output
+    assert "systemctl daemon-reload" in r.output
+    left = sorted(str(p.relative_to(tmp_path / "p")) for p in (tmp_path / "p").rglob("*") if p.is_file())
+    assert left == ["etc/slurm/gpushare/install-manifest.json", "etc/slurm/gpushare/node.toml",
+                    "etc/slurm/gpushare/prolog.sh"]
+    manifest = json.loads(lay.manifest.read_text())
+    assert list(manifest["files"]) == [str(edited)] and manifest["roles"] == []
+    # the edited file removed by hand: the manifest goes too
+    edited.unlink()
+    assert _uninstall(tmp_path, "--role", "node", "--run-dir", str(tmp_path / "run")).exit_code == 0
+    assert not lay.manifest.exists()
+
+
+def test_uninstall_is_refused_while_slurm_conf_names_the_files_and_dry_run_says_so(tmp_path):
+    lay = _installed(tmp_path, "controller", "node")
+    inc = lay.slurm_conf_dir / "hooks.conf"
+    inc.write_text(f"Prolog={lay.config_dir}/prolog.sh\nEpilog=/etc/slurm/site-epilog.sh\n")
+    (lay.slurm_conf_dir / "slurm.conf").write_text(
+        "ClusterName=c\nSlurmctldHost=h\nJobSubmitPlugins=lua\nCliFilterPlugins=cli_filter/lua\nInclude hooks.conf\n")
+    before = sorted(p for p in (tmp_path / "p").rglob("*"))
+    dry = _uninstall(tmp_path, "--role", "node", "--role", "controller", "--dry-run")
+    assert dry.exit_code == 1, dry.output
+    r = _uninstall(tmp_path, "--role", "node", "--role", "controller")
+    assert r.exit_code == 2 and "nothing was removed" in r.output, r.output
+    for out in (dry.output, r.output):
+        assert "JobSubmitPlugins=lua" in out and "CliFilterPlugins=cli_filter/lua" in out
+        assert f"hooks.conf:1: Prolog={lay.config_dir}/prolog.sh" in out and "site-epilog" not in out
+    assert sorted(p for p in (tmp_path / "p").rglob("*")) == before
+    # the node role alone: only the Prolog line is in the way
+    r = _uninstall(tmp_path, "--role", "node")
+    assert r.exit_code == 2 and "Prolog=" in r.output and "JobSubmitPlugins" not in r.output, r.output
+
+
+def test_uninstall_of_the_node_role_waits_for_the_jobs_on_the_node(tmp_path):
+    run = tmp_path / "run"
+    _installed(tmp_path, "node", run_dir=str(run))
+    (run / "jobs" / "4711").mkdir(parents=True)
+    r = _uninstall(tmp_path, "--role", "node", "--run-dir", str(run))
+    assert r.exit_code == 2 and "1 job(s) still have their directory" in r.output and "4711" in r.output, r.output
+    (run / "jobs" / "4711").rmdir()
+    assert _uninstall(tmp_path, "--role", "node", "--run-dir", str(run)).exit_code == 0
+
+
+def test_uninstall_of_one_role_keeps_the_files_another_installed_role_uses(tmp_path):
+    lay = _installed(tmp_path, "controller", "login")
+    r = _uninstall(tmp_path, "--role", "login")
+    assert r.exit_code == 0, r.output
+    assert (lay.slurm_conf_dir / "cli_filter.lua").exists() and (lay.slurm_conf_dir / "gpushare_client.lua").exists()
+    assert "left (a file of a role this host keeps)" in r.output
+    assert json.loads(lay.manifest.read_text())["roles"] == ["controller"]
+    r = _uninstall(tmp_path, "--role", "controller")
+    assert r.exit_code == 0 and not (lay.slurm_conf_dir / "cli_filter.lua").exists(), r.output

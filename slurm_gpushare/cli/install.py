@@ -83,3 +83,80 @@ def install_cmd(roles, prefix, slurm_conf_dir, config_dir, run_dir, dry_run, sho
         click.echo(f"  {line}")
     if dry_run and any(o.state == "refused" for o in outcomes):
         sys.exit(1)  # a check that would fail says so in its status, as ansible's --check does
+
+
+#: removal state -> (what was done, what would be done)
+_REMOVED = {"remove": ("removed", "would remove"), "gone": ("not there", "not there"),
+            "changed": ("left (changed since the last install wrote it, or not written by it)",
+                        "would leave (changed since the last install wrote it, or not written by it)"),
+            "shared": ("left (a file of a role this host keeps)", "would leave (a file of a role this host keeps)")}
+
+
+@main.command("uninstall")
+@click.option("--role", "roles", multiple=True, required=True, type=click.Choice(ROLES),
+              help="the role(s) to remove from this host, as given to install")
+@click.option("--prefix", required=True, type=click.Path(file_okay=False), help="as given to install")
+@click.option("--slurm-conf-dir", type=click.Path(file_okay=False), help="as given to install")
+@click.option("--config-dir", type=click.Path(file_okay=False), help="as given to install")
+@click.option("--run-dir", default=DEFAULT_RUN_DIR, show_default=True, help="as given to install")
+@click.option("--dry-run", is_flag=True, help="remove nothing; list what would be removed and what is in the way")
+def uninstall_cmd(roles, prefix, slurm_conf_dir, config_dir, run_dir, dry_run):
+    """Remove the site files that install wrote for this host's role(s).
+
+    First, and refused until then: slurm.conf (next to the Lua files, its Include files followed) must no
+    longer name what would be removed (JobSubmitPlugins=lua, CliFilterPlugins=cli_filter/lua, Prolog=,
+    Epilog=, TaskProlog=, EpilogSlurmctld=), and for the node role no job may still have its directory in the
+    run dir (its Epilog has not run). A file is removed only as the last install wrote it (the manifest);
+    one changed since is left and named; a file another role of this host still uses stays. Directories,
+    node.toml, machine descriptions and policies stay. No service is stopped: disable the units first. See
+    docs/install.md.
+
+    Exit status: 0 removed (or, with --dry-run, would remove); 1 with --dry-run when the uninstall would be
+    refused; 2 an error or a refusal.
+    """
+    from slurm_gpushare import siteinstall
+    from slurm_gpushare.cli.gres import include_loader
+    from slurm_gpushare.errors import ConfigError, GpushareError
+    from slurm_gpushare.slurm.conf import slurm_conf_settings
+
+    layout = siteinstall.Layout.under(prefix, slurm_conf_dir=slurm_conf_dir, config_dir=config_dir, run_dir=run_dir)
+    removals = siteinstall.uninstall_plan(roles, layout)
+    conf = layout.slurm_conf_dir / "slurm.conf"
+    problems = []
+    try:
+        text = conf.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        text = ""
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"cannot read {conf} to see whether it still names these files: {e}",
+                          hint="fix its permissions, or run as root") from None
+    try:
+        settings = slurm_conf_settings(text, source=str(conf), include=include_loader(conf.parent))
+    except GpushareError as e:
+        raise ConfigError(f"cannot read {conf} whole to see whether it still names these files: {e}",
+                          hint="fix the Include line first") from None
+    named = siteinstall.lines_in_force(removals, settings)
+    if named:
+        problems.append("slurm.conf still names files this would remove; remove these lines first, then "
+                        "'scontrol reconfigure' (on 22.05 restart slurmctld for EpilogSlurmctld):\n"
+                        + "\n".join(f"  {line}" for line in named))
+    jobs = siteinstall.job_dirs(layout) if "node" in roles else []
+    if jobs:
+        problems.append(f"{len(jobs)} job(s) still have their directory in the run dir ({jobs[0].parent}: "
+                        f"{', '.join(p.name for p in jobs[:10])}{' ...' if len(jobs) > 10 else ''}): drain the node "
+                        "and wait until they end (or 'slurm-gpushare doctor --repair' for jobs that are gone)")
+    for r in removals:
+        click.echo(f"{_REMOVED[r.state][dry_run]}: {r.path}")
+    if problems:
+        for p in problems:
+            click.echo(("" if dry_run else "REFUSED: ") + p, err=not dry_run)
+        if dry_run:
+            click.echo("(the uninstall would remove nothing until then)")
+            sys.exit(1)
+        raise ConfigError("nothing was removed: " + "; ".join(p.split(":", 1)[0] for p in problems),
+                          hint="see above")
+    siteinstall.uninstall(roles, removals, layout, dry_run=dry_run)
+    units = [r.path.name for r in removals if r.state == "remove" and r.path.suffix == ".service"]
+    if units:
+        click.echo(f"\n{'then ' if dry_run else ''}systemctl daemon-reload (units removed: {', '.join(units)}; "
+                   "they were not stopped here)")

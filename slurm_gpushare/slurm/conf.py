@@ -602,3 +602,23 @@ def _slurm_node(name: str, values: dict[str, str], source: str, number: int) -> 
             numbers[attr] = int(values[key])
     gres = parse_gres_value(values["Gres"]) if values.get("Gres") else None
     return SlurmNode(name, source, number, gres, **numbers)
+
+
+# --- any setting ------------------------------------------------------------------------------
+
+def slurm_conf_settings(text: str, *, source: str, include: IncludeLoader | None = None
+                        ) -> list[tuple[str, int, str, str]]:
+    """Every ``Key=Value`` token of a slurm.conf, ``Include`` files followed as slurmctld follows them:
+    ``(file, line number, key, value)`` in file order, keys as written (slurm.conf(5) reads them
+    case-insensitively). A ``Prolog=``/``Epilog=`` given on several lines (24.11 and later run each) appears
+    once per line.
+
+    Raises:
+        ParseError: an ``Include`` line that cannot be followed (see :func:`parse_slurm_conf_gres`).
+    """
+    out = []
+    for src, number, line in _expanded_lines(text, source, include):
+        for key, value in _tokens(line):
+            if key is not None:
+                out.append((src, number, key, value))
+    return out
