@@ -526,3 +526,40 @@ def test_product_off_runs_no_epilog_slurmctld_and_on_again_writes_the_segment(db
     job = dbd.sbatch("--gres=gpu:1", wrap="true")
     assert dbd.wait(job).state == "COMPLETED"
     assert "[gpushare:u1 " in _sacct_until_segment(dbd, job.id)
+
+
+def test_jobstats_names_a_running_job_a_cpu_job_and_an_array_task_as_slurm_does(dbd, two_users):
+    """jobstats for any job a user can name (issue 31 item 1): a running job is told its records come when it
+    ends (it said "no GPU usage records (a job without GPUs has none ...)"), a job without GPUs that it held none,
+    and an array task is read by the name squeue and sacct give it (``10_2``; it was refused as no job id)."""
+    c = dbd.cluster
+    (alice, _bob), out = two_users
+    running = _run_as(dbd, alice, out, "gpushare:mem=10G", "sleep 600")
+    dbd.wait(running, states={"RUNNING"})
+    r = _jobstats_as(c, alice, running.id)
+    assert r.returncode == 2 and f"job {running.id} is RUNNING: its GPU usage records are written when it ends" \
+        in r.stdout + r.stderr, r.stdout + r.stderr
+    dbd.run(["scancel", running.id])
+    sub = _as(c, alice, "sbatch", "--parsable", f"--output={out}/cpu-%j.out", "--wrap", "true")
+    cpu = Job(sub.stdout.strip().split(";")[0])
+    dbd.submitted.append(cpu.id)
+    assert dbd.wait(cpu).state == "COMPLETED"
+    r = _jobstats_as(c, alice, cpu.id)
+    assert r.returncode == 2 and f"job {cpu.id} held no GPU" in r.stdout + r.stderr, r.stdout + r.stderr
+    sub = _as(c, alice, "sbatch", "--parsable", f"--output={out}/arr-%A_%a.out", "--array=0-1",
+              "--gres=gpushare:mem=4G", "--wrap", "true")
+    array = sub.stdout.strip().split(";")[0]
+    dbd.submitted.append(array)
+    rows: list[list[str]] = []
+
+    def ended() -> bool:  # both tasks ended with their usage segments (sacct -j ARRAY lists both)
+        text = dbd.run(["sacct", "-j", array, "-X", "-n", "-P", "-o", "JobID,JobIDRaw,State,AdminComment"]).stdout
+        rows[:] = [ln.split("|", 3) for ln in text.splitlines() if ln.count("|") >= 3]
+        return len(rows) == 2 and all(r[2] == "COMPLETED" and "[gpushare:u1 " in r[3] for r in rows)
+
+    wait_until(ended, f"both tasks of array {array} completed with their segments", timeout=180,
+               describe=lambda: str(rows))
+    raw = {jid: raw for jid, raw, _state, _ac in rows}[f"{array}_1"]
+    r = _jobstats_as(c, alice, f"{array}_1")
+    assert r.returncode == 0 and r.stdout.startswith(f"job {raw}  user {alice}  "), r.stdout + r.stderr
+    assert "mps shard:4" in r.stdout, r.stdout

@@ -122,6 +122,7 @@ class SacctJob:
         user, account, partition, state: as slurmdbd stored them.
         admin_comment: the AdminComment column (root, SlurmUser and Operators write it; never Comment).
         start: the run's ``Start`` (epoch seconds; None: it never started).
+        alloc_tres: the run's ``AllocTRES`` (``cpu=1,gres/gpu=1,...``; ``gres:gpu`` before 23.11).
     """
 
     job_id: str
@@ -133,6 +134,7 @@ class SacctJob:
     state: str
     admin_comment: str
     start: int | None = None
+    alloc_tres: str = ""
 
 
 def parse_sacct(text: str) -> list[SacctJob]:
@@ -159,7 +161,8 @@ def parse_sacct(text: str) -> list[SacctJob]:
         array = (array_job, int(task)) if task.isdigit() else (None, None)
         start = f["Start"].strip()
         rows.append(SacctJob(raw, array[0], array[1], f["User"], f["Account"], f["Partition"], f["State"],
-                             f["AdminComment"], int(start) if start.isdigit() and start != "0" else None))
+                             f["AdminComment"], int(start) if start.isdigit() and start != "0" else None,
+                             f["AllocTRES"]))
     return rows
 
 
@@ -483,11 +486,25 @@ class FinalRun:
         return "records" if self.segment is None else "dbd"
 
     def stored_row(self, rows: Sequence[SacctJob] | None = None) -> SacctJob | None:
-        """The run's row in slurmdbd: from ``rows`` (a sacct of several jobs at once) or a sacct of its own."""
+        """The run's row in slurmdbd: from ``rows`` (a sacct of several jobs at once) or a sacct of its own.
+
+        ``-D`` lists every row of the id, in no order to rely on: the runs of a requeued job, and older jobs of
+        the same id where slurmctld's state was lost while slurmdbd kept them. The run that just ended is the one
+        whose ``Start`` is the job's ``SLURM_JOB_START_TIME`` (24.11 and later), else the newest by ``Start``
+        (an older job of the id started before it; slurmdbd's ``modify job`` also writes the newest job of an
+        id, as_mysql_modify_job: ``time_submit desc limit 1``). On 22.05 a rerun that has already started when
+        the summary runs (after slurmctld's requeue delay, 120 s by default) would be taken for it: the summary
+        then waits for its end."""
         if rows is None:
             rows = parse_sacct(self.sacct(["-j", self.job.job_id]))
         mine = [r for r in rows if r.job_id == self.job.job_id]
-        return mine[-1] if mine else None  # -D lists every run, oldest first: this run is the last one
+        if not mine:
+            return None
+        if self.job.start:
+            exact = [r for r in mine if r.start == self.job.start]
+            if exact:
+                return exact[-1]
+        return sorted(mine, key=lambda r: r.start or 0)[-1]
 
     def step(self, rows: Sequence[SacctJob] | None = None) -> bool:
         """Do what can be done now: look for the records; once they are in, look for slurmdbd's end record
@@ -518,13 +535,21 @@ class FinalRun:
         except GpushareError:
             live = None
         text = merge_final(row.admin_comment, live, self.segment)
-        self.sacctmgr(job.sacctmgr_id, text)
-        after = self.stored_row()
-        keeps_case = (self.release or local_release()) >= SACCTMGR_KEEPS_CASE
-        want = text if keeps_case else text.lower()
-        if after is None or after.admin_comment.strip() != want:
-            raise SlurmError(f"job {job.job_id}: sacct shows AdminComment "
-                             f"{after.admin_comment if after else None!r} after sacctmgr set {text!r}")
+        try:
+            # slurmdbd may not take the write at once although sacct shows the row ended (22.05, for the array
+            # task whose id is the array's: "Request didn't affect anything", taken seconds later): tried again
+            # each round until the deadline
+            self.sacctmgr(job.sacctmgr_id, text)
+            after = self.stored_row()
+            keeps_case = (self.release or local_release()) >= SACCTMGR_KEEPS_CASE
+            want = text if keeps_case else text.lower()
+            if after is None or after.admin_comment.strip() != want:
+                raise SlurmError(f"job {job.job_id}: sacct shows AdminComment "
+                                 f"{after.admin_comment if after else None!r} after sacctmgr set {text!r}")
+        except SlurmError:
+            if self.clock() < self.deadline:
+                return False
+            raise
         self.result = want
         return True
 

@@ -306,10 +306,17 @@ def jobstats(job_id, db_path, from_sacct, policy_path, machines_dir, fmt):
     from slurm_gpushare.accounting.store import Store, default_db
     from slurm_gpushare.slurm import commands
 
-    if _job_id(job_id) is None:
-        raise click.UsageError(f"{job_id!r} is not a job id: give the job's own id (digits; for an array task "
-                               "sacct -o JobIDRaw shows it)")
-    job_id = _job_id(job_id)
+    array, sep, task = job_id.partition("_")
+    if _job_id(job_id) is None and not (sep and _job_id(array) and _job_id(task)):
+        raise click.UsageError(f"{job_id!r} is not a job id: give the job's id (digits), or an array task as "
+                               "squeue names it (10_2)")
+    if sep:
+        given = job_id
+        job_id = _array_task_job_id(_job_id(array), int(task))
+        if job_id is None:
+            raise click.UsageError(f"array task {given} is not known to slurmctld or to sacct")
+    else:
+        job_id = _job_id(job_id)
     owner_uid = _job_uid(job_id)
     js.may_see(job_id, owner_uid, os.getuid(), slurm_user_uid=_slurm_user_uid,
                admin_level=lambda: _admin_level(os.getuid()))
@@ -319,7 +326,7 @@ def jobstats(job_id, db_path, from_sacct, policy_path, machines_dir, fmt):
         # a reused job id (slurmctld's state lost, slurmdbd's kept) also names other users' old jobs
         return owner is None or user in ("", owner)
 
-    records, source = [], "sacct"
+    records, source, rows = [], "sacct", []
     db = db_path or default_db()
     if not from_sacct and (is_url(db) or _readable(db)):
         with Store(db, create=False) as store:
@@ -329,11 +336,74 @@ def jobstats(job_id, db_path, from_sacct, policy_path, machines_dir, fmt):
         rows = [r for r in latest_jobs(parse_sacct(commands.sacct_jobs(["-j", job_id])))
                 if r.job_id == job_id and owners(r.user)]
         records, source = records_from_sacct(rows), "sacct"
+    if not records:
+        _why_no_records(job_id, rows)
     policy = _policy(policy_path)
     stats = js.job_stats(job_id, records, source=source, offers=_offers(machines_dir, policy.mig_enabled),
                          headroom=policy.headroom, unit_mib=policy.shard_unit_mib,
                          whole_threshold=policy.whole_gpu_threshold)
     click.echo(js.to_json(stats) if fmt == "json" else js.to_text(stats), nl=False)
+
+
+def _array_task_job_id(array_id: str, task: int) -> str | None:
+    """The job id of array task ``ARRAY_TASK`` as slurmctld holds it, else as slurmdbd recorded it for the
+    most recent job of that name (sacct without -D); None when neither knows it."""
+    from slurm_gpushare.errors import GpushareError
+    from slurm_gpushare.slurm import commands
+    from slurm_gpushare.slurm.job import array_task_job_id
+
+    try:
+        found = array_task_job_id(commands.job_record(f"{array_id}_{task}"), array_id, task)
+        if found:
+            return found
+    except GpushareError:
+        pass
+    try:
+        rows = [line.split("|") for line in commands.sacct_uids(f"{array_id}_{task}").splitlines()
+                if line.count("|") == 1]
+        ids = {jid for jid, _uid in rows if jid.isascii() and jid.isdigit()}
+        if len(ids) == 1:
+            return ids.pop()
+    except GpushareError:
+        pass
+    return None
+
+
+#: slurmctld's states of a job that has not ended (squeue(1) JOB STATE CODES).
+_NOT_ENDED = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING",
+                        "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD", "REQUEUE_HOLD", "REQUEUE_FED"})
+#: AllocTRES items of a job that held GPUs (sacct(1); ``gres/gpu`` from 23.11, ``gres:gpu`` before).
+_GPU_TRES = ("gres/gpu", "gres:gpu", "gres/shard", "gres:shard", "gres/mps", "gres:mps")
+
+
+def _why_no_records(job_id: str, rows) -> None:
+    """Raise the reason a job has no GPU usage records, where Slurm's records say it: still running (records
+    are written when it ends), or it held no GPU (slurmctld's GRES of the job, else its sacct AllocTRES).
+    Returns (for :func:`~slurm_gpushare.accounting.jobstats.job_stats` to say the general reason) otherwise.
+
+    Raises:
+        InputError: the job is running, or held no GPU.
+    """
+    from slurm_gpushare.errors import GpushareError, InputError
+    from slurm_gpushare.slurm import commands
+    from slurm_gpushare.slurm.job import parse_job_json
+
+    try:
+        info = parse_job_json(commands.job_record(job_id), job_id)
+    except GpushareError:
+        info = None
+    if info is not None and info.state in _NOT_ENDED:
+        raise InputError(f"job {job_id} is {info.state}: its GPU usage records are written when it ends",
+                         hint="while it runs, the node monitor's metrics show its GPU use (docs/accounting.md, "
+                              "'The node monitor'); run jobstats again once it has ended")
+    held = None
+    if info is not None:
+        held = bool(info.gres) or any(x in info.tres_per_node for x in ("gpu", "shard", "mps"))
+    elif rows:
+        held = any(t in (rows[-1].alloc_tres or "") for t in _GPU_TRES)
+    if held is False:
+        raise InputError(f"job {job_id} held no GPU: jobstats shows GPU usage",
+                         hint=f"sacct -j {job_id} -o JobID,Elapsed,TotalCPU,MaxRSS shows its CPU and memory use")
 
 
 def _job_id(text: str) -> str | None:

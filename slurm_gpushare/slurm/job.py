@@ -258,6 +258,24 @@ class _Reader:
         return value
 
 
+def _job_list(text: str, source: str | None) -> tuple[list, Release, str]:
+    """The ``jobs`` list of Slurm's ``--json`` job record, the release that wrote it and the command's name.
+
+    Raises:
+        InputError: not JSON. SlurmError: no ``meta`` version, or no ``jobs`` list.
+    """
+    try:
+        doc = json.loads(text)
+    except ValueError as e:
+        raise InputError(f"{source or 'the job record'} is not JSON: {e}", source=source) from None
+    release = of_meta(doc, source or "the job record")
+    source = source or ("squeue --json" if release < SCONTROL_JSON else "scontrol show job --json")
+    jobs = doc.get("jobs")
+    if not isinstance(jobs, list):
+        raise missing(release, source, "jobs")
+    return jobs, release, source
+
+
 def parse_job_json(text: str, job_id: str | int, *, source: str | None = None) -> JobInfo:
     """The record of ``job_id`` in the ``--json`` job list of Slurm (:func:`~slurm_gpushare.slurm.commands.job_record`:
     ``squeue --json`` on 22.05, ``scontrol show job ID --json`` from 23.02 on), in the shape of the release that
@@ -292,15 +310,7 @@ def parse_job_json(text: str, job_id: str | int, *, source: str | None = None) -
             (:func:`~slurm_gpushare.slurm.release.missing`: names the release and the field).
     """
     want = str(job_id)
-    try:
-        doc = json.loads(text)
-    except ValueError as e:
-        raise InputError(f"{source or 'the job record'} is not JSON: {e}", source=source) from None
-    release = of_meta(doc, source or "the job record")
-    source = source or ("squeue --json" if release < SCONTROL_JSON else "scontrol show job --json")
-    jobs = doc.get("jobs")
-    if not isinstance(jobs, list):
-        raise missing(release, source, "jobs")
+    jobs, release, source = _job_list(text, source)
     mine = [j for j in jobs if isinstance(j, dict) and str(j.get("job_id")) == want]
     if len(mine) != 1:
         raise InputError(f"{source} has {len(mine)} records of job {want}", source=source)
@@ -350,6 +360,30 @@ def parse_job_json(text: str, job_id: str | int, *, source: str | None = None) -
                    admin_comment=r.string("admin_comment"), gres=gres, account=r.name("account"), start_time=start,
                    array_job_id=str(array_id) if array_id else None, array_task_id=task, exit_code=exit_code,
                    cores=_job_cores(r), tasks=tasks or None, tasks_per_node=per_node or None)
+
+
+def array_task_job_id(text: str, array_id: str, task: int, *, source: str | None = None) -> str | None:
+    """The job id of task ``task`` of job array ``array_id`` (``10_2`` as squeue and sacct name it) in Slurm's
+    ``--json`` job list (:func:`~slurm_gpushare.slurm.commands.job_record`), read from ``array_job_id`` and
+    ``array_task_id`` in the shape of the release that wrote it; None when the list has no such task.
+
+    Raises:
+        InputError: not JSON, or a field of the wrong type.
+        SlurmError: no ``meta`` version, or no ``jobs`` list.
+    """
+    jobs, release, source = _job_list(text, source)
+    for j in jobs:
+        if not isinstance(j, dict):
+            continue
+        r = _Reader(j, str(j.get("job_id")), release, source)
+        a: int | None
+        if release < DATA_PARSER:
+            a, t = r.integer("array_job_id"), j.get("array_task_id")
+        else:
+            a, t = r.number("array_job_id"), r.number("array_task_id")
+        if a and str(a) == str(array_id) and t == task and not isinstance(t, bool):
+            return str(j.get("job_id"))
+    return None
 
 
 def _job_cores(r: _Reader) -> dict[str, tuple[tuple[int, int], ...]]:

@@ -359,3 +359,67 @@ def test_an_idle_jobs_peak_of_nothing_reads_0g():
     text = js.to_text(js.job_stats("9", [idle], source="store"))
     (peak,) = [ln for ln in text.splitlines() if ln.startswith("  peak")]
     assert peak.endswith("  0G (0% of what it asked)"), peak
+
+
+# --- any job a user can name (issue 31 item 1) -------------------------------------------------------------
+
+def _slurmctld_holds(monkeypatch, *infos):
+    """slurmctld's --json job list holding ``infos`` (JobInfo), in this session's release's shape."""
+    from slurm_gpushare.slurm import commands
+    from tests.jobjson import job_dict, meta, session_release
+
+    text = json.dumps({"jobs": [job_dict(i) for i in infos], "meta": meta(session_release()), "errors": [],
+                       "warnings": []})
+    monkeypatch.setattr(commands, "job_record", lambda job_id, **kw: text)
+
+
+def _share(node="n1"):
+    from slurm_gpushare.slurm.gres import GresItem
+
+    return {node: (GresItem("shard", "", 10, "IDX:0"),)}
+
+
+def test_a_running_job_is_told_that_its_records_come_when_it_ends(tmp_path, fake_slurm, monkeypatch):
+    from slurm_gpushare.slurm.job import JobInfo
+
+    _slurmctld_holds(monkeypatch, JobInfo(job_id="7", uid=os.getuid(), state="RUNNING", nodes=("n1",),
+                                          gres=_share(), tres_per_node="gres:shard:10"))
+    out = CliRunner().invoke(main, ["jobstats", "7", "--db", str(tmp_path / "none.db")])
+    assert out.exit_code == 2, out.output
+    assert "job 7 is RUNNING: its GPU usage records are written when it ends" in out.output, out.output
+    assert "node monitor" in out.output and "a job without GPUs" not in out.output
+
+
+def test_a_job_without_gpus_is_told_so(tmp_path, fake_slurm, monkeypatch):
+    from slurm_gpushare.slurm.job import JobInfo
+
+    _slurmctld_holds(monkeypatch, JobInfo(job_id="8", uid=os.getuid(), state="COMPLETED", nodes=("n1",)))
+    out = CliRunner().invoke(main, ["jobstats", "8", "--db", str(tmp_path / "none.db")])
+    assert out.exit_code == 2 and "job 8 held no GPU" in out.output, out.output
+    # a job slurmctld has forgotten: its sacct row (AllocTRES without GPU or shard) says the same
+    monkeypatch.setattr("slurm_gpushare.slurm.commands.job_record", lambda job_id, **kw: '{"jobs": []}')
+    fake_slurm["uid"] = os.getuid()
+    fake_slurm["sacct"] = f"9|9|me|acct|cpu|COMPLETED|0:0|{T0}|{T0 + 60}|00:01:00|billing=1,cpu=1,mem=100M,node=1|\n"
+    out = CliRunner().invoke(main, ["jobstats", "9", "--db", str(tmp_path / "none.db")])
+    assert out.exit_code == 2 and "job 9 held no GPU" in out.output, out.output
+
+
+def test_an_array_task_is_named_as_squeue_and_sacct_name_it(tmp_path, fake_slurm, monkeypatch):
+    from slurm_gpushare.slurm.job import JobInfo
+
+    me = os.getuid()
+    _slurmctld_holds(monkeypatch,
+                     JobInfo(job_id="10", uid=me, state="COMPLETED", array_job_id="10", array_task_id=1),
+                     JobInfo(job_id="12", uid=me, state="COMPLETED", array_job_id="10", array_task_id=2))
+    fake_slurm["uid"] = me
+    rec = [r for r in fixture() if r.job_id == "3"][0]
+    fake_slurm["sacct"] = _sacct_row(rec, "12")
+    out = CliRunner().invoke(main, ["jobstats", "10_2", "--db", str(tmp_path / "none.db"), "--machines",
+                                    str(tmp_path), "--format", "json"])
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.output)["job"] == "12" and fake_slurm["calls"] == [["-j", "12"]]
+    out = CliRunner().invoke(main, ["jobstats", "10_9", "--db", str(tmp_path / "none.db")])
+    assert out.exit_code == 2 and "array task 10_9 is not known" in out.output, out.output
+    for bad in ("10_", "_2", "10_2_3", "10_x"):
+        out = CliRunner().invoke(main, ["jobstats", bad])
+        assert out.exit_code == 2 and "not a job id" in out.output, (bad, out.output)

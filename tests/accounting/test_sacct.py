@@ -317,6 +317,69 @@ def test_write_final_summary_waits_for_records_and_the_end_record_then_merges(tm
                                sacctmgr=sacctmgr) is None
 
 
+def test_the_summary_reads_and_checks_the_run_that_just_ended_in_whatever_order_sacct_lists_an_id(tmp_path):
+    """slurmdbd keeps an older job of the same id (slurmctld's state lost; the dev cluster's test sessions): sacct -D
+    lists both, newest first here. The summary took the last row as "this run", merged the old job's field, then
+    read the old row back, failed, and the array task's row was never written (seen on 22.05 in a real-daemon
+    test). slurmdbd's modify job names the newest job of the id (as_mysql_modify_job: time_submit desc limit 1)."""
+    recs = [record(job_id="3", node="n1", start=5000, end=5060)]
+    job = FinalJob("3", 0, ("n1",), "3_1")
+    spool = tmp_path / "spool"
+    Spool(spool, node="n1", clock=lambda: 6000).append(recs)
+    rows = {"new": "[gpushare:v1 req=mem=4G]", "old": "old job text [gpushare:u1 run=0]"}
+    writes = []
+
+    def sacct(args):
+        return (f"3|3_1|alice|physics|gpu|COMPLETED|0:0|5000|5060|00:01:00|cpu=1|{rows['new']}\n"
+                f"3|3|root|root|gpu|COMPLETED|0:0|100|160|00:01:00|cpu=1|{rows['old']}\n")
+
+    def sacctmgr(jid, text):
+        writes.append((jid, text))
+        rows["new"] = text
+        return ""
+
+    out = write_final_summary(job, [spool], wait=0, sacct=sacct, show_job=lambda j: "", sacctmgr=sacctmgr,
+                              release=Release(24, 11))
+    assert writes == [("3_1", out)] and out == f"[gpushare:v1 req=mem=4G] {final_segment(recs)}"
+    assert rows["old"] == "old job text [gpushare:u1 run=0]"
+
+
+def test_a_write_slurmdbd_does_not_take_yet_is_tried_again_until_the_deadline(tmp_path):
+    """Seen on 22.05 for the array task whose id is the array's own (``jobid=3_1``): right after the job ended,
+    sacctmgr said "Request didn't affect anything" although sacct showed the row ended; the same command
+    worked seconds later. The run was dropped at the first failure; it is tried again each round until its
+    deadline, and only then reported."""
+    recs = [record(job_id="3", node="n1", start=5000, end=5060)]
+    job = FinalJob("3", 0, ("n1",), "3_1")
+    spool = tmp_path / "spool"
+    Spool(spool, node="n1", clock=lambda: 6000).append(recs)
+    stored = {"ac": ""}
+    t = [0.0]
+    tries = []
+
+    def sacct(args):
+        return f"3|3_1|alice|physics|gpu|COMPLETED|0:0|5000|5060|00:01:00|cpu=1|{stored['ac']}\n"
+
+    def sacctmgr(jid, text):
+        tries.append(t[0])
+        if len(tries) < 3:
+            raise SlurmError("sacctmgr: Request didn't affect anything or your user doesn't have privilege")
+        stored["ac"] = text
+        return ""
+
+    def sleep(s):
+        t[0] += s
+
+    out = write_final_summary(job, [spool], wait=30, sacct=sacct, show_job=lambda j: "", sacctmgr=sacctmgr,
+                              clock=lambda: t[0], sleep=sleep, release=Release(24, 11))
+    assert out == final_segment(recs) and tries == [0.0, 1.0, 2.0]
+    # never taken: reported at the deadline, with sacctmgr's words
+    with pytest.raises(SlurmError, match="didn't affect anything"):
+        write_final_summary(job, [spool], wait=5, sacct=sacct, show_job=lambda j: "",
+                            sacctmgr=lambda j, x: (_ for _ in ()).throw(SlurmError("Request didn't affect anything")),
+                            clock=lambda: t[0], sleep=sleep, release=Release(24, 11))
+
+
 def test_before_23_02_the_lowercased_field_still_reads_back():
     """sacctmgr before 23.02 lowercases AdminComment (src/sacctmgr/job_functions.c at slurm-22-05-8-1)."""
     recs = _two_node_job()
