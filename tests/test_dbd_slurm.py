@@ -441,12 +441,14 @@ def test_jobstats_shows_a_users_own_job_refuses_anothers_and_its_suggestion_runs
     assert rerun.returncode == 0 and "mps shard:4" in rerun.stdout, rerun.stdout + rerun.stderr
 
 
-def _summaries_running() -> list[str]:
-    """Command lines of the ``accounting sacct-summary`` processes now on this host (EpilogSlurmctld's Python)."""
+def _summaries_running(root: Path) -> list[str]:
+    """Command lines of the ``accounting sacct-summary`` processes of the cluster in ``root`` (its spool on their
+    command line: another session's cluster on the same host is not counted) now on this host
+    (EpilogSlurmctld's Python)."""
     found = []
     for p in psutil.process_iter(["cmdline"]):
         cmd = " ".join(p.info["cmdline"] or [])
-        if "sacct-summary" in cmd and "python" in cmd.lower():
+        if "sacct-summary" in cmd and "python" in cmd.lower() and str(root) in cmd:
             found.append(cmd)
     return found
 
@@ -460,7 +462,7 @@ def test_a_plain_job_costs_the_controller_no_python_and_its_successor_starts_at_
     seen: list[str] = []
 
     def ended() -> bool:
-        seen.extend(_summaries_running())
+        seen.extend(_summaries_running(dbd.cluster.root))
         return dbd.show_job(second.id).get("JobState") in FINAL_STATES
 
     wait_until(ended, f"job {second.id} (after {first.id}) ending", timeout=60)
@@ -471,14 +473,15 @@ def test_a_plain_job_costs_the_controller_no_python_and_its_successor_starts_at_
     assert delay <= 5, (end, start)
 
 
-def _summary_processes() -> list[str]:
-    """Command lines of the Python processes of the controller's summary (``accounting sacct-summary`` or
-    ``accounting sacct-worker``) now on this host. A worker starting with ``--detach`` forks and its parent
+def _summary_processes(queue: Path) -> list[str]:
+    """Command lines of the Python processes of this cluster's controller summary (``accounting sacct-summary``
+    or ``accounting sacct-worker`` naming its ``queue``; another cluster's on the same host, a second test
+    session's, is not counted) now on this host. A worker starting with ``--detach`` forks and its parent
     exits: for that moment the two are one worker (the child is not counted beside its parent; seen on 24.11)."""
     found = {}
     for p in psutil.process_iter(["cmdline", "ppid"]):
         cmd = " ".join(p.info["cmdline"] or [])
-        if ("sacct-summary" in cmd or "sacct-worker" in cmd) and "python" in cmd.lower():
+        if ("sacct-summary" in cmd or "sacct-worker" in cmd) and "python" in cmd.lower() and str(queue) in cmd:
             found[p.pid] = (p.info["ppid"], cmd)
     return [cmd for ppid, cmd in found.values() if ppid not in found]
 
@@ -491,7 +494,7 @@ def test_an_array_of_gpu_jobs_costs_the_controller_one_worker_and_every_task_get
     most: list[str] = []
 
     def all_written() -> bool:
-        now = _summary_processes()
+        now = _summary_processes(dbd.cluster.sacct_queue)
         if len(now) > len(most):
             most[:] = now
         out = dbd.run(["sacct", "-j", job.id, "-X", "-n", "-P", "-o", "JobID,State,AdminComment"]).stdout
