@@ -765,3 +765,12 @@ def test_gres_conf_prints_only_lines_that_start_slurmctld_without_slurmdbd(tmp_p
     monkeypatch.setenv("SLURM_CONF", str(tmp_path / "missing.conf"))
     unknown = run(*args).output
     assert "AccountingStorageTRES=gres/gpu" in unknown and "--no-slurmdbd" in unknown, unknown
+
+
+def test_the_version_is_printed_for_minus_v_as_for_version():
+    """-V as Slurm's own commands take it (sinfo -V, sbatch -V), beside --version (issue 31 item 7)."""
+    from slurm_gpushare import __version__
+
+    for flag in ("-V", "--version"):
+        r = run(flag)
+        assert r.exit_code == 0 and r.output == f"slurm-gpushare, version {__version__}\n", (flag, r.output)

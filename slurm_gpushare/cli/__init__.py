@@ -26,7 +26,7 @@ class GpushareGroup(click.Group):
 
 
 @click.group(cls=GpushareGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="slurm-gpushare")
+@click.version_option(__version__, "-V", "--version", prog_name="slurm-gpushare")
 def main() -> None:
     """Safe, topology-aware GPU sharing for Slurm.
 
