@@ -593,6 +593,17 @@ def test_two_nodes_never_get_a_mig_slice_only_one_node_has():
     assert "nodes" not in run("gres:gpushare:mem=10G").audit_fields()
 
 
+def test_a_decision_for_several_nodes_says_that_the_grant_is_per_node():
+    """``--gres`` counts are per node: ``-N2 --gres=gpushare:mem=10G`` gets a share on each of two nodes, and the
+    decision line said only "an MPS share of one GPU" (issue 31 item 3)."""
+    d = decide("gres:gpushare:mem=10G", None, partitions=("gpu",), inventory=INV, policy=DEFAULT, nodes=2)
+    assert d.message.startswith("gpushare: gpushare:mem=10G -> an MPS share of one ") and \
+        d.message.endswith(" GPU on each of the 2 nodes, shard:10 (10 GiB)"), d.message
+    d = decide("gres:gpushare:mem=60G", None, partitions=("gpu",), inventory=INV, policy=DEFAULT, nodes=2)
+    assert " on each of the 2 nodes" in d.message, d.message
+    assert "on each of" not in run("gres:gpushare:mem=10G").message
+
+
 def test_more_nodes_than_hold_the_grant_are_refused_with_the_count_that_works():
     d = decide("gres:gpushare:mem=10G", None, partitions=("mig",), inventory=INV, policy=DEFAULT, nodes=2)
     assert d.action == "reject" and d.errno == ESLURM_INVALID_GRES

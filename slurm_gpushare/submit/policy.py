@@ -1004,22 +1004,25 @@ def _decide(tpn: str, tpj: str, partitions: tuple[str, ...] | None, inventory: C
                      sm_percent=req.sm_percent, count=req.count, mode=req.mode, partitions=list(parts),
                      candidates=[c.label for c in considered],
                      models_considered=sorted({m for c in considered for m in c.models}), reason=reason)
-        return Decision("rewrite", ",".join(out), audit, _granted_message(req, chosen), SUCCESS)
+        return Decision("rewrite", ",".join(out), audit, _granted_message(req, chosen, audit.get("nodes", 1)), SUCCESS)
     return _direct(items, prefix, partitions, inventory, policy, audit, pools)
 
 
-def _granted_message(req: GpushareRequest, c: Candidate) -> str:
+def _granted_message(req: GpushareRequest, c: Candidate, nodes: int = 1) -> str:
+    """The decision line the user reads; ``--gres`` counts are per node, so with ``nodes`` > 1 it says the grant is
+    on each node."""
     ask = f"gpushare:{req.text}" if req.text else "gpushare"
     each = " each" if c.count > 1 else ""
+    per_node = f" on each of the {nodes} nodes" if nodes > 1 else ""
     if c.kind == "mig":
         what = (f"a MIG slice {c.type}" if c.count == 1 else f"{c.count} MIG slices {c.type}")
-        return f"gpushare: {ask} -> {what} ({_gib(c.granted_mib)}{each})"
+        return f"gpushare: {ask} -> {what}{per_node} ({_gib(c.granted_mib)}{each})"
     if c.kind == "mps":
         sm = f", {req.sm_percent}% of its compute" if req.sm_percent is not None else ""
-        return (f"gpushare: {ask} -> an MPS share of one {'/'.join(c.models)} GPU, {c.gres} "
+        return (f"gpushare: {ask} -> an MPS share of one {'/'.join(c.models)} GPU{per_node}, {c.gres} "
                 f"({_gib(c.granted_mib)}{sm})")
     plural = "GPU" if c.count == 1 else "GPUs"
-    return f"gpushare: {ask} -> {c.count} whole {c.type} {plural} ({_gib(c.granted_mib)}{each})"
+    return f"gpushare: {ask} -> {c.count} whole {c.type} {plural}{per_node} ({_gib(c.granted_mib)}{each})"
 
 
 def _direct(items: tuple[GresItem, ...], prefix: str, partitions: tuple[str, ...] | None,
