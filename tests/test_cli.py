@@ -774,3 +774,22 @@ def test_the_version_is_printed_for_minus_v_as_for_version():
     for flag in ("-V", "--version"):
         r = run(flag)
         assert r.exit_code == 0 and r.output == f"slurm-gpushare, version {__version__}\n", (flag, r.output)
+
+
+def test_doctor_prints_its_findings_as_json_for_monitoring_scripts(tmp_path, monkeypatch):
+    """``doctor --format json`` (issue 31 item 7): what Nagios/cron scripts parse, with the same exit status."""
+    import json as _json
+
+    monkeypatch.setenv("GPUSHARE_NVML", f"fake:{MACHINES / '8x-rtx4090-pcie.json'}")
+    cfg = tmp_path / "node.toml"
+    cfg.write_text(f'version = 1\nrun_dir = "{tmp_path}/run"\n')
+    (tmp_path / "run" / "jobs" / "4711").mkdir(parents=True)  # a job directory of no running job
+    monkeypatch.setattr("slurm_gpushare.slurm.commands.running_jobs", lambda node: [])  # slurmctld: none runs here
+    text = CliRunner().invoke(main, ["doctor", "--config", str(cfg), "--node", "n1"])
+    r = CliRunner().invoke(main, ["doctor", "--config", str(cfg), "--node", "n1", "--format", "json"])
+    assert r.exit_code == text.exit_code == 1, (r.output, text.output)
+    data = _json.loads(r.output)
+    assert (data["node"], data["repair"], data["finished"], data["exit_status"]) == ("n1", False, True, 1)
+    assert data["findings"] and all(set(f) == {"job_id", "problem", "action"} for f in data["findings"])
+    assert len(data["findings"]) == len(text.output.splitlines())  # the same findings, one line each in text
+    assert any(f["job_id"] == "4711" for f in data["findings"]), data

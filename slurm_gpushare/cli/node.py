@@ -41,7 +41,10 @@ def hook(which, config_path):
 @click.option("--repair", is_flag=True, help="clean up and restart what can be, instead of only reporting")
 @click.option("--timeout", type=click.FloatRange(0.1, 86400), default=None,
               help="seconds doctor may take (default: hook_timeout of node.toml, 120)")
-def doctor(config_path, node, repair, timeout):
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
+              help="json: one object (node, run_dir, repair, finished, exit_status, findings[] of job_id, problem, "
+                   "action) for monitoring scripts; the exit status is the same")
+def doctor(config_path, node, repair, timeout, fmt):
     """Find leftovers of the gpushare hooks on a node, and with --repair fix them.
 
     Job directories and MPS daemons of jobs that no longer run here are stopped and removed; a running
@@ -55,6 +58,16 @@ def doctor(config_path, node, repair, timeout):
     ctx = _context(config_path, node)
     limit = timeout if timeout is not None else ctx.config.hook_timeout
     findings, finished = doctor_within(ctx, repair=repair, limit=limit)
+    unchecked = any(f.action == "nothing done" or f.action.startswith(LEFT_ALONE) for f in findings)
+    status = 2 if not finished else 1 if (findings and not repair) or unchecked else 0
+    if fmt == "json":
+        import json
+
+        click.echo(json.dumps({"node": ctx.node, "run_dir": str(ctx.run_dir), "repair": repair, "finished": finished,
+                               "exit_status": status,
+                               "findings": [{"job_id": f.job_id, "problem": f.problem, "action": f.action}
+                                            for f in findings]}, indent=1))
+        sys.exit(status)
     for f in findings:
         click.echo(f"{'job ' + f.job_id + ': ' if f.job_id != '-' else ''}{f.problem}: {f.action}")
     if not finished:
@@ -64,8 +77,7 @@ def doctor(config_path, node, repair, timeout):
         sys.exit(2)
     if not findings:
         click.echo(f"{ctx.node}: nothing left over in {ctx.run_dir}")
-    unchecked = any(f.action == "nothing done" or f.action.startswith(LEFT_ALONE) for f in findings)
-    sys.exit(1 if (findings and not repair) or unchecked else 0)
+    sys.exit(status)
 
 
 @main.command()
