@@ -205,4 +205,5 @@ def test_a_gpushare_job_gets_the_ring_it_can_open_and_cpu_hints_inside_its_cpus(
     for step in ("0", "1"):
         mine = [_cpulist(t["cpus"]) for t in tasks if t["step"] == step]
         assert all(not (a & b) for i, a in enumerate(mine) for b in mine[i + 1:]), mine  # disjoint
-    assert output.count("slurm-gpushare: CUDA_VISIBLE_DEVICES names GPUs") == 3, output  # once per step
+    # the TaskProlog prints no note into the job's output unless node.toml's task_notes asks (issue 31 item 3)
+    assert "slurm-gpushare: CUDA_VISIBLE_DEVICES names GPUs" not in output, output

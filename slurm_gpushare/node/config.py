@@ -20,6 +20,7 @@ Every key is optional::
     low_priority_partitions = ["scavenger"]    # their jobs' MPS clients run below normal priority
     gpu_order = "gpushare"                     # whose multi-GPU tasks get NVLink ring order: "gpushare"
                                                # (jobs that asked for a share), "all" jobs, or "none"
+    task_notes = false                         # the TaskProlog tells a job's output when it reordered its GPUs
     spool_dir = "/var/spool/slurm-gpushare/accounting"   # the Epilog's per-job GPU usage records
     monitor_interval = 10.0                    # seconds between the node monitor's NVML samples (>= 0.01)
     monitor_jobs_interval = 60.0               # seconds between its squeue calls (slurmctld load)
@@ -86,6 +87,7 @@ class NodeConfig:
     mps_mode: str = "per-job"
     low_priority_partitions: tuple[str, ...] = ()
     gpu_order: str = "gpushare"
+    task_notes: bool = False
     spool_dir: str = "/var/spool/slurm-gpushare/accounting"
     monitor_interval: float = 10.0
     monitor_jobs_interval: float = 60.0
@@ -116,7 +118,7 @@ _KEYS: dict[str, type | tuple[type, ...]] = {
     "version": int, "run_dir": str, "machine": str, "mps_control": str, "shard_unit": str,
     "mps_start_timeout": (int, float), "mps_quit_timeout": (int, float), "mps_dir_size": str,
     "drain_on_stuck_daemon": bool, "hook_timeout": (int, float),
-    "mps_env": dict, "mps_mode": str, "low_priority_partitions": list, "gpu_order": str, "spool_dir": str,
+    "mps_env": dict, "mps_mode": str, "low_priority_partitions": list, "gpu_order": str, "task_notes": bool, "spool_dir": str,
     "monitor_interval": (int, float), "monitor_jobs_interval": (int, float),
     "monitor_steps_interval": (int, float), "monitor_save_interval": (int, float), "monitor_listen": str,
     "monitor_textfile": str,

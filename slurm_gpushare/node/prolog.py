@@ -508,8 +508,9 @@ def _prepare_topology(ctx: HookContext, info: JobInfo, plan: JobPlan, machine: M
         write_env(job_dir / f"ring.{k}", {key: job_env[key] for key in
                                           ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "GPUSHARE_GPU_RING")},
                   uid=plan.uid)
-        shown = ",".join(map(str, ring or ()))
-        write_note(job_dir / "note", f"slurm-gpushare: CUDA_VISIBLE_DEVICES names GPUs {shown} of {ctx.node} as "
-                   "UUIDs, in ring order along their links, NVLink first (GPUSHARE_KEEP_GPU_ORDER=1 or --gpu-bind "
-                   "keeps Slurm's order);", uid=plan.uid)
+        if ctx.config.task_notes:  # a line in every step's output: only where the site asks (node.toml)
+            shown = ",".join(map(str, ring or ()))
+            write_note(job_dir / "note", f"slurm-gpushare: CUDA_VISIBLE_DEVICES names GPUs {shown} of {ctx.node} "
+                       "as UUIDs, in ring order along their links, NVLink first (GPUSHARE_KEEP_GPU_ORDER=1 or "
+                       "--gpu-bind keeps Slurm's order);", uid=plan.uid)
     write_state(job_dir, state)
