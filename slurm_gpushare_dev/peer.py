@@ -435,6 +435,18 @@ def default_port(release: str) -> int:
     return int(env) if env else DEFAULT_PORT_BASE + RELEASE_PORT_OFFSET.get(release, 0)
 
 
+def revive(cluster, *, out=sys.stderr) -> list[str]:
+    """Start again the cluster's daemons that are gone (a Slurm daemon can abort inside Slurm: CI saw 22.05's
+    slurmd die of a heap corruption during a test, with a core in ``log/``) and say which; returns them. The
+    test that ran then shows what it saw; the next ones find every node in service."""
+    dead = [d for d in cluster.daemons() if not cluster.alive(d)]
+    if dead:
+        print(f"peer-suite: {', '.join(dead)} was not running (died during the last test: see the cluster's log/, "
+              "a core file there); started again", file=out, flush=True)
+        cluster.up(out=out)
+    return dead
+
+
 def run_here(release: str, directory: Path, port: int, expect_dir: Path, tests: list[str], *,
              timeout: float, keep: bool, out=sys.stderr) -> list[Row]:
     """Bring the cluster up (product lines off), compare ``tests`` both ways (:func:`compare`) and take the
@@ -460,6 +472,7 @@ def run_here(release: str, directory: Path, port: int, expect_dir: Path, tests: 
     mig_nodes = sorted(n for n, m in cluster.nodes.items() if any(g.mig_enabled for g in m.gpus))
 
     def run(test: str) -> Outcome:
+        revive(cluster, out=out)
         if not wait_quiet(query):
             print(f"peer-suite: the cluster was still completing jobs after {QUIET_LIMIT:.0f} s; {test} starts all "
                   "the same", file=out, flush=True)
@@ -482,6 +495,7 @@ def run_here(release: str, directory: Path, port: int, expect_dir: Path, tests: 
     def switch(enabled: bool) -> None:
         if cluster.product == enabled:
             return
+        revive(cluster, out=out)
         started = time.monotonic()
         cluster.set_product(enabled)
         print(f"peer-suite: product lines {'on' if enabled else 'off'} in {time.monotonic() - started:.1f} s",
