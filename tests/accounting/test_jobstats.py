@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -423,3 +424,22 @@ def test_an_array_task_is_named_as_squeue_and_sacct_name_it(tmp_path, fake_slurm
     for bad in ("10_", "_2", "10_2_3", "10_x"):
         out = CliRunner().invoke(main, ["jobstats", bad])
         assert out.exit_code == 2 and "not a job id" in out.output, (bad, out.output)
+
+
+def test_the_job_slurmctld_holds_is_shown_although_slurmdbd_recorded_another_user(tmp_path, fake_slurm, monkeypatch):
+    """Seen in CI on 22.05 (twice): slurmdbd recorded uid 0 (root) for a user's job that slurmctld holds as hers,
+    and jobstats dropped the row as another user's old job of the id. A row that starts when slurmctld's job
+    started is that job, whoever slurmdbd names; another start of the id stays hidden."""
+    from slurm_gpushare.slurm.job import JobInfo
+
+    me = os.getuid()
+    _slurmctld_holds(monkeypatch, JobInfo(job_id="1", uid=me, state="COMPLETED", start_time=T0, nodes=("n1",),
+                                          gres=_share()))
+    fake_slurm["names"] = {me: "me"}
+    rec = replace(next(r for r in fixture() if r.job_id == "1"), user="root")
+    fake_slurm["sacct"] = _sacct_row(rec)  # Start T0: slurmctld's job
+    out = CliRunner().invoke(main, ["jobstats", "1", "--db", str(tmp_path / "none.db"), "--machines", str(tmp_path)])
+    assert out.exit_code == 0, out.output
+    fake_slurm["sacct"] = _sacct_row(rec).replace(f"|{T0}|", f"|{T0 - 5000}|", 1)  # an older job of the id
+    out = CliRunner().invoke(main, ["jobstats", "1", "--db", str(tmp_path / "none.db"), "--machines", str(tmp_path)])
+    assert out.exit_code != 0 and "no GPU usage records" in out.output, out.output
