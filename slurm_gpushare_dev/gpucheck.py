@@ -49,7 +49,7 @@ from pathlib import Path
 #: What the steps import beyond the standard library and the product's source (``--prepare`` fetches these
 #: as wheels for the device's Python: pure Python, or abi3).
 PACKAGES = ("nvidia-ml-py", "psutil")
-#: The lent machines' Python (/work/.library/device: Python 3.12 in the image).
+#: The Python of the GPU machines this check is prepared for (3.12 in their image).
 DEVICE_PYTHON = "3.12"
 CARRY_LIMIT_MIB = 64
 

@@ -317,7 +317,8 @@ def jobstats(job_id, db_path, from_sacct, policy_path, machines_dir, fmt):
             raise click.UsageError(f"array task {given} is not known to slurmctld or to sacct")
     else:
         job_id = _job_id(job_id)
-    owner_uid = _job_uid(job_id)
+    ctld = _ctld_job(job_id)  # slurmctld's record, read once (on 22.05 squeue --json is the whole job table)
+    owner_uid = _job_uid(job_id, ctld)
     js.may_see(job_id, owner_uid, os.getuid(), slurm_user_uid=_slurm_user_uid,
                admin_level=lambda: _admin_level(os.getuid()))
     owner = _user_name(owner_uid)
@@ -335,12 +336,12 @@ def jobstats(job_id, db_path, from_sacct, policy_path, machines_dir, fmt):
     if not records:
         # a row that started when slurmctld's job of the id started is that job, whoever slurmdbd names (22.05 was
         # seen recording uid 0 for a user's job); other rows only where they name the owner
-        started = _ctld_start(job_id)
+        started = ctld.start_time if ctld is not None else None
         rows = [r for r in latest_jobs(parse_sacct(commands.sacct_jobs(["-j", job_id])))
                 if r.job_id == job_id and (owners(r.user) or (started is not None and r.start == started))]
         records, source = records_from_sacct(rows), "sacct"
     if not records:
-        _why_no_records(job_id, rows)
+        _why_no_records(job_id, ctld, rows)
     policy = _policy(policy_path)
     stats = js.job_stats(job_id, records, source=source, offers=_offers(machines_dir, policy.mig_enabled),
                          headroom=policy.headroom, unit_mib=policy.shard_unit_mib,
@@ -379,7 +380,7 @@ _NOT_ENDED = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSP
 _GPU_TRES = ("gres/gpu", "gres:gpu", "gres/shard", "gres:shard", "gres/mps", "gres:mps")
 
 
-def _why_no_records(job_id: str, rows) -> None:
+def _why_no_records(job_id: str, info, rows) -> None:
     """Raise the reason a job has no GPU usage records, where Slurm's records say it: still running (records
     are written when it ends), or it held no GPU (slurmctld's GRES of the job, else its sacct AllocTRES).
     Returns (for :func:`~slurm_gpushare.accounting.jobstats.job_stats` to say the general reason) otherwise.
@@ -387,14 +388,8 @@ def _why_no_records(job_id: str, rows) -> None:
     Raises:
         InputError: the job is running, or held no GPU.
     """
-    from slurm_gpushare.errors import GpushareError, InputError
-    from slurm_gpushare.slurm import commands
-    from slurm_gpushare.slurm.job import parse_job_json
+    from slurm_gpushare.errors import InputError
 
-    try:
-        info = parse_job_json(commands.job_record(job_id), job_id)
-    except GpushareError:
-        info = None
     if info is not None and info.state in _NOT_ENDED:
         raise InputError(f"job {job_id} is {info.state}: its GPU usage records are written when it ends",
                          hint="while it runs, the node monitor's metrics show its GPU use (docs/accounting.md, "
@@ -417,33 +412,29 @@ def _job_id(text: str) -> str | None:
     return text.lstrip("0") or "0"
 
 
-def _ctld_start(job_id: str) -> int | None:
-    """When slurmctld's job of that id started (epoch s), None when slurmctld does not hold it (or it never
-    started)."""
+def _ctld_job(job_id: str):
+    """slurmctld's record of the job of that id (:class:`~slurm_gpushare.slurm.job.JobInfo`), None when slurmctld
+    does not hold it or cannot be asked."""
     from slurm_gpushare.errors import GpushareError
     from slurm_gpushare.slurm import commands
     from slurm_gpushare.slurm.job import parse_job_json
 
     try:
-        return parse_job_json(commands.job_record(job_id), job_id).start_time
+        return parse_job_json(commands.job_record(job_id), job_id)
     except GpushareError:
         return None
 
 
-def _job_uid(job_id: str) -> int | None:
-    """The job's uid as slurmctld holds it (the job of that id now: a job id can be used again once slurmctld's
-    state is lost while slurmdbd keeps the old job's row), else as slurmdbd recorded it for the most recent job
-    of that id (sacct without -D: a job slurmctld has forgotten); None when neither knows the job."""
+def _job_uid(job_id: str, ctld=None) -> int | None:
+    """The job's uid as slurmctld holds it (``ctld``, :func:`_ctld_job`: the job of that id now, since a job id can
+    be used again once slurmctld's state is lost while slurmdbd keeps the old job's row), else as slurmdbd
+    recorded it for the most recent job of that id (sacct without -D: a job slurmctld has forgotten); None when
+    neither knows the job."""
     from slurm_gpushare.errors import GpushareError
     from slurm_gpushare.slurm import commands
-    from slurm_gpushare.slurm.job import parse_job_json
 
-    try:
-        uid = parse_job_json(commands.job_record(job_id), job_id).uid
-        if uid >= 0:
-            return uid
-    except GpushareError:
-        pass
+    if ctld is not None and ctld.uid >= 0:
+        return ctld.uid
     try:
         rows = [line.split("|") for line in commands.sacct_uids(job_id).splitlines() if line.count("|") == 1]
         uids = {uid for jid, uid in rows if jid == job_id and uid.isdigit()}

@@ -344,7 +344,7 @@ def test_a_reused_job_id_shows_only_the_callers_own_run(tmp_path, fake_slurm, mo
 
     me = os.getuid()
     monkeypatch.setattr(commands, "sacct_uids", lambda job: f"{job}|{me}\n{job}|4343\n")
-    monkeypatch.setattr("slurm_gpushare.cli.accounting._job_uid", lambda job: me)  # slurmctld's running job 1
+    monkeypatch.setattr("slurm_gpushare.cli.accounting._job_uid", lambda job, ctld=None: me)  # slurmctld: job 1
     fake_slurm["names"] = {me: "me", 4343: "carol"}
     carols = [r for r in fixture() if r.job_id == "1"][0]
     assert carols.user != "me"
