@@ -27,6 +27,7 @@ from slurm_gpushare.node.shared_mps import shared_dir
 from slurm_gpushare_dev.cluster import MPS_STANDIN, SITE, packaged_machine, pid_alive
 from tests.conftest import DEADLINE, wait_until
 from tests.jobjson import as_job_json
+from tests.security.conftest import USERS, users  # noqa: F401  (the fixture)
 
 SHOW = """\
 JobId={job} JobName=wrap
@@ -132,6 +133,8 @@ def test_whole_gpu_and_mig_jobs_start_no_daemon(node, monkeypatch):
     assert prolog(mig, {**_env("8"), "SLURMD_NODENAME": "mig"}) == 0
     assert (mig.job_dir("8") / "env").read_text() == ""
     assert re.fullmatch(r" 4=MIG-[0-9a-f-]{36} \n", (mig.job_dir("8") / "devices").read_text())
+    # the device's own file (its GPU instance's cap, as gres.conf File= names it under node.toml device_dir)
+    assert (mig.job_dir("8") / "files").read_text() == " 4=/dev/nvidia-caps/nvidia-cap336 \n"
     assert epilog(mig, {**_env("8"), "SLURMD_NODENAME": "mig"}) == 0 and not mig.job_dir("8").exists()
 
 
@@ -308,6 +311,59 @@ def test_taskprolog_keeps_a_device_slurm_already_names_by_uuid(tmp_path):
     assert task(SLURM_STEP_GPUS="0,3", CUDA_VISIBLE_DEVICES="0,MIG-bbb") == "export CUDA_VISIBLE_DEVICES=0,MIG-bbb\n"
     # indices (a static gres.conf: no UniqueId) are translated as before
     assert task(SLURM_STEP_GPUS="2,3", CUDA_VISIBLE_DEVICES="2,3") == "export CUDA_VISIBLE_DEVICES=MIG-aaa,MIG-bbb\n"
+
+
+def test_taskprolog_finds_a_confined_tasks_own_mig_devices_by_the_files_it_may_open(users):  # noqa: F811
+    """Under task/cgroup with ConstrainDevices=yes slurmstepd names the step's first device in every task's
+    SLURM_STEP_GPUS of a --gpus-per-task step and lets each task open only its own (measured on 22.05 to 26.05,
+    tests/test_task_devices_slurm.py). The TaskProlog then takes the job's devices the task may open (test -r;
+    here file modes stand in for the device cgroup: the script runs as a real unprivileged user), when they are
+    as many as Slurm named; elsewhere Slurm's names stand."""
+    tmp_path = Path(tempfile.mkdtemp(prefix="gps-tpf-", dir="/tmp"))  # a path the user can walk
+    os.chmod(tmp_path, 0o755)
+    script = tmp_path / "tp.sh"
+    script.write_text((SITE / "taskprolog.sh").read_text().replace('RUN_DIR="/run/slurm-gpushare"',
+                                                                   f'RUN_DIR="{tmp_path}/run"'))
+    os.chmod(script, 0o755)
+    devs = tmp_path / "dev"
+    devs.mkdir(mode=0o755)
+    for name in ("nvidia1", "cap4", "cap5", "cap6"):
+        (devs / name).write_text("")
+    job = tmp_path / "run" / "jobs" / "130"
+    job.mkdir(parents=True)
+    for d in (tmp_path / "run", tmp_path / "run" / "jobs", job):
+        os.chmod(d, 0o755)
+    (job / "devices").write_text(" 4=MIG-four 5=MIG-five 6=MIG-six \n")
+    (job / "files").write_text(f" 1={devs}/nvidia1 4={devs}/cap4 5={devs}/cap5 6={devs}/cap6 \n")
+    for f in ("devices", "files"):
+        os.chmod(job / f, 0o644)
+
+    def task(open_: tuple[str, ...], **env: str) -> str:
+        for name in ("nvidia1", "cap4", "cap5", "cap6"):
+            os.chmod(devs / name, 0o644 if name in open_ else 0o600)
+        out = subprocess.run(["runuser", "-u", USERS[0], "--", "sh", str(script)],
+                             env={"PATH": os.environ["PATH"], "SLURM_JOB_ID": "130", "SLURM_STEP_ID": "0", **env},
+                             capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    # the second task of a --gpus-per-task=1 step: Slurm names device 4, the task may open only device 5
+    assert task(("cap5",), SLURM_STEP_GPUS="4", CUDA_VISIBLE_DEVICES="0") == "export CUDA_VISIBLE_DEVICES=MIG-five\n"
+    assert task(("cap4",), SLURM_STEP_GPUS="4", CUDA_VISIBLE_DEVICES="0") == "export CUDA_VISIBLE_DEVICES=MIG-four\n"
+    # a mixed job's task that holds the MIG device while Slurm names the whole GPU 1
+    assert task(("cap6",), SLURM_STEP_GPUS="1", CUDA_VISIBLE_DEVICES="0") == "export CUDA_VISIBLE_DEVICES=MIG-six\n"
+    # ... and the task that holds the whole GPU keeps Slurm's value
+    assert task(("nvidia1",), SLURM_STEP_GPUS="1", CUDA_VISIBLE_DEVICES="0") == ""
+    # the task may open every device Slurm named (task/none, or the step's names are its own): Slurm's names
+    everything = ("nvidia1", "cap4", "cap5", "cap6")
+    assert task(everything, SLURM_STEP_GPUS="4,5", CUDA_VISIBLE_DEVICES="4,5") == (
+        "export CUDA_VISIBLE_DEVICES=MIG-four,MIG-five\n")
+    # it may open none of them (device files the user cannot read: a site's 0660 video group): Slurm's names
+    assert task((), SLURM_STEP_GPUS="5", CUDA_VISIBLE_DEVICES="5") == "export CUDA_VISIBLE_DEVICES=MIG-five\n"
+    # as many openable as named, but not the named ones, two of them: index order
+    assert task(("cap5", "cap6"), SLURM_STEP_GPUS="4,5", CUDA_VISIBLE_DEVICES="0,1") == (
+        "export CUDA_VISIBLE_DEVICES=MIG-five,MIG-six\n")
+    shutil.rmtree(tmp_path)
 
 
 def test_taskprolog_applies_the_ring_only_where_the_task_sees_every_gpu_and_no_binding_was_asked(node, tmp_path):

@@ -38,6 +38,8 @@ def test_values_and_templates():
     assert (warned.enforce_for("debug"), warned.enforce_for("gpu")) == ("warn", "requeue")
     assert [parse_node_config(f'version = 1\nmps_dir_size = "{v}"\n').mps_dir_size_mib for v in ("16M", "1G", "0")] \
         == [16, 1024, 0]
+    assert cfg.device_dir_for("gpu01") == "/dev"
+    assert parse_node_config('version = 1\ndevice_dir = "/x/dev/{node}"\n').device_dir_for("gpu01") == "/x/dev/gpu01"
 
 
 @pytest.mark.parametrize("text, message", [
@@ -57,6 +59,8 @@ def test_values_and_templates():
     ("version = 1\nenforce_grace = 0\n", "enforce_grace = 0 is out of range (1-100 samples)"),
     ("version = 1\nenforce_grace = 2.5\n", "enforce_grace has the wrong type"),
     ("version = 1\n[enforce_partitions]\ndebug = 'stop'\n", "enforce_partitions: debug must be"),
+    ("version = 1\ndevice_dir = 'dev'\n", "device_dir = 'dev' is not an absolute path"),
+    ("version = 1\ndevice_dir = '/my dev'\n", "device_dir = '/my dev' is not an absolute path without blanks"),
 ])
 def test_bad_files_name_the_problem(text, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):

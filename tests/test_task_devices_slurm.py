@@ -9,7 +9,8 @@ the same devices in the same order, by that index under task/none and by their p
 devices under ConstrainDevices (``common_gres_set_env`` in src/plugins/gres/common/gres_common.c,
 ``gres_use_local_device_index`` in src/common/gres.c at slurm-22-05-8-1; measured on the dev cluster); a
 step without GPU has neither. The product never changes ``SLURM_STEP_GPUS``, so each task's expected value
-is computed from it.
+is computed from it; under ConstrainDevices from the devices the task may open, since slurmstepd then names
+the step's first device in every task's ``SLURM_STEP_GPUS`` of a ``--gpus-per-task`` step.
 """
 
 from __future__ import annotations
@@ -35,9 +36,13 @@ MIG = {2: "MIG-00000000-0000-4000-8000-000200000002", 3: "MIG-00000000-0000-4000
        6: "MIG-00000000-0000-4000-8000-000200000009", 7: "MIG-00000000-0000-4000-8000-000300000011",
        8: "MIG-00000000-0000-4000-8000-000300000012", 9: "MIG-00000000-0000-4000-8000-000300000013"}
 #: What every task prints: its tag (the step's case), then ``key=value`` fields separated by ``|``.
+#: ``acc``: the node's device files the task can open (``test -r``: the device cgroup's verdict under
+#: ConstrainDevices), which tell the test what the task really holds.
 PROBE = r"""#!/bin/sh
+acc=""
+for f in @DEV@/nvidia[0-9]* @DEV@/nvidia-caps/nvidia-cap*; do [ -r "$f" ] && acc="$acc ${f##*/}"; done
 echo "TASK|tag=$1|step=${SLURM_STEP_ID:-batch}|local=$SLURM_LOCALID|cvd=${CUDA_VISIBLE_DEVICES-unset}"\
-"|sg=$SLURM_STEP_GPUS|jg=$SLURM_JOB_GPUS|pipe=$CUDA_MPS_PIPE_DIRECTORY|lim=$CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+"|sg=$SLURM_STEP_GPUS|jg=$SLURM_JOB_GPUS|pipe=$CUDA_MPS_PIPE_DIRECTORY|lim=$CUDA_MPS_PINNED_DEVICE_MEM_LIMIT|acc=$acc"
 """
 
 
@@ -52,7 +57,7 @@ def mig_node(request, users):  # noqa: F811
         (root / "out").mkdir()
         os.chmod(root / "out", 0o1777)
         probe = root / "probe.sh"
-        probe.write_text(PROBE)
+        probe.write_text(PROBE.replace("@DEV@", str(c.device_dir(NODE))))
         os.chmod(probe, 0o755)
         c.probe = str(probe)  # type: ignore[attr-defined]
         c.out = root / "out"  # type: ignore[attr-defined]
@@ -88,9 +93,27 @@ def _tasks(output: str) -> list[dict[str, str]]:
             for line in output.splitlines() if line.startswith("TASK|")]
 
 
-def _expected(task: dict[str, str], cgroup: bool, share: dict[int, str]) -> str:
-    """Plain Slurm's CUDA_VISIBLE_DEVICES for the task, MIG devices and the share's GPUs as UUIDs."""
-    ids = task["jg"] if task["tag"] == "batch" else task["sg"]  # 26.05 gives the batch step SLURM_STEP_ID=-5
+def _gres_files(c) -> dict[str, int]:
+    """The node's GPU devices: the device file that is each one's own (``File=``, or the last of
+    ``MultipleFiles=``: a MIG device's compute-instance cap) -> its gres.conf index."""
+    out: dict[str, int] = {}
+    for line in (c.root / "etc" / "gres.conf").read_text().splitlines():
+        fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+        if fields.get("NodeName") == NODE and fields.get("Name") == "gpu":
+            files = fields.get("File") or fields["MultipleFiles"]
+            out[files.split(",")[-1].rsplit("/", 1)[-1]] = len(out)
+    return out
+
+
+def _expected(task: dict[str, str], cgroup: bool, share: dict[int, str], files: dict[str, int]) -> str:
+    """Plain Slurm's CUDA_VISIBLE_DEVICES for the task, MIG devices and the share's GPUs as UUIDs. Under
+    ConstrainDevices the task's devices are those the device cgroup lets it open (slurmstepd names the step's
+    first device in every task's SLURM_STEP_GPUS of a --gpus-per-task step, measured on 22.05 to 26.05), in
+    index order, each at its position among them; otherwise the gres.conf indices slurmstepd names."""
+    if cgroup:
+        ids = ",".join(str(i) for i in sorted(files[f] for f in task["acc"].split() if f in files))
+    else:
+        ids = task["jg"] if task["tag"] == "batch" else task["sg"]  # 26.05 gives the batch step SLURM_STEP_ID=-5
     if not ids:
         return "unset"
     table = {**MIG, **share}
@@ -101,6 +124,7 @@ def test_each_task_sees_slurms_devices_translated_only_for_mig_and_mps(mig_node)
     c = mig_node
     cgroup = c.cgroup
     p = c.probe
+    files = _gres_files(c)
     mig = _submit(c, "-n2", "-c2", "--mem=1G", "--gres=gpu:h100_1g.10gb:3", script="; ".join([
         f"{p} batch",
         f"srun -n2 -c2 --gpus-per-task=1 --exclusive {p} per-task",
@@ -127,15 +151,12 @@ def test_each_task_sees_slurms_devices_translated_only_for_mig_and_mps(mig_node)
         [("batch", 1), ("per-task", 2), ("single", 2), ("map", 2), ("one-of-three", 1), ("gres-none", 1),
          ("gpus-0", 1), ("conc", 2), ("under", 1), ("overlap", 1)]), out_mig
     for t in tasks:
-        assert t["cvd"] == _expected(t, cgroup, {}), (t, out_mig)
+        assert t["cvd"] == _expected(t, cgroup, {}, files), (t, out_mig)
         assert not (t["pipe"] or t["lim"]), t
     assert by_tag["batch"][0]["cvd"].count("MIG-") == 3
     for tag in ("per-task", "single", "map", "one-of-three", "conc", "overlap"):
         assert all(t["cvd"].startswith("MIG-") and "," not in t["cvd"] for t in by_tag[tag]), (tag, out_mig)
-    # one slice each, a different one; under ConstrainDevices, 22.05's slurmstepd names the step's first device
-    # in every task's SLURM_STEP_GPUS while it confines each task to its own (measured): checked last
-    per_task_apart = len({t["cvd"] for t in by_tag["per-task"]}) == 2
-    assert per_task_apart or cgroup, out_mig
+    assert len({t["cvd"] for t in by_tag["per-task"]}) == 2, out_mig  # one slice each, a different one
     assert len({t["cvd"] for t in by_tag["conc"]}) == 2  # concurrent steps: one slice each, a different one
     assert by_tag["gres-none"][0]["cvd"] == by_tag["gpus-0"][0]["cvd"] == "unset", out_mig
 
@@ -143,7 +164,7 @@ def test_each_task_sees_slurms_devices_translated_only_for_mig_and_mps(mig_node)
     held = int(next(t["jg"] for t in tasks if t["tag"] == "batch"))
     share = {held: WHOLE[held]}
     for t in tasks:
-        assert t["cvd"] == _expected(t, cgroup, share), (t, out_shard)
+        assert t["cvd"] == _expected(t, cgroup, share, files), (t, out_shard)
         if t["tag"] == "gres-none":  # a GPU-less step of a shard job: no GPU, no MPS pipe, no limit
             assert t["cvd"] == "unset" and not (t["pipe"] or t["lim"]), (t, out_shard)
         else:
@@ -152,11 +173,7 @@ def test_each_task_sees_slurms_devices_translated_only_for_mig_and_mps(mig_node)
     tasks = _tasks(out_mixed)
     assert len(tasks) == 4, out_mixed
     for t in tasks:
-        assert t["cvd"] == _expected(t, cgroup, {}), (t, out_mixed)
+        assert t["cvd"] == _expected(t, cgroup, {}, files), (t, out_mixed)
         assert not (t["pipe"] or t["lim"]), t
     per_task = sorted(t["cvd"] for t in tasks if t["tag"] == "per-task")
-    mixed_apart = per_task[0].isdigit() and per_task[1].startswith("MIG-")  # the whole GPU keeps Slurm's form
-    assert mixed_apart or cgroup, out_mixed
-    if not (per_task_apart and mixed_apart):
-        pytest.xfail("task/cgroup: every task of a --gpus-per-task step has the same SLURM_STEP_GPUS, so each is "
-                     "told the first device of the step, not its own: " + repr(by_tag["per-task"]) + out_mixed)
+    assert per_task[0].isdigit() and per_task[1].startswith("MIG-"), out_mixed  # the whole GPU keeps Slurm's form

@@ -7,6 +7,7 @@ Every key is optional::
     version = 1
     run_dir = "/run/slurm-gpushare"            # per-job state, MPS pipe and log directories
     machine = "/etc/slurm/gpushare/machines/{node}.json"
+    device_dir = "/dev"                        # the nvidiaN files gres.conf names (nvidia-caps/ beneath it)
     mps_control = "/usr/bin/nvidia-cuda-mps-control"
     shard_unit = "1G"                          # with a unit (1G, 512M); must match gres-conf --shard-unit
     mps_start_timeout = 10.0                   # seconds
@@ -41,7 +42,7 @@ Every key is optional::
     [mps_env]                                  # extra environment of the MPS control daemon
     LD_LIBRARY_PATH = "/usr/local/cuda/lib64"
 
-``{node}`` in ``run_dir`` and ``machine`` is the Slurm node name (``SLURMD_NODENAME``): several
+``{node}`` in ``run_dir``, ``machine`` and ``device_dir`` is the Slurm node name (``SLURMD_NODENAME``): several
 slurmd on one host (the dev cluster) keep their state apart.
 """
 
@@ -76,6 +77,7 @@ class NodeConfig:
 
     run_dir: str = "/run/slurm-gpushare"
     machine: str = "/etc/slurm/gpushare/machines/{node}.json"
+    device_dir: str = "/dev"
     mps_control: str = "/usr/bin/nvidia-cuda-mps-control"
     shard_unit_mib: int = 1024
     mps_start_timeout: float = 10.0
@@ -109,13 +111,18 @@ class NodeConfig:
         """The run dir of Slurm node ``node`` (``{node}`` in ``run_dir`` replaced by its name)."""
         return Path(self.run_dir.replace("{node}", node))
 
+    def device_dir_for(self, node: str) -> str:
+        """The directory of Slurm node ``node``'s ``nvidiaN`` device files, ``nvidia-caps/`` beneath it, as
+        its gres.conf names them (``{node}`` replaced by its name)."""
+        return self.device_dir.replace("{node}", node)
+
     def machine_for(self, node: str) -> Path:
         """The machine description file of Slurm node ``node`` (``{node}`` replaced by its name)."""
         return Path(self.machine.replace("{node}", node))
 
 
 _KEYS: dict[str, type | tuple[type, ...]] = {
-    "version": int, "run_dir": str, "machine": str, "mps_control": str, "shard_unit": str,
+    "version": int, "run_dir": str, "machine": str, "device_dir": str, "mps_control": str, "shard_unit": str,
     "mps_start_timeout": (int, float), "mps_quit_timeout": (int, float), "mps_dir_size": str,
     "drain_on_stuck_daemon": bool, "hook_timeout": (int, float),
     "mps_env": dict, "mps_mode": str, "low_priority_partitions": list, "gpu_order": str, "task_notes": bool,
@@ -264,6 +271,12 @@ def _node_config_from_data(data: dict[str, Any], source: str) -> NodeConfig:
             if not ((low <= value) if low_included else (low < value)) or not value <= high:
                 raise ConfigError(f"{key} = {value} is out of range ({low:g}-{high:g} seconds)", source=source)
             kw[key] = float(value)
+        elif key == "device_dir":
+            if not value.startswith("/") or any(ch in value for ch in " =\t\n"):
+                raise ConfigError(f"device_dir = {value!r} is not an absolute path without blanks or '='",
+                                  hint='the directory gres.conf File= names, e.g. device_dir = "/dev"',
+                                  source=source)
+            kw[key] = value
         elif key == "monitor_listen":
             if value:
                 try:

@@ -229,7 +229,8 @@ def node_devices(ctx: HookContext) -> NodeDevices:
         NodeFault: no usable machine description, or NVML failed.
     """
     machine = load_machine(ctx)
-    gres = node_gres(machine, ctx.node, GresOptions(shard_unit_mib=ctx.config.shard_unit_mib))
+    gres = node_gres(machine, ctx.node, GresOptions(device_dir=ctx.config.device_dir_for(ctx.node),
+                                                    shard_unit_mib=ctx.config.shard_unit_mib))
     try:
         with open_nvml() as port:
             gpu_uuids, mig_uuids = read_uuids(port, machine.gpus)

@@ -163,19 +163,20 @@ def write_env(path: Path, env: Mapping[str, str], *, uid: int | None = None) -> 
 
 
 def write_devices(path: Path, devices: Iterable[tuple[int, str]], *, uid: int | None = None) -> None:
-    """Replace the job's ``devices`` file: one line `` <index>=<UUID>`` per device and a trailing space (the
-    TaskProlog reads it with one ``read`` and finds `` <index>=`` with a shell pattern). Owner and mode as
-    :func:`write_env`.
+    """Replace a job's device table (``devices``: index -> UUID; ``files``: index -> device file): one line
+    `` <index>=<value>`` per device and a trailing space (the TaskProlog reads it with one ``read`` and finds
+    `` <index>=`` with a shell pattern). Owner and mode as :func:`write_env`.
 
     Raises:
-        InputError: a UUID that is empty or holds a space, ``=`` or a line break.
+        InputError: a value that is empty or holds a space, ``=`` or a line break.
         OSError: the file could not be written or given to ``uid``.
     """
     line = ""
-    for index, uuid in devices:
-        if not uuid or any(ch in uuid for ch in " =\n\t"):
-            raise InputError(f"device {index}: UUID {uuid!r} cannot be written to the devices table")
-        line += f" {int(index)}={uuid}"
+    for index, value in devices:
+        if not value or any(ch in value for ch in " =\n\t"):
+            raise InputError(f"device {index}: {value!r} cannot be written to the table {path.name}",
+                             hint="device files and UUIDs hold no space, '=' or line break")
+        line += f" {int(index)}={value}"
     write_atomic(path, line + " \n", mode=FILE_MODE, fsync=VOLATILE_FSYNC)
     if uid is not None and uid >= 0 and uid != os.geteuid():
         os.chown(path, uid, -1)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from slurm_gpushare.errors import InputError
 from slurm_gpushare.memsize import format_mib
 from slurm_gpushare.slurm.job import JobInfo
-from slurm_gpushare.slurm.nodegres import NodeGres
+from slurm_gpushare.slurm.nodegres import GresRecord, NodeGres
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,12 @@ class JobPlan:
             TaskProlog translates: MIG devices (``mig``) and the GPUs of an MPS share (``mps``: a client
             names devices relative to its daemon, which runs on UUIDs). The index is the gres.conf device
             index, slurmctld's ``IDX`` and slurmstepd's ``SLURM_STEP_GPUS``/``SLURM_JOB_GPUS`` entries.
+        device_files: ``(Slurm device index, device file)`` of each of a ``mig`` job's devices here, whole GPUs
+            among them: the file that is the device's own, a whole GPU's ``nvidiaN``, a MIG device's GPU
+            instance ``nvidia-capM`` (gres.conf ``File=``; the second of ``MultipleFiles=``). Under task/cgroup
+            with ``ConstrainDevices=yes`` the TaskProlog finds a task's own devices by which of these it may
+            open, where slurmstepd names the step's first device in every task's ``SLURM_STEP_GPUS``
+            (``--gpus-per-task``; 22.05 to 26.05).
         mem_limit_mib: MPS pinned-memory limit per device, MiB (``mps`` only).
         sm_percent: MPS active thread percentage (``mps`` with ``sm=`` only).
         note: a remark for the log (e.g. shards spread over several GPUs).
@@ -62,12 +68,14 @@ class JobPlan:
     note: str = ""
     client_priority: int | None = None
     devices: tuple[tuple[int, str], ...] = ()
+    device_files: tuple[tuple[int, str], ...] = ()
 
     @classmethod
     def from_dict(cls, fields: dict) -> JobPlan:
         """The plan written with :func:`dataclasses.asdict` (a job's state.json; JSON makes the tuple a list)."""
         return cls(**{**fields, "gpu_indices": tuple(fields.get("gpu_indices", ())),
-                      "devices": tuple((int(i), str(u)) for i, u in fields.get("devices", ()))})
+                      "devices": tuple((int(i), str(u)) for i, u in fields.get("devices", ())),
+                      "device_files": tuple((int(i), str(f)) for i, f in fields.get("device_files", ()))})
 
     def env(self, mps_client: Mapping[str, str] | None = None) -> dict[str, str]:
         """The variables the TaskProlog exports to each task that holds a device of :attr:`devices` (ordered):
@@ -159,5 +167,14 @@ def plan_job(info: JobInfo, node: str, gres: NodeGres, *, gpu_uuids: dict[int, s
                                  hint="the MIG layout changed: regenerate the machine description and gres.conf")
             uuids.append(mig_uuids[key])
         return JobPlan("mig", info.job_id, info.uid, info.gid, tuple(r.gpu_index for r in recs), ",".join(uuids),
-                       devices=tuple((i, u) for i, r, u in zip(held, recs, uuids, strict=True) if r.mig_gi is not None))
+                       devices=tuple((i, u) for i, r, u in zip(held, recs, uuids, strict=True) if r.mig_gi is not None),
+                       device_files=tuple(sorted((i, _own_file(r)) for i, r in zip(held, recs, strict=True)
+                                                 if r.files)))
     return JobPlan("gpu", info.job_id, info.uid, info.gid, tuple(r.gpu_index for r in recs))
+
+
+def _own_file(record: GresRecord) -> str:
+    """The device file that is this device's alone: ``File=``, or of a MIG device's ``MultipleFiles=`` (parent
+    ``nvidiaN``, GPU instance cap, compute instance cap; :mod:`slurm_gpushare.gresconf.render`) the GPU
+    instance's cap, which the ``File=`` form names too."""
+    return record.files[1] if record.multiple_files and len(record.files) > 1 else record.files[0]

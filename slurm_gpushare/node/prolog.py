@@ -398,6 +398,8 @@ def prepare(ctx: HookContext, plan: JobPlan, job_dir: Path) -> None:
             raise JobFault(f"MPS control daemon for job {plan.job_id} failed: {e}",
                            hint=f"check {ctx.config.mps_control} and the driver") from None
         env = plan.env(daemon.client_env())
+    if plan.device_files:  # before devices: a TaskProlog that reads devices finds files in place
+        write_devices(job_dir / "files", plan.device_files, uid=plan.uid)
     write_devices(job_dir / "devices", plan.devices, uid=plan.uid)
     write_env(job_dir / "env", env, uid=plan.uid)
     state["phase"] = "ready"

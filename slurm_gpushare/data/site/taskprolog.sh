@@ -42,8 +42,32 @@ forget() {
     if [ "$cur" = "${line#*=}" ]; then echo "unset $name"; fi
   done < "$1"
 }
+# Under task/cgroup with ConstrainDevices=yes, slurmstepd confines each task of a --gpus-per-task step to its
+# own devices but names the step's first device in every task's SLURM_STEP_GPUS (22.05 to 26.05, measured).
+# files (" <index>=<device file> ...": a MIG job's devices here) tells them apart: where Slurm names a device
+# this task may not open (test -r: the device cgroup's verdict) and the job's devices it may open are as
+# many as Slurm named, those, in index order, are this task's own. Otherwise Slurm's names stand.
+own() {
+  files=$1 denied="" mine="" n=0 m=0
+  set -f; IFS=,
+  for id in $ids; do
+    n=$((n + 1))
+    case "$files" in *" $id="*)
+      f=${files#* $id=}; f=${f%% *}
+      [ ! -e "$f" ] || [ -r "$f" ] || denied=1 ;;
+    esac
+  done
+  unset IFS
+  if [ -n "$denied" ]; then
+    for e in $files; do
+      if [ -r "${e#*=}" ]; then mine="$mine,${e%%=*}"; m=$((m + 1)); fi
+    done
+    if [ "$m" -eq "$n" ]; then ids=${mine#,}; fi
+  fi
+  set +f
+}
 translate() {
-  table=$1 ids=${SLURM_STEP_GPUS:-$SLURM_JOB_GPUS} out="" hit=""
+  table=$1 out="" hit=""
   set -f; IFS=,
   set -- $CUDA_VISIBLE_DEVICES
   for id in $ids; do
@@ -65,6 +89,12 @@ translate() {
 if [ -r "$d/devices" ]; then
   table=""
   read -r table < "$d/devices"
+  ids=${SLURM_STEP_GPUS:-$SLURM_JOB_GPUS}
+  if [ -n "$CUDA_VISIBLE_DEVICES" ] && [ -r "$d/files" ]; then
+    files=""
+    read -r files < "$d/files"
+    own " $files "
+  fi
   if [ -n "$CUDA_VISIBLE_DEVICES" ] && translate " $table "; then
     if [ -r "$d/env" ]; then cat "$d/env"; fi
   elif [ -n "$SLURM_STEP_ID" ] && [ -r "$d/env" ]; then
