@@ -18,7 +18,9 @@ What each role gets (:data:`ROLE_FILES`):
 - ``node``: ``prolog.sh``, ``epilog.sh``, ``taskprolog.sh`` in the config directory, the monitor's unit
   and ``node.toml.example``;
 - ``login``: ``cli_filter.lua`` and ``gpushare_client.lua`` next to slurm.conf (srun/sbatch/salloc load
-  ``cli_filter.lua`` from there; 22.05's srun path also needs the client file).
+  ``cli_filter.lua`` from there; 22.05's srun path also needs the client file);
+- every role: the man pages of the ``slurm-gpushare`` commands (``slurm_gpushare/data/man/``, generated from the
+  commands' help) in ``PREFIX/usr/local/share/man/man1`` (the FHS place for software a site installs locally).
 
 A file is never replaced behind an administrator's back: :func:`install` writes a file that is missing,
 leaves one that already holds what it would write, and replaces one that differs only when the manifest
@@ -85,13 +87,27 @@ _SPECS = {
 #: The files that name the filter service's sockets (below the run directory: no ``{node}`` there).
 _SOCKET_FILES = ("gpushare_client.lua", "slurm-gpushare-filterd.service")
 
-#: Role -> the shipped files it installs.
+#: The source prefix of the man pages, which every role installs.
+_MAN_SOURCE = "slurm_gpushare/data/man/"
+
+#: Role -> the shipped files it installs (and the man pages, every role).
 ROLE_FILES: dict[str, tuple[str, ...]] = {
     "controller": ("job_submit.lua", "gpushare_client.lua", "cli_filter.lua", "slurm-gpushare-filterd.service",
                    "gpushare.toml.example", "epilog_slurmctld.sh"),
     "node": ("prolog.sh", "epilog.sh", "taskprolog.sh", "slurm-gpushare-monitor.service", "node.toml.example"),
     "login": ("cli_filter.lua", "gpushare_client.lua"),
 }
+
+
+def man_data():
+    """The man pages shipped with the package (``slurm_gpushare/data/man/``, a :mod:`importlib.resources`
+    traversable)."""
+    return resources.files("slurm_gpushare") / "data" / "man"
+
+
+def man_page_names() -> list[str]:
+    """The shipped man pages' file names (``slurm-gpushare.1``, ``slurm-gpushare-gres-conf.1``...), sorted."""
+    return sorted(p.name for p in man_data().iterdir() if p.name.endswith(".1"))
 
 
 def site_data():
@@ -142,6 +158,7 @@ class Layout:
         slurm_conf_dir: slurm.conf's directory (the Lua files go there).
         config_dir: the product's configuration directory (wrappers, example configs, machines/).
         systemd_dir: where the units go.
+        man_dir: where the man pages go (section 1); None: none are installed.
         run_dir: the hooks' run directory (node; may hold ``{node}``, the Slurm node name); the filter service's
             sockets are in its ``filterd`` subdirectory (:attr:`socket_dir`; controller, login), the unit's
             ``RuntimeDirectory=``, which systemd removes whenever filterd stops or restarts: on a host with both
@@ -157,6 +174,7 @@ class Layout:
     run_dir: str = DEFAULT_RUN_DIR
     command: tuple[str, ...] = ()
     python: str = ""
+    man_dir: Path | None = None
 
     @property
     def socket_dir(self) -> str:
@@ -184,7 +202,8 @@ class Layout:
         sc = Path(os.path.abspath(slurm_conf_dir)) if slurm_conf_dir else base / "etc" / "slurm"
         cd = Path(os.path.abspath(config_dir)) if config_dir else base / "etc" / "slurm" / "gpushare"
         layout = cls(slurm_conf_dir=sc, config_dir=cd, systemd_dir=base / "etc" / "systemd" / "system",
-                     run_dir=run_dir, command=tuple(command) if command else this_installation(),
+                     man_dir=base / "usr" / "local" / "share" / "man" / "man1", run_dir=run_dir,
+                     command=tuple(command) if command else this_installation(),
                      python=os.path.abspath(sys.executable))
         layout.check()
         return layout
@@ -337,6 +356,10 @@ def plan(roles: Iterable[str], layout: Layout) -> list[SiteFile]:
         spec = _SPECS[name]
         files.append(SiteFile(path=layout.directory(spec.where) / name, text=render(name, layout), mode=spec.mode,
                               source=f"slurm_gpushare/data/site/{spec.source}", roles=tuple(who)))
+    if layout.man_dir is not None:  # every role's: the commands are the same on every host
+        for name in man_page_names():
+            files.append(SiteFile(path=layout.man_dir / name, text=(man_data() / name).read_text(), mode=0o644,
+                                  source=f"slurm_gpushare/data/man/{name}", roles=tuple(roles)))
     return files
 
 
@@ -608,7 +631,7 @@ def uninstall_plan(roles: Iterable[str], layout: Layout) -> list[Removal]:
         have = _digest(f.path)
         if have is None:
             state = "gone"
-        elif any(f.path.name in ROLE_FILES[r] for r in kept):
+        elif any(f.path.name in ROLE_FILES[r] for r in kept) or (kept and f.source.startswith(_MAN_SOURCE)):
             state = "shared"
         elif manifest.get(str(f.path)) == have:
             state = "remove"

@@ -37,6 +37,11 @@ def test_each_role_installs_its_files_where_slurm_and_systemd_look_for_them(tmp_
     lay = layout(tmp_path)
     p = tmp_path / "p"
     got = {role: {str(f.path.relative_to(p)) for f in siteinstall.plan([role], lay)} for role in siteinstall.ROLES}
+    # every role gets the man pages, one per command, where man looks for locally installed software
+    pages = {f"usr/local/share/man/man1/{n}" for n in siteinstall.man_page_names()}
+    assert "usr/local/share/man/man1/slurm-gpushare-jobstats.1" in pages and len(pages) > 10
+    assert all(pages <= files for files in got.values())
+    got = {role: files - pages for role, files in got.items()}
     # slurmctld loads job_submit.lua from slurm.conf's directory; the clients load cli_filter.lua from there
     # (slurm.conf(5) JobSubmitPlugins=lua, CliFilterPlugins=cli_filter/lua); units go to /etc/systemd/system
     assert got == {
@@ -48,7 +53,8 @@ def test_each_role_installs_its_files_where_slurm_and_systemd_look_for_them(tmp_
         "login": {"etc/slurm/cli_filter.lua", "etc/slurm/gpushare_client.lua"},
     }
     every = {f.source for f in siteinstall.plan(siteinstall.ROLES, lay)}
-    assert every == {f"slurm_gpushare/data/site/{f.name}" for f in SHIPPED.iterdir()}
+    assert every == ({f"slurm_gpushare/data/site/{f.name}" for f in SHIPPED.iterdir()}
+                     | {f"slurm_gpushare/data/man/{n}" for n in siteinstall.man_page_names()})
 
 
 def test_the_files_name_this_installation_and_the_layout_and_no_placeholder_is_left(tmp_path):
@@ -158,7 +164,8 @@ def test_a_file_the_last_install_wrote_and_nobody_changed_is_upgraded(tmp_path):
     outcomes = siteinstall.install(siteinstall.plan(["node"], lay), lay)
     states = {o.file.path.name: o.state for o in outcomes}
     assert states == {"prolog.sh": "upgrade", "epilog.sh": "upgrade", "slurm-gpushare-monitor.service": "upgrade",
-                      "taskprolog.sh": "unchanged", "node.toml.example": "unchanged"}
+                      "taskprolog.sh": "unchanged", "node.toml.example": "unchanged",
+                      **{n: "unchanged" for n in siteinstall.man_page_names()}}
     assert CMD[0] in (lay.config_dir / "prolog.sh").read_text()
 
 
@@ -232,6 +239,8 @@ def test_the_wheel_carries_the_site_files_the_machines_and_the_licence(tmp_path)
     names = set(zipfile.ZipFile(wheel).namelist())
     site = {n.removeprefix("slurm_gpushare/data/site/") for n in names if n.startswith("slurm_gpushare/data/site/")}
     assert site == {f.name for f in SHIPPED.iterdir()}
+    man = {n.removeprefix("slurm_gpushare/data/man/") for n in names if n.startswith("slurm_gpushare/data/man/")}
+    assert "slurm-gpushare.1" in man and man == set(siteinstall.man_page_names())
     machines = ROOT / "slurm_gpushare/data/machines"
     assert {f"slurm_gpushare/data/machines/{f.name}" for f in machines.iterdir()} <= names
     dist = f"slurm_gpushare-{__version__}.dist-info"

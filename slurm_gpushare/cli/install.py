@@ -49,8 +49,9 @@ def _diff(outcome) -> str:
 def install_cmd(roles, prefix, slurm_conf_dir, config_dir, run_dir, dry_run, show_diff, force):
     """Install the site files of this host's role(s), and print the slurm.conf lines they need.
 
-    The files (Lua shims, hook wrappers, systemd units, example configs) come from this package and name
-    this installation's slurm-gpushare command. A file that already holds what would be written is left
+    The files (Lua shims, hook wrappers, systemd units, example configs, and for every role the man pages in
+    PREFIX/usr/local/share/man/man1) come from this package and name this installation's slurm-gpushare
+    command. A file that already holds what would be written is left
     alone; one written by the last install and unchanged since is replaced (an upgrade); one changed since
     (or not written by this command) is refused, and then nothing is written, unless --force. Each file
     is replaced atomically. --dry-run writes nothing; --diff shows the changes (like ansible's --diff, and
