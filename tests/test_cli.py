@@ -271,6 +271,21 @@ def test_check_passes_on_what_it_generated_and_names_each_difference(tmp_path):
     assert "gpu File=/dev/nvidia3: Links differ: installed 0,0,0,-1,0,0,0,0 expected 0,22,0,-1,0,0,0,0" in out
     assert "missing in installed: NodeName=a100 Name=shard Count=80 File=/dev/nvidia7" in out
     assert "gpu:a100:4" in out and "problem(s)" in out
+    # the same findings as one JSON object (what a Nagios check or Ansible parses), the same exit status
+    js = CliRunner().invoke(main, [*check, "--format", "json"])
+    assert js.exit_code == 1, js.output
+    report = json.loads(js.output)
+    assert (report["nodes"], report["release"], report["exit_status"]) == (["a100"], "22.05", 1)
+    assert report["check"]["gres_conf"] == str(tmp_path / "gres.conf") and report["check"]["exit_status"] == 1
+    messages = [(p["file"], p["message"]) for p in report["check"]["problems"]]
+    assert ("gres.conf", "missing in installed: NodeName=a100 Name=shard Count=80 File=/dev/nvidia7") in messages
+    assert any(f == "slurm.conf" and "gpu:a100:4" in m for f, m in messages)
+    assert len(report["check"]["problems"]) == out.count("\n") - 1 - len(report["check"]["warnings"])
+    good = json.loads(run(*check[:-1], str(tmp_path / "slurm.conf.gres"), "--format", "json").output)
+    assert good["check"]["exit_status"] == 1  # gres.conf still differs
+    # --format json reports a check; generating prints the files
+    gen = CliRunner().invoke(main, ["gres-conf", *args, "--format", "json"])
+    assert gen.exit_code == 2 and "--format json reports --check" in gen.output
 
 
 def test_check_finds_hyperthread_ids_in_a_real_generated_file(tmp_path):

@@ -404,6 +404,27 @@ def test_cli_writes_files_that_parse_and_check(tmp_path):
     assert check.exit_code == 0 and "match the hardware" in check.output, check.output
 
 
+def test_cli_json_is_the_plan_the_text_and_the_layout_file_give(tmp_path):
+    demand = tmp_path / "demand.csv"
+    demand.write_text("mem,count\n8G,9\n10G,3\ngpu,1\n")
+    args = [str(PACKAGED / "4x-h100-mig-mixed.json"), "--demand", str(demand)]
+    text = _run(*args)
+    r = _run(*args, "--format", "json", "--output-dir", str(tmp_path / "plan"), "--slurm-version", "24.11")
+    assert r.exit_code == 0 and text.exit_code == 0, r.output
+    doc = json.loads(r.stdout)  # what --output-dir did goes to stderr
+    assert doc["layout"] == json.loads((tmp_path / "plan" / "layout.json").read_text())
+    assert [(g["node"], g["gpu"]) for g in doc["gpus"]] == [("h100-mig", i) for i in range(4)]
+    assert {d["request"] for d in doc["demand"]} == {"8G", "10G", "gpu"}
+    for name in ("today", "plan"):
+        block = text.output.split(f"\n{name}:\n", 1)[1]
+        mib = int(block.split("stranded memory", 1)[1].split("(", 1)[1].split(" MiB", 1)[0])
+        assert round(doc[name]["stranded_mem_mib"]) == mib
+        assert doc[name]["queue_wait"]["jobs"] == doc["queue_wait_trace"]["jobs"] > 0
+    for g in doc["gpus"]:
+        assert f"{g['today']}" in text.output and f"{g['plan']}" in text.output
+    assert doc["queue_wait_trace"]["source"] == "poisson"
+
+
 def test_cli_reads_the_gpus_through_the_nvml_port(tmp_path, monkeypatch):
     # the probe path (NVML port, here the fake): GPUs with MIG on report their profiles, those with MIG off
     # none (as NVML), which then take their model's table; the plan is the one of the description

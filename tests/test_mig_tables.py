@@ -279,6 +279,15 @@ def test_cli_slurmd_g_reports_a_changed_mig_layout(tmp_path):
     assert r.exit_code == 1
     assert "DIFFERS: nvidia-cap525 (GPU minor 3, GPU instance 13): in gres.conf" in r.output
     assert "DIFFERS: gpu h100_1g.10gb: g.txt shows 5, gres.conf has 6" in r.output
+    js = _cli("gres-conf", str(TEST_MACHINE), "--slurm-version", "24.11", "--slurmd-g", str(tmp_path / "g.txt"),
+              "--format", "json")
+    report = json.loads(js.output)
+    assert js.exit_code == 1 and report["exit_status"] == 1 and "check" not in report
+    detected = report["detected"]
+    assert (detected["source"], detected["node"], len(detected["devices"])) == ("g.txt", "gpu-node-02", 10)
+    assert [d["device"] for d in detected["devices"] if not d["ok"]] == [
+        "nvidia-cap525 (GPU minor 3, GPU instance 13)"]
+    assert any(p.startswith("gpu h100_1g.10gb: g.txt shows 5, gres.conf has 6") for p in detected["problems"])
 
 
 def test_cli_slurmd_g_takes_one_machine():

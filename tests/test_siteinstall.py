@@ -185,6 +185,20 @@ def test_dry_run_writes_nothing_and_reports_a_refusal(tmp_path):
     assert "fail_policy_x" in lua.read_text()
     r = CliRunner().invoke(main, ["install", "--role", "controller", "--prefix", str(p)])
     assert r.exit_code == 2 and "job_submit.lua" in r.output and "--force" in r.output
+    # the same check as one JSON object (what Ansible or a cron job parses): the refusal, its diff, the status
+    r = CliRunner().invoke(main, ["install", "--role", "controller", "--prefix", str(p), "--dry-run", "--diff",
+                                  "--format", "json"])
+    assert r.exit_code == 1, r.output
+    doc = json.loads(r.stdout)
+    states = {Path(f["path"]).name: f for f in doc["files"]}
+    assert states["job_submit.lua"]["state"] == "refused" and "+++ " in states["job_submit.lua"]["diff"]
+    assert states["cli_filter.lua"]["state"] == "unchanged" and "diff" not in states["cli_filter.lua"]
+    assert states["job_submit.lua"]["roles"] == ["controller"]
+    assert doc["exit_status"] == 1 and doc["dry_run"] is True and doc["roles"] == ["controller"]
+    assert any(line.startswith("JobSubmitPlugins=lua") for line in doc["slurm_conf_lines"])
+    fresh = CliRunner().invoke(main, ["install", "--role", "login", "--prefix", str(tmp_path / "q"), "--format",
+                                      "json"])
+    assert fresh.exit_code == 0 and {f["state"] for f in json.loads(fresh.stdout)["files"]} == {"new"}
 
 
 def test_a_directory_that_cannot_be_written_is_one_clear_error(tmp_path):

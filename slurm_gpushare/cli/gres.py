@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -117,9 +118,11 @@ def _output_dir(path: str) -> tuple[Path, bool]:
 @click.option("--slurmd-g", "slurmd_g", type=click.Path(allow_dash=True),
               help="'sudo slurmd -G' output of the node: compare what slurmd detected with the generated "
                    "gres.conf, device by device (one machine only; with or without --check)")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
+              help="how --check and --slurmd-g report: text lines, or one JSON object (docs/cli.md)")
 def gres_conf(machine_files, from_topo, gpu_name, memory, mig_table, cpus, topo_host, hostname, node_name, device_dir,
               shard_unit, no_links, no_shards, slurm_version, mig_multiple_files, output_dir, partitions,
-              gpu_weight, mig_by, with_dbd, without_dbd, check, gres_conf, slurm_conf, slurmd_g):
+              gpu_weight, mig_by, with_dbd, without_dbd, check, gres_conf, slurm_conf, slurmd_g, fmt):
     """Generate gres.conf and the matching slurm.conf lines from machine descriptions.
 
     Give one or more MACHINE.json files (one node each), or --from-topo FILE, or nothing to probe
@@ -180,19 +183,31 @@ def gres_conf(machine_files, from_topo, gpu_name, memory, mig_table, cpus, topo_
               "Check it against the hardware with: slurm-gpushare gres-conf --check")
     gres_text = render_gres_conf(nodes, header=header)
 
-    if slurmd_g:
-        if len(nodes) != 1:
+    if fmt == "json" and not (check or slurmd_g):
+        raise InputError("--format json reports --check and --slurmd-g; generating prints the files",
+                         hint="add --check (or --slurmd-g FILE), or leave --format out")
+    if slurmd_g or check:
+        if slurmd_g and len(nodes) != 1:
             raise InputError("--slurmd-g compares one node's 'slurmd -G' print: give one machine",
                              hint="run it once per node, with that node's MACHINE.json")
-        status = _check_detected(slurmd_g, nodes[0])
+        report: dict = {"nodes": [n.node_name for n in nodes], "release": str(release)}
+        status = 0
+        if slurmd_g:
+            report["detected"] = _check_detected(slurmd_g, nodes[0])
+            status = report["detected"]["exit_status"]
         if check:
-            status = max(status, _check(gres_text, nodes, _installed_path(gres_conf, "gres.conf"),
-                                        Path(slurm_conf) if slurm_conf else _installed_path(None, "slurm.conf"),
-                                        release, mig_by))
+            report["check"] = _check(gres_text, nodes, _installed_path(gres_conf, "gres.conf"),
+                                     Path(slurm_conf) if slurm_conf else _installed_path(None, "slurm.conf"),
+                                     release, mig_by)
+            status = max(status, report["check"]["exit_status"])
+        if fmt == "json":
+            click.echo(json.dumps({**report, "exit_status": status}, indent=2))
+        else:
+            if slurmd_g:
+                _print_detected(report["detected"])
+            if check:
+                _print_check(report["check"], report)
         sys.exit(status)
-    if check:
-        sys.exit(_check(gres_text, nodes, _installed_path(gres_conf, "gres.conf"),
-                        Path(slurm_conf) if slurm_conf else _installed_path(None, "slurm.conf"), release, mig_by))
     slurmdbd = True if with_dbd else False if without_dbd else None
     if slurmdbd is None:
         slurmdbd = _site_has_slurmdbd(Path(slurm_conf) if slurm_conf else _installed_path(None, "slurm.conf"))
@@ -323,14 +338,23 @@ def _read_installed(path: Path, what: str, option: str) -> str:
         raise ConfigError(f"{path} is not text (UTF-8)", hint=f"point {option} at the installed {what}") from None
 
 
-def _check(gres_text: str, nodes, gres_path: Path, slurm_path: Path, release: Release, mig_by: str = "memory") -> int:
-    """Compare and lint; print one line per problem. Returns the exit status (0 clean, 1 problems).
+def _check(gres_text: str, nodes, gres_path: Path, slurm_path: Path, release: Release,
+           mig_by: str = "memory") -> dict:
+    """Compare and lint the installed files with what would be generated for ``nodes``.
 
     Only the installed lines that apply to the checked nodes count (see ``compare(nodes=...)``), and
     ``AccountingStorageTRES`` is expected only with slurmdbd: slurmctld 22.05 refuses GRES TRES without
     it, so a slurm.conf without ``AccountingStorageType=accounting_storage/slurmdbd`` must not have it.
     The partitions holding the nodes are checked for their ``TRESBillingWeights`` (``lint_billing``, MIG
     shares by ``mig_by``).
+
+    Returns:
+        ``gres_conf`` and ``slurm_conf`` (the paths read), ``problems`` (each ``file``: ``gres.conf``,
+        ``slurm.conf`` or ``lint``, ``message``, and for lint findings ``where`` and ``hint``), ``warnings``
+        (lint findings that are not errors, the same keys), ``exit_status`` (0 clean, 1 problems).
+
+    Raises:
+        InputError: an installed file that cannot be read or parsed.
     """
     from slurm_gpushare.gresconf.check import compare, lint_billing, lint_gres_conf
     from slurm_gpushare.gresconf.render import render_slurm_conf
@@ -344,36 +368,54 @@ def _check(gres_text: str, nodes, gres_path: Path, slurm_path: Path, release: Re
     if slurm_path.exists():
         installed_slurm = _read_installed(slurm_path, "slurm.conf", "--slurm-conf")
         slurm = parse_slurm_conf_gres(installed_slurm, source=str(slurm_path), include=include)
-    problems = [f"gres.conf: {d}" for d in compare(gres_text, installed_gres, what="gres.conf", nodes=names,
-                                                    installed_source=str(gres_path), include=include,
-                                                    release=release)]
+    problems: list[dict] = [{"file": "gres.conf", "message": d}
+                            for d in compare(gres_text, installed_gres, what="gres.conf", nodes=names,
+                                             installed_source=str(gres_path), include=include, release=release)]
     if slurm is not None:
         slurm_text = render_slurm_conf(nodes, accounting_tres=slurm.slurmdbd)
-        problems += [f"slurm.conf: {d}" for d in compare(slurm_text, installed_slurm, what="slurm.conf",
-                                                          installed_source=str(slurm_path), include=include)]
+        problems += [{"file": "slurm.conf", "message": d}
+                     for d in compare(slurm_text, installed_slurm, what="slurm.conf",
+                                      installed_source=str(slurm_path), include=include)]
     else:
-        problems.append(f"slurm.conf: {slurm_path} not found (Gres= counts not checked)")
+        problems.append({"file": "slurm.conf", "message": f"{slurm_path} not found (Gres= counts not checked)"})
     findings = lint_gres_conf(gres, slurm, {n.node_name: n.machine for n in nodes}, nodes=names, release=release)
     if slurm is not None:
         findings += lint_billing(slurm, nodes, mig_by=mig_by)
+    warnings = []
     for f in findings:
-        line = f"{f.severity}: {f.where}: {f.message}" + (f" ({f.hint})" if f.hint else "")
-        problems.append(line) if f.severity == "error" else click.echo(line)
-    for p in problems:
-        click.echo(p)
-    if problems:
-        click.echo(f"{len(problems)} problem(s): regenerate with 'slurm-gpushare gres-conf --output-dir DIR' "
+        item = {"file": "lint", "severity": f.severity, "where": f.where, "message": f.message, "hint": f.hint or ""}
+        (problems if f.severity == "error" else warnings).append(item)
+    return {"gres_conf": str(gres_path), "slurm_conf": str(slurm_path), "problems": problems, "warnings": warnings,
+            "exit_status": 1 if problems else 0}
+
+
+def _finding_line(item: dict) -> str:
+    """One problem or warning of :func:`_check` as the text report prints it."""
+    if item["file"] != "lint":
+        return f"{item['file']}: {item['message']}"
+    return f"{item['severity']}: {item['where']}: {item['message']}" + (f" ({item['hint']})" if item["hint"] else "")
+
+
+def _print_check(report: dict, about: dict) -> None:
+    for item in report["warnings"] + report["problems"]:
+        click.echo(_finding_line(item))
+    if report["problems"]:
+        click.echo(f"{len(report['problems'])} problem(s): regenerate with 'slurm-gpushare gres-conf --output-dir DIR' "
                    "and install the files, then 'scontrol reconfigure' (drain nodes whose GPU count changes)")
-        return 1
-    click.echo(f"{gres_path} and {slurm_path} match the hardware ({len(names)} node(s), Slurm {release})")
-    return 0
+    else:
+        click.echo(f"{report['gres_conf']} and {report['slurm_conf']} match the hardware ({len(about['nodes'])} "
+                   f"node(s), Slurm {about['release']})")
 
 
-def _check_detected(path: str, node) -> int:
-    """Print the per-device comparison of a ``slurmd -G`` print with the node's generated records.
+def _check_detected(path: str, node) -> dict:
+    """Compare a ``slurmd -G`` print with the node's generated records, device by device.
 
     Returns:
-        The exit status: 0 when every device and count agrees, 1 otherwise.
+        ``source`` (the print's name), ``node``, ``devices`` (each ``device``, ``ok``, ``detail``), ``problems``
+        (strings: those of no listed device too) and ``exit_status`` (0 every device and count agrees, 1 not).
+
+    Raises:
+        InputError: the print cannot be read or parsed.
     """
     from slurm_gpushare.cli.hardware import _read, _read_stdin
     from slurm_gpushare.gresconf.detected import compare_detected
@@ -383,16 +425,22 @@ def _check_detected(path: str, node) -> int:
     name = "<stdin>" if path == "-" else Path(path).name
     text = _read_stdin(what) if path == "-" else _read(path, what)
     devices, problems = compare_detected(parse_slurmd_g(text, source=name), node, detected_source=name)
+    return {"source": name, "node": node.node_name,
+            "devices": [{"device": d.device, "ok": d.ok, "detail": d.detail} for d in devices],
+            "problems": list(problems), "exit_status": 1 if problems else 0}
+
+
+def _print_detected(report: dict) -> None:
+    devices = report["devices"]
     for d in devices:
-        click.echo(f"{'ok' if d.ok else 'DIFFERS'}: {d.device}: {d.detail}")
-    for p in problems:
-        if not any(p.startswith(d.device + ":") for d in devices):
+        click.echo(f"{'ok' if d['ok'] else 'DIFFERS'}: {d['device']}: {d['detail']}")
+    for p in report["problems"]:
+        if not any(p.startswith(d["device"] + ":") for d in devices):
             click.echo(f"DIFFERS: {p}")
-    if problems:
-        click.echo(f"{len(problems)} problem(s) between {name} and the gres.conf generated for {node.node_name}: "
-                   "if the MIG layout changed, re-run 'slurm-gpushare inventory' on the node, regenerate "
-                   "gres.conf and 'scontrol reconfigure'; then 'scontrol update nodename=... state=resume'")
-        return 1
-    click.echo(f"{name}: all {len(devices)} GPU device(s) slurmd detected on {node.node_name} match the generated "
-               "gres.conf")
-    return 0
+    if report["problems"]:
+        click.echo(f"{len(report['problems'])} problem(s) between {report['source']} and the gres.conf generated for "
+                   f"{report['node']}: if the MIG layout changed, re-run 'slurm-gpushare inventory' on the node, "
+                   "regenerate gres.conf and 'scontrol reconfigure'; then 'scontrol update nodename=... state=resume'")
+    else:
+        click.echo(f"{report['source']}: all {len(devices)} GPU device(s) slurmd detected on {report['node']} match "
+                   "the generated gres.conf")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import json
 import sys
 
 import click
@@ -46,7 +47,9 @@ def _diff(outcome) -> str:
                    "how the refused files would; it writes unless --dry-run is given too")
 @click.option("--force", is_flag=True, help="replace files that were changed since the last install (their "
                                             "content is lost)")
-def install_cmd(roles, prefix, slurm_conf_dir, config_dir, run_dir, dry_run, show_diff, force):
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
+              help="what was (or would be) done as text lines, or as one JSON object (docs/cli.md)")
+def install_cmd(roles, prefix, slurm_conf_dir, config_dir, run_dir, dry_run, show_diff, force, fmt):
     """Install the site files of this host's role(s), and print the slurm.conf lines they need.
 
     The files (Lua shims, hook wrappers, systemd units, example configs, and for every role the man pages in
@@ -59,6 +62,8 @@ def install_cmd(roles, prefix, slurm_conf_dir, config_dir, run_dir, dry_run, sho
 
     Exit status: 0 written (or, with --dry-run, the real install would write); 1 with --dry-run when the
     real install would refuse a changed file (run it with --force, or merge first); 2 an error or a refusal.
+    --format json prints one object: each file's path, state (new, unchanged, mode, upgrade, replace,
+    refused), roles, source and, with --diff, its diff; the slurm.conf lines; the exit status.
     """
     from slurm_gpushare import siteinstall
     from slurm_gpushare.errors import ConfigError
@@ -72,8 +77,16 @@ def install_cmd(roles, prefix, slurm_conf_dir, config_dir, run_dir, dry_run, sho
         outcomes = siteinstall.install(files, layout, force=force, dry_run=dry_run)
     except ConfigError:
         for text in diffs.values():
-            click.echo(text, nl=False)
+            click.echo(text, nl=False, err=fmt == "json")
         raise
+    refused = dry_run and any(o.state == "refused" for o in outcomes)
+    if fmt == "json":
+        files = [{"path": str(o.file.path), "state": o.state, "roles": list(o.file.roles), "source": o.file.source,
+                  **({"diff": diffs[o.file.path]} if o.file.path in diffs else {})} for o in outcomes]
+        click.echo(json.dumps({"roles": list(dict.fromkeys(roles)), "dry_run": dry_run, "files": files,
+                               "slurm_conf_lines": siteinstall.slurm_conf_lines(roles, layout),
+                               "exit_status": 1 if refused else 0}, indent=2))
+        sys.exit(1 if refused else 0)
     for o in outcomes:
         click.echo(f"{_SAID[o.state][dry_run]}: {o.file.path}")
         click.echo(diffs.get(o.file.path, ""), nl=False)

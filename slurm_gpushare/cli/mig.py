@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import click
 
 from slurm_gpushare.cli import main
@@ -50,8 +52,11 @@ def mig() -> None:
               help="write DIR/mig-parted.yaml, DIR/layout.json, DIR/gres.conf, DIR/slurm.conf.gres and "
                    "DIR/NODE.planned.json (DIR is created if its parent exists)")
 @click.option("--dry-run", is_flag=True, help="with --output-dir: say what would be written, write nothing")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
+              help="the plan as text, or as one JSON object (docs/cli.md); what --output-dir does is then said on "
+                   "stderr")
 def mig_plan(machine_files, model_key, gpu_count, db_path, partitions, since, until, demand_file, fit, w_memory,
-             w_compute, w_unserved, w_whole, keep_mig_mode, slurm_version, output_dir, dry_run):
+             w_compute, w_unserved, w_whole, keep_mig_mode, slurm_version, output_dir, dry_run, fmt):
     """Propose a MIG geometry (or MIG off) for every GPU that serves the demand with the least stranded
     memory and compute, keeping whole GPUs for whole-GPU requests.
 
@@ -62,7 +67,14 @@ def mig_plan(machine_files, model_key, gpu_count, db_path, partitions, since, un
     --output-dir also writes the mig-parted config, the layout (creation order and placements), the
     planned machine descriptions and their gres.conf and slurm.conf lines. Changes no GPU.
     """
-    from slurm_gpushare.mig.output import gres_texts, layout_json, mig_parted_yaml, planned_machine, summary
+    from slurm_gpushare.mig.output import (
+        gres_texts,
+        layout_json,
+        mig_parted_yaml,
+        planned_machine,
+        summary,
+        summary_document,
+    )
     from slurm_gpushare.mig.plan import Weights, plan_layout
 
     if (db_path is None) == (demand_file is None):
@@ -79,7 +91,11 @@ def mig_plan(machine_files, model_key, gpu_count, db_path, partitions, since, un
     demand, trace = _demand(db_path, demand_file, partitions, since, until)
     plan = plan_layout(machines, demand, fit=fit, keep_mig_mode=keep_mig_mode,
                        weights=Weights(memory=w_memory, compute=w_compute, unserved=w_unserved, whole=w_whole))
-    click.echo(summary(plan, expected_waits(plan, trace)), nl=False)
+    waits = expected_waits(plan, trace)
+    if fmt == "json":
+        click.echo(json.dumps(summary_document(plan, waits), indent=2))
+    else:
+        click.echo(summary(plan, waits), nl=False)
     if not output_dir:
         return
     from slurm_gpushare.cli.gres import _output_dir, _release
@@ -93,7 +109,7 @@ def mig_plan(machine_files, model_key, gpu_count, db_path, partitions, since, un
              "gres.conf": gres_text, "slurm.conf.gres": "# merge into slurm.conf\n" + slurm_text}
     files.update({f"{m.hostname}.planned.json": m.to_json() for m in planned})
     if dry_run:
-        click.echo(f"dry run: would write {', '.join(files)} in {output_dir}")
+        click.echo(f"dry run: would write {', '.join(files)} in {output_dir}", err=fmt == "json")
         return
     out, created = _output_dir(output_dir)
     write_files_atomically({out / name: text for name, text in files.items()})

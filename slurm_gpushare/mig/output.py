@@ -172,3 +172,30 @@ def summary(plan: Plan, waits: Waits | None = None) -> str:
         change += f", mean queue wait {'-' if d_wait < 0 else '+'}{format_wait(abs(d_wait))}"
     lines.append(change)
     return "\n".join(lines) + "\n"
+
+
+def summary_document(plan: Plan, waits: Waits | None = None) -> dict:
+    """:func:`summary` as data (``mig plan --format json``): ``demand`` (each ``request`` and ``weight``, requests
+    at once), ``gpus`` (each ``node``, ``gpu``, ``today`` and ``plan`` as the labels the text prints), ``today``
+    and ``plan`` (:class:`~slurm_gpushare.mig.plan.Score`'s fields; memory in MiB; with ``waits`` a
+    ``queue_wait`` of :class:`~slurm_gpushare.mig.wait.Wait`'s fields, seconds), ``queue_wait_trace`` (what was
+    replayed, or null) and ``layout`` (:func:`layout_document`, what ``layout.json`` holds)."""
+    from dataclasses import asdict
+
+    def score(s: Score, wait: Wait | None) -> dict:
+        out: dict = asdict(s)
+        if wait is not None:
+            out["queue_wait"] = {**asdict(wait), "overloaded": list(wait.overloaded)}
+        return out
+
+    return {
+        "demand": [{"request": r.label(), "weight": r.weight} for r in plan.demand],
+        "gpus": [{"node": p.node, "gpu": p.gpu.index, "today": p.today.label, "plan": p.choice.label}
+                 for p in plan.gpus],
+        "today": score(plan.today, waits.today if waits else None),
+        "plan": score(plan.planned, waits.planned if waits else None),
+        "queue_wait_trace": ({"source": waits.trace.source, "jobs": len(waits.trace.jobs),
+                              "lower_bound": waits.trace.lower_bound, "note": waits.trace.note}
+                             if waits is not None else None),
+        "layout": layout_document(plan),
+    }
