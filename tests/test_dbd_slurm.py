@@ -410,6 +410,11 @@ def test_jobstats_shows_a_users_own_job_refuses_anothers_and_its_suggestion_runs
         ["id", alice], capture_output=True, text=True).stdout, dbd.show_job(job.id).get("UserId"))
     text = own.stdout
     assert text.startswith(f"job {job.id}  user {alice}  account ") and "(from the job AdminComment in sacct)" in text
+    # the header Princeton's jobstats prints, from sacct: name, state, what was allocated, start, run time, limit
+    assert re.search(r"^  name wrap  state COMPLETED  nodes 1  cores [1-9]\d*  CPU memory \S+  GPUs \d+  QOS \S+$",
+                     text, re.M), text
+    started = r"^  started \d{4}-\d\d-\d\d \d\d:\d\d:\d\d  ran \d+ s "
+    assert re.search(started + r"(of a .+ limit \(\d+% of it\)|no time limit)$", text, re.M), text
     assert re.search(r"^rtx4090-pcie GPU \d+  rtx4090 \(24G\)  mps shard:10  .* COMPLETED 0:0", text, re.M), text
     bar = "[█▉▊▋▌▍▎▏]+"
     assert re.search(rf"^  asked    {bar}  10G$", text, re.M) and re.search(rf"^  granted  {bar}  10G$", text, re.M)
@@ -420,6 +425,8 @@ def test_jobstats_shows_a_users_own_job_refuses_anothers_and_its_suggestion_runs
     assert "next time: --gres=gpushare:mem=4G   (" in text, text
     data = json.loads(_jobstats_as(c, alice, job.id, "--format", "json").stdout)
     assert (data["source"], data["suggestion"]["request"]) == ("sacct", "gpushare:mem=4G")
+    assert (data["slurm"]["name"], data["slurm"]["state"], data["slurm"]["nodes"]) == ("wrap", "COMPLETED", 1)
+    assert data["slurm"]["elapsed_s"] >= 1 and data["slurm"]["start"] is not None
 
     # another user's job: refused before anything of it is read, also with the store named
     other = _jobstats_as(c, bob, job.id, "--db", str(db))

@@ -140,6 +140,91 @@ class DeviceStats:
 
 
 @dataclass(frozen=True)
+class JobHeader:
+    """What Slurm's accounting says of the job's run (``sacct``, :func:`parse_job_header`), for the header.
+
+    Attributes:
+        name: the job's name (the user's own text: shown cut to :data:`NAME_CHARS` printable characters).
+        state: its state (``COMPLETED``, ``FAILED``, ``RUNNING``...).
+        nodes, cpus: nodes and CPU cores allocated.
+        mem_mib: host memory allocated (AllocTRES ``mem=``), MiB; None when not stated.
+        gpus: GPUs allocated (AllocTRES ``gres/gpu=``; ``gres:gpu`` before 23.11), 0 for a share or none.
+        qos, partition: as slurmdbd recorded them.
+        start: start of the run, epoch seconds (None: it never started).
+        elapsed_s: run time so far or in all, seconds.
+        limit_s: the time limit, seconds; None for ``UNLIMITED`` or not stated.
+    """
+
+    name: str
+    state: str
+    nodes: int
+    cpus: int
+    mem_mib: int | None
+    gpus: int
+    qos: str
+    partition: str
+    start: int | None
+    elapsed_s: int
+    limit_s: int | None
+
+    @property
+    def limit_used_pct(self) -> float | None:
+        """Run time over the time limit, percent; None without a limit."""
+        return None if not self.limit_s else self.elapsed_s * 100.0 / self.limit_s
+
+    def to_dict(self) -> dict:
+        """The fields, and ``limit_used_pct`` (two decimals)."""
+        used = self.limit_used_pct
+        return {"name": self.name, "state": self.state, "nodes": self.nodes, "cpus": self.cpus,
+                "mem_mib": self.mem_mib, "gpus": self.gpus, "qos": self.qos, "partition": self.partition,
+                "start": self.start, "elapsed_s": self.elapsed_s, "limit_s": self.limit_s,
+                "limit_used_pct": None if used is None else round(used, 2)}
+
+
+#: The most characters of a job name the header shows.
+NAME_CHARS = 64
+
+
+def _int(text: str) -> int | None:
+    return int(text) if text.isascii() and text.isdigit() else None
+
+
+def _tres(alloc_tres: str) -> dict[str, str]:
+    return dict(item.split("=", 1) for item in alloc_tres.split(",") if "=" in item)
+
+
+def parse_job_header(text: str, job_id: str, start: int | None = None) -> JobHeader | None:
+    """The header of run ``start`` of job ``job_id`` (the run that started then; None: its most recent run) from
+    :func:`~slurm_gpushare.slurm.commands.sacct_job_header` output; None when sacct lists no such run. The name
+    keeps printable characters only (a user's job name goes to an administrator's terminal: no escape sequence
+    passes), at most :data:`NAME_CHARS`."""
+    from slurm_gpushare.memsize import parse_mib
+
+    rows = []
+    for line in text.splitlines():
+        f = line.split("|", 10)
+        if len(f) == 11 and f[0] == job_id:
+            rows.append(f)
+    if start is not None and any(_int(f[1]) == start for f in rows):
+        rows = [f for f in rows if _int(f[1]) == start]
+    if not rows:
+        return None
+    f = max(rows, key=lambda f: _int(f[1]) or 0)
+    tres = _tres(f[5])
+    try:
+        mem = parse_mib(tres["mem"], default_unit="M") if "mem" in tres else None
+    except InputError:
+        mem = None
+    gpus = _int(tres.get("gres/gpu", tres.get("gres:gpu", "0"))) or 0
+    limit = _int(f[9])
+    name = "".join(ch for ch in f[10] if ch.isprintable())
+    return JobHeader(name=name[:NAME_CHARS] + ("..." if len(name) > NAME_CHARS else ""),
+                     state=f[2].split(" ", 1)[0], nodes=_int(f[3]) or 0, cpus=_int(f[4]) or 0, mem_mib=mem,
+                     gpus=gpus, qos=f[6], partition=f[7], start=_int(f[1]), elapsed_s=_int(f[8]) or 0,
+                     limit_s=None if limit is None else limit * 60)
+
+
+@dataclass(frozen=True)
 class JobStats:
     """A job's records (every run, every device) and the suggestion for next time.
 
@@ -148,6 +233,7 @@ class JobStats:
         devices: per run and device, in the records' order.
         suggestion: None when no device has a measured peak.
         source: where the records came from (``store``, ``sacct``).
+        header: what Slurm's accounting says of the job's last run (None: sacct did not say).
     """
 
     job_id: str
@@ -157,6 +243,7 @@ class JobStats:
     devices: tuple[DeviceStats, ...]
     suggestion: Suggestion | None
     source: str
+    header: JobHeader | None = None
 
 
 def offers_from_machines(machines: Iterable, *, mig_enabled: bool = True) -> dict[str, Offer]:
@@ -184,8 +271,12 @@ def _offer_for(records: Sequence[UsageRecord], offers: dict[str, Offer]) -> Offe
 
 
 def job_stats(job_id: str, records: Sequence[UsageRecord], *, source: str, offers: dict[str, Offer] | None = None,
-              headroom: float = 0.2, unit_mib: int = 1024, whole_threshold: float = 1.0) -> JobStats:
+              headroom: float = 0.2, unit_mib: int = 1024, whole_threshold: float = 1.0,
+              header: JobHeader | None = None, user: str | None = None) -> JobStats:
     """The job's stats from its records (all runs); the suggestion is from its last run.
+
+    ``user`` is the job's owner as slurmctld (else sacct's UID) names it; None: the user the records name
+    (slurmdbd has been seen recording uid 0 for a user's job, so its row may say ``root``).
 
     Raises:
         InputError: no records.
@@ -209,8 +300,8 @@ def job_stats(job_id: str, records: Sequence[UsageRecord], *, source: str, offer
                              on_mig=all(r.mode == "mig" for r in run), whole_threshold=whole_threshold,
                              count=per_node, at_least_mib=at_least)
     r0 = records[0]
-    return JobStats(job_id, r0.user, r0.account, r0.partition, tuple(DeviceStats(r) for r in records), suggestion,
-                    source)
+    return JobStats(job_id, user or r0.user, r0.account, r0.partition, tuple(DeviceStats(r) for r in records),
+                    suggestion, source, header)
 
 
 # --- rendering -----------------------------------------------------------------------------------------
@@ -301,6 +392,8 @@ def to_text(stats: JobStats) -> str:
     out = [f"job {stats.job_id}  user {stats.user or '-'}  account {stats.account or '-'}  partition "
            f"{stats.partition or '-'}  "
            f"(from the {'accounting database' if stats.source == 'store' else 'job AdminComment in sacct'})"]
+    if stats.header is not None:
+        out += header_lines(stats.header)
     if stats.source != "store":
         out.append("(memory over time is kept only in the accounting database, not in sacct's AdminComment)")
     runs = sorted({d.record.restart for d in stats.devices})
@@ -322,13 +415,29 @@ def to_text(stats: JobStats) -> str:
     return "\n".join(out) + "\n"
 
 
+def header_lines(h: JobHeader) -> list[str]:
+    """The header's lines below the job line: name, state and what was allocated; start, run time and time
+    limit use."""
+    import time
+
+    mem = "-" if h.mem_mib is None else (format_mib(h.mem_mib) if h.mem_mib % 1024 == 0 else f"{h.mem_mib}M")
+    first = (f"  name {h.name or '-'}  state {h.state or '-'}  nodes {h.nodes}  cores {h.cpus}  CPU memory {mem}  "
+             f"GPUs {h.gpus}  QOS {h.qos or '-'}")
+    start = "not started" if h.start is None else "started " + time.strftime("%Y-%m-%d %H:%M:%S",
+                                                                             time.localtime(h.start))
+    used = h.limit_used_pct
+    limit = "no time limit" if h.limit_s is None else (f"of a {format_span(h.limit_s)} limit ({used:.0f}% of it)")
+    return [first, f"  {start}  ran {format_span(h.elapsed_s)} {limit}"]
+
+
 def to_json(stats: JobStats) -> str:
-    """``{"job", "user", "account", "partition", "source", "devices": [record + "used_pct"], "suggestion"}``
-    (a record's memory series is its ``mem_series_mib`` and ``mem_series_width``)."""
+    """``{"job", "user", "account", "partition", "source", "slurm", "devices": [record + "used_pct"],
+    "suggestion"}`` (``slurm``: :meth:`JobHeader.to_dict` or null; a record's memory series is its ``mem_series_mib``
+    and ``mem_series_width``)."""
     s = stats.suggestion
     return json.dumps({
         "job": stats.job_id, "user": stats.user, "account": stats.account, "partition": stats.partition,
-        "source": stats.source,
+        "source": stats.source, "slurm": None if stats.header is None else stats.header.to_dict(),
         "devices": [{**d.record.to_dict(), "used_pct": None if d.used_pct is None else round(d.used_pct, 2)}
                     for d in stats.devices],
         "suggestion": None if s is None else {"request": s.request, "mem_mib": s.mib, "why": s.why},

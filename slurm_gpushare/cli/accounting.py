@@ -4,6 +4,7 @@ into slurmdbd's AdminComment, from EpilogSlurmctld) and ``report`` (reserved vs 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -345,8 +346,25 @@ def jobstats(job_id, db_path, from_sacct, policy_path, machines_dir, fmt):
     policy = _policy(policy_path)
     stats = js.job_stats(job_id, records, source=source, offers=_offers(machines_dir, policy.mig_enabled),
                          headroom=policy.headroom, unit_mib=policy.shard_unit_mib,
-                         whole_threshold=policy.whole_gpu_threshold)
+                         whole_threshold=policy.whole_gpu_threshold,
+                         header=_header(job_id, ctld.start_time if ctld is not None else None), user=owner)
+    if ctld is not None:  # where slurmdbd's row lost them (the uid-0 rows above have no account or partition)
+        stats = dataclasses.replace(stats, account=stats.account or ctld.account,
+                                    partition=stats.partition or ctld.partition)
     click.echo(js.to_json(stats) if fmt == "json" else js.to_text(stats), nl=False)
+
+
+def _header(job_id: str, started: int | None):
+    """What sacct says of the job's run that started when slurmctld's job did (else its most recent run), for
+    jobstats' header; None where sacct cannot tell (no slurmdbd)."""
+    from slurm_gpushare.accounting.jobstats import parse_job_header
+    from slurm_gpushare.errors import GpushareError
+    from slurm_gpushare.slurm import commands
+
+    try:
+        return parse_job_header(commands.sacct_job_header(job_id), job_id, started)
+    except GpushareError:
+        return None
 
 
 def _array_task_job_id(array_id: str, task: int) -> str | None:

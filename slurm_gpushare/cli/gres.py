@@ -381,7 +381,7 @@ def _check(gres_text: str, nodes, gres_path: Path, slurm_path: Path, release: Re
     findings = lint_gres_conf(gres, slurm, {n.node_name: n.machine for n in nodes}, nodes=names, release=release)
     if slurm is not None:
         findings += lint_billing(slurm, nodes, mig_by=mig_by)
-    warnings = []
+    warnings: list[dict] = []
     for f in findings:
         item = {"file": "lint", "severity": f.severity, "where": f.where, "message": f.message, "hint": f.hint or ""}
         (problems if f.severity == "error" else warnings).append(item)

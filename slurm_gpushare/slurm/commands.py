@@ -208,6 +208,23 @@ def sacct_jobs(args: list[str] | tuple[str, ...] = (), **kw) -> str:
     return run(["sacct", "-X", "-D", "-n", "-P", "-o", ",".join(SACCT_FIELDS), *args], env=env, **kw)
 
 
+#: The fields of :func:`sacct_job_header`, in its output's order (sacct(1) "JOB ACCOUNTING FIELDS").
+SACCT_HEADER_FIELDS = ("JobIDRaw", "Start", "State", "NNodes", "NCPUS", "AllocTRES", "QOS", "Partition", "ElapsedRaw",
+                       "TimelimitRaw", "JobName")
+
+
+def sacct_job_header(job_id: str, **kw) -> str:
+    """``sacct -X -D -n -P -j JOB -o JobIDRaw,Start,...,JobName`` with ``SLURM_TIME_FORMAT=%s``: what jobstats'
+    header shows of each run of the job (:data:`SACCT_HEADER_FIELDS`; ``ElapsedRaw`` in seconds, ``TimelimitRaw``
+    in minutes). JobName, the user's own text, is the last field: a ``|`` in it stays in it.
+
+    Raises:
+        SlurmError: sacct failed (no slurmdbd).
+    """
+    env = {**os.environ, "SLURM_TIME_FORMAT": "%s"}
+    return run(["sacct", "-X", "-D", "-n", "-P", "-j", job_id, "-o", ",".join(SACCT_HEADER_FIELDS)], env=env, **kw)
+
+
 def sacctmgr_admin_comment(job: str, text: str, **kw) -> str:
     """``sacctmgr -i modify job where jobid=JOB set AdminComment=TEXT`` (sacctmgr(1) "modify job";
     src/sacctmgr/job_functions.c at slurm-22-05-8-1, 24-11-5-1 and 26-05-3-1 all take AdminComment): sets

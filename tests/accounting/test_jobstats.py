@@ -178,6 +178,36 @@ def test_text_and_json_views():
     assert data["suggestion"]["request"] == "gpushare:mem=5G" and data["devices"][0]["used_pct"] == 40.0
 
 
+def test_the_header_is_the_runs_own_and_a_users_job_name_cannot_reach_a_terminal():
+    # sacct -X -D -P: JobIDRaw|Start|State|NNodes|NCPUS|AllocTRES|QOS|Partition|ElapsedRaw|TimelimitRaw|JobName
+    text = (f"7|{T0 - 900}|REQUEUED|1|4|billing=4,cpu=4,gres/gpu=1,mem=16G,node=1|normal|gpu|300|60|first run\n"
+            f"7|{T0}|CANCELLED by 1001|2|8|cpu=8,gres:gpu=2,mem=32000M,node=2|long|gpu|720|60|"
+            "train\x1b]0;owned\x07 | resnet\n"
+            f"70|{T0}|COMPLETED|1|1|cpu=1,mem=1G|normal|cpu|5|UNLIMITED|other job\n")
+    h = js.parse_job_header(text, "7")  # no start given: the most recent run
+    assert (h.state, h.nodes, h.cpus, h.mem_mib, h.gpus, h.qos, h.partition) == ("CANCELLED", 2, 8, 32000, 2, "long",
+                                                                                  "gpu")
+    assert (h.start, h.elapsed_s, h.limit_s, h.limit_used_pct) == (T0, 720, 3600, 20.0)
+    assert h.name == "train]0;owned | resnet"  # the escape and bell are gone, the '|' of the name is kept
+    first = js.parse_job_header(text, "7", T0 - 900)  # the run slurmctld's job started at
+    assert (first.state, first.mem_mib, first.gpus, first.elapsed_s) == ("REQUEUED", 16384, 1, 300)
+    other = js.parse_job_header(text, "70")
+    assert other.limit_s is None and other.limit_used_pct is None and other.gpus == 0
+    assert js.parse_job_header(text, "8") is None and js.parse_job_header("", "7") is None
+    long_name = js.parse_job_header(f"9|{T0}|RUNNING|1|1|cpu=1|normal|gpu|5|10|{'x' * 200}\n", "9")
+    assert long_name.name == "x" * js.NAME_CHARS + "..." and long_name.mem_mib is None
+
+    stats = job_stats("7", [r for r in fixture() if r.job_id == "1"], source="sacct", header=h)
+    text_view = js.to_text(stats)
+    lines = text_view.splitlines()
+    assert lines[1] == ("  name train]0;owned | resnet  state CANCELLED  nodes 2  cores 8  CPU memory 32000M  GPUs 2  "
+                        "QOS long")
+    assert lines[2].endswith("  ran 12.0 min of a 60.0 min limit (20% of it)") and lines[2].startswith("  started 20")
+    assert "\x1b" not in text_view
+    assert json.loads(js.to_json(stats))["slurm"] == {**h.to_dict(), "limit_used_pct": 20.0}
+    assert json.loads(js.to_json(job_stats("1", fixture()[:1], source="sacct")))["slurm"] is None
+
+
 # --- who may see a job --------------------------------------------------------------------------------------
 
 def _never():
@@ -225,6 +255,8 @@ def fake_slurm(monkeypatch):
         return state["sacct"]
 
     monkeypatch.setattr(commands, "sacct_jobs", sacct_jobs)
+    state["header"] = ""
+    monkeypatch.setattr(commands, "sacct_job_header", lambda job: state["header"])
     return state
 
 
@@ -255,6 +287,11 @@ def test_command_reads_the_store_where_readable(tmp_path, fake_slurm, monkeypatc
     assert "used     ▕▁▂█▄▏" in out.output
     out = CliRunner().invoke(main, ["jobstats", "11", "--db", str(db), "--machines", str(tmp_path), "--format", "json"])
     assert json.loads(out.output)["devices"][0]["mem_series_mib"] == [1024, 2048, 10240, 4096]
+    assert json.loads(out.output)["slurm"] is None  # sacct said nothing of the job: no header
+    fake_slurm["header"] = f"11|{T0}|COMPLETED|1|2|cpu=2,mem=4G,gres/gpu=1|normal|gpu|90|10|resnet\n"
+    out = CliRunner().invoke(main, ["jobstats", "11", "--db", str(db), "--machines", str(tmp_path)])
+    assert "  name resnet  state COMPLETED  nodes 1  cores 2  CPU memory 4G  GPUs 1  QOS normal" in out.output
+    assert "ran 90 s of a 10.0 min limit (15% of it)" in out.output
 
 
 @pytest.mark.parametrize("given", ["3", "003"])  # Slurm reads 003 as job 3 (jobstats said job 003 was not known)
@@ -434,12 +471,14 @@ def test_the_job_slurmctld_holds_is_shown_although_slurmdbd_recorded_another_use
 
     me = os.getuid()
     _slurmctld_holds(monkeypatch, JobInfo(job_id="1", uid=me, state="COMPLETED", start_time=T0, nodes=("n1",),
-                                          gres=_share()))
+                                          gres=_share(), account="physics", partition="gpu"))
     fake_slurm["names"] = {me: "me"}
-    rec = replace(next(r for r in fixture() if r.job_id == "1"), user="root")
+    rec = replace(next(r for r in fixture() if r.job_id == "1"), user="root", account="", partition="")
     fake_slurm["sacct"] = _sacct_row(rec)  # Start T0: slurmctld's job
     out = CliRunner().invoke(main, ["jobstats", "1", "--db", str(tmp_path / "none.db"), "--machines", str(tmp_path)])
     assert out.exit_code == 0, out.output
+    # whose job it is: slurmctld's owner, not the user slurmdbd's row names (CI on 22.05 printed "user root")
+    assert out.output.startswith("job 1  user me  account physics  partition gpu  "), out.output
     fake_slurm["sacct"] = _sacct_row(rec).replace(f"|{T0}|", f"|{T0 - 5000}|", 1)  # an older job of the id
     out = CliRunner().invoke(main, ["jobstats", "1", "--db", str(tmp_path / "none.db"), "--machines", str(tmp_path)])
     assert out.exit_code != 0 and "no GPU usage records" in out.output, out.output
