@@ -870,7 +870,7 @@ class DevCluster:
                 f'spool_dir = "{self.accounting_spool}"\ngpu_order = "{self.gpu_order}"\n'
                 # short jobs (seconds) must get samples; the listen port and textfile differ per node,
                 # so each monitor gets them on its command line
-                'monitor_interval = 0.5\n'
+                'monitor_interval = 0.5\nmps_check_interval = 2.0\n'
                 + (f'shard_unit = "{format_mib(self.shard_unit_mib)}"\n' if self.shard_unit_mib != MIB_PER_GIB else "")
                 + f'\n[mps_env]\nGPUSHARE_FAKE_MPS_MODE_FILE = "{self.fake_mps_mode_file}"\n'),
             "scripts/prolog.sh": hook.replace("{which}", "prolog"),

@@ -30,12 +30,13 @@ with the product.
   ``CUDA_VISIBLE_DEVICES`` (``AutoDetect=nvml`` gives the device a ``UniqueId``, which ``common_gres_set_env``
   in src/plugins/gres/common/gres_common.c prints instead of the index); the dev cluster's static gres.conf
   cannot give one, so plain Slurm prints the index there and the product the UUID. A test that failed with
-  the product while printing a MIG UUID runs once more with the product and the MIG nodes drained; it is
-  explained when it passes there, a regression otherwise.
+  the product while printing a MIG UUID runs once more with the product and the MIG nodes out of every partition
+  (:func:`partitions_without`); it is explained when it passes there, a regression otherwise.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -101,7 +102,7 @@ class Row:
         test: ``testN.M``.
         plain: the runs without the product's lines.
         product: the runs with them (none when the plain run skipped or failed).
-        without_mig: the run with the product and the MIG nodes drained (a product failure that showed MIG
+        without_mig: the run with the product and the MIG nodes out of the partitions (a product failure that showed MIG
             UUIDs, see the module docstring), else None.
     """
 
@@ -117,7 +118,7 @@ class Row:
 
     @property
     def mig_explained(self) -> bool:
-        """Failed with the product printing MIG UUIDs and passed with the MIG nodes drained."""
+        """Failed with the product printing MIG UUIDs and passed without the MIG nodes."""
         return self.without_mig is not None and self.without_mig.result == PASS
 
     @property
@@ -189,8 +190,8 @@ def parse_outcome(returncode: int, output: str, seconds: float, *, timed_out: bo
 def compare(tests: list[str], run, set_product, *, without_mig=None, out=None) -> list[Row]:
     """Run ``tests`` both ways: ``run(test)`` -> :class:`Outcome` on the cluster as it is,
     ``set_product(bool)`` switches the product's lines. Plain first (a test that skips or fails there is
-    done), then the product; ``without_mig(test)`` -> :class:`Outcome` (the product on, the MIG nodes
-    drained) for a test that passed plain and failed with the product printing MIG UUIDs; a test whose
+    done), then the product; ``without_mig(test)`` -> :class:`Outcome` (the product on, the MIG nodes out
+    of the partitions) for a test that passed plain and failed with the product printing MIG UUIDs; a test whose
     results differ otherwise runs again with the product, then plain, so the product is switched twice at
     most. ``out``: a stream that gets one line per run. Leaves the product switched off."""
     rows = {t: Row(t) for t in tests}
@@ -237,7 +238,7 @@ def format_table(rows: list[Row], title: str = "") -> str:
             notes.append("**passes plain, fails with the product**")
         elif r.mig_explained:
             notes.append("MIG devices named by UUID (as Slurm names them with AutoDetect=nvml); passes with the "
-                         "product with the MIG nodes drained")
+                         "product with the MIG nodes out of the partitions")
         elif r.plain and r.plain[0].result in (FAIL, TIMEOUT, ERROR):
             notes.append("fails on plain Slurm, not run with the product")
         elif r.differs:
@@ -411,6 +412,55 @@ def wait_quiet(query, *, limit: float = QUIET_LIMIT, poll: float = 0.1) -> bool:
         time.sleep(poll)
 
 
+@contextlib.contextmanager
+def partitions_without(nodes: list[str], env: dict[str, str], *, scontrol=None):
+    """Take ``nodes`` out of every partition for the ``with`` block and put them back after, as they were
+    (``scontrol show partition -o`` read first; ``scontrol update partitionname=P nodes=...``). Not a drain:
+    from 24.11 on the suite's ``_test_init`` resumes every idle node of the default partition before each test
+    (testsuite/expect/globals, "Ensure that idle nodes are not drained/down"). A partition left with no node
+    is set ``state=inactive`` instead. ``scontrol(argv)`` -> :class:`subprocess.CompletedProcess` (default:
+    the ``scontrol`` on PATH with ``env``).
+
+    Raises:
+        ClusterError: scontrol failed (its message), so that a run meant without those nodes never runs
+            with them.
+    """
+    def default(argv: list[str]) -> subprocess.CompletedProcess:
+        return subprocess.run(["scontrol", *argv], env=env, capture_output=True, text=True)
+
+    call = scontrol or default
+
+    def check(argv: list[str]) -> str:
+        done = call(argv)
+        if done.returncode != 0:
+            raise ClusterError(f"scontrol {' '.join(argv)} failed: {(done.stderr or done.stdout).strip()}",
+                               hint="see the cluster's log/slurmctld.log")
+        return done.stdout
+
+    drop = set(nodes)
+    restore: list[list[str]] = []
+    try:
+        for line in check(["show", "partition", "-o"]).splitlines():
+            fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+            name, listed = fields.get("PartitionName"), fields.get("Nodes", "(null)")
+            if not name or listed == "(null)":
+                continue
+            members = check(["show", "hostnames", listed]).split()
+            rest = [n for n in members if n not in drop]
+            if rest == members:
+                continue
+            if rest:
+                check(["update", f"partitionname={name}", f"nodes={','.join(rest)}"])
+                restore.append(["update", f"partitionname={name}", f"nodes={listed}"])
+            else:
+                check(["update", f"partitionname={name}", "state=inactive"])
+                restore.append(["update", f"partitionname={name}", f"state={fields.get('State', 'UP').lower()}"])
+        yield
+    finally:
+        for argv in restore:
+            check(argv)
+
+
 def _signal_group(pgid: int, sig: int) -> None:
     try:
         os.killpg(pgid, sig)
@@ -484,13 +534,8 @@ def run_here(release: str, directory: Path, port: int, expect_dir: Path, tests: 
         return o
 
     def without_mig(test: str) -> Outcome:
-        nodes = ",".join(mig_nodes)
-        subprocess.run(["scontrol", "update", f"nodename={nodes}", "state=drain", "reason=peer-suite: no MIG"],
-                       env=env, capture_output=True)
-        try:
+        with partitions_without(mig_nodes, env):
             return run(test)
-        finally:
-            subprocess.run(["scontrol", "update", f"nodename={nodes}", "state=resume"], env=env, capture_output=True)
 
     def switch(enabled: bool) -> None:
         if cluster.product == enabled:

@@ -807,3 +807,120 @@ def test_a_first_sample_and_a_new_peak_are_saved_at_once(node):
         node.clock.t += 10
         mon.sample()  # 4000 MiB: below the peak
         assert load_usage(node.config.run_dir, "202")[3].samples == 3
+
+
+@pytest.fixture
+def share_daemon(node):
+    """Job 204, a 10G share on GPU 1 run by this test's own user, with a Prolog's work done: its job directory
+    (state ``ready``, the lock file) and its own MPS daemon (the stand-in) set to the share. Yields
+    ``(node, job_dir, start)``: ``start(plan)`` starts the daemon as the Prolog does and returns it."""
+    import os
+    import shutil
+    import tempfile
+    from dataclasses import replace
+
+    from slurm_gpushare_dev.cluster import MPS_STANDIN
+
+    base = Path(tempfile.mkdtemp(prefix="gsmon-", dir="/tmp"))  # a control socket path fits 107 bytes
+    base.chmod(0o755)
+    node.config = replace(node.config, run_dir=str(base / "run"), mps_control=str(MPS_STANDIN),
+                          mps_start_timeout=DEADLINE, mps_quit_timeout=2.0, mps_check_interval=1.0,
+                          mps_env=(("PATH", "/usr/bin:/bin"), ("GPUSHARE_FAKE_MPS_LIFETIME_S", "120")))
+    node.jobs["204"] = SHOW.format(
+        job="204", user="carol", uid=os.geteuid(), account="bio", gres="shard:10", detail="shard:10(IDX:1)",
+        ac="[gpushare:v1 req=mem=10G grant=gres:shard:10 kind=mps mem=10240/10240MiB]")
+    node.running.add("204")
+    node.stepd_jobs.add("204")
+    node.nvml.add_process(ScheduledProcess(4001, 1, node.clock.t, ((0, 3000, 10),)))
+    node.cgroups[4001], node.uids[4001] = CGROUP.format(job=204), os.geteuid()
+    job_dir = base / "run" / "jobs" / "204"
+    daemons = []
+
+    def start(plan):
+        from slurm_gpushare.node.context import HookContext, job_mps_settings
+        from slurm_gpushare.node.jobdir import job_lock, make_job_dir, write_state
+
+        with job_lock(job_dir):
+            make_job_dir(job_dir)
+            d = HookContext(node.config, "a100").mps("204", plan)
+            daemons.append(d)
+            d.start(job_mps_settings(d, plan))
+            write_state(job_dir, {"phase": "ready"})
+        return d
+
+    yield node, job_dir, start
+    for d in daemons:
+        d.stop()
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_share_that_raises_its_own_daemon_s_limit_is_acted_on_and_set_back(share_daemon):
+    """Issue 27 (c): the job's daemon runs as the job's user, who can tell it
+    ``set_device_pinned_mem_limit <server> 0 80G``. The monitor reads the daemon's settings back every
+    mps_check_interval; found changed in two read-backs in a row, the job gets node.toml's enforce action
+    (kill: its processes on the share's GPU) and the daemon is set back to the share."""
+    node, job_dir, start = share_daemon
+    with node.monitor() as mon:
+        mon.sample()  # no job directory yet (the Prolog has not run): nothing read, nothing found
+        daemon = start(mon._jobs["204"].plan)
+        node.clock.t += 1
+        mon.sample()
+        assert [k for k in node.killed if k[0] == 4001] == []
+        daemon.command("start_server -uid 0")
+        server = daemon.server_pids()[0]
+        assert daemon.command(f"set_device_pinned_mem_limit {server} 0 80G") == ""  # what the job may send
+        node.clock.t += 1
+        mon.sample()
+        assert (4001, signal.SIGKILL) not in node.killed  # one read-back: not yet
+        node.clock.t += 1
+        mon.sample()
+        assert (4001, signal.SIGKILL) in node.killed
+        assert [k for k in node.killed if k[0] != 4001 and k[0] not in (1001, 1002)] == []  # nobody else's
+        finding = (f"get_device_pinned_mem_limit {server} 0 shows '80G', set "
+                   f"'set_device_pinned_mem_limit {server} 0 10G'")
+        assert f"gpushare: GPU 1 of a100: {finding}; the monitor killed 1 of its process(es) there (pid 4001); " \
+               "its MPS daemon's settings were set back." in node.admin_comments["204"], node.admin_comments["204"]
+        assert [line for line in node.log if line.startswith("enforce: job 204")] == [
+            f"enforce: job 204 (carol, partition gpu) on GPU 1 of a100: {finding}: killed 1 of its process(es) "
+            "there (pid 4001); its MPS daemon's settings were set back"]
+        assert daemon.command(f"get_device_pinned_mem_limit {server} 0") == "10G"
+        # set back: the next read-back finds nothing; the episode ends
+        node.clock.t += 1
+        mon.sample()
+        assert mon._jobs["204"].mps_drift == 0
+
+
+def test_a_share_that_quits_its_own_daemon_is_acted_on_but_a_hook_at_work_is_not_the_job_s_doing(share_daemon):
+    """Issue 27 (c): ``quit`` sent to its own daemon leaves the job's new processes outside MPS. Found in two
+    read-backs, the job is warned (enforce = "warn"). A daemon the Epilog is stopping (it holds the job's lock)
+    or a job directory the Prolog has not finished is not read at all."""
+    from dataclasses import replace
+
+    from slurm_gpushare.node.jobdir import job_lock, write_state
+
+    node, job_dir, start = share_daemon
+    node.config = replace(node.config, enforce="warn")
+    with node.monitor() as mon:
+        mon.sample()
+        daemon = start(mon._jobs["204"].plan)
+        with job_lock(job_dir):  # the Epilog, stopping the daemon under the job's lock
+            daemon.stop()
+            for _ in range(3):
+                node.clock.t += 1
+                mon.sample()
+        assert "204" not in node.admin_comments and mon._jobs["204"].mps_drift == 0
+        write_state(job_dir, {"phase": "mps"})  # a Prolog that has not finished
+        for _ in range(3):
+            node.clock.t += 1
+            mon.sample()
+        assert "204" not in node.admin_comments
+        daemon = start(mon._jobs["204"].plan)
+        node.clock.t += 1
+        mon.sample()
+        daemon.command("quit")  # the job's doing
+        for _ in range(2):
+            node.clock.t += 1
+            mon.sample()
+        assert "gpushare: GPU 1 of a100: its MPS control daemon is not running (quit by the job?); the monitor " \
+               "warned (node.toml enforce = \"warn\")." in node.admin_comments["204"], node.admin_comments["204"]
+        assert (4001, signal.SIGKILL) not in node.killed

@@ -3,6 +3,8 @@ runs against the dev cluster are the script itself (docs/development.md, "SchedM
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 
 from slurm_gpushare.errors import ClusterError
@@ -17,6 +19,7 @@ from slurm_gpushare_dev.peer import (
     format_table,
     order_key,
     parse_outcome,
+    partitions_without,
     prepare_workdir,
     select_tests,
 )
@@ -182,7 +185,7 @@ def test_a_failure_naming_mig_uuids_is_explained_only_when_it_passes_without_the
     assert by["m2"].regression and by["t3"].regression
     table = format_table(rows)
     assert ("| m1 | pass | FAIL | 2 | MIG devices named by UUID (as Slurm names them with AutoDetect=nvml); "
-            "passes with the product with the MIG nodes drained; why |") in table
+            "passes with the product with the MIG nodes out of the partitions; why |") in table
     assert "| m2 | pass, pass | FAIL, FAIL | 2 | **passes plain, fails with the product**; again on rerun; " in table
     assert table.splitlines()[-1].endswith("3 differed; 2 pass plain and fail with the product")
 
@@ -239,3 +242,46 @@ def test_a_slurm_daemon_that_died_between_tests_is_started_again_and_said():
     assert revive(c, out=out) == ["slurmd-h100-mig"] and c.ups == 1
     assert "slurmd-h100-mig was not running" in out.getvalue() and "started again" in out.getvalue()
     assert revive(c, out=out) == [] and c.ups == 1  # all alive: nothing done
+
+
+class FakeScontrol:
+    """scontrol's answers for two partitions (the second only MIG nodes), and the updates asked of it."""
+
+    def __init__(self, fail_on: str = ""):
+        self.updates: list[list[str]] = []
+        self.fail_on = fail_on
+
+    def __call__(self, argv):
+        if argv[:2] == ["show", "partition"]:
+            out = ("PartitionName=gpu AllowGroups=ALL Default=YES Nodes=a100-nvb,h100-mig State=UP\n"
+                   "PartitionName=mig AllowGroups=ALL Nodes=h100-mig State=UP\n"
+                   "PartitionName=empty AllowGroups=ALL Nodes=(null) State=UP\n")
+        elif argv[:2] == ["show", "hostnames"]:
+            out = "\n".join(argv[2].split(",")) + "\n"
+        else:
+            self.updates.append(argv)
+            if self.fail_on and self.fail_on in " ".join(argv):
+                return subprocess.CompletedProcess(argv, 1, "", "slurm_update error: Invalid node name specified")
+            out = ""
+        return subprocess.CompletedProcess(argv, 0, out, "")
+
+
+def test_the_mig_nodes_leave_every_partition_for_the_run_and_come_back():
+    # 24.11's testsuite resumes each idle node before a test: a drain did not keep a test off the MIG node
+    # (the 24.11 run of scripts/peer-suite), taking the node out of the partitions does
+    fake = FakeScontrol()
+    with partitions_without(["h100-mig"], {}, scontrol=fake):
+        assert fake.updates == [["update", "partitionname=gpu", "nodes=a100-nvb"],
+                                ["update", "partitionname=mig", "state=inactive"]]
+    assert fake.updates[2:] == [["update", "partitionname=gpu", "nodes=a100-nvb,h100-mig"],
+                                ["update", "partitionname=mig", "state=up"]]
+
+
+def test_a_partition_scontrol_cannot_change_stops_the_run_and_restores_the_others():
+    fake = FakeScontrol(fail_on="partitionname=mig state=inactive")
+    ran = []
+    with pytest.raises(ClusterError, match="Invalid node name"):
+        with partitions_without(["h100-mig"], {}, scontrol=fake):
+            ran.append(True)
+    assert not ran
+    assert fake.updates[-1] == ["update", "partitionname=gpu", "nodes=a100-nvb,h100-mig"]

@@ -35,6 +35,9 @@ Every key is optional::
                                                # GPU together hold more than its share: "kill" them, "requeue"
                                                # the job, or "warn" (log, metric, AdminComment note)
     enforce_grace = 3                          # consecutive samples over the share before it acts (1-100)
+    mps_check_interval = 10.0                  # seconds between two read-backs of each share job's MPS daemon
+                                               # limits (a job that changed them, or quit its daemon, gets
+                                               # the enforce action); 0: never
 
     [enforce_partitions]                       # another action for the jobs of a partition
     debug = "warn"
@@ -102,6 +105,7 @@ class NodeConfig:
     enforce: str = "kill"
     enforce_grace: int = 3
     enforce_partitions: tuple[tuple[str, str], ...] = ()
+    mps_check_interval: float = 10.0
 
     def enforce_for(self, partition: str) -> str:
         """The enforcement action (:data:`ENFORCE_ACTIONS`) for a job of ``partition``."""
@@ -131,7 +135,7 @@ _KEYS: dict[str, type | tuple[type, ...]] = {
     "monitor_steps_interval": (int, float), "monitor_save_interval": (int, float), "monitor_listen": str,
     "monitor_textfile": str,
     "admin_comment_summary": bool, "admin_comment_interval": (int, float),
-    "enforce": str, "enforce_grace": int, "enforce_partitions": dict,
+    "enforce": str, "enforce_grace": int, "enforce_partitions": dict, "mps_check_interval": (int, float),
 }
 
 
@@ -140,7 +144,7 @@ _SECONDS: dict[str, tuple[float, float, bool]] = {
     "mps_start_timeout": (0, 600, False), "mps_quit_timeout": (0, 600, False), "hook_timeout": (0, 3600, False),
     "monitor_interval": (0.01, 3600, True), "monitor_jobs_interval": (0, 3600, True),
     "monitor_steps_interval": (0, 3600, True), "monitor_save_interval": (0, 3600, True),
-    "admin_comment_interval": (1, 86400, True),
+    "admin_comment_interval": (1, 86400, True), "mps_check_interval": (0, 3600, True),
 }
 
 

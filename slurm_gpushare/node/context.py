@@ -28,7 +28,7 @@ from slurm_gpushare.slurm.job import JobInfo, parse_job_json, with_env_identity
 from slurm_gpushare.slurm.nodegres import GresOptions, NodeGres, node_gres
 
 if TYPE_CHECKING:  # the MPS code is imported by the hooks that start or stop a daemon
-    from slurm_gpushare.node.mps import MpsDaemon, StopResult
+    from slurm_gpushare.node.mps import MpsDaemon, Setting, StopResult
 
 #: The node log, in the node's run dir: one line per event an administrator should see.
 NODE_LOG = "node.log"
@@ -97,6 +97,21 @@ class HookContext:
             commands.drain_node(self.node, reason[:250])
         except GpushareError:
             pass  # slurmd drains the node anyway when the hook fails; the reason is then Slurm's
+
+
+def job_mps_settings(daemon: MpsDaemon, plan: JobPlan) -> list[Setting]:
+    """What a job's own daemon is set to before its first client (the Prolog) and what the node monitor reads
+    back while the job runs: the pinned-memory limit on each GPU, the SM share, and the client priority where
+    the driver has the command (CUDA 11.8+ MPS; an older driver that refuses it is not a fault: the job's
+    environment still asks for it, so it is ``optional`` and never read back as a fault)."""
+    settings = []
+    if plan.mem_limit_mib is not None:
+        settings += [daemon.pinned_mem_limit(i, plan.mem_limit_mib) for i in range(len(plan.gpu_indices))]
+    if plan.sm_percent is not None:
+        settings.append(daemon.active_thread_percentage(plan.sm_percent))
+    if plan.client_priority is not None:
+        settings.append(daemon.client_priority(plan.client_priority, optional=True))
+    return settings
 
 
 def log_event(ctx: HookContext, hook: str, message: str, *, level: int = syslog.LOG_WARNING) -> None:

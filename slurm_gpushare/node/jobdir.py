@@ -74,6 +74,35 @@ def job_lock(job_dir: Path, *, remove: bool = False):
         os.close(fd)
 
 
+@contextmanager
+def job_lock_nowait(job_dir: Path):
+    """The lock of :func:`job_lock` if it is free now: yields True holding it, False (holding nothing) when a
+    hook holds it or the job has no lock file (no Prolog made one, or the Epilog removed it). Never creates the
+    lock file: a reader that finds the job gone leaves nothing behind (the node monitor's MPS checks)."""
+    lock = job_dir.parent / f".{job_dir.name}.lock"
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_NOFOLLOW)
+    except OSError:
+        yield False
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            yield False
+            return
+        try:
+            same = os.fstat(fd).st_ino == os.stat(lock).st_ino
+        except FileNotFoundError:
+            same = False
+        try:
+            yield same
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
 def make_job_dir(job_dir: Path) -> None:
     """Create the job's directory (mode :data:`DIR_MODE`: the job's user passes through to its files)."""
     job_dir.mkdir(parents=True, exist_ok=True)

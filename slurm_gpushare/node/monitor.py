@@ -91,7 +91,8 @@ from slurm_gpushare.errors import GpushareError, InputError
 from slurm_gpushare.hardware.machine import GpuProcess, Machine
 from slurm_gpushare.hardware.port import NvmlPort, read_uuids
 from slurm_gpushare.node.config import ENFORCE_ACTIONS, NodeConfig, parse_listen
-from slurm_gpushare.node.context import admin_note
+from slurm_gpushare.node.context import HookContext, admin_note, job_mps_settings
+from slurm_gpushare.node.jobdir import job_lock_nowait, read_state
 from slurm_gpushare.node.membership import (
     CgroupFs,
     CgroupJob,
@@ -110,6 +111,9 @@ MIB = 1 << 20
 #: Least seconds between two ``scontrol listpids`` calls made because a GPU process appeared that no job
 #: cgroup holds (the calls every ``monitor_steps_interval`` aside).
 LOOKUP_GAP_S = 1.0
+#: Seconds the front end may take to read back a share job's MPS daemon settings (:meth:`Monitor.check_mps`): a
+#: job's own daemon that hangs delays the monitor's samples by at most this much per check.
+MPS_CHECK_TIMEOUT_S = 3.0
 #: Job states in which a job's processes may run on its nodes.
 RUNNING_STATES = frozenset({"RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED"})
 
@@ -129,6 +133,9 @@ class _Job:
     over: set[JobKey] = field(default_factory=set)
     over_samples: dict[JobKey, int] = field(default_factory=dict)  # consecutive samples over the share
     enforced: set[JobKey] = field(default_factory=set)  # acted on in this episode
+    mps_checked: float = float("-inf")  # when its MPS daemon's settings were last read back
+    mps_drift: int = 0  # consecutive read-backs that found them changed (or the daemon gone)
+    mps_enforced: bool = False  # acted on in this episode of drift
 
 
 @dataclass(frozen=True)
@@ -142,6 +149,8 @@ class Enforcement:
         action: ``kill``, ``requeue`` or ``warn`` (node.toml ``enforce``/``enforce_partitions``).
         used_mib, share_mib: what its processes held together, and its share (MiB).
         processes: ``(pid, start)`` of the job's processes on the device (``/proc/<pid>/stat`` start).
+        reason: what the job did, when it is not memory: its MPS daemon's settings changed or the daemon gone
+            (:meth:`Monitor.check_mps`); the daemon is then set back (``restore``, its settings).
     """
 
     job_id: str
@@ -152,6 +161,8 @@ class Enforcement:
     used_mib: int
     share_mib: int
     processes: tuple[tuple[int, int], ...]
+    reason: str = ""
+    restore: Callable[[], str] | None = None
 
 
 def device_key(record: UsageRecord) -> JobKey:
@@ -256,6 +267,7 @@ class Monitor:
         self._requeue = requeue or commands.requeue_job
         self._kill = kill
         self._enforcements: list[Enforcement] = []
+        self._last_pids: dict[str, dict[JobKey, list[int]]] = {}  # last sample: job -> device -> its pids there
         self.enforced_total: dict[str, int] = {}
         self._jobs: dict[str, _Job] = {}
         self._gres = node_gres(machine, node, GresOptions(shard_unit_mib=config.shard_unit_mib))
@@ -550,10 +562,94 @@ class Monitor:
         failure is counted (``gpushare_monitor_errors_total``) and logged."""
         with self._lock:
             snapshot = self._sample()
+            checks = self._due_mps_checks()
+        for job_id, job, pids in checks:  # front-end runs (subprocesses): outside the lock the HTTP thread takes
+            self.check_mps(job_id, job, pids)
+        with self._lock:
             due, self._enforcements = self._enforcements, []
         for e in due:
             self.enforce(e)
         return snapshot
+
+    def _due_mps_checks(self) -> list[tuple[str, _Job, tuple[tuple[int, int], ...]]]:
+        """The MPS share jobs (a daemon of their own: ``mps_mode = "per-job"``) whose daemon is due a read-back
+        (``mps_check_interval``), with their processes on the share's GPUs in the last sample."""
+        interval = self.config.mps_check_interval
+        if interval <= 0 or self.config.mps_mode != "per-job":
+            return []
+        now = self._clock()
+        due = []
+        for job_id, job in self._jobs.items():
+            if job.plan.kind != "mps" or now - job.mps_checked < interval:
+                continue
+            job.mps_checked = now
+            mine = self._last_pids.get(job_id, {})
+            pids = tuple(sorted({(pid, f.start) for key in job.plan.gpu_indices for pid in mine.get(key, ())
+                                 if (f := self._proc_of(pid)) is not None}))
+            due.append((job_id, job, pids))
+        return due
+
+    def check_mps(self, job_id: str, job: _Job, pids: tuple[tuple[int, int], ...]) -> None:
+        """Read back the settings of the job's own MPS daemon (issue (c) of docs/mps.md section 2: the daemon runs
+        as the job's user, who can send it ``set_device_pinned_mem_limit <server> <dev> 80G`` or ``quit``): the
+        default pinned-memory limit on each GPU and the SM share the Prolog set
+        (:func:`~slurm_gpushare.node.context.job_mps_settings`), each running server's own pinned-memory limit
+        (``get_device_pinned_mem_limit PID DEV``), and that the daemon still runs. Only while no hook holds the
+        job's lock and its directory says the Prolog is done (a Prolog configuring or an Epilog stopping the
+        daemon is not the job's doing). Found in two read-backs in a row, the job gets the ``enforce`` action
+        (:meth:`enforce`, with ``reason``), and its daemon is set back where it still runs. The answers come
+        from the job's own daemon (its user owns the pipe directory), so they show what the job did through
+        the front end, not more: the memory its processes hold (:meth:`sample`) is what stops any way past
+        the share. Never raises: a failing front end is a finding (the daemon does not answer)."""
+        from slurm_gpushare.node.mps import MpsError
+
+        job_dir = self.run_dir / "jobs" / job_id
+        plan = job.plan
+        found: list[str] = []
+        daemon = None
+        with job_lock_nowait(job_dir) as held:
+            state = read_state(job_dir) if held else None
+            if not state or state.get("phase") != "ready" or state.get("shared"):
+                return  # a hook at work, the job gone, a Prolog not done, or a shared daemon (per-gpu mode)
+            try:
+                daemon = HookContext(self.config, self.node).mps(job_id, plan)
+                settings = job_mps_settings(daemon, plan)
+                if not daemon.alive():
+                    found.append("its MPS control daemon is not running (quit by the job?)")
+                else:
+                    servers = daemon.server_pids()
+                    if plan.mem_limit_mib is not None:
+                        settings += [daemon.server_pinned_mem_limit(pid, i, plan.mem_limit_mib)
+                                     for pid in servers for i in range(len(plan.gpu_indices))]
+                    found += daemon.read_back(settings, timeout=MPS_CHECK_TIMEOUT_S)
+            except MpsError as e:
+                found.append(f"its MPS control daemon did not answer: {e}")
+            except GpushareError as e:  # the plan cannot make a daemon: nothing the job did
+                self.note_error("mps-check", f"job {job_id}: {e}")
+                return
+        with self._lock:
+            if not found:
+                job.mps_drift, job.mps_enforced = 0, False
+                return
+            job.mps_drift += 1
+            if job.mps_drift < 2 or job.mps_enforced:
+                return
+            job.mps_enforced = True
+            live = daemon if daemon is not None and "not running" not in found[0] else None
+
+            def restore() -> str:
+                if live is None:
+                    return ""
+                try:
+                    live.configure(settings)
+                    return "; its MPS daemon's settings were set back"
+                except GpushareError as err:
+                    return f"; its MPS daemon's settings could not be set back: {err}"
+
+            key = plan.gpu_indices[0] if plan.gpu_indices else 0
+            self._enforcements.append(Enforcement(
+                job_id, job.info.user, job.info.partition, key, self.config.enforce_for(job.info.partition),
+                0, plan.mem_limit_mib or 0, pids, reason="; ".join(found), restore=restore))
 
     def enforce(self, e: Enforcement) -> None:
         """Act on an MPS share job whose processes on a GPU held more than its share (its MPS limit is per
@@ -565,8 +661,8 @@ class Monitor:
         action is logged, counted (``gpushare_monitor_enforcements_total``) and told to the job's user in its
         AdminComment (root's; ``scontrol show job``). Other jobs on the GPU are never touched."""
         where = f"GPU {e.key} of {self.node}"
-        over = (f"its {len(e.processes)} process(es) there held {e.used_mib} MiB together, its share is "
-                f"{e.share_mib} MiB")
+        over = e.reason or (f"its {len(e.processes)} process(es) there held {e.used_mib} MiB together, its share "
+                            f"is {e.share_mib} MiB")
         action = e.action
         if action == "requeue":
             try:
@@ -584,6 +680,8 @@ class Monitor:
             done = f"killed {len(targets)} of its process(es) there (pid {', '.join(map(str, targets)) or '-'})"
         elif action == "warn":
             done = "warned (node.toml enforce = \"warn\")"
+        if e.restore is not None:
+            done += e.restore()
         self.enforced_total[action] = self.enforced_total.get(action, 0) + 1
         self._log(f"enforce: job {e.job_id} ({e.user}, partition {e.partition}) on {where}: {over}: {done}")
         # told first: slurmctld refuses an AdminComment update once the job has ended
@@ -654,6 +752,9 @@ class Monitor:
                     a[1] += p.sm_util
                 a[3] += 1
 
+        self._last_pids = {}
+        for (job_id, key), a in acc.items():
+            self._last_pids.setdefault(job_id, {})[key] = list(a[5])
         devices: list[DeviceSample] = []
         rose: set[str] = set()
         for (job_id, key), (used, sm_sum, sm_all, nproc, index, pids) in sorted(acc.items(),

@@ -605,6 +605,31 @@ class MpsDaemon:
             if not s.accepts(back) and not s.optional:
                 raise MpsError(s.failure(back), source=self._source)
 
+    def read_back(self, settings: Sequence[Setting], *, timeout: float | None = None) -> list[str]:
+        """Read ``settings`` back from the daemon with one front-end run (every ``get_...`` line) and say which
+        no longer show the value the Prolog set (a job's processes may send commands to their own daemon: the
+        node monitor checks, docs/mps.md section 2). A setting marked ``optional`` is not checked.
+
+        Args:
+            settings: what the daemon should hold (as :meth:`configure` applied them).
+            timeout: seconds the front end may take (default ``command_timeout_s``).
+
+        Returns:
+            One line per setting that differs, ``"<get line> shows <value>, set <set line>"``; empty when all hold.
+
+        Raises:
+            MpsError: the daemon cannot be reached or gave no answer in time.
+        """
+        checked = [s for s in settings if not s.optional]
+        if not checked:
+            return []
+        answer = self._run_client("\n".join(s.get_line for s in checked),
+                                  self.settings.command_timeout_s if timeout is None else timeout)
+        lines = answer.splitlines()
+        lines += [""] * (len(checked) - len(lines))
+        return [f"{s.get_line} shows {printable(back.strip(), limit=80) or 'nothing'!r}, set {s.set_line!r}"
+                for s, back in zip(checked, lines, strict=False) if not s.accepts(back)]
+
     def pinned_mem_limit(self, device_index: int, mib: int) -> Setting:
         """The device memory each new MPS client may pin on one GPU, as a :class:`Setting`.
 

@@ -17,7 +17,7 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from slurm_gpushare.atomicfile import read_own_file, write_atomic
 from slurm_gpushare.errors import ConfigError, GpushareError, InputError, ParseError
@@ -29,6 +29,7 @@ from slurm_gpushare.node.context import (
     JobFault,
     NodeFault,
     fail_job,
+    job_mps_settings,
     log_event,
     plan_with_machine,
     record_and_plan,
@@ -48,10 +49,6 @@ from slurm_gpushare.node.jobdir import (
 from slurm_gpushare.node.plan import JobPlan
 from slurm_gpushare.slurm.job import JobInfo
 from slurm_gpushare.slurm.nodegres import NodeGres
-
-if TYPE_CHECKING:  # imported where a share is prepared: a whole-GPU job's Prolog never loads them
-    from slurm_gpushare.node.mps import MpsDaemon, Setting
-
 
 #: Where the Prolog remembers a shard unit check that passed (see :func:`check_installed_shard_unit`).
 SHARD_UNIT_STAMP = "shard-unit.ok"
@@ -391,7 +388,7 @@ def prepare(ctx: HookContext, plan: JobPlan, job_dir: Path) -> None:
         if prev is not None or os.path.lexists(daemon.pipe_dir):
             daemon.stop()  # leftovers of a Prolog that died half-way (a new job has no state and no pipe dir)
         try:
-            daemon.start(_settings(daemon, plan))
+            daemon.start(job_mps_settings(daemon, plan))
         except MpsError as e:
             daemon.stop()
             # the daemon runs as the job's user, who can kill it: its failure is the job's, not the node's
@@ -404,20 +401,6 @@ def prepare(ctx: HookContext, plan: JobPlan, job_dir: Path) -> None:
     write_env(job_dir / "env", env, uid=plan.uid)
     state["phase"] = "ready"
     write_state(job_dir, state)
-
-
-def _settings(daemon: MpsDaemon, plan: JobPlan) -> list[Setting]:
-    """What the job's daemon is set to before its first client: the pinned-memory limit on each GPU, the
-    SM share, and the client priority where the driver has the command (CUDA 11.8+ MPS; an older driver
-    that refuses it is not a fault: the job's environment still asks for it)."""
-    settings = []
-    if plan.mem_limit_mib is not None:
-        settings += [daemon.pinned_mem_limit(i, plan.mem_limit_mib) for i in range(len(plan.gpu_indices))]
-    if plan.sm_percent is not None:
-        settings.append(daemon.active_thread_percentage(plan.sm_percent))
-    if plan.client_priority is not None:
-        settings.append(daemon.client_priority(plan.client_priority, optional=True))
-    return settings
 
 
 def _free_before(ctx: HookContext, gres: NodeGres, plan: JobPlan) -> tuple[int, ...]:
