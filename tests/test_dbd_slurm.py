@@ -426,7 +426,10 @@ def test_jobstats_shows_a_users_own_job_refuses_anothers_and_its_suggestion_runs
     data = json.loads(_jobstats_as(c, alice, job.id, "--format", "json").stdout)
     assert (data["source"], data["suggestion"]["request"]) == ("sacct", "gpushare:mem=4G")
     assert (data["slurm"]["name"], data["slurm"]["state"], data["slurm"]["nodes"]) == ("wrap", "COMPLETED", 1)
-    assert data["slurm"]["elapsed_s"] >= 1 and data["slurm"]["start"] is not None
+    # sacct's own figures (the job may take less than a second: on 24.11 it did, ElapsedRaw 0)
+    raw = subprocess.run(["sacct", "-X", "-n", "-P", "-j", job.id, "-o", "Start,ElapsedRaw"],
+                         env={**c.env, "SLURM_TIME_FORMAT": "%s"}, capture_output=True, text=True).stdout.split()
+    assert [f"{data['slurm']['start']}|{data['slurm']['elapsed_s']}"] == raw, (data["slurm"], raw)
 
     # another user's job: refused before anything of it is read, also with the store named
     other = _jobstats_as(c, bob, job.id, "--db", str(db))
