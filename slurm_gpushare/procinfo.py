@@ -36,6 +36,16 @@ def running(proc: psutil.Process) -> bool:
         return True  # another user's process that we may not inspect: it exists
 
 
+def stopped(proc: psutil.Process) -> bool:
+    """The process is stopped by a signal (SIGSTOP, SIGTSTP: state ``T``) or under a tracer (``t``), so it runs no
+    code until SIGCONT or the tracer lets it go (``/proc/<pid>/stat`` field 3, through psutil); False when it is
+    gone or may not be inspected."""
+    try:
+        return proc.status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+    except psutil.Error:
+        return False
+
+
 def pid_alive(pid: int) -> bool:
     """A process with this PID exists and is not a zombie."""
     proc = process(pid)

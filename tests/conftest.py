@@ -34,6 +34,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -348,6 +349,43 @@ def cluster(tmp_path_factory) -> DevCluster:
     yield c
     if started and os.environ.get("GPUSHARE_TEST_KEEP") != "1":
         c.down(out=open(os.devnull, "w"))
+
+
+#: ``squeue --states`` of a job that still holds (or may yet hold) a node: the Epilog of a COMPLETING one runs.
+ACTIVE_STATES = "PENDING,RUNNING,SUSPENDED,COMPLETING,CONFIGURING"
+
+
+def active_jobs(cluster: DevCluster) -> dict[str, str]:
+    """``{job id: compact state}`` of the cluster's jobs that hold or may yet hold a node (:data:`ACTIVE_STATES`);
+    empty when slurmctld does not answer."""
+    proc = subprocess.run(["squeue", "-h", "-t", ACTIVE_STATES, "-o", "%A %t"], env=cluster.env,
+                          capture_output=True, text=True, timeout=DEADLINE)
+    return dict(line.split() for line in proc.stdout.splitlines() if len(line.split()) == 2)
+
+
+@pytest.fixture(autouse=True)
+def _leaves_no_job(request):
+    """Each test on the session's cluster leaves it as it found it: after the test (and the ``slurm`` fixture's
+    ``scancel`` of the jobs it submitted), every job that was not active before has ended, its Epilog included,
+    so the next test finds the nodes idle. A job still PENDING or RUNNING then was left by the test (a job
+    submitted outside :class:`SlurmSession` and never cancelled): it is cancelled, and a warning names the test
+    and the job (pytest's warnings summary), instead of a later test failing on a busy node."""
+    if "cluster" not in request.fixturenames:
+        yield
+        return
+    cluster = request.getfixturevalue("cluster")
+    before = set(active_jobs(cluster))
+    yield
+    left = {j: st for j, st in active_jobs(cluster).items() if j not in before}
+    leaked = sorted(j for j, st in left.items() if st in ("PD", "R", "S", "CF"))
+    if leaked:
+        subprocess.run(["scancel", *leaked], env=cluster.env, capture_output=True, timeout=DEADLINE)
+    if left:
+        wait_until(lambda: not set(left) & set(active_jobs(cluster)), f"jobs {', '.join(sorted(left))} ending",
+                   describe=lambda: active_jobs(cluster))
+    if leaked:
+        warnings.warn(f"{request.node.nodeid} left job(s) {', '.join(leaked)} running or pending (cancelled after it)",
+                      stacklevel=1)
 
 
 @pytest.fixture

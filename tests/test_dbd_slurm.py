@@ -581,3 +581,31 @@ def test_jobstats_names_a_running_job_a_cpu_job_and_an_array_task_as_slurm_does(
     r = _jobstats_as(c, alice, f"{array}_1")
     assert r.returncode == 0 and r.stdout.startswith(f"job {raw}  user {alice}  "), r.stdout + r.stderr
     assert "mps shard:4" in r.stdout, r.stdout
+
+
+def test_a_job_name_forging_a_sacct_row_changes_nothing_in_jobstats_header(dbd, two_users):
+    """alice names her job ``x<newline><a sacct row of her job: a later run, TIMEOUT, 64 GPUs>`` and an escape
+    sequence (``scontrol update`` of her held job; sacct -P prints the name as written). jobstats, hers and root's,
+    shows the run Slurm recorded (COMPLETED, 1 GPU) and no escape byte: the header's fields come from a sacct call
+    without the name."""
+    c = dbd.cluster
+    (alice, _bob), out = two_users
+    sub = _as(c, alice, "sbatch", "--parsable", "-H", f"--output={out}/named-%j.out", "--gres=gpu:1", "--wrap", "true")
+    assert sub.returncode == 0, sub.stderr
+    job = Job(sub.stdout.strip().split(";")[0])
+    dbd.submitted.append(job.id)
+    forged = f"{job.id}|9999999999|TIMEOUT|64|512|cpu=512,gres/gpu=64,mem=4T,node=64|high|gpu|99999|UNLIMITED|y"
+    name = f"x\n{forged}\x1b]0;owned\x07"
+    for argv in (["scontrol", "update", f"jobid={job.id}", f"name={name}"], ["scontrol", "release", job.id]):
+        r = _as(c, alice, *argv)
+        assert r.returncode == 0, r.stderr
+    assert dbd.wait(job).state == "COMPLETED"
+    _sacct_until_segment(dbd, job.id)
+    # once slurmctld has forgotten the job (MinJobAge), jobstats cannot tell its run by slurmctld's start time
+    wait_until(lambda: not dbd.show_job(job.id), f"slurmctld forgetting job {job.id} (MinJobAge)")
+    for who in (alice, "root"):
+        r = _jobstats_as(c, who, job.id)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert re.search(r"^  name x\S*  state COMPLETED  nodes 1  cores \d+  CPU memory \S+  GPUs 1  QOS \S+$",
+                         r.stdout, re.M), r.stdout
+        assert "\x1b" not in r.stdout and "TIMEOUT" not in r.stdout and "99999" not in r.stdout, r.stdout

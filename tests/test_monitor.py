@@ -924,3 +924,50 @@ def test_a_share_that_quits_its_own_daemon_is_acted_on_but_a_hook_at_work_is_not
         assert "gpushare: GPU 1 of a100: its MPS control daemon is not running (quit by the job?); the monitor " \
                "warned (node.toml enforce = \"warn\")." in node.admin_comments["204"], node.admin_comments["204"]
         assert (4001, signal.SIGKILL) not in node.killed
+
+
+def test_a_daemon_that_answers_late_on_a_busy_node_is_not_the_job_s_doing(share_daemon, monkeypatch):
+    """A read-back whose front end gets no answer in time while the job's daemon runs (a loaded node: CI with 20
+    shares on 2 cores) is logged and counted, and counts neither way: the job is not acted on however often it
+    happens (it was a finding, and twice in a row killed the job's processes)."""
+    import slurm_gpushare.node.monitor as monitor_module
+
+    node, job_dir, start = share_daemon
+    with node.monitor() as mon:
+        mon.sample()
+        start(mon._jobs["204"].plan)
+        monkeypatch.setattr(monitor_module, "MPS_CHECK_TIMEOUT_S", 0.001)  # no front end answers that fast
+        for _ in range(4):
+            node.clock.t += 1
+            mon.sample()
+        assert "204" not in node.admin_comments and (4001, signal.SIGKILL) not in node.killed
+        assert mon._jobs["204"].mps_drift == 0 and mon.errors_total.get("mps-check") == 4, mon.errors_total
+        assert sum("job 204: its MPS daemon's settings not read back: " in line and "got no answer within 0.001 s"
+                   in line for line in node.log) == 4, node.log
+
+
+def test_a_share_that_stops_its_own_daemon_is_acted_on(share_daemon, monkeypatch):
+    """A job's user may send SIGSTOP to the daemon (it runs as them): it then answers no read-back, and a busy
+    node does not explain it. Found stopped in two read-backs, the job gets the enforce action; a stopped daemon
+    is not set back (it would answer no ``set``)."""
+    import os
+
+    import slurm_gpushare.node.monitor as monitor_module
+
+    node, job_dir, start = share_daemon
+    monkeypatch.setattr(monitor_module, "MPS_CHECK_TIMEOUT_S", 0.5)
+    with node.monitor() as mon:
+        mon.sample()
+        daemon = start(mon._jobs["204"].plan)
+        pid = daemon.pid()
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            for _ in range(2):
+                node.clock.t += 1
+                mon.sample()
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert "gpushare: GPU 1 of a100: its MPS control daemon is stopped (a stop signal or a tracer: it answers " \
+               "no client); the monitor killed 1 of its process(es) there (pid 4001)." in node.admin_comments["204"], \
+            node.admin_comments.get("204")
+        assert (4001, signal.SIGKILL) in node.killed

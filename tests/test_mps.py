@@ -456,6 +456,42 @@ def test_command_without_a_daemon_names_the_failure(env):
     assert str(FAKE) in str(err.value)
 
 
+def test_a_flood_from_a_program_in_the_pipe_directory_is_cut_and_named(env):
+    """The job's user owns the pipe directory: a program of theirs may listen on the control socket in place of
+    the daemon and answer megabytes. Root (the monitor's read-back, the Epilog) reads at most 64 KiB of the front
+    end's answer and fails the command, naming why; it kept all of it in memory."""
+    import socket
+    import threading
+
+    d = env.daemon()
+    d.pipe_dir.mkdir(parents=True)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(d.pipe_dir / "control"))
+    listener.listen(4)
+    sent = []
+
+    def flood():
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(4096)
+            try:
+                for _ in range(64):  # 4 MiB
+                    conn.sendall(b"9" * 65536)
+                    sent.append(65536)
+            except OSError:
+                pass
+
+    t = threading.Thread(target=flood, daemon=True)
+    t.start()
+    try:
+        with pytest.raises(MpsError, match=r"command 'get_server_list' printed more than 65536 bytes on stdout: "
+                                           r"not an answer of the MPS control daemon"):
+            d.command("get_server_list")
+    finally:
+        listener.close()
+        t.join(DEADLINE)
+
+
 def test_missing_binary_is_an_error_and_leaves_only_the_logs(env):
     d = env.daemon(settings=MpsSettings(control_binary=str(env.base / "nvidia-cuda-mps-control")))
     with pytest.raises(MpsError, match="cannot run .*nvidia-cuda-mps-control -d'"):

@@ -193,17 +193,19 @@ def _tres(alloc_tres: str) -> dict[str, str]:
     return dict(item.split("=", 1) for item in alloc_tres.split(",") if "=" in item)
 
 
-def parse_job_header(text: str, job_id: str, start: int | None = None) -> JobHeader | None:
+def parse_job_header(text: str, job_id: str, start: int | None = None, *, names: str = "") -> JobHeader | None:
     """The header of run ``start`` of job ``job_id`` (the run that started then; None: its most recent run) from
-    :func:`~slurm_gpushare.slurm.commands.sacct_job_header` output; None when sacct lists no such run. The name
-    keeps printable characters only (a user's job name goes to an administrator's terminal: no escape sequence
-    passes), at most :data:`NAME_CHARS`."""
+    :func:`~slurm_gpushare.slurm.commands.sacct_job_header` output (no user text: one line per run); None when
+    sacct lists no such run. The name is the user's own text, which sacct prints as written, newlines included, so
+    it comes apart (``names``: :func:`~slurm_gpushare.slurm.commands.sacct_job_names` output): the first line of
+    that run, so a name that holds a forged row names only itself. It keeps printable characters only (it goes to an
+    administrator's terminal: no escape sequence passes), at most :data:`NAME_CHARS`; empty without ``names``."""
     from slurm_gpushare.memsize import parse_mib
 
     rows = []
     for line in text.splitlines():
-        f = line.split("|", 10)
-        if len(f) == 11 and f[0] == job_id:
+        f = line.split("|")
+        if len(f) == 10 and f[0] == job_id:
             rows.append(f)
     if start is not None and any(_int(f[1]) == start for f in rows):
         rows = [f for f in rows if _int(f[1]) == start]
@@ -217,7 +219,9 @@ def parse_job_header(text: str, job_id: str, start: int | None = None) -> JobHea
         mem = None
     gpus = _int(tres.get("gres/gpu", tres.get("gres:gpu", "0"))) or 0
     limit = _int(f[9])
-    name = "".join(ch for ch in f[10] if ch.isprintable())
+    prefix = f"{job_id}|{f[1]}|"
+    raw = next((line[len(prefix):] for line in names.splitlines() if line.startswith(prefix)), "")
+    name = "".join(ch for ch in raw if ch.isprintable())
     return JobHeader(name=name[:NAME_CHARS] + ("..." if len(name) > NAME_CHARS else ""),
                      state=f[2].split(" ", 1)[0], nodes=_int(f[3]) or 0, cpus=_int(f[4]) or 0, mem_mib=mem,
                      gpus=gpus, qos=f[6], partition=f[7], start=_int(f[1]), elapsed_s=_int(f[8]) or 0,

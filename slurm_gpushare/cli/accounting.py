@@ -362,9 +362,14 @@ def _header(job_id: str, started: int | None):
     from slurm_gpushare.slurm import commands
 
     try:
-        return parse_job_header(commands.sacct_job_header(job_id), job_id, started)
+        text = commands.sacct_job_header(job_id)
     except GpushareError:
         return None
+    try:
+        names = commands.sacct_job_names(job_id)
+    except GpushareError:
+        names = ""
+    return parse_job_header(text, job_id, started, names=names)
 
 
 def _array_task_job_id(array_id: str, task: int) -> str | None:

@@ -42,6 +42,15 @@ FILE_MODE = 0o600
 DIR_MODE = 0o711
 
 
+def _still_named(fd: int, lock: Path) -> bool:
+    """The path ``lock`` still names the file locked through ``fd`` (an Epilog that held the lock before may have
+    unlinked it: then the lock protects nothing)."""
+    try:
+        return os.fstat(fd).st_ino == os.stat(lock).st_ino
+    except FileNotFoundError:
+        return False
+
+
 @contextmanager
 def job_lock(job_dir: Path, *, remove: bool = False):
     """Exclusive lock for one job's directory (a file next to it, so removing the directory is safe).
@@ -55,11 +64,7 @@ def job_lock(job_dir: Path, *, remove: bool = False):
     while True:
         fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o600)
         fcntl.flock(fd, fcntl.LOCK_EX)
-        try:
-            same = os.fstat(fd).st_ino == os.stat(lock).st_ino
-        except FileNotFoundError:
-            same = False
-        if same:
+        if _still_named(fd, lock):
             break
         os.close(fd)
     try:
@@ -92,11 +97,7 @@ def job_lock_nowait(job_dir: Path):
             yield False
             return
         try:
-            same = os.fstat(fd).st_ino == os.stat(lock).st_ino
-        except FileNotFoundError:
-            same = False
-        try:
-            yield same
+            yield _still_named(fd, lock)
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:

@@ -84,6 +84,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from slurm_gpushare import procinfo
 from slurm_gpushare.accounting.live import load_state, remove_usage, restore_all, save_usage, usage_files
 from slurm_gpushare.accounting.record import UsageRecord, UsageTracker
 from slurm_gpushare.atomicfile import write_atomic
@@ -600,13 +601,16 @@ class Monitor:
         (:meth:`enforce`, with ``reason``), and its daemon is set back where it still runs. The answers come
         from the job's own daemon (its user owns the pipe directory), so they show what the job did through
         the front end, not more: the memory its processes hold (:meth:`sample`) is what stops any way past
-        the share. Never raises: a failing front end is a finding (the daemon does not answer)."""
+        the share. A daemon stopped by a signal or a tracer (it answers no client) is a finding; a front end that
+        does not answer in time while the daemon runs is a busy node, not the job's doing: logged and counted
+        (``gpushare_monitor_errors_total``), that read-back counts neither way. Never raises."""
         from slurm_gpushare.node.mps import MpsError
 
         job_dir = self.run_dir / "jobs" / job_id
         plan = job.plan
         found: list[str] = []
-        daemon = None
+        unanswered = ""
+        live = None  # the daemon to set back: one that runs and answers
         with job_lock_nowait(job_dir) as held:
             state = read_state(job_dir) if held else None
             if not state or state.get("phase") != "ready" or state.get("shared"):
@@ -614,19 +618,36 @@ class Monitor:
             try:
                 daemon = HookContext(self.config, self.node).mps(job_id, plan)
                 settings = job_mps_settings(daemon, plan)
-                if not daemon.alive():
-                    found.append("its MPS control daemon is not running (quit by the job?)")
-                else:
-                    servers = daemon.server_pids()
-                    if plan.mem_limit_mib is not None:
-                        settings += [daemon.server_pinned_mem_limit(pid, i, plan.mem_limit_mib)
-                                     for pid in servers for i in range(len(plan.gpu_indices))]
-                    found += daemon.read_back(settings, timeout=MPS_CHECK_TIMEOUT_S)
-            except MpsError as e:
-                found.append(f"its MPS control daemon did not answer: {e}")
             except GpushareError as e:  # the plan cannot make a daemon: nothing the job did
                 self.note_error("mps-check", f"job {job_id}: {e}")
                 return
+            pid = daemon.pid()
+            proc = procinfo.process(pid) if pid is not None else None
+            try:
+                if proc is None:
+                    found.append("its MPS control daemon is not running (quit by the job?)")
+                elif procinfo.stopped(proc):
+                    found.append("its MPS control daemon is stopped (a stop signal or a tracer: it answers no "
+                                 "client)")
+                else:
+                    servers = daemon.server_pids(timeout=MPS_CHECK_TIMEOUT_S)
+                    if plan.mem_limit_mib is not None:
+                        settings += [daemon.server_pinned_mem_limit(server, i, plan.mem_limit_mib)
+                                     for server in servers for i in range(len(plan.gpu_indices))]
+                    found += daemon.read_back(settings, timeout=MPS_CHECK_TIMEOUT_S)
+                    live = daemon
+            except MpsError as e:
+                if proc is not None and procinfo.stopped(proc):  # stopped between the two looks
+                    found.append("its MPS control daemon is stopped (a stop signal or a tracer: it answers no "
+                                 "client)")
+                else:  # a busy node, not the job's doing: this read-back counts neither way
+                    unanswered = str(e)
+            except GpushareError as e:  # a server list the plan cannot use: nothing the job did
+                self.note_error("mps-check", f"job {job_id}: {e}")
+                return
+        if unanswered:
+            self.note_error("mps-check", f"job {job_id}: its MPS daemon's settings not read back: {unanswered}")
+            return
         with self._lock:
             if not found:
                 job.mps_drift, job.mps_enforced = 0, False
@@ -635,16 +656,18 @@ class Monitor:
             if job.mps_drift < 2 or job.mps_enforced:
                 return
             job.mps_enforced = True
-            live = daemon if daemon is not None and "not running" not in found[0] else None
 
             def restore() -> str:
                 if live is None:
                     return ""
-                try:
-                    live.configure(settings)
-                    return "; its MPS daemon's settings were set back"
-                except GpushareError as err:
-                    return f"; its MPS daemon's settings could not be set back: {err}"
+                with job_lock_nowait(job_dir) as free:  # as the read-back: never beside a hook at work
+                    if not free or (read_state(job_dir) or {}).get("phase") != "ready":
+                        return "; its MPS daemon was not set back (a hook of the job is at work)"
+                    try:
+                        live.configure(settings)
+                        return "; its MPS daemon's settings were set back"
+                    except GpushareError as err:
+                        return f"; its MPS daemon's settings could not be set back: {err}"
 
             key = plan.gpu_indices[0] if plan.gpu_indices else 0
             self._enforcements.append(Enforcement(

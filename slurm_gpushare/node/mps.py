@@ -46,6 +46,7 @@ import psutil
 
 from slurm_gpushare import procinfo
 from slurm_gpushare.atomicfile import printable, read_user_file
+from slurm_gpushare.boundedrun import OutputTooLarge, run_bounded
 from slurm_gpushare.errors import HardwareError, InputError
 from slurm_gpushare.memsize import parse_mib
 
@@ -73,6 +74,9 @@ _LOG_TAIL_BYTES = 4096
 _LOG_LINE_CHARS = 300
 #: The most bytes of a pid file root reads (a PID and a newline; more is no pid file of the daemon's).
 _PID_FILE_BYTES = 32
+#: The most bytes of one front-end run's stdout (and of its stderr) root reads: a few lines per command; the
+#: answer comes from whatever listens in the job's pipe directory, which the job's user owns.
+_ANSWER_BYTES = 64 * 1024
 
 
 #: mount(2) flags of a job's MPS directory: no set-uid programs, no device files, nothing executed from it.
@@ -536,12 +540,16 @@ class MpsDaemon:
 
     def _run_client(self, line: str, timeout: float) -> str:
         binary = self.settings.control_binary
-        try:
-            proc = subprocess.run([binary], input=line + "\n", env=self.env(), capture_output=True, text=True,
-                                  timeout=timeout, cwd="/", **self._credentials())
+        try:  # bounded: the answer comes from a pipe directory the job's user owns (boundedrun)
+            proc = run_bounded([binary], input=line + "\n", env=self.env(), timeout=timeout,
+                               max_bytes=_ANSWER_BYTES, **self._credentials())
         except subprocess.TimeoutExpired:
             raise MpsError(f"{binary}: command {line!r} got no answer within {timeout:g} s",
                            source=self._source, hint="the daemon hangs; stop it (Epilog) and see control.log") from None
+        except OutputTooLarge as e:
+            raise MpsError(f"{binary}: command {line!r} {e}: not an answer of the MPS control daemon",
+                           source=self._source, hint="a program other than the daemon listens in its pipe "
+                                                     "directory; stop it (Epilog)") from None
         except OSError as e:
             raise MpsError(f"cannot run {binary}: {e.strerror or e}", source=self._source,
                            hint="install the NVIDIA compute utilities or set the MPS control binary path") from None
@@ -658,14 +666,16 @@ class MpsDaemon:
         """
         self.configure([self.pinned_mem_limit(device_index, mib)])
 
-    def server_pids(self) -> tuple[int, ...]:
+    def server_pids(self, *, timeout: float | None = None) -> tuple[int, ...]:
         """PIDs of the daemon's running MPS servers (``get_server_list``: one PID per line; none before
-        the first client or ``start_server``).
+        the first client or ``start_server``); ``timeout``: seconds the front end may take (default
+        ``command_timeout_s``).
 
         Raises:
-            MpsError: the daemon cannot be reached.
+            MpsError: the daemon cannot be reached or gave no answer in time.
         """
-        return tuple(int(w) for w in self.command("get_server_list").split() if w.isdigit())
+        answer = self._run_client("get_server_list", self.settings.command_timeout_s if timeout is None else timeout)
+        return tuple(int(w) for w in answer.split() if w.isdigit())
 
     def server_pinned_mem_limit(self, server_pid: int, device_index: int, mib: int) -> Setting:
         """The pinned-memory limit of a running MPS server, for the clients it creates afterwards.

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Sequence
 
 from slurm_gpushare.errors import SlurmError
 from slurm_gpushare.retry import retry
@@ -208,21 +209,37 @@ def sacct_jobs(args: list[str] | tuple[str, ...] = (), **kw) -> str:
     return run(["sacct", "-X", "-D", "-n", "-P", "-o", ",".join(SACCT_FIELDS), *args], env=env, **kw)
 
 
-#: The fields of :func:`sacct_job_header`, in its output's order (sacct(1) "JOB ACCOUNTING FIELDS").
+#: The fields of :func:`sacct_job_header`, in its output's order (sacct(1) "JOB ACCOUNTING FIELDS"): none a user
+#: writes, so each run is one line.
 SACCT_HEADER_FIELDS = ("JobIDRaw", "Start", "State", "NNodes", "NCPUS", "AllocTRES", "QOS", "Partition", "ElapsedRaw",
-                       "TimelimitRaw", "JobName")
+                       "TimelimitRaw")
+
+
+def _sacct_runs(job_id: str, fields: Sequence[str], **kw) -> str:
+    env = {**os.environ, "SLURM_TIME_FORMAT": "%s"}
+    return run(["sacct", "-X", "-D", "-n", "-P", "-j", job_id, "-o", ",".join(fields)], env=env, **kw)
 
 
 def sacct_job_header(job_id: str, **kw) -> str:
-    """``sacct -X -D -n -P -j JOB -o JobIDRaw,Start,...,JobName`` with ``SLURM_TIME_FORMAT=%s``: what jobstats'
-    header shows of each run of the job (:data:`SACCT_HEADER_FIELDS`; ``ElapsedRaw`` in seconds, ``TimelimitRaw``
-    in minutes). JobName, the user's own text, is the last field: a ``|`` in it stays in it.
+    """``sacct -X -D -n -P -j JOB -o JobIDRaw,Start,...`` with ``SLURM_TIME_FORMAT=%s``: what jobstats' header
+    shows of each run of the job (:data:`SACCT_HEADER_FIELDS`; ``ElapsedRaw`` in seconds, ``TimelimitRaw`` in
+    minutes).
 
     Raises:
         SlurmError: sacct failed (no slurmdbd).
     """
-    env = {**os.environ, "SLURM_TIME_FORMAT": "%s"}
-    return run(["sacct", "-X", "-D", "-n", "-P", "-j", job_id, "-o", ",".join(SACCT_HEADER_FIELDS)], env=env, **kw)
+    return _sacct_runs(job_id, SACCT_HEADER_FIELDS, **kw)
+
+
+def sacct_job_names(job_id: str, **kw) -> str:
+    """``sacct -X -D -n -P -j JOB -o JobIDRaw,Start,JobName`` (``SLURM_TIME_FORMAT=%s``): each run's name, the
+    user's own text, which sacct prints as written: a ``|`` or a newline in it stays in it, so a name may span lines
+    that look like rows. Apart from :func:`sacct_job_header`, whose rows it cannot then forge.
+
+    Raises:
+        SlurmError: sacct failed (no slurmdbd).
+    """
+    return _sacct_runs(job_id, ("JobIDRaw", "Start", "JobName"), **kw)
 
 
 def sacctmgr_admin_comment(job: str, text: str, **kw) -> str:

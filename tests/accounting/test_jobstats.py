@@ -179,22 +179,26 @@ def test_text_and_json_views():
 
 
 def test_the_header_is_the_runs_own_and_a_users_job_name_cannot_reach_a_terminal():
-    # sacct -X -D -P: JobIDRaw|Start|State|NNodes|NCPUS|AllocTRES|QOS|Partition|ElapsedRaw|TimelimitRaw|JobName
-    text = (f"7|{T0 - 900}|REQUEUED|1|4|billing=4,cpu=4,gres/gpu=1,mem=16G,node=1|normal|gpu|300|60|first run\n"
-            f"7|{T0}|CANCELLED by 1001|2|8|cpu=8,gres:gpu=2,mem=32000M,node=2|long|gpu|720|60|"
-            "train\x1b]0;owned\x07 | resnet\n"
-            f"70|{T0}|COMPLETED|1|1|cpu=1,mem=1G|normal|cpu|5|UNLIMITED|other job\n")
-    h = js.parse_job_header(text, "7")  # no start given: the most recent run
+    # sacct -X -D -P: JobIDRaw|Start|State|NNodes|NCPUS|AllocTRES|QOS|Partition|ElapsedRaw|TimelimitRaw, and the
+    # names apart (JobIDRaw|Start|JobName): a name is the user's text, newlines included
+    text = (f"7|{T0 - 900}|REQUEUED|1|4|billing=4,cpu=4,gres/gpu=1,mem=16G,node=1|normal|gpu|300|60\n"
+            f"7|{T0}|CANCELLED by 1001|2|8|cpu=8,gres:gpu=2,mem=32000M,node=2|long|gpu|720|60\n"
+            f"70|{T0}|COMPLETED|1|1|cpu=1,mem=1G|normal|cpu|5|UNLIMITED\n")
+    names = (f"7|{T0 - 900}|first run\n7|{T0}|train\x1b]0;owned\x07 | resnet\n70|{T0}|other job\n")
+    h = js.parse_job_header(text, "7", names=names)  # no start given: the most recent run
     assert (h.state, h.nodes, h.cpus, h.mem_mib, h.gpus, h.qos, h.partition) == ("CANCELLED", 2, 8, 32000, 2, "long",
                                                                                   "gpu")
     assert (h.start, h.elapsed_s, h.limit_s, h.limit_used_pct) == (T0, 720, 3600, 20.0)
     assert h.name == "train]0;owned | resnet"  # the escape and bell are gone, the '|' of the name is kept
-    first = js.parse_job_header(text, "7", T0 - 900)  # the run slurmctld's job started at
-    assert (first.state, first.mem_mib, first.gpus, first.elapsed_s) == ("REQUEUED", 16384, 1, 300)
-    other = js.parse_job_header(text, "70")
+    first = js.parse_job_header(text, "7", T0 - 900, names=names)  # the run slurmctld's job started at
+    assert (first.state, first.mem_mib, first.gpus, first.elapsed_s, first.name) == ("REQUEUED", 16384, 1, 300,
+                                                                                     "first run")
+    other = js.parse_job_header(text, "70", names=names)
     assert other.limit_s is None and other.limit_used_pct is None and other.gpus == 0
     assert js.parse_job_header(text, "8") is None and js.parse_job_header("", "7") is None
-    long_name = js.parse_job_header(f"9|{T0}|RUNNING|1|1|cpu=1|normal|gpu|5|10|{'x' * 200}\n", "9")
+    assert js.parse_job_header(text, "70").name == ""  # names not read (sacct failed): no name
+    long_name = js.parse_job_header(f"9|{T0}|RUNNING|1|1|cpu=1|normal|gpu|5|10\n", "9",
+                                    names=f"9|{T0}|{'x' * 200}\n")
     assert long_name.name == "x" * js.NAME_CHARS + "..." and long_name.mem_mib is None
 
     stats = job_stats("7", [r for r in fixture() if r.job_id == "1"], source="sacct", header=h)
@@ -206,6 +210,20 @@ def test_the_header_is_the_runs_own_and_a_users_job_name_cannot_reach_a_terminal
     assert "\x1b" not in text_view
     assert json.loads(js.to_json(stats))["slurm"] == {**h.to_dict(), "limit_used_pct": 20.0}
     assert json.loads(js.to_json(job_stats("1", fixture()[:1], source="sacct")))["slurm"] is None
+
+
+def test_a_job_name_with_a_forged_sacct_row_changes_no_field_of_the_header():
+    """sacct -P prints a job name as the user wrote it, newlines included: a name ``x\\n7|<later>|COMPLETED|...``
+    made a row of its own, which was taken for the job's most recent run (state, GPUs, elapsed). The header's
+    fields come from a sacct call without the name; the name's own call gives the name of the run's first line."""
+    forged = f"7|{T0 + 9999}|COMPLETED|64|512|cpu=512,gres/gpu=64,mem=4T,node=64|high|gpu|1|UNLIMITED"
+    text = f"7|{T0}|FAILED|1|4|cpu=4,gres/gpu=1,mem=16G,node=1|normal|gpu|300|60\n"
+    names = f"7|{T0}|x\n{forged}|y\n"
+    for start in (None, T0):
+        h = js.parse_job_header(text, "7", start, names=names)
+        assert (h.state, h.gpus, h.nodes, h.start, h.elapsed_s, h.limit_s, h.name) == (
+            "FAILED", 1, 1, T0, 300, 3600, "x"), h
+    assert js.parse_job_header(text, "7", T0 + 9999, names=names).start == T0  # no such run: the most recent
 
 
 # --- who may see a job --------------------------------------------------------------------------------------
@@ -255,8 +273,9 @@ def fake_slurm(monkeypatch):
         return state["sacct"]
 
     monkeypatch.setattr(commands, "sacct_jobs", sacct_jobs)
-    state["header"] = ""
+    state["header"], state["job_names"] = "", ""
     monkeypatch.setattr(commands, "sacct_job_header", lambda job: state["header"])
+    monkeypatch.setattr(commands, "sacct_job_names", lambda job: state["job_names"])
     return state
 
 
@@ -288,7 +307,8 @@ def test_command_reads_the_store_where_readable(tmp_path, fake_slurm, monkeypatc
     out = CliRunner().invoke(main, ["jobstats", "11", "--db", str(db), "--machines", str(tmp_path), "--format", "json"])
     assert json.loads(out.output)["devices"][0]["mem_series_mib"] == [1024, 2048, 10240, 4096]
     assert json.loads(out.output)["slurm"] is None  # sacct said nothing of the job: no header
-    fake_slurm["header"] = f"11|{T0}|COMPLETED|1|2|cpu=2,mem=4G,gres/gpu=1|normal|gpu|90|10|resnet\n"
+    fake_slurm["header"] = f"11|{T0}|COMPLETED|1|2|cpu=2,mem=4G,gres/gpu=1|normal|gpu|90|10\n"
+    fake_slurm["job_names"] = f"11|{T0}|resnet\n"
     out = CliRunner().invoke(main, ["jobstats", "11", "--db", str(db), "--machines", str(tmp_path)])
     assert "  name resnet  state COMPLETED  nodes 1  cores 2  CPU memory 4G  GPUs 1  QOS normal" in out.output
     assert "ran 90 s of a 10.0 min limit (15% of it)" in out.output
