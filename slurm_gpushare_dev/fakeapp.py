@@ -8,10 +8,13 @@ reports it in ``nvmlDeviceGetComputeRunningProcesses`` with that memory and SM u
 runs, and forgets it when it exits. ``--schedule 0:2G:20,3:8G:90`` makes the use change over time.
 
 The GPUs are the ones a CUDA program would see: ``CUDA_VISIBLE_DEVICES`` (NVML indices, ``GPU-``
-UUIDs or ``MIG-`` UUIDs, resolved through the node's fake NVML), or ``--devices``. As under MPS, a
-memory step above the client's ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` for a device fails: the app
-prints an out-of-memory error at that moment and exits 2 (cudaMalloc would fail there); so does a
-step above what the device holds (the GPU's memory, or the MIG slice's).
+UUIDs or ``MIG-`` UUIDs, resolved through the node's fake NVML), or ``--devices``. Like the CUDA driver, it
+is an MPS client when ``CUDA_MPS_PIPE_DIRECTORY`` names a directory with a control daemon's socket
+(``control``) in it, else it runs a context of its own, outside MPS; the process table says which
+(``nvmlDeviceGetMPSComputeRunningProcesses`` lists only clients). As under MPS, a client's memory step above its
+``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` for a device fails: the app prints an out-of-memory error at that moment
+and exits 2 (cudaMalloc would fail there); so does a step above what the device holds (the GPU's memory, or the
+MIG slice's). A process outside MPS has no MPS limit.
 
 Exit status: 0 done; 2 out of memory under the MPS limit; 64 bad usage or input.
 """
@@ -190,7 +193,9 @@ def run(args: Options) -> int:
         with port:
             devices = resolve_devices(port, args.devices or os.environ.get("CUDA_VISIBLE_DEVICES", ""))
             sizes = [device_memory_mib(port, d) for d in devices]
-        limits = mps_limits(os.environ.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", ""))
+        pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "")
+        client = bool(pipe) and os.path.exists(os.path.join(pipe, "control"))
+        limits = mps_limits(os.environ.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "")) if client else {}
     except GpushareError as e:
         print(f"fake-gpu-app: error: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -213,7 +218,7 @@ def run(args: Options) -> int:
     pid = os.getpid()
     table = ProcessTable(table_dir)
     start = time.time()
-    table.register([ScheduledProcess(pid, gpu, start, schedule, gi) for gpu, gi in devices])
+    table.register([ScheduledProcess(pid, gpu, start, schedule, gi, mps=client) for gpu, gi in devices])
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         end = start + (min(args.seconds, oom_at) if oom_at is not None else args.seconds)

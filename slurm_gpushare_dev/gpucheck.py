@@ -326,6 +326,8 @@ def _gpu_processes(opts: Options) -> list[dict]:
 
 def step_processes(opts: Options) -> str:
     """The ``processes`` step (module docstring); returns its one-line detail. Raises Skip or Failed."""
+    from slurm_gpushare.errors import NvmlError
+
     exe, uuid = _needs_cuda(opts)
     user = _user(opts)
     daemon, base = _daemon(opts, exe, uuid, user)
@@ -337,6 +339,10 @@ def step_processes(opts: Options) -> str:
         port = _port(opts)
         try:
             seen["nvml"] = [{"pid": p.pid, "used_mib": p.used_memory_mib} for p in port.processes(0)]
+            try:  # what the monitor reads to find a share's process outside MPS (docs/mps.md, way (a))
+                seen["mps_clients"] = sorted(port.mps_client_pids(0))
+            except NvmlError as e:
+                seen["mps_clients"] = f"{e}"
             u = port.utilization(0)
             seen["utilization"] = {"gpu_percent": u.gpu_percent, "memory_percent": u.memory_percent}
         finally:
@@ -359,9 +365,14 @@ def step_processes(opts: Options) -> str:
     if not client and not server:
         raise Failed(f"NVML lists neither the client {seen['client_pids']} nor the MPS server "
                      f"{seen['server_pids']} on GPU 0: {seen.get('nvml')}")
+    clients = seen.get("mps_clients")
+    if isinstance(clients, list) and [p for p in client if p not in clients]:
+        raise Failed(f"NVML lists the MPS client(s) {client} as compute processes but not as MPS clients "
+                     f"({clients}): the monitor would take them for processes outside MPS (docs/mps.md, way (a))")
     return (f"NVML lists {'the client' if client else 'only the MPS server'} "
             f"({', '.join(f'pid {p}: {listed[p]} MiB' for p in client or server)}) while it holds "
-            f"{opts.limit_mib // 4} MiB; utilization {seen.get('utilization')}; NVML's two lists: "
+            f"{opts.limit_mib // 4} MiB; MPS clients (the port) {clients}; utilization {seen.get('utilization')}; "
+            "NVML's two lists: "
             f"{seen.get('nvml_lists')}")
 
 

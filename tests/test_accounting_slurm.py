@@ -199,30 +199,57 @@ def test_a_share_whose_processes_together_pass_it_is_killed_and_its_neighbour_ru
                             if s.labels["job_id"] == job.id], f"job {job.id}'s series gone after it ended")
 
 
+def _alice_beside_bob(cluster, slurm, users, wrap: str) -> tuple[Job, str, str]:
+    """alice's 10G share running ``wrap`` and bob's 4G share (an app of 2 GiB for 20 s) beside it on rtx4090-pcie;
+    waits for alice's job. Returns her ended job, its output and bob's job id."""
+    (alice, bob), out, submitted = users
+    app = shlex.quote(str(cluster.fake_gpu_app))
+    job = _submit_as(cluster, alice, out, "-p", "pcie", "--gres=gpushare:mem=10G", wrap=wrap)
+    neighbour = _submit_as(cluster, bob, out, "-p", "pcie", "--gres=gpushare:mem=4G",
+                           wrap=f"{app} --mem 2G --seconds 20")
+    submitted.extend([job, neighbour])
+    return slurm.wait(Job(job)), (out / f"job-{job}.out").read_text(), neighbour
+
+
+def _untouched(slurm, neighbour: str) -> None:
+    assert slurm.wait(Job(neighbour)).state == "COMPLETED"
+    assert "gpushare: GPU" not in (slurm.show_job(neighbour).get("AdminComment") or "")
+
+
 def test_a_share_that_raises_its_own_daemons_limit_is_killed_and_its_daemon_set_back(cluster, slurm, users):
     """Issue 27 (c), as two unprivileged users: alice's MPS control daemon runs as alice, who tells it
     ``set_device_pinned_mem_limit <server> 0 80G``. The monitor reads the daemon's settings back every
     mps_check_interval (2 s on the dev cluster); found changed twice in a row, alice's processes on her GPU are
     killed (enforce = "kill") and her daemon is set back to the share; bob's share on the node runs on."""
-    (alice, bob), out, submitted = users
     app = shlex.quote(str(cluster.fake_gpu_app))
     ctl = shlex.quote(str(cluster.mps_control))
-    job = _submit_as(cluster, alice, out, "-p", "pcie", "--gres=gpushare:mem=10G", wrap=(
+    done, text, neighbour = _alice_beside_bob(cluster, slurm, users, wrap=(
         f"echo start_server -uid $(id -u) | {ctl}; s=$(echo get_server_list | {ctl}); "
         f"echo set_device_pinned_mem_limit $s 0 80G | {ctl}; echo server $s; exec {app} --mem 3G --seconds 600"))
-    neighbour = _submit_as(cluster, bob, out, "-p", "pcie", "--gres=gpushare:mem=4G",
-                           wrap=f"{app} --mem 2G --seconds 20")
-    submitted.extend([job, neighbour])
-    done = slurm.wait(Job(job))
-    text = (out / f"job-{job}.out").read_text()
     assert done.state == "FAILED", (done.fields, text)  # its app was killed long before its 600 s
     server = re.search(r"server (\d+)", text).group(1)
     note = done.fields["AdminComment"]
     assert re.search(rf"gpushare: GPU \d of rtx4090-pcie: get_device_pinned_mem_limit {server} 0 shows '80G', set "
                      rf"'set_device_pinned_mem_limit {server} 0 10G'; the monitor killed 1 of its process\(es\) "
                      r"there \(pid \d+\); its MPS daemon's settings were set back\.", note), note
-    assert slurm.wait(Job(neighbour)).state == "COMPLETED"
-    assert "gpushare: GPU" not in (slurm.show_job(neighbour).get("AdminComment") or "")
+    _untouched(slurm, neighbour)
+
+
+def test_a_share_s_process_that_leaves_mps_is_killed_and_the_rest_of_the_job_runs_on(cluster, slurm, users):
+    """Issue 27 (a), as two unprivileged users: one of alice's processes unsets CUDA_MPS_PIPE_DIRECTORY, so it runs
+    a CUDA context of its own on the shared GPU, with no MPS limit, though within her share. After enforce_grace
+    samples the monitor kills that process, only it: her MPS client runs on and the job completes; bob's share on
+    the GPU is untouched."""
+    app = shlex.quote(str(cluster.fake_gpu_app))
+    done, text, neighbour = _alice_beside_bob(cluster, slurm, users, wrap=(
+        f"{app} --mem 1G --seconds 20 & env -u CUDA_MPS_PIPE_DIRECTORY {app} --mem 2G --seconds 600; "
+        "echo outside=$?; wait $!; echo client=$?"))
+    assert done.state == "COMPLETED" and "outside=137" in text and "client=0" in text, (done.fields, text)
+    note = done.fields["AdminComment"]
+    assert re.search(r"gpushare: GPU \d of rtx4090-pcie: its process\(es\) \d+ ran outside MPS there \(a CUDA "
+                     r"context of their own: no MPS memory or SM limit\); the monitor killed 1 of its process\(es\) "
+                     r"there \(pid \d+\)\.", note), note
+    _untouched(slurm, neighbour)
 
 
 def test_monitor_puts_the_usage_summary_into_a_running_jobs_admin_comment(cluster, slurm, tmp_path):

@@ -60,13 +60,38 @@ def test_the_app_is_on_the_gpu_while_it_runs_and_gone_after(tmp_path):
         assert fake.processes(4) == () and not list((tmp_path / "t").glob("*.json"))
 
 
+def _pipe_dir(tmp_path):
+    """A pipe directory with a control daemon's socket in it (a file named ``control`` is what the app looks for)."""
+    pipe = tmp_path / "pipe"
+    pipe.mkdir()
+    (pipe / "control").touch()
+    return str(pipe)
+
+
 def test_above_the_mps_limit_the_app_fails_like_cudamalloc(tmp_path):
     proc = _run(tmp_path, "--schedule", "0:2G:10,0.5:12G:80", "--seconds", "120",
-                env={"CUDA_VISIBLE_DEVICES": "0", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=10G"})
+                env={"CUDA_VISIBLE_DEVICES": "0", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=10G",
+                     "CUDA_MPS_PIPE_DIRECTORY": _pipe_dir(tmp_path)})
     t0 = time.time()
     assert proc.wait(timeout=2 * DEADLINE) == EXIT_OOM
     assert time.time() - t0 < 60  # it failed when the step came (0.5 s in), not at the end (120 s)
     assert "out of memory" in proc.stderr.read() and not ProcessTable(tmp_path / "t").live()
+
+
+@pytest.mark.parametrize("client", [True, False])
+def test_the_app_is_an_mps_client_only_where_a_daemon_listens(tmp_path, client):
+    """Like the CUDA driver: with a control daemon's socket in ``CUDA_MPS_PIPE_DIRECTORY`` the app is an MPS client
+    (nvmlDeviceGetMPSComputeRunningProcesses lists it) and its limit holds; without one (the variable unset, or no
+    daemon there) it runs a context of its own, past the limit."""
+    env = {"CUDA_VISIBLE_DEVICES": "1", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=10G"}
+    env["CUDA_MPS_PIPE_DIRECTORY"] = _pipe_dir(tmp_path) if client else str(tmp_path / "no-daemon")
+    proc = _run(tmp_path, "--schedule", "0:2G:10,3:12G:80", "--seconds", "5", env=env)
+    fake = FakeNvml(packaged_machine("8x-a100-nv12-bridge.json"), process_table=tmp_path / "t")
+    with fake:
+        wait_until(lambda: fake.processes(1) or proc.poll() is not None, "the app in the fake GPU table")
+        assert [p.pid for p in fake.processes(1)] == [proc.pid]
+        assert fake.mps_client_pids(1) == ({proc.pid} if client else set())
+    assert proc.wait(timeout=DEADLINE) == (EXIT_OOM if client else 0)
 
 
 def test_bad_usage_says_what_is_missing(tmp_path):

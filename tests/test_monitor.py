@@ -971,3 +971,60 @@ def test_a_share_that_stops_its_own_daemon_is_acted_on(share_daemon, monkeypatch
                "no client); the monitor killed 1 of its process(es) there (pid 4001)." in node.admin_comments["204"], \
             node.admin_comments.get("204")
         assert (4001, signal.SIGKILL) in node.killed
+
+
+def test_a_share_s_process_outside_mps_is_acted_on_alone_within_the_share(node):
+    """Issue 27 (a): a process of a share job that is not an MPS client (it unset CUDA_MPS_PIPE_DIRECTORY: a CUDA
+    context of its own, with no MPS memory or SM limit; nvmlDeviceGetMPSComputeRunningProcesses does not list it)
+    gets the enforce action after enforce_grace samples, even within the share, and only that process; a whole-GPU
+    job's own context is nobody's concern."""
+    now = node.clock.t
+    for pid in (1001, 1002, 2001):
+        node.nvml.remove_process(pid)
+    node.nvml.add_process(ScheduledProcess(1001, 0, now, ((0, 3000, 20),), mps=True))
+    node.nvml.add_process(ScheduledProcess(1002, 0, now, ((0, 2000, 25),), mps=False))  # 5000 MiB of 10240
+    node.nvml.add_process(ScheduledProcess(2001, 3, now, ((0, 2000, 30),), mps=False))  # bob's whole GPU
+    with node.monitor() as mon:
+        mon.sample()
+        mon.sample()
+        assert node.killed == []  # within the grace
+        mon.sample()
+        assert node.killed == [(1002, signal.SIGKILL)]
+        assert "gpushare: GPU 0 of a100: its process(es) 1002 ran outside MPS there (a CUDA context of their own: no " \
+               "MPS memory or SM limit); the monitor killed 1 of its process(es) there (pid 1002)." \
+               in node.admin_comments["201"], node.admin_comments["201"]
+        assert "202" not in node.admin_comments
+        mon.sample()  # the same episode: acted on once
+        assert node.killed == [(1002, signal.SIGKILL)]
+
+
+def test_a_gpu_whose_nvml_cannot_list_mps_clients_is_not_judged(node):
+    """nvmlDeviceGetMPSComputeRunningProcesses NOT_SUPPORTED (an older driver): nothing is known to be outside MPS,
+    so nothing is acted on; the failure is counted and logged once, and NVML is not asked again."""
+    from slurm_gpushare.hardware.nvml import NVML_ERROR_NOT_SUPPORTED
+
+    node.nvml.remove_process(1002)
+    node.nvml.add_process(ScheduledProcess(1002, 0, node.clock.t, ((0, 2000, 25),), mps=False))
+    node.nvml.fail_next("nvmlDeviceGetMPSComputeRunningProcesses", NVML_ERROR_NOT_SUPPORTED, times=1)
+    with node.monitor() as mon:
+        for _ in range(5):
+            mon.sample()
+        assert node.killed == [] and "201" not in node.admin_comments
+        assert mon.errors_total.get("nvml") == 1, mon.errors_total
+
+
+def test_the_job_s_own_mps_daemon_on_its_gpu_is_not_outside_mps(share_daemon):
+    """The job's control daemon and its servers hold contexts of their own on the GPU (NVIDIA lists an MPS server as
+    a compute process, not an MPS client); with PrologFlags=Contain they sit in the job's cgroup. They are the
+    share's machinery, never acted on."""
+    node, job_dir, start = share_daemon
+    with node.monitor() as mon:
+        mon.sample()
+        daemon = start(mon._jobs["204"].plan)
+        pid = daemon.pid()
+        node.nvml.add_process(ScheduledProcess(pid, 1, node.clock.t, ((0, 300, 0),), mps=False))
+        node.cgroups[pid], node.uids[pid] = CGROUP.format(job=204), node.uids[4001]
+        for _ in range(4):
+            node.clock.t += 0.1
+            mon.sample()
+        assert [k for k in node.killed if k[0] == pid] == [] and "204" not in node.admin_comments

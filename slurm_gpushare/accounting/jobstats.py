@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from slurm_gpushare.accounting.record import UsageRecord
 from slurm_gpushare.errors import InputError
@@ -118,6 +118,39 @@ def suggest(peak_mib: int, offer: Offer, *, headroom: float = 0.2, unit_mib: int
         why += f", rounded up to whole {format_mib(unit_mib)} shard units"
     body = GresItem("gpushare", f"mem={format_mib(mib)}", count if count > 1 else None).body
     return Suggestion(body, mib, why)
+
+
+@dataclass(frozen=True)
+class SuggestRule:
+    """The site's one rule for the request to make next time, shared by jobstats and ``report --waste``: the
+    policy's ``headroom``, shard unit (``unit_mib``) and ``whole_gpu.threshold`` (``whole_threshold``), and the
+    GPU models' offers from the site's machine descriptions (:func:`offers_from_machines`; a model without one
+    is judged by what the job's own records say)."""
+
+    headroom: float = 0.2
+    unit_mib: int = 1024
+    whole_threshold: float = 1.0
+    offers: Mapping[str, Offer] = field(default_factory=dict)
+
+    def offer(self, model: str, gpu_mib: int, mig_mib: Iterable[int] = ()) -> Offer:
+        """The site's offer for ``model``, else one made of the job's own GPU memory and MIG slice sizes (MiB)."""
+        return self.offers.get(model) or Offer(gpu_mib, tuple(sorted(set(mig_mib))))
+
+    def suggest(self, peak_mib: int, offer: Offer, *, on_mig: bool = False, count: int = 1,
+                at_least_mib: int = 0) -> Suggestion:
+        """:func:`suggest` with the rule's headroom, unit and threshold.
+
+        Raises:
+            InputError: as :func:`suggest`.
+        """
+        return suggest(peak_mib, offer, headroom=self.headroom, unit_mib=self.unit_mib, on_mig=on_mig,
+                       whole_threshold=self.whole_threshold, count=count, at_least_mib=at_least_mib)
+
+
+def mig_slice_mib(share: str, granted_mib: int) -> int:
+    """The nominal size of the MIG slice a record names (its ``share``, a profile name such as ``1g.10gb``: 10240),
+    else what was granted (MiB)."""
+    return nominal_profile_mib(MigProfile(share, 0, 0, granted_mib, 0))
 
 
 @dataclass(frozen=True)
@@ -263,21 +296,19 @@ def offers_from_machines(machines: Iterable, *, mig_enabled: bool = True) -> dic
     return {model: Offer(mib, tuple(sorted(mig.get(model, ())))) for model, mib in gpu.items()}
 
 
-def _offer_for(records: Sequence[UsageRecord], offers: dict[str, Offer]) -> Offer:
+def _offer_for(records: Sequence[UsageRecord], offers: Mapping[str, Offer]) -> Offer:
     """The offer of the records' GPU model: the site's, else what the records themselves say (the GPU's memory,
     and the MIG slice the job had)."""
     model = records[0].gpu_model
     if model in offers:
         return offers[model]
-    slices = tuple(nominal_profile_mib(MigProfile(r.share, 0, 0, r.mem_granted_mib, 0)) for r in records
-                   if r.mode == "mig" and r.share)
+    slices = tuple(mig_slice_mib(r.share, r.mem_granted_mib) for r in records if r.mode == "mig" and r.share)
     return Offer(max(r.gpu_memory_mib for r in records), slices)
 
 
-def job_stats(job_id: str, records: Sequence[UsageRecord], *, source: str, offers: dict[str, Offer] | None = None,
-              headroom: float = 0.2, unit_mib: int = 1024, whole_threshold: float = 1.0,
+def job_stats(job_id: str, records: Sequence[UsageRecord], *, source: str, rule: SuggestRule = SuggestRule(),
               header: JobHeader | None = None, user: str | None = None) -> JobStats:
-    """The job's stats from its records (all runs); the suggestion is from its last run.
+    """The job's stats from its records (all runs); the suggestion is from its last run, by the site's ``rule``.
 
     ``user`` is the job's owner as slurmctld (else sacct's UID) names it; None: the user the records name
     (slurmdbd has been seen recording uid 0 for a user's job, so its row may say ``root``).
@@ -300,9 +331,8 @@ def job_stats(job_id: str, records: Sequence[UsageRecord], *, source: str, offer
         at_least = granted if failed and peak >= NEAR_LIMIT * granted else 0
         nodes = {r.node for r in run}
         per_node = max(1, len(run) // max(1, len(nodes)))
-        suggestion = suggest(peak, _offer_for(run, offers or {}), headroom=headroom, unit_mib=unit_mib,
-                             on_mig=all(r.mode == "mig" for r in run), whole_threshold=whole_threshold,
-                             count=per_node, at_least_mib=at_least)
+        suggestion = rule.suggest(peak, _offer_for(run, rule.offers), on_mig=all(r.mode == "mig" for r in run),
+                                  count=per_node, at_least_mib=at_least)
     r0 = records[0]
     return JobStats(job_id, user or r0.user, r0.account, r0.partition, tuple(DeviceStats(r) for r in records),
                     suggestion, source, header)

@@ -33,9 +33,9 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from slurm_gpushare.accounting.backend import SQLITE, Dialect
+from slurm_gpushare.accounting.jobstats import SuggestRule, mig_slice_mib
 from slurm_gpushare.accounting.store import Store
 from slurm_gpushare.errors import InputError
-from slurm_gpushare.slurm.gres import GresItem
 
 #: ``--by`` choices -> SQL expression of the group (SQLite's; :func:`group_sql` for a store's dialect).
 GROUPS: dict[str, str] = {
@@ -63,8 +63,6 @@ _JOB_PARTITIONING = ("user", "account", "partition")
 FORMATS = ("table", "csv", "json")
 #: ``--waste``: a job is listed when its peak is at most this share of what it asked for.
 WASTE_USED_BELOW = 0.5
-#: ``--waste``: headroom added to the peak before rounding up to whole GiB for the request that fits.
-FIT_HEADROOM = 0.2
 
 NO_DATA = "no data"
 _FOREVER = 1 << 62
@@ -266,7 +264,8 @@ _JOB_SQL = """
            MAX("sm_peak_percent"), MIN("exit_state"),
            SUM(CASE WHEN "mem_peak_mib" IS NOT NULL
                     THEN d * {waste} END),
-           MAX("mem_asked_mib"), MIN("array_job_id"), MIN("array_task_id"), COUNT(DISTINCT "restart")
+           MAX("mem_asked_mib"), MIN("array_job_id"), MIN("array_task_id"), COUNT(DISTINCT "restart"),
+           MAX("gpu_memory_mib")
     FROM ({inner}) AS p GROUP BY "job_id" {having}
     ORDER BY {job_order}
 """
@@ -278,7 +277,7 @@ _RUNS_SQL = """
 """
 _JOB_COLUMNS_READ = ('"job_id", "restart", "user", "account", "partition", "gpu_model", "mode", "share", "node", '
                      '"start", "end", "mem_asked_mib", "mem_granted_mib", "mem_peak_mib", "sm_mean_percent", '
-                     '"sm_peak_percent", "exit_state", "array_job_id", "array_task_id"')
+                     '"sm_peak_percent", "exit_state", "array_job_id", "array_task_id", "gpu_memory_mib"')
 
 
 def _job_sql(store: Store, inner: str, having: str = "") -> str:
@@ -319,7 +318,7 @@ JOB_COLUMNS = (
 
 def _job_base(r: tuple, runs: dict[str, int]) -> tuple:
     (job, user, account, partition, models, modes, shares, gpus, nodes, elapsed, asked, granted, peak,
-     sm_ds, d_data, sm_peak, exit_state, _wasted, asked_raw, array_job, array_task, restarts) = r
+     sm_ds, d_data, sm_peak, exit_state, _wasted, asked_raw, array_job, array_task, restarts, _gpu_mib) = r
     if restarts > 1:
         elapsed = runs[job]
     # an array task as sacct shows it (<array job>_<task>); its own job id stays in "job"
@@ -351,30 +350,21 @@ WASTE_COLUMNS = (
 )
 
 
-def fit_request(peak_mib: int, *, gpus_per_node: int = 1, headroom: float = FIT_HEADROOM) -> str:
-    """The request that would have fit a job: ``gpushare:mem=<G>G[:<count>]``, where G is the peak plus
-    ``headroom`` (a fraction: 0.2 = 20%) rounded up to whole GiB, at least 1 GiB; the count is the GPUs
-    per node when more than one (``gpushare:mem=...:N`` asks for N devices on one node).
-
-    >>> fit_request(10000)
-    'gpushare:mem=12G'
-    """
-    gib = max(1, math.ceil(peak_mib * (1.0 + headroom) / 1024.0))
-    return GresItem("gpushare", f"mem={gib}G", gpus_per_node if gpus_per_node > 1 else None).body
-
-
 def waste_report(store: Store, *, since: int | None = None, until: int | None = None,
-                 used_below: float = WASTE_USED_BELOW, headroom: float = FIT_HEADROOM,
+                 used_below: float = WASTE_USED_BELOW, rule: SuggestRule | None = None,
                  filters: Filters | None = None) -> Report:
     """Jobs whose peak memory was at most ``used_below`` of what they asked for (per device), with the
-    request that would have fit (:func:`fit_request`), most wasted GiB-hours first. Jobs without a
-    measured peak are not judged, nor jobs that did not complete (``FAILED``, ``SIGNALED``: an
-    out-of-memory failure must not be told to ask for less). A job whose fitting request would be no
-    smaller is not listed.
+    request that would have fit, most wasted GiB-hours first. The request is jobstats' suggestion, by the site's
+    one ``rule`` (:class:`~slurm_gpushare.accounting.jobstats.SuggestRule`: the peak plus the headroom, rounded to
+    the model's MIG slices for a job on MIG, else to shard units, a whole GPU from the threshold on). Jobs
+    without a measured peak are not judged, nor jobs that did not complete (``FAILED``, ``SIGNALED``: an
+    out-of-memory failure must not be told to ask for less). A job whose request that fits would be no smaller
+    is not listed. ``rule``: the defaults of :class:`SuggestRule` when None.
 
     Raises:
         InputError: an empty period.
     """
+    rule = rule if rule is not None else SuggestRule()
     inner, params = _period(since, until, _JOB_COLUMNS_READ, filters, store.dialect)
     # a job that failed or was killed may have failed for want of memory: it is not judged
     having = ('HAVING MAX("mem_peak_mib") IS NOT NULL AND '
@@ -385,13 +375,16 @@ def waste_report(store: Store, *, since: int | None = None, until: int | None = 
     # streamed: only the jobs listed are kept
     for r in store.iterate(_job_sql(store, inner, having), {**params, "used_below": used_below}):
         base = _job_base(r, runs)
-        gpus, nodes, asked, peak = r[7], r[8], r[10], r[12]
-        per_node = max(1, gpus // max(1, nodes))
-        fit = fit_request(peak, gpus_per_node=per_node, headroom=headroom)
-        if max(1, math.ceil(peak * (1.0 + headroom) / 1024.0)) * 1024 >= asked:
+        models, modes, shares, gpus, nodes, asked, granted, peak, gpu_mib = (r[4], r[5], r[6], r[7], r[8], r[10],
+                                                                             r[11], r[12], r[22])
+        on_mig = modes == "mig"
+        slices = [mig_slice_mib(share, granted) for share in (shares or "").split(",") if share] if on_mig else []
+        fit = rule.suggest(peak, rule.offer(models or "", gpu_mib or granted, slices), on_mig=on_mig,
+                           count=max(1, gpus // max(1, nodes)))
+        if fit.mib >= asked:
             continue
         wasted = (r[17] or 0) / 1024.0 / 3600.0
-        rows.append((*base[:11], base[12], base[13], wasted, fit))
+        rows.append((*base[:11], base[12], base[13], wasted, fit.request))
     rows.sort(key=lambda row: (-row[13], str(row[0])))
     return Report("waste", "job", since, until, WASTE_COLUMNS, tuple(rows))
 

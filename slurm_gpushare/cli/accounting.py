@@ -145,8 +145,14 @@ def sacct_worker(queue_dir, spools, wait, idle, lock_fd, detach):
 @click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table",
               show_default=True, help="output format")
 @click.option("--waste", is_flag=True,
-              help="list the jobs that used at most half the memory they asked for, with the request that fits "
-                   "(the peak plus the site policy's headroom, default 20%, in whole GiB)")
+              help="list the jobs that used at most half the memory they asked for, with the request that fits: "
+                   "jobstats' suggestion (the peak plus the site policy's headroom, rounded to what the GPUs and "
+                   "MIG profiles offer)")
+@click.option("--policy", "policy_path", type=click.Path(dir_okay=False),
+              help="site policy TOML for --waste's headroom and rounding (default: "
+                   f"{DEFAULT_POLICY} where readable, else built-in defaults)")
+@click.option("--machines", "machines_dir", default=DEFAULT_MACHINES, show_default=True,
+              help="machine descriptions for --waste: the GPU models' memory and MIG profiles it rounds to")
 @click.option("--plot", "plot_path", metavar="FILE.png|FILE.html",
               help="draw GPU-hours reserved vs used per user (--by account: per account), the jobs' memory "
                    "efficiency and reserved and used memory over time into FILE instead of printing a table")
@@ -154,7 +160,8 @@ def sacct_worker(queue_dir, spools, wait, idle, lock_fd, detach):
               help="read the jobs from sacct (their AdminComment usage segments) instead of the database; "
                    "the remaining arguments go to sacct (-S, -E, -u, -A, -r, -j ...)")
 @click.argument("sacct_args", nargs=-1, type=click.UNPROCESSED)
-def report(db_path, by, since, until, users, accounts, jobs, fmt, waste, plot_path, from_sacct, sacct_args):
+def report(db_path, by, since, until, users, accounts, jobs, fmt, waste, policy_path, machines_dir, plot_path,
+           from_sacct, sacct_args):
     """Reserved vs used GPU-hours and GPU memory, per user, account, partition, model, mode or job.
 
     Utilization of a job on several GPUs is their average, never a sum; MIG devices and GPUs
@@ -225,7 +232,8 @@ def report(db_path, by, since, until, users, accounts, jobs, fmt, waste, plot_pa
             click.echo(f"wrote {written}")
             return
         if waste:
-            rep = waste_report(store, since=start, until=end, filters=filters, headroom=_policy(None).headroom)
+            rep = waste_report(store, since=start, until=end, filters=filters,
+                               rule=_rule(_policy(policy_path), machines_dir))
         elif by == "job":
             rep = job_report(store, since=start, until=end, filters=filters)
         else:
@@ -344,9 +352,7 @@ def jobstats(job_id, db_path, from_sacct, policy_path, machines_dir, fmt):
     if not records:
         _why_no_records(job_id, ctld, rows)
     policy = _policy(policy_path)
-    stats = js.job_stats(job_id, records, source=source, offers=_offers(machines_dir, policy.mig_enabled),
-                         headroom=policy.headroom, unit_mib=policy.shard_unit_mib,
-                         whole_threshold=policy.whole_gpu_threshold,
+    stats = js.job_stats(job_id, records, source=source, rule=_rule(policy, machines_dir),
                          header=_header(job_id, ctld.start_time if ctld is not None else None), user=owner)
     if ctld is not None:  # where slurmdbd's row lost them (the uid-0 rows above have no account or partition)
         stats = dataclasses.replace(stats, account=stats.account or ctld.account,
@@ -513,6 +519,16 @@ def _policy(path: str | None):
     if path:
         return load_policy(path)
     return load_policy(DEFAULT_POLICY) if _readable(DEFAULT_POLICY) else SitePolicy()
+
+
+def _rule(policy, machines_dir: str):
+    """The site's rule for a suggested request (jobstats, ``report --waste``): the policy's headroom, shard unit
+    and whole-GPU threshold, the offers of the machine descriptions."""
+    from slurm_gpushare.accounting.jobstats import SuggestRule
+
+    return SuggestRule(headroom=policy.headroom, unit_mib=policy.shard_unit_mib,
+                       whole_threshold=policy.whole_gpu_threshold,
+                       offers=_offers(machines_dir, policy.mig_enabled))
 
 
 def _offers(machines_dir: str, mig_enabled: bool) -> dict:

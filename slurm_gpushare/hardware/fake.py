@@ -102,6 +102,7 @@ NVML_FUNCTIONS = frozenset({
     "nvmlDeviceCreateGpuInstanceWithPlacement", "nvmlGpuInstanceCreateComputeInstance",
     "nvmlComputeInstanceDestroy", "nvmlGpuInstanceDestroy", "nvmlDeviceGetComputeRunningProcesses",
     "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetComputeMode", "nvmlDeviceSetComputeMode",
+    "nvmlDeviceGetMPSComputeRunningProcesses",
 })
 
 #: A failure rule: a code (every call fails), ``(code, times)`` (the next ``times`` calls fail), or a
@@ -591,11 +592,23 @@ class FakeNvml:
         busy = sum(p.sm_util or 0 for p in self._current(index))
         return Utilization(min(100, round(busy)), 0)
 
-    def _current(self, index: int) -> tuple[GpuProcess, ...]:
-        now = self._clock()
+    def mps_client_pids(self, index: int) -> frozenset[int]:
+        """The current processes on the GPU but those scheduled with ``mps=False`` (a process set with
+        :meth:`set_processes` counts as a client)."""
+        self._handle(index)
+        self._nvml("nvmlDeviceGetMPSComputeRunningProcesses", index, f"gpu {index}")
+        outside = {sp.pid for sp in self._scheduled_now() if sp.gpu == index and sp.mps is False}
+        return frozenset(p.pid for p in self._current(index) if p.pid not in outside)
+
+    def _scheduled_now(self) -> list[ScheduledProcess]:
         scheduled = list(self._scheduled)
         if self._table is not None:
             scheduled += self._table.live()
+        return scheduled
+
+    def _current(self, index: int) -> tuple[GpuProcess, ...]:
+        now = self._clock()
+        scheduled = self._scheduled_now()
         out = list(self._state[index].processes)
         for sp in scheduled:
             if sp.gpu == index:
@@ -674,6 +687,8 @@ class ScheduledProcess:
         steps: ``(seconds after start, used MiB, SM percent or None)``, times ascending from the first;
             each step holds until the next. Before the first step the process is not on the GPU.
         gi_id: the MIG GPU instance the process runs in (MIG-enabled GPUs), else None.
+        mps: a client of an MPS server (``nvmlDeviceGetMPSComputeRunningProcesses`` lists it) or not (a CUDA context
+            of its own); None, not stated, counts as a client.
 
     Raises:
         MachineDescriptionError: no steps, times not ascending, negative memory, SM outside 0-100.
@@ -684,6 +699,7 @@ class ScheduledProcess:
     start: float
     steps: tuple[tuple[float, int, float | None], ...]
     gi_id: int | None = None
+    mps: bool | None = None
 
     def __post_init__(self) -> None:
         where = f"fake process {self.pid} on GPU {self.gpu}"
@@ -715,7 +731,7 @@ class ScheduledProcess:
     def to_dict(self) -> dict:
         """The process as JSON-ready data (one entry of a process table file)."""
         return {"pid": self.pid, "gpu": self.gpu, "start": self.start, "gi_id": self.gi_id,
-                "steps": [list(s) for s in self.steps]}
+                "steps": [list(s) for s in self.steps], "mps": self.mps}
 
     @classmethod
     def from_dict(cls, data: dict, *, source: str = "") -> ScheduledProcess:
@@ -727,7 +743,8 @@ class ScheduledProcess:
         try:
             return cls(pid=int(data["pid"]), gpu=int(data["gpu"]), start=float(data["start"]),
                        gi_id=None if data.get("gi_id") is None else int(data["gi_id"]),
-                       steps=tuple((float(t), int(m), None if s is None else float(s)) for t, m, s in data["steps"]))
+                       steps=tuple((float(t), int(m), None if s is None else float(s)) for t, m, s in data["steps"]),
+                       mps=None if data.get("mps") is None else bool(data["mps"]))
         except (KeyError, TypeError, ValueError) as e:
             raise MachineDescriptionError(f"not a fake process entry ({e!r})", source=source) from None
 

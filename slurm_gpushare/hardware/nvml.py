@@ -427,6 +427,12 @@ class RealNvml:
                                       gi_id=int(gi) if gi is not None and int(gi) < NO_INSTANCE else None))
         return tuple(sorted(out, key=lambda p: p.pid))
 
+    def mps_client_pids(self, index: int) -> frozenset[int]:
+        """``nvmlDeviceGetMPSComputeRunningProcesses`` on the GPU's handle: the pids of its MPS clients."""
+        where = (f"gpu {index}",)
+        return frozenset(int(p.pid) for p in self._call("nvmlDeviceGetMPSComputeRunningProcesses", where,
+                                                        self._handle(index)))
+
     def _mig_handles(self, index: int, handle: Any,
                      no_mig: tuple[int, ...] = (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_FUNCTION_NOT_FOUND),
                      ) -> list[tuple[int, Any, int]]:

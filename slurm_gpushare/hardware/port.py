@@ -441,6 +441,16 @@ class NvmlPort(Protocol):
         ``nvidia-smi --query-compute-apps=pid,used_memory``). ``sm_util`` is None from the real port."""
         ...
 
+    def mps_client_pids(self, index: int) -> frozenset[int]:
+        """PIDs of the processes with an MPS compute context on the GPU: clients of an MPS server
+        (``nvmlDeviceGetMPSComputeRunningProcesses``). A compute process of :meth:`processes` that is not among
+        them runs a CUDA context of its own, outside MPS.
+
+        Raises:
+            NvmlError: NVML refused (``NOT_SUPPORTED`` on drivers or GPUs without it).
+        """
+        ...
+
     def utilization(self, index: int) -> Utilization:
         """GPU and memory utilization, percent (``nvmlDeviceGetUtilizationRates``;
         ``--query-gpu=utilization.gpu,utilization.memory``). NVML refuses it on MIG-enabled GPUs."""

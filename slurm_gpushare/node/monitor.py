@@ -84,6 +84,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
 from slurm_gpushare import procinfo
 from slurm_gpushare.accounting.live import load_state, remove_usage, restore_all, save_usage, usage_files
 from slurm_gpushare.accounting.record import UsageRecord, UsageTracker
@@ -137,6 +139,8 @@ class _Job:
     mps_checked: float = float("-inf")  # when its MPS daemon's settings were last read back
     mps_drift: int = 0  # consecutive read-backs that found them changed (or the daemon gone)
     mps_enforced: bool = False  # acted on in this episode of drift
+    outside_samples: dict[JobKey, int] = field(default_factory=dict)  # consecutive samples with a process outside MPS
+    outside_enforced: set[JobKey] = field(default_factory=set)  # acted on in this episode
 
 
 @dataclass(frozen=True)
@@ -254,6 +258,7 @@ class Monitor:
         self.snapshot = Snapshot()
         self.samples_total = 0
         self.errors_total: dict[str, int] = {}
+        self._no_mps_list: set[int] = set()  # GPUs whose NVML does not list MPS clients
         self.over_limit_total = 0
         self._running_jobs = running_jobs or commands.running_jobs
         self._job_record = job_record
@@ -780,6 +785,7 @@ class Monitor:
             self._last_pids.setdefault(job_id, {})[key] = list(a[5])
         devices: list[DeviceSample] = []
         rose: set[str] = set()
+        mps_clients: dict[int, frozenset[int] | None] = {}  # per GPU, asked of NVML once per sample where needed
         for (job_id, key), (used, sm_sum, sm_all, nproc, index, pids) in sorted(acc.items(),
                                                                                key=lambda kv: str(kv[0])):
             if index in unread:
@@ -820,6 +826,8 @@ class Monitor:
                 job.over.discard(key)
                 job.over_samples.pop(key, None)
                 job.enforced.discard(key)
+            if job.plan.kind == "mps" and not mig:
+                self._check_outside(job_id, job, key, index, pids, used, reserved, mps_clients)
         if now - self._last_save >= self.config.monitor_save_interval:
             self._last_save = now
             measured = set(self.tracker.jobs())
@@ -835,6 +843,58 @@ class Monitor:
         self.samples_total += 1
         self.snapshot = Snapshot(now, time.monotonic() - t0, devices, gpus)
         return self.snapshot
+
+    def _check_outside(self, job_id: str, job: _Job, key: JobKey, index: int, pids: list[int], used: int,
+                       reserved: int, mps_clients: dict[int, frozenset[int] | None]) -> None:
+        """Way (a) of docs/mps.md section 2: a process of an MPS share job on the share's GPU that is not an MPS
+        client (``nvmlDeviceGetMPSComputeRunningProcesses`` does not list it) runs a CUDA context of its own, with
+        no MPS memory or SM limit. Found in ``enforce_grace`` samples in a row, those processes (only they) get the
+        job's ``enforce`` action. The job's own MPS daemon and its servers are not the job's doing and never
+        count. A GPU whose NVML cannot tell (``NOT_SUPPORTED``) is not judged: logged once."""
+        outside: list[int] = []
+        if pids and index not in self._no_mps_list:
+            if index not in mps_clients:
+                try:
+                    mps_clients[index] = self.port.mps_client_pids(index)
+                except GpushareError as e:
+                    mps_clients[index] = None
+                    self._no_mps_list.add(index)
+                    self.note_error("nvml", f"GPU {index}: MPS clients not known, processes outside MPS not "
+                                            f"looked for: {e}")
+            clients = mps_clients[index]
+            if clients is not None:
+                outside = [pid for pid in pids if pid not in clients]
+                if outside:
+                    daemon = self._daemon_tree(job_id, job)
+                    outside = [pid for pid in outside if pid not in daemon]
+        if not outside:
+            job.outside_samples.pop(key, None)
+            job.outside_enforced.discard(key)
+            return
+        job.outside_samples[key] = job.outside_samples.get(key, 0) + 1
+        if job.outside_samples[key] < self.config.enforce_grace or key in job.outside_enforced:
+            return
+        job.outside_enforced.add(key)
+        held = tuple((pid, f.start) for pid in sorted(outside) if (f := self._proc_of(pid)) is not None)
+        self._enforcements.append(Enforcement(
+            job_id, job.info.user, job.info.partition, key, self.config.enforce_for(job.info.partition), used,
+            reserved, held, reason=f"its process(es) {', '.join(map(str, sorted(outside)))} ran outside MPS there "
+                                   "(a CUDA context of their own: no MPS memory or SM limit)"))
+
+    def _daemon_tree(self, job_id: str, job: _Job) -> set[int]:
+        """PIDs of the job's own MPS control daemon and of every process under it (its servers); empty when it has
+        none running."""
+        try:
+            pid = HookContext(self.config, self.node).mps(job_id, job.plan).pid()
+        except GpushareError:
+            return set()
+        proc = procinfo.process(pid) if pid is not None else None
+        if proc is None:
+            return set()
+        try:
+            return {proc.pid} | {c.pid for c in proc.children(recursive=True)}
+        except psutil.Error:
+            return {proc.pid}
 
     def push_summaries(self, *, force: bool = False) -> list[str]:
         """Put each running job's usage summary into its AdminComment (``admin_comment_summary`` in

@@ -12,7 +12,16 @@ import pytest
 from click.testing import CliRunner
 
 from slurm_gpushare.accounting import jobstats as js
-from slurm_gpushare.accounting.jobstats import NotYours, Offer, bar, chart, job_stats, may_see, suggest
+from slurm_gpushare.accounting.jobstats import (
+    NotYours,
+    Offer,
+    SuggestRule,
+    bar,
+    chart,
+    job_stats,
+    may_see,
+    suggest,
+)
 from slurm_gpushare.accounting.sacct import final_segment
 from slurm_gpushare.accounting.store import Store
 from slurm_gpushare.cli import main
@@ -110,7 +119,7 @@ def test_job_stats_of_a_share_and_of_a_mig_slice_without_site_data():
 def test_a_failed_job_near_its_limit_is_not_told_to_ask_for_less():
     r = record(job_id="7", mode="mps", share="shard:10", mem_asked_mib=10240, mem_granted_mib=10240,
                mem_peak_mib=9900, exit_state="FAILED", exit_code="1:0")
-    assert job_stats("7", [r], source="store", headroom=0.0).suggestion.request == "gpushare:mem=10G"
+    assert job_stats("7", [r], source="store", rule=SuggestRule(headroom=0.0)).suggestion.request == "gpushare:mem=10G"
     ok = record(job_id="7", mode="mps", share="shard:10", mem_asked_mib=10240, mem_granted_mib=10240,
                 mem_peak_mib=3000, exit_state="FAILED", exit_code="1:0")
     assert job_stats("7", [ok], source="store").suggestion.request == "gpushare:mem=4G"

@@ -14,9 +14,9 @@ import json
 
 import pytest
 
+from slurm_gpushare.accounting.jobstats import Offer, SuggestRule, job_stats
 from slurm_gpushare.accounting.report import (
     NO_DATA,
-    fit_request,
     job_report,
     parse_time,
     render,
@@ -141,10 +141,42 @@ def test_waste_lists_jobs_with_the_request_that_would_have_fit(store):
     # job 3 used 78% of its request; job 4 has no peak: neither is judged
 
 
-def test_fit_request_rounds_up_with_headroom():
-    assert fit_request(10000) == "gpushare:mem=12G"
-    assert fit_request(0) == "gpushare:mem=1G"
-    assert fit_request(8192, gpus_per_node=4, headroom=0.0) == "gpushare:mem=8G:4"
+def test_waste_and_jobstats_suggest_by_the_sites_one_rule(new_store):
+    """Issue 31 item 1: jobstats suggested mem=10G for a job that report --waste told to ask for mem=3G (whole GiB
+    above the peak, whatever the site offers). Both now take the site's rule (jobstats.SuggestRule): the policy's
+    headroom, shard unit and whole-GPU threshold, and the MIG slices of the model. A job whose suggestion is no
+    smaller than its request is not listed."""
+    rule = SuggestRule(unit_mib=2048, whole_threshold=0.5,
+                       offers={"h100": Offer(H100, (10240, 20480, 40960)), "a100": Offer(A100)})
+    common = dict(start=T0, end=T0 + H, sm_mean_percent=None, sm_peak_percent=None)
+    recs = [
+        # a 1g.10gb slice that peaked at 2.5 GiB: the smallest slice holds it, nothing smaller to ask for
+        record(job_id="5", gpu_model="h100", gpu_memory_mib=H100, node="h100-mig", mode="mig", share="1g.10gb",
+               mem_asked_mib=3072, mem_granted_mib=9984, mem_peak_mib=1200, **common),
+        # a 20 GiB share that peaked at 4 GiB: 4.8 GiB in 2 GiB shard units is 6 GiB (whole GiB said 5G)
+        record(job_id="6", mode="mps", share="shard:10", mem_asked_mib=20480, mem_granted_mib=20480,
+               mem_peak_mib=4096, **common),
+        # 40000 MiB of an 80 GiB share: + 20% is past the whole-GPU threshold (half a GPU here), a whole GPU, no
+        # smaller than asked (whole GiB said 47G)
+        record(job_id="7", mode="mps", share="shard:80", mem_asked_mib=81920, mem_granted_mib=81920,
+               mem_peak_mib=40000, **common),
+        # a 2-GPU job at 10 GiB on each of two 80 GiB GPUs: 12 GiB in 2 GiB units, on each
+        *(record(job_id="8", gpu_index=i, gpu_uuid=f"GPU-{i}", mode="gpu", share="", mem_asked_mib=None,
+                 mem_granted_mib=A100, mem_peak_mib=10240, **common) for i in (0, 1)),
+    ]
+    st = new_store()
+    st.add(recs)
+    rows = {r["job"]: r for r in dicts(waste_report(st, rule=rule))}
+    assert {j: r["would_fit"] for j, r in rows.items()} == {"6": "gpushare:mem=6G", "8": "gpushare:mem=12G:2"}
+    for job in "5678":
+        suggestion = job_stats(job, [r for r in recs if r.job_id == job], source="store", rule=rule).suggestion
+        asked = max(r.mem_asked_mib or r.mem_granted_mib for r in recs if r.job_id == job)
+        if job in rows:
+            assert rows[job]["would_fit"] == suggestion.request
+        else:
+            assert suggestion.mib >= asked, (job, suggestion)
+    # the MIG job, by whole GiB above its peak, would have been told mem=2G
+    assert job_stats("5", recs[:1], source="store", rule=rule).suggestion.request == "gpushare:mem=10G"
 
 
 def test_table_says_no_data_and_has_a_total(store):

@@ -513,6 +513,23 @@ def test_process_without_memory_figure_is_an_error():
         RealNvml(lib=lib).processes(0)
 
 
+def test_mps_clients_are_the_pids_of_nvmls_mps_list_and_a_refusal_is_an_error():
+    def mps(handle):
+        assert handle == 2
+        return [SimpleNamespace(pid=41, usedGpuMemory=None), SimpleNamespace(pid=43, usedGpuMemory=1 << 30)]
+
+    lib = SimpleNamespace(NVMLError=ShimNVMLError, nvmlDeviceGetHandleByIndex=lambda i: i,
+                          nvmlDeviceGetMPSComputeRunningProcesses=mps)
+    assert RealNvml(lib=lib).mps_client_pids(2) == {41, 43}
+
+    def refuse(handle):
+        raise ShimNVMLError(NVML_ERROR_NOT_SUPPORTED)
+
+    lib.nvmlDeviceGetMPSComputeRunningProcesses = refuse
+    with pytest.raises(NvmlError, match=r"nvmlDeviceGetMPSComputeRunningProcesses\(gpu 1\)"):
+        RealNvml(lib=lib).mps_client_pids(1)
+
+
 @pytest.mark.parametrize("function, call", [
     ("nvmlDeviceGetUUID", lambda p: p.uuid(1)),
     ("nvmlDeviceGetTopologyCommonAncestor", lambda p: p.topology_common_ancestor(1, 2)),
