@@ -258,6 +258,12 @@ def test_check_passes_on_what_it_generated_and_names_each_difference(tmp_path):
     ok = run(*check)
     assert ok.exit_code == 0, ok.output
     assert "match the hardware" in ok.output
+    # shards on the node and no cgroup.conf beside slurm.conf: a warning, not a problem (issue 28 item 7)
+    assert f"warning: {tmp_path / 'cgroup.conf'}: {tmp_path / 'cgroup.conf'} not found, so ConstrainDevices is no" \
+        in ok.output, ok.output
+    (tmp_path / "cgroup.conf").write_text("ConstrainDevices=yes\n")
+    ok = run(*check)
+    assert ok.exit_code == 0 and "ConstrainDevices" not in ok.output, ok.output
     gres = (tmp_path / "gres.conf").read_text()
     # an administrator's edit: all-zero Links on GPU 3, a lost shard line, a wrong Gres= count
     lines = gres.splitlines()

@@ -747,3 +747,38 @@ def test_one_type_for_one_model_of_two_memory_sizes_is_not_a_collision():
     conf = gres("NodeName=n1 Name=gpu Type=a100 File=/dev/nvidia0\nNodeName=n2 Name=gpu Type=a100 File=/dev/nvidia0\n")
     machines = {"n1": _node("n1", ["NVIDIA A100-SXM4-40GB"]), "n2": _node("n2", ["NVIDIA A100 80GB PCIe"])}
     assert not [f for f in _lint_no_build_note(conf, None, machines) if "is given to" in f.message]
+
+
+def test_shared_gpus_without_device_confinement_are_warned_about():
+    """Issue 28 item 7: without ConstrainDevices=yes (cgroup.conf) under TaskPlugin=task/cgroup, a job that sets its
+    own CUDA_VISIBLE_DEVICES reaches every GPU of the node, other jobs' shares and MIG slices included."""
+    from slurm_gpushare.gresconf.check import lint_device_constraint, sharing_nodes
+    from slurm_gpushare.slurm.conf import slurm_conf_settings
+
+    gres = parse_gres_conf("NodeName=a[1-2] Name=gpu File=/dev/nvidia[0-1]\nNodeName=a1 Name=shard Count=160\n"
+                           "NodeName=m1 Name=gpu Type=1g.10gb "
+                           "MultipleFiles=/dev/nvidia0,/dev/nvidia-caps/nvidia-cap21\n", source="gres.conf")
+    assert sharing_nodes(gres, ["a1", "a2", "m1"]) == ["a1", "m1"]  # a2 has whole GPUs only
+
+    def lint(cgroup_text, slurm_text, whole=True, sharing=("a1",)):
+        cg = None if cgroup_text is None else slurm_conf_settings(cgroup_text, source="cgroup.conf")
+        sc = slurm_conf_settings(slurm_text, source="slurm.conf")
+        return [(f.severity, f.where, f.message.split(":")[0]) for f in
+                lint_device_constraint(cg, "cgroup.conf", sc, "slurm.conf", whole=whole, sharing=list(sharing))]
+
+    good_slurm = "SlurmctldHost=c\nTaskPlugin=task/affinity,task/cgroup\n"
+    assert lint("ConstrainCores=yes\nconstraindevices=YES\n", good_slurm) == []
+    assert lint("ConstrainDevices=yes\n", good_slurm, sharing=()) == []  # nothing shared: nothing to say
+    assert lint("ConstrainDevices=no\n", good_slurm) == [("warning", "cgroup.conf:1", "ConstrainDevices=no")]
+    assert lint("ConstrainCores=yes\n", good_slurm) == [
+        ("warning", "cgroup.conf", "ConstrainDevices is not set (Slurm's default")]
+    assert lint(None, good_slurm) == [("warning", "cgroup.conf", "cgroup.conf not found, so ConstrainDevices is no "
+                                                                 "(Slurm's default)")]
+    assert lint("ConstrainDevices=yes\n", "SlurmctldHost=c\nTaskPlugin=task/affinity\n") == [
+        ("warning", "slurm.conf:2", "TaskPlugin=task/affinity has no task/cgroup, so ConstrainDevices is not applied")]
+    assert lint("ConstrainDevices=yes\n", "SlurmctldHost=c\n") == [
+        ("warning", "slurm.conf", "TaskPlugin=task/none has no task/cgroup, so ConstrainDevices is not applied")]
+    assert lint("ConstrainDevices=yes\n", "NodeName=a1 Gres=gpu:2\n", whole=False) == []  # a snippet: unknown
+    message = lint_device_constraint(None, "cgroup.conf", None, "slurm.conf", whole=False, sharing=["a1", "m1"])[0]
+    assert "a job on a1, m1 (GPUs shared) that sets its own CUDA_VISIBLE_DEVICES reaches every GPU of its node" \
+        in message.message and "ConstrainDevices=yes" in message.hint

@@ -30,7 +30,7 @@ def test_example_documents_every_key():
     text = EXAMPLE.read_text()
     for key in ("version", "mode_order", "model_preference", "max_count", "police_direct", "shard_unit",
                 "headroom", "[mig]", "enabled", "fit", "max_waste", "[whole_gpu]", "threshold", "[partitions.",
-                "modes"):
+                "modes", "[jobstats]", "notes", "low_sm", "low_memory", "footer"):
         assert key in text, key
 
 
@@ -51,6 +51,24 @@ def test_headroom_is_read_and_checked():
         parse_policy("version = 1\nheadroom = -0.1")
     with pytest.raises(ConfigError, match="headroom"):
         parse_policy("version = 1\nheadroom = 'lots'")
+
+
+def test_jobstats_notes_are_read_and_checked():
+    p = parse_policy('version = 1\n[jobstats]\nnotes = false\nlow_sm = 25\nlow_memory = 40.5\n'
+                     'footer = "GPU efficiency: https://hpc.example.org/gpu"')
+    assert (p.notes, p.notes_low_sm, p.notes_low_memory, p.notes_footer) == (
+        False, 25, 40.5, "GPU efficiency: https://hpc.example.org/gpu")
+    assert (SitePolicy().notes, SitePolicy().notes_low_sm, SitePolicy().notes_low_memory) == (True, 15.0, 50.0)
+    for text, message in (("low_sm = 101", "jobstats.low_sm must be a percentage (0-100), not 101"),
+                          ("low_memory = -1", "jobstats.low_memory must be a percentage (0-100), not -1"),
+                          ("notes = 'yes'", "jobstats.notes must be true or false"),
+                          ('footer = "a\\u001b[31mred"', "jobstats.footer must be one line of printable text"),
+                          (f'footer = "{"x" * 301}"', "jobstats.footer must be one line of printable text of at "
+                                                      "most 300 characters (it has 301)"),
+                          ("colour = 1", "unknown key jobstats.colour")):
+        with pytest.raises(ConfigError) as e:
+            parse_policy(f"version = 1\n[jobstats]\n{text}")
+        assert e.value.message.startswith(message), e.value.message
 
 
 def test_only_version_is_required():

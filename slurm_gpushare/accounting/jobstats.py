@@ -281,6 +281,44 @@ class JobStats:
     suggestion: Suggestion | None
     source: str
     header: JobHeader | None = None
+    notes: tuple[str, ...] = ()
+    notes_footer: str = ""
+
+
+@dataclass(frozen=True)
+class NotesRule:
+    """When jobstats writes an efficiency note (the site policy's ``[jobstats]`` table): a peak GPU memory below
+    ``low_memory`` percent of what the job asked for, a mean SM utilization below ``low_sm`` percent, a GPU never
+    used; ``footer`` is the site's line under them."""
+
+    low_sm: float = 15.0
+    low_memory: float = 50.0
+    footer: str = ""
+
+    def notes(self, run: Sequence[UsageRecord], suggestion: Suggestion | None) -> tuple[str, ...]:
+        """The notes on one run's records (one line each, without the footer)."""
+        peaks = [r.mem_peak_mib for r in run if r.mem_peak_mib is not None]
+        if not peaks:
+            return ()  # never sampled (MIG, a job shorter than the interval): nothing is known
+        if max(peaks) == 0:
+            samples = sum(r.samples for r in run)
+            return (f"it used no GPU memory when sampled ({samples} sample{'' if samples == 1 else 's'}): a job that "
+                    "does not need a GPU starts sooner without one",)
+        out = []
+        peak = max(peaks)
+        asked = max(r.mem_asked_mib or r.mem_granted_mib for r in run)
+        pct = peak * 100.0 / asked if asked else 100.0
+        if pct < self.low_memory:
+            line = (f"its GPU memory peaked at {format_mib(peak)} of the {format_mib(asked)} it asked for "
+                    f"({pct:.0f}%, below the site's {self.low_memory:g}%)")
+            if suggestion is not None and suggestion.mib < asked:
+                line += f": next time ask for --gres={suggestion.request}"
+            out.append(line)
+        means = [r.sm_mean_percent for r in run if r.sm_mean_percent is not None and r.mode != "mig"]
+        if means and (mean := sum(means) / len(means)) < self.low_sm:
+            out.append(f"its mean SM utilization was {mean:.0f}% (below the site's {self.low_sm:g}%): it may run as "
+                       "well on a smaller share (sm=) or fewer GPUs")
+        return tuple(out)
 
 
 def offers_from_machines(machines: Iterable, *, mig_enabled: bool = True) -> dict[str, Offer]:
@@ -307,8 +345,9 @@ def _offer_for(records: Sequence[UsageRecord], offers: Mapping[str, Offer]) -> O
 
 
 def job_stats(job_id: str, records: Sequence[UsageRecord], *, source: str, rule: SuggestRule = SuggestRule(),
-              header: JobHeader | None = None, user: str | None = None) -> JobStats:
-    """The job's stats from its records (all runs); the suggestion is from its last run, by the site's ``rule``.
+              header: JobHeader | None = None, user: str | None = None, notes: NotesRule | None = None) -> JobStats:
+    """The job's stats from its records (all runs); the suggestion is from its last run, by the site's ``rule``,
+    and so are the efficiency notes, where ``notes`` is given (None: the site turned them off).
 
     ``user`` is the job's owner as slurmctld (else sacct's UID) names it; None: the user the records name
     (slurmdbd has been seen recording uid 0 for a user's job, so its row may say ``root``).
@@ -334,8 +373,9 @@ def job_stats(job_id: str, records: Sequence[UsageRecord], *, source: str, rule:
         suggestion = rule.suggest(peak, _offer_for(run, rule.offers), on_mig=all(r.mode == "mig" for r in run),
                                   count=per_node, at_least_mib=at_least)
     r0 = records[0]
+    found = notes.notes(run, suggestion) if notes is not None else ()
     return JobStats(job_id, user or r0.user, r0.account, r0.partition, tuple(DeviceStats(r) for r in records),
-                    suggestion, source, header)
+                    suggestion, source, header, found, notes.footer if notes is not None and found else "")
 
 
 # --- rendering -----------------------------------------------------------------------------------------
@@ -422,7 +462,8 @@ def chart(dev: DeviceStats, width: int = BAR_WIDTH) -> list[str]:
 
 
 def to_text(stats: JobStats) -> str:
-    """The terminal view: a header, per device its line and chart, the suggestion."""
+    """The terminal view: a header, per device its line and chart, the suggestion, the efficiency notes and the
+    site's footer under them."""
     out = [f"job {stats.job_id}  user {stats.user or '-'}  account {stats.account or '-'}  partition "
            f"{stats.partition or '-'}  "
            f"(from the {'accounting database' if stats.source == 'store' else 'job AdminComment in sacct'})"]
@@ -446,6 +487,11 @@ def to_text(stats: JobStats) -> str:
                    "monitor's interval may have none)")
     else:
         out.append(f"next time: --gres={stats.suggestion.request}   ({stats.suggestion.why})")
+    if stats.notes:
+        out.append("notes:")
+        out += [f"  - {note}" for note in stats.notes]
+        if stats.notes_footer:
+            out.append(f"  {stats.notes_footer}")
     return "\n".join(out) + "\n"
 
 
@@ -466,8 +512,8 @@ def header_lines(h: JobHeader) -> list[str]:
 
 def to_json(stats: JobStats) -> str:
     """``{"job", "user", "account", "partition", "source", "slurm", "devices": [record + "used_pct"],
-    "suggestion"}`` (``slurm``: :meth:`JobHeader.to_dict` or null; a record's memory series is its ``mem_series_mib``
-    and ``mem_series_width``)."""
+    "suggestion", "notes", "notes_footer"}`` (``slurm``: :meth:`JobHeader.to_dict` or null; a record's memory
+    series is its ``mem_series_mib`` and ``mem_series_width``; ``notes``: the efficiency notes, ``[]`` with none)."""
     s = stats.suggestion
     return json.dumps({
         "job": stats.job_id, "user": stats.user, "account": stats.account, "partition": stats.partition,
@@ -475,6 +521,7 @@ def to_json(stats: JobStats) -> str:
         "devices": [{**d.record.to_dict(), "used_pct": None if d.used_pct is None else round(d.used_pct, 2)}
                     for d in stats.devices],
         "suggestion": None if s is None else {"request": s.request, "mem_mib": s.mib, "why": s.why},
+        "notes": list(stats.notes), "notes_footer": stats.notes_footer,
     }, indent=1) + "\n"
 
 

@@ -352,7 +352,8 @@ def jobstats(job_id, db_path, from_sacct, policy_path, machines_dir, fmt):
     if not records:
         _why_no_records(job_id, ctld, rows)
     policy = _policy(policy_path)
-    stats = js.job_stats(job_id, records, source=source, rule=_rule(policy, machines_dir),
+    notes = js.NotesRule(policy.notes_low_sm, policy.notes_low_memory, policy.notes_footer) if policy.notes else None
+    stats = js.job_stats(job_id, records, source=source, rule=_rule(policy, machines_dir), notes=notes,
                          header=_header(job_id, ctld.start_time if ctld is not None else None), user=owner)
     if ctld is not None:  # where slurmdbd's row lost them (the uid-0 rows above have no account or partition)
         stats = dataclasses.replace(stats, account=stats.account or ctld.account,

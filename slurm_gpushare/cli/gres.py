@@ -356,9 +356,15 @@ def _check(gres_text: str, nodes, gres_path: Path, slurm_path: Path, release: Re
     Raises:
         InputError: an installed file that cannot be read or parsed.
     """
-    from slurm_gpushare.gresconf.check import compare, lint_billing, lint_gres_conf
+    from slurm_gpushare.gresconf.check import (
+        compare,
+        lint_billing,
+        lint_device_constraint,
+        lint_gres_conf,
+        sharing_nodes,
+    )
     from slurm_gpushare.gresconf.render import render_slurm_conf
-    from slurm_gpushare.slurm.conf import parse_gres_conf, parse_slurm_conf_gres
+    from slurm_gpushare.slurm.conf import parse_gres_conf, parse_slurm_conf_gres, slurm_conf_settings
 
     names = [n.node_name for n in nodes]
     include = include_loader(slurm_path.parent)
@@ -381,6 +387,13 @@ def _check(gres_text: str, nodes, gres_path: Path, slurm_path: Path, release: Re
     findings = lint_gres_conf(gres, slurm, {n.node_name: n.machine for n in nodes}, nodes=names, release=release)
     if slurm is not None:
         findings += lint_billing(slurm, nodes, mig_by=mig_by)
+    cgroup_path = slurm_path.parent / "cgroup.conf"
+    cgroup = (slurm_conf_settings(_read_installed(cgroup_path, "cgroup.conf", "--slurm-conf"),
+                                  source=str(cgroup_path), include=include) if cgroup_path.exists() else None)
+    findings += lint_device_constraint(
+        cgroup, str(cgroup_path),
+        slurm_conf_settings(installed_slurm, source=str(slurm_path), include=include) if slurm is not None else None,
+        str(slurm_path), whole=slurm is not None and slurm.whole, sharing=sharing_nodes(gres, names))
     warnings: list[dict] = []
     for f in findings:
         item = {"file": "lint", "severity": f.severity, "where": f.where, "message": f.message, "hint": f.hint or ""}

@@ -1012,6 +1012,56 @@ def _compare_slurm(expected: SlurmGresConf, installed: SlurmGresConf) -> list[st
 # --- billing weights --------------------------------------------------------------------------
 
 
+def sharing_nodes(gres: GresConf, nodes: Iterable[str]) -> list[str]:
+    """The nodes of ``nodes`` whose GPUs gres.conf shares: ``shard`` or ``mps`` lines, or MIG slices (a ``gpu``
+    line whose files include ``/dev/nvidia-caps``); in ``nodes`` order."""
+    names = list(nodes)
+    shared: set[str] = set()
+    for e in gres.entries:
+        mig = e.name == "gpu" and any("nvidia-caps" in f for f in (*e.files, *e.multiple_files))
+        if e.name in ("shard", "mps") or mig:
+            shared.update(e.nodes or names)
+    return [n for n in names if n in shared]
+
+
+def lint_device_constraint(cgroup: list[tuple[str, int, str, str]] | None, cgroup_source: str,
+                           slurm: list[tuple[str, int, str, str]] | None, slurm_source: str, *, whole: bool,
+                           sharing: list[str]) -> list[Finding]:
+    """Warnings for nodes whose GPUs are shared (``sharing``) where Slurm does not confine a job to its devices:
+    ``ConstrainDevices`` of cgroup.conf not ``yes`` (its default is ``no``, cgroup.conf(5)), or, in a whole
+    slurm.conf, a ``TaskPlugin`` without ``task/cgroup``, which applies it (its default is ``task/none``). A job
+    that sets its own ``CUDA_VISIBLE_DEVICES`` then reaches every GPU of its node, the other jobs' shares and MIG
+    slices included.
+
+    Args:
+        cgroup: :func:`~slurm_gpushare.slurm.conf.slurm_conf_settings` of cgroup.conf, None when there is none.
+        slurm: the same of slurm.conf, None when there is none.
+        whole: slurm.conf is a whole file (a key it lacks has Slurm's default).
+    """
+    if not sharing:
+        return []
+    nodes = ", ".join(sharing)
+    reach = (f"a job on {nodes} (GPUs shared) that sets its own CUDA_VISIBLE_DEVICES reaches every GPU of its "
+             "node, the other jobs' shares and MIG slices included")
+    out = []
+    found = [(src, n, v) for src, n, k, v in cgroup or () if k.lower() == "constraindevices"]
+    if cgroup is None:
+        out.append(Finding("warning", cgroup_source, f"{cgroup_source} not found, so ConstrainDevices is no "
+                           f"(Slurm's default): {reach}", "write ConstrainDevices=yes into cgroup.conf beside "
+                                                          "slurm.conf (cgroup.conf(5))"))
+    elif not found or found[-1][2].strip().lower() != "yes":
+        where = f"{found[-1][0]}:{found[-1][1]}" if found else cgroup_source
+        said = f"ConstrainDevices={found[-1][2]}" if found else "ConstrainDevices is not set (Slurm's default: no)"
+        out.append(Finding("warning", where, f"{said}: {reach}", "set ConstrainDevices=yes (cgroup.conf(5))"))
+    plugins = [(src, n, v) for src, n, k, v in slurm or () if k.lower() == "taskplugin"]
+    value = plugins[-1][2] if plugins else ("task/none" if whole else None)
+    if value is not None and "task/cgroup" not in [p.strip().lower() for p in value.split(",")]:
+        where = f"{plugins[-1][0]}:{plugins[-1][1]}" if plugins else slurm_source
+        out.append(Finding("warning", where, f"TaskPlugin={value} has no task/cgroup, so ConstrainDevices is not "
+                           f"applied: {reach}", "add task/cgroup to TaskPlugin (slurm.conf(5), cgroup.conf(5))"))
+    return out
+
+
 def lint_billing(slurm: SlurmGresConf, nodes: Iterable[NodeGres], *, mig_by: str = "memory") -> list[Finding]:
     """Lint (i): the ``TRESBillingWeights`` of every partition, and the shares they give the GPUs of
     ``nodes`` (the generated nodes being checked).

@@ -38,7 +38,9 @@ BASE_REQUESTS = ("gpushare:mem=10G", "gpushare:mem=40G", "gpushare:mem=3G", "gpu
 _KEYS = {"mode_order": "mode_order", "model_preference": "model_preference", "max_count": "max_count",
          "police_direct": "police_direct", "shard_unit_mib": "shard_unit", "mig_enabled": "mig.enabled",
          "mig_fit": "mig.fit", "mig_max_waste": "mig.max_waste", "gpu_fit": "whole_gpu.fit",
-         "whole_gpu_threshold": "whole_gpu.threshold", "partitions": "partitions"}
+         "whole_gpu_threshold": "whole_gpu.threshold", "partitions": "partitions", "notes": "jobstats.notes",
+         "notes_low_sm": "jobstats.low_sm", "notes_low_memory": "jobstats.low_memory",
+         "notes_footer": "jobstats.footer"}
 
 
 @dataclass(frozen=True)

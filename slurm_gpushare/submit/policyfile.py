@@ -22,6 +22,12 @@ reported instead of silently ignored. Every key is optional; the defaults are th
     fit = "nominal"
     threshold = 1.0
 
+    [jobstats]
+    notes = true
+    low_sm = 15
+    low_memory = 50
+    footer = ""
+
     [partitions.debug]
     modes = ["mps"]
 
@@ -43,6 +49,8 @@ POLICY_VERSION = 1
 KINDS = ("mig", "mps", "gpu")
 #: Fit rules (see :class:`SitePolicy`).
 FITS = ("nominal", "exact")
+#: The most characters of ``[jobstats] footer``.
+FOOTER_CHARS = 300
 
 
 @dataclass(frozen=True)
@@ -82,6 +90,12 @@ class SitePolicy:
             generator's unit, which the filter service passes to the cluster inventory).
         headroom: what ``jobstats`` and ``report --waste`` add to a job's peak memory when they
             suggest a request for next time, as a fraction of the peak (0-4; default 0.2: peak x 1.2).
+        notes: ``jobstats`` prints efficiency notes under a job's figures (``[jobstats] notes``).
+        notes_low_sm: a note when the job's mean SM utilization is below this percent (0-100; default 15).
+        notes_low_memory: a note when its peak GPU memory is below this percent of what it asked for (0-100;
+            default 50, ``report --waste``'s line).
+        notes_footer: a line the site adds under the notes (its documentation, a contact): printable text, at
+            most :data:`FOOTER_CHARS` characters; default none.
         source: where the policy came from (a file name, or ``built-in defaults``).
     """
 
@@ -97,6 +111,10 @@ class SitePolicy:
     max_count: int = 8
     shard_unit_mib: int = 1024
     headroom: float = 0.2
+    notes: bool = True
+    notes_low_sm: float = 15.0
+    notes_low_memory: float = 50.0
+    notes_footer: str = ""
     source: str = "built-in defaults"
 
     def __post_init__(self):
@@ -138,6 +156,12 @@ def _check(p: SitePolicy) -> list[tuple[str, str]]:
         out.append((f"shard_unit must be at least 1 MiB, not {p.shard_unit_mib} MiB", "shard_unit"))
     if not 0 <= p.headroom <= 4:
         out.append((f"headroom must be between 0 and 4 (a fraction of the peak), not {p.headroom}", "headroom"))
+    for key, value in (("jobstats.low_sm", p.notes_low_sm), ("jobstats.low_memory", p.notes_low_memory)):
+        if not 0 <= value <= 100:
+            out.append((f"{key} must be a percentage (0-100), not {value}", key))
+    if len(p.notes_footer) > FOOTER_CHARS or not p.notes_footer.isprintable():
+        out.append((f"jobstats.footer must be one line of printable text of at most {FOOTER_CHARS} characters "
+                    f"(it has {len(p.notes_footer)})", "jobstats.footer"))
     for name, modes in p.partitions.items():
         if not modes or any(k not in KINDS for k in modes):
             out.append((f"partitions.{name}.modes must list some of {', '.join(KINDS)}, not {list(modes)}",
@@ -162,6 +186,11 @@ _EXAMPLES = {
     "whole_gpu.fit": 'fit = "nominal" (or "exact") under [whole_gpu]',
     "whole_gpu.threshold": "threshold = 1.0 under [whole_gpu]",
     "partitions": '[partitions.NAME] with modes = ["mps", "gpu"]',
+    "jobstats": '[jobstats] with notes = true, low_sm = 15, low_memory = 50, footer = ""',
+    "jobstats.notes": "notes = true under [jobstats]",
+    "jobstats.low_sm": "low_sm = 15 under [jobstats]",
+    "jobstats.low_memory": "low_memory = 50 under [jobstats]",
+    "jobstats.footer": 'footer = "GPU efficiency: https://hpc.example.org/gpu" under [jobstats]',
 }
 
 
@@ -178,8 +207,9 @@ def _hint(key: str) -> str:
 
 # The keys each table may hold; anything else is an error.
 _TOP = {"version", "mode_order", "model_preference", "max_count", "police_direct", "shard_unit", "headroom",
-        "mig", "whole_gpu", "partitions"}
+        "mig", "whole_gpu", "partitions", "jobstats"}
 _MIG = {"enabled", "fit", "max_waste"}
+_JOBSTATS = {"notes", "low_sm", "low_memory", "footer"}
 _WHOLE = {"fit", "threshold"}
 _PARTITION = {"modes"}
 
@@ -247,6 +277,15 @@ def policy_from_dict(data: dict[str, Any], *, source: str = "<policy>") -> SiteP
         kw["gpu_fit"] = _str(whole["fit"], "whole_gpu.fit", source)
     if "threshold" in whole:
         kw["whole_gpu_threshold"] = _number(whole["threshold"], "whole_gpu.threshold", source)
+    notes = _table(data.get("jobstats", {}), "jobstats", source)
+    _unknown(notes, _JOBSTATS, "jobstats.", source)
+    if "notes" in notes:
+        kw["notes"] = _bool(notes["notes"], "jobstats.notes", source)
+    for key, attr in (("low_sm", "notes_low_sm"), ("low_memory", "notes_low_memory")):
+        if key in notes:
+            kw[attr] = _number(notes[key], f"jobstats.{key}", source)
+    if "footer" in notes:
+        kw["notes_footer"] = _str(notes["footer"], "jobstats.footer", source)
     parts = _table(data.get("partitions", {}), "partitions", source)
     overrides: dict[str, tuple[str, ...]] = {}
     for name, table in parts.items():

@@ -370,6 +370,17 @@ def test_command_uses_the_policy_headroom(tmp_path, fake_slurm):
                                     str(tmp_path)])
     assert out.exit_code == 0, out.output
     assert "--gres=gpushare:mem=8G" in out.output  # 4 GiB x 2
+    # the efficiency notes follow the policy's [jobstats] table: on with its footer, then off
+    policy.write_text('version = 1\nheadroom = 1.0\n[jobstats]\nfooter = "see https://hpc.example.org/gpu"\n')
+    out = CliRunner().invoke(main, ["jobstats", "1", "--from-sacct", "--policy", str(policy), "--machines",
+                                    str(tmp_path)])
+    assert out.output.endswith("notes:\n  - its GPU memory peaked at 4G of the 10G it asked for (40%, below the site's "
+                               "50%): next time ask for --gres=gpushare:mem=8G\n  see https://hpc.example.org/gpu\n"), \
+        out.output
+    policy.write_text("version = 1\n[jobstats]\nnotes = false\n")
+    out = CliRunner().invoke(main, ["jobstats", "1", "--from-sacct", "--policy", str(policy), "--machines",
+                                    str(tmp_path)])
+    assert out.exit_code == 0 and "notes:" not in out.output, out.output
 
 
 def test_a_store_behind_a_directory_the_user_may_not_enter_is_not_readable_and_not_an_error(tmp_path, monkeypatch):
@@ -511,3 +522,38 @@ def test_the_job_slurmctld_holds_is_shown_although_slurmdbd_recorded_another_use
     fake_slurm["sacct"] = _sacct_row(rec).replace(f"|{T0}|", f"|{T0 - 5000}|", 1)  # an older job of the id
     out = CliRunner().invoke(main, ["jobstats", "1", "--db", str(tmp_path / "none.db"), "--machines", str(tmp_path)])
     assert out.exit_code != 0 and "no GPU usage records" in out.output, out.output
+
+
+def test_efficiency_notes_follow_the_sites_thresholds_and_footer():
+    """Issue 31 item 1: efficiency notes a site can configure (the policy's [jobstats] table), as Princeton's
+    jobstats prints them: memory well below the request (with the request to make), SM utilization below the
+    site's threshold, a GPU that was never used; the site's footer under them; none when notes are off."""
+    from slurm_gpushare.accounting.jobstats import NotesRule
+
+    rule = NotesRule(low_sm=15, low_memory=50, footer="GPU efficiency: https://hpc.example.org/gpu")
+    low = record(job_id="9", mode="mps", share="shard:20", mem_asked_mib=20480, mem_granted_mib=20480,
+                 mem_peak_mib=3000, sm_mean_percent=4.0, sm_peak_percent=9.0)
+    stats = job_stats("9", [low], source="store", notes=rule)
+    assert stats.notes == (
+        "its GPU memory peaked at 3000M of the 20G it asked for (15%, below the site's 50%): next time ask for "
+        "--gres=gpushare:mem=4G",
+        "its mean SM utilization was 4% (below the site's 15%): it may run as well on a smaller share (sm=) or "
+        "fewer GPUs")
+    text = js.to_text(stats)
+    assert text.endswith("notes:\n  - " + stats.notes[0] + "\n  - " + stats.notes[1]
+                         + "\n  GPU efficiency: https://hpc.example.org/gpu\n"), text
+    data = json.loads(js.to_json(stats))
+    assert data["notes"] == list(stats.notes) and data["notes_footer"] == rule.footer
+    # at the thresholds: no note; a stricter site sees one
+    fine = record(job_id="9", mode="mps", share="shard:20", mem_asked_mib=20480, mem_granted_mib=20480,
+                  mem_peak_mib=10240, sm_mean_percent=15.0)
+    assert job_stats("9", [fine], source="store", notes=rule).notes == ()
+    assert len(job_stats("9", [fine], source="store", notes=NotesRule(low_sm=50, low_memory=60)).notes) == 2
+    # a GPU never used: that note alone
+    idle = record(job_id="9", mode="gpu", share="", mem_asked_mib=None, mem_granted_mib=81920, mem_peak_mib=0,
+                  sm_mean_percent=0.0)
+    assert job_stats("9", [idle], source="store", notes=rule).notes == (
+        "it used no GPU memory when sampled (120 samples): a job that does not need a GPU starts sooner without one",)
+    # notes off (the policy's notes = false): none, no footer
+    off = job_stats("9", [low], source="store")
+    assert off.notes == () and "notes:" not in js.to_text(off) and json.loads(js.to_json(off))["notes"] == []
