@@ -1013,6 +1013,29 @@ def test_a_gpu_whose_nvml_cannot_list_mps_clients_is_not_judged(node):
         assert mon.errors_total.get("nvml") == 1, mon.errors_total
 
 
+def test_a_passing_nvml_failure_skips_one_sample_of_the_outside_mps_check_and_a_node_wide_daemon_none(node):
+    """NVML failing once (not NOT_SUPPORTED) costs that sample only: the process outside MPS is acted on after the
+    grace counted from the samples that could look. With mps_mode = "per-gpu" (one daemon per GPU for every job
+    there, whose servers cannot be told from a job's own processes) nothing is judged."""
+    from dataclasses import replace
+
+    node.nvml.remove_process(1002)
+    node.nvml.add_process(ScheduledProcess(1002, 0, node.clock.t, ((0, 2000, 25),), mps=False))
+    node.nvml.fail_next("nvmlDeviceGetMPSComputeRunningProcesses", times=1)
+    with node.monitor() as mon:
+        for _ in range(3):
+            mon.sample()
+        assert node.killed == [] and mon.errors_total.get("nvml") == 1
+        mon.sample()
+        assert node.killed == [(1002, signal.SIGKILL)]
+    node.killed.clear()
+    node.config = replace(node.config, mps_mode="per-gpu")
+    with node.monitor() as mon:
+        for _ in range(5):
+            mon.sample()
+        assert node.killed == []
+
+
 def test_the_job_s_own_mps_daemon_on_its_gpu_is_not_outside_mps(share_daemon):
     """The job's control daemon and its servers hold contexts of their own on the GPU (NVIDIA lists an MPS server as
     a compute process, not an MPS client); with PrologFlags=Contain they sit in the job's cgroup. They are the

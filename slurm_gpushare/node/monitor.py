@@ -850,17 +850,24 @@ class Monitor:
         client (``nvmlDeviceGetMPSComputeRunningProcesses`` does not list it) runs a CUDA context of its own, with
         no MPS memory or SM limit. Found in ``enforce_grace`` samples in a row, those processes (only they) get the
         job's ``enforce`` action. The job's own MPS daemon and its servers are not the job's doing and never
-        count. A GPU whose NVML cannot tell (``NOT_SUPPORTED``) is not judged: logged once."""
+        count. Only with ``mps_mode = "per-job"``: a daemon per GPU and user (``per-gpu``) serves several jobs, and
+        its servers cannot be told from the job's own processes. A GPU whose NVML cannot tell (``NOT_SUPPORTED``,
+        or a function the library lacks) is not judged, logged once; another NVML failure skips that sample."""
+        from slurm_gpushare.hardware.port import NVML_ERROR_FUNCTION_NOT_FOUND, NVML_ERROR_NOT_SUPPORTED
+
         outside: list[int] = []
-        if pids and index not in self._no_mps_list:
+        if pids and index not in self._no_mps_list and self.config.mps_mode == "per-job":
             if index not in mps_clients:
                 try:
                     mps_clients[index] = self.port.mps_client_pids(index)
                 except GpushareError as e:
                     mps_clients[index] = None
-                    self._no_mps_list.add(index)
-                    self.note_error("nvml", f"GPU {index}: MPS clients not known, processes outside MPS not "
-                                            f"looked for: {e}")
+                    if getattr(e, "code", None) in (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_FUNCTION_NOT_FOUND):
+                        self._no_mps_list.add(index)  # for good: logged once
+                        self.note_error("nvml", f"GPU {index}: MPS clients not known, processes outside MPS not "
+                                                f"looked for: {e}")
+                    else:  # a failure of this sample: the next one asks again
+                        self.note_error("nvml", str(e))
             clients = mps_clients[index]
             if clients is not None:
                 outside = [pid for pid in pids if pid not in clients]
