@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import selectors
+import signal
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
@@ -41,35 +42,52 @@ class Finished:
 def run_bounded(argv: Sequence[str], *, input: str = "", env: Mapping[str, str] | None = None, timeout: float,
                 max_bytes: int = DEFAULT_MAX_BYTES, cwd: str = "/", **popen_kwargs) -> Finished:
     """Run ``argv`` with ``input`` on its stdin and return its status and output, reading at most ``max_bytes``
-    of each of stdout and stderr and waiting at most ``timeout`` seconds in all (for the output and the exit).
-    ``popen_kwargs`` go to :class:`subprocess.Popen` (``user``, ``group``, ``extra_groups``).
+    of each of stdout and stderr and waiting at most ``timeout`` seconds in all (for the input to be taken, the
+    output and the exit). The program runs in a session and process group of its own; when the call fails, that
+    group is killed (the program, and a child of it that kept the pipes). ``popen_kwargs`` go to
+    :class:`subprocess.Popen` (``user``, ``group``, ``extra_groups``).
 
     Raises:
-        subprocess.TimeoutExpired: the program had not closed its output and exited within ``timeout``
-            (it is killed and reaped first).
+        subprocess.TimeoutExpired: the program had not taken its input, closed its output and exited within
+            ``timeout`` (its process group is killed and it is reaped first).
         OutputTooLarge: it printed more than ``max_bytes`` on one stream (killed and reaped first).
         OSError: the program could not be started.
     """
     deadline = time.monotonic() + timeout
     proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env=dict(env) if env is not None else None, cwd=cwd, **popen_kwargs)
+                            env=dict(env) if env is not None else None, cwd=cwd, start_new_session=True,
+                            **popen_kwargs)
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
     pipes = (proc.stdin, proc.stdout, proc.stderr)
     streams = {proc.stdout.fileno(): ("stdout", bytearray()), proc.stderr.fileno(): ("stderr", bytearray())}
+    pending = memoryview(input.encode())
+    stdin_fd = proc.stdin.fileno()
+    done = False
     try:
-        try:
-            proc.stdin.write(input.encode())  # a few lines: within the pipe's buffer
-            proc.stdin.close()
-        except BrokenPipeError:
-            pass
         with selectors.DefaultSelector() as sel:
             for fd in streams:
                 sel.register(fd, selectors.EVENT_READ)
+            if pending:
+                os.set_blocking(stdin_fd, False)
+                sel.register(stdin_fd, selectors.EVENT_WRITE)
+            else:
+                proc.stdin.close()
             while sel.get_map():
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise subprocess.TimeoutExpired(list(argv), timeout)
                 for key, _ in sel.select(left):
+                    if key.fd == stdin_fd:
+                        try:
+                            pending = pending[os.write(stdin_fd, pending[:65536]):]
+                        except BlockingIOError:
+                            continue
+                        except BrokenPipeError:  # it stopped reading: what it printed still counts
+                            pending = pending[:0]
+                        if not pending:
+                            sel.unregister(stdin_fd)
+                            proc.stdin.close()
+                        continue
                     chunk = os.read(key.fd, 65536)
                     if not chunk:
                         sel.unregister(key.fd)
@@ -79,9 +97,13 @@ def run_bounded(argv: Sequence[str], *, input: str = "", env: Mapping[str, str] 
                     if len(buf) > max_bytes:
                         raise OutputTooLarge(name, max_bytes)
         returncode = proc.wait(max(0.0, deadline - time.monotonic()))
+        done = True
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        if not done:  # not reaped yet, so its pid, the group's id, is still its own
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # the program and what it started that kept the pipes
+            except (ProcessLookupError, PermissionError):
+                proc.kill()
             proc.wait()
         for pipe in pipes:
             try:

@@ -10,6 +10,7 @@ import pytest
 
 from slurm_gpushare.boundedrun import OutputTooLarge, run_bounded
 from slurm_gpushare.procinfo import pid_alive
+from tests.conftest import wait_until
 
 PY = sys.executable
 
@@ -51,3 +52,21 @@ def test_a_child_that_keeps_the_output_open_does_not_hold_the_caller_past_the_de
         run_bounded([PY, "-c", code], timeout=2)
     assert time.monotonic() - start < 15
     subprocess.run(["kill", child.read_text()], check=False)
+
+
+def test_input_larger_than_a_pipe_is_fed_while_the_output_is_read():
+    """The input is written as the program takes it, beside reading its output: a program that prints 200 KB before
+    it reads 300 KB of input finishes (a blocking write of the input first deadlocked with it)."""
+    done = run_bounded(["sh", "-c", "head -c 200000 /dev/zero; wc -c"], input="y" * 300000, timeout=30,
+                       max_bytes=10**6)
+    assert done.returncode == 0 and len(done.stdout) == 200000 + len("300000\n")
+
+
+def test_a_grandchild_that_keeps_the_pipes_is_killed_with_the_program(tmp_path):
+    """The program runs in a process group of its own; on a timeout the group goes, so a child that kept the pipes
+    does not outlive the call."""
+    pid_file = tmp_path / "pid"
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_bounded(["sh", "-c", f"(sleep 37 & echo $! > {pid_file}; wait) & sleep 60"], timeout=1.5)
+    wait_until(lambda: pid_file.exists() and pid_file.read_text().strip(), "the grandchild's pid")
+    wait_until(lambda: not pid_alive(int(pid_file.read_text())), "the grandchild gone")

@@ -768,6 +768,8 @@ def test_shared_gpus_without_device_confinement_are_warned_about():
 
     good_slurm = "SlurmctldHost=c\nTaskPlugin=task/affinity,task/cgroup\n"
     assert lint("ConstrainCores=yes\nconstraindevices=YES\n", good_slurm) == []
+    for true in ("true", "1", "Up"):  # what Slurm's parser reads as yes (s_p_handle_boolean)
+        assert lint(f"ConstrainDevices={true}\n", good_slurm) == []
     assert lint("ConstrainDevices=yes\n", good_slurm, sharing=()) == []  # nothing shared: nothing to say
     assert lint("ConstrainDevices=no\n", good_slurm) == [("warning", "cgroup.conf:1", "ConstrainDevices=no")]
     assert lint("ConstrainCores=yes\n", good_slurm) == [

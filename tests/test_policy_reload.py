@@ -142,11 +142,16 @@ def test_requests_during_reloads_never_see_a_policy_with_another_policys_invento
     ('version = 1\nmode_order = ["mps"\n', "not valid TOML"),
     ("version = 1\n[mig]\nfitt = 'exact'\n", "unknown key mig.fitt"),
     ("mode_order = ['mps']\n", "the policy file has no version"),
+    # hostile numbers, bytes and nesting: a ConfigError each, never an exception that would end the refresher
+    ("version = 1\n[jobstats]\nlow_sm = " + "9" * 400 + "\n", "jobstats.low_sm is too large a number (400 digits)"),
+    ("version = 1\nmax_count = " + "9" * 5000 + "\n", "not a policy file tomllib can read: ValueError"),
+    ("version = 1\nx = " + "[" * 3000 + "]" * 3000 + "\n", "not a policy file tomllib can read: RecursionError"),
+    (b'version = 1\n[jobstats]\nfooter = "Caf\xe9"\n', "the policy file is not UTF-8 text (byte 36: b'\\xe9')"),
 ])
 def test_a_bad_policy_keeps_the_old_one_and_one_log_line_says_why(setup, text, error):
     cache, service, source, slurm, log, policy_file = setup
     before = cache.state()
-    policy_file.write_text(text)
+    policy_file.write_bytes(text if isinstance(text, bytes) else text.encode())
     assert reload(cache, source, Log(log)) is False
     assert cache.state().policy is before.policy  # the old policy, whole
     assert cache.state() is not before  # the inventory was still refreshed (for the old policy)

@@ -185,7 +185,7 @@ class JobHeader:
         qos, partition: as slurmdbd recorded them.
         start: start of the run, epoch seconds (None: it never started).
         elapsed_s: run time so far or in all, seconds.
-        limit_s: the time limit, seconds; None for ``UNLIMITED`` or not stated.
+        limit_s: the time limit, seconds; None for ``UNLIMITED``, 0 (sbatch: no limit) or not stated.
     """
 
     name: str
@@ -258,7 +258,7 @@ def parse_job_header(text: str, job_id: str, start: int | None = None, *, names:
     return JobHeader(name=name[:NAME_CHARS] + ("..." if len(name) > NAME_CHARS else ""),
                      state=f[2].split(" ", 1)[0], nodes=_int(f[3]) or 0, cpus=_int(f[4]) or 0, mem_mib=mem,
                      gpus=gpus, qos=f[6], partition=f[7], start=_int(f[1]), elapsed_s=_int(f[8]) or 0,
-                     limit_s=None if limit is None else limit * 60)
+                     limit_s=None if not limit else limit * 60)  # 0: no limit (sbatch(1) --time=0)
 
 
 @dataclass(frozen=True)
@@ -302,15 +302,21 @@ class NotesRule:
             return ()  # never sampled (MIG, a job shorter than the interval): nothing is known
         if max(peaks) == 0:
             samples = sum(r.samples for r in run)
-            return (f"it used no GPU memory when sampled ({samples} sample{'' if samples == 1 else 's'}): a job that "
-                    "does not need a GPU starts sooner without one",)
+            when = f"in {samples} sample{'' if samples == 1 else 's'}" if samples else "when sampled"
+            return (f"it used no GPU memory {when}: a job that does not need a GPU starts sooner without one",)
         out = []
+        idle = [r for r in run if r.mem_peak_mib == 0]
+        if idle:
+            out.append(f"{len(idle)} of its {len(run)} GPU devices held no memory when sampled ("
+                       + ", ".join(f"{r.node} GPU {r.gpu_index}" for r in idle) + "): it may need fewer GPUs")
         peak = max(peaks)
+        asked_any = any(r.mem_asked_mib for r in run)
         asked = max(r.mem_asked_mib or r.mem_granted_mib for r in run)
         pct = peak * 100.0 / asked if asked else 100.0
         if pct < self.low_memory:
-            line = (f"its GPU memory peaked at {format_mib(peak)} of the {format_mib(asked)} it asked for "
-                    f"({pct:.0f}%, below the site's {self.low_memory:g}%)")
+            line = (f"its GPU memory peaked at {format_mib(peak)} of the {format_mib(asked)} it "
+                    f"{'asked for' if asked_any else 'was granted'} ({pct:.0f}%, below the site's "
+                    f"{self.low_memory:g}%)")
             if suggestion is not None and suggestion.mib < asked:
                 line += f": next time ask for --gres={suggestion.request}"
             out.append(line)
@@ -341,7 +347,9 @@ def _offer_for(records: Sequence[UsageRecord], offers: Mapping[str, Offer]) -> O
     if model in offers:
         return offers[model]
     slices = tuple(mig_slice_mib(r.share, r.mem_granted_mib) for r in records if r.mode == "mig" and r.share)
-    return Offer(max(r.gpu_memory_mib for r in records), slices)
+    # a record without the GPU's memory (0: not known when it was written) has what it was granted, as the store's
+    # GPU share and report --waste take it
+    return Offer(max(r.gpu_memory_mib if r.gpu_memory_mib > 0 else r.mem_granted_mib for r in records), slices)
 
 
 def job_stats(job_id: str, records: Sequence[UsageRecord], *, source: str, rule: SuggestRule = SuggestRule(),

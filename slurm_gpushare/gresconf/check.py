@@ -1012,6 +1012,11 @@ def _compare_slurm(expected: SlurmGresConf, installed: SlurmGresConf) -> list[st
 # --- billing weights --------------------------------------------------------------------------
 
 
+#: The values Slurm's configuration parser reads as true for a boolean key, in any case (``s_p_handle_boolean`` in
+#: src/common/parse_config.c).
+SLURM_TRUE = ("yes", "up", "true", "1")
+
+
 def sharing_nodes(gres: GresConf, nodes: Iterable[str]) -> list[str]:
     """The nodes of ``nodes`` whose GPUs gres.conf shares: ``shard`` or ``mps`` lines, or MIG slices (a ``gpu``
     line whose files include ``/dev/nvidia-caps``); in ``nodes`` order."""
@@ -1049,7 +1054,7 @@ def lint_device_constraint(cgroup: list[tuple[str, int, str, str]] | None, cgrou
         out.append(Finding("warning", cgroup_source, f"{cgroup_source} not found, so ConstrainDevices is no "
                            f"(Slurm's default): {reach}", "write ConstrainDevices=yes into cgroup.conf beside "
                                                           "slurm.conf (cgroup.conf(5))"))
-    elif not found or found[-1][2].strip().lower() != "yes":
+    elif not found or found[-1][2].strip().lower() not in SLURM_TRUE:
         where = f"{found[-1][0]}:{found[-1][1]}" if found else cgroup_source
         said = f"ConstrainDevices={found[-1][2]}" if found else "ConstrainDevices is not set (Slurm's default: no)"
         out.append(Finding("warning", where, f"{said}: {reach}", "set ConstrainDevices=yes (cgroup.conf(5))"))

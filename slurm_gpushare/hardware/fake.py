@@ -45,6 +45,7 @@ no NICs, ``source`` ``"nvml"``):
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -741,11 +742,17 @@ class ScheduledProcess:
             InputError: a missing or ill-typed key, naming ``source``.
         """
         try:
-            return cls(pid=int(data["pid"]), gpu=int(data["gpu"]), start=float(data["start"]),
-                       gi_id=None if data.get("gi_id") is None else int(data["gi_id"]),
-                       steps=tuple((float(t), int(m), None if s is None else float(s)) for t, m, s in data["steps"]),
-                       mps=None if data.get("mps") is None else bool(data["mps"]))
-        except (KeyError, TypeError, ValueError) as e:
+            mps = data.get("mps")
+            if mps is not None and not isinstance(mps, bool):
+                raise TypeError(f"mps must be true, false or null, not {mps!r}"[:120])
+            entry = cls(pid=int(data["pid"]), gpu=int(data["gpu"]), start=float(data["start"]),
+                        gi_id=None if data.get("gi_id") is None else int(data["gi_id"]),
+                        steps=tuple((float(t), int(m), None if s is None else float(s)) for t, m, s in data["steps"]),
+                        mps=mps)
+            if not all(math.isfinite(x) for x in (entry.start, *(t for t, _m, _s in entry.steps))):
+                raise ValueError("a start or step time that is not a finite number")
+            return entry
+        except (KeyError, TypeError, ValueError, OverflowError) as e:
             raise MachineDescriptionError(f"not a fake process entry ({e!r})", source=source) from None
 
 
@@ -814,7 +821,8 @@ class ProcessTable:
                 raise MachineDescriptionError("a fake process entry is a JSON list", source=str(f))
             if not self._same_process(int(pid), data):
                 continue
-            out.extend(ScheduledProcess.from_dict(d, source=str(f)) for d in data)
+            # a process describes itself only: an entry naming another pid (another user's) is not read
+            out.extend(e for e in (ScheduledProcess.from_dict(d, source=str(f)) for d in data) if e.pid == int(pid))
         return out
 
     @staticmethod

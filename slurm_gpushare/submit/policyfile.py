@@ -230,6 +230,10 @@ def parse_policy(text: str, *, source: str = "<policy>") -> SitePolicy:
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"not valid TOML: {e}", hint="fix the line named (strings are quoted, lists are in "
                           "[...], each key once); gpushare.toml.example shows every key", source=source) from None
+    except (ValueError, RecursionError) as e:  # an integer past Python's digit limit; arrays nested too deep
+        raise ConfigError(f"not a policy file tomllib can read: {type(e).__name__}: {str(e)[:200]}",
+                          hint="no key takes numbers of thousands of digits or arrays nested thousands deep; "
+                               "gpushare.toml.example shows every key", source=source) from None
     return policy_from_dict(data, source=source)
 
 
@@ -307,11 +311,14 @@ def load_policy(path: str | Path) -> SitePolicy:
     """
     p = Path(path)
     try:
-        text = p.read_text()
+        text = p.read_bytes().decode("utf-8")
     except OSError as e:
         raise ConfigError(f"cannot read the policy file: {e.strerror}",
                           hint="give the path of a policy file; gpushare.toml.example is one to start from",
                           source=str(p)) from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"the policy file is not UTF-8 text (byte {e.start}: {e.object[e.start:e.start + 1]!r})",
+                          hint="TOML files are UTF-8: save it as UTF-8", source=str(p)) from None
     return parse_policy(text, source=str(p))
 
 
@@ -349,7 +356,11 @@ def _int(value: Any, key: str, source: str) -> int:
 def _number(value: Any, key: str, source: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise _wrong(value, key, "a number", source)
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # an integer of hundreds of digits
+        raise ConfigError(f"{key} is too large a number ({len(str(value))} digits)", hint=_hint(key),
+                          source=source) from None
 
 
 def _str(value: Any, key: str, source: str) -> str:

@@ -1177,15 +1177,19 @@ def _serve(socket_path: Path, machines_dir: Path, log: Log, *, policy_path, refr
             stop.wait(1.0)
             if stop.is_set():
                 break
-            if reload_now.is_set():
-                reload_now.clear()
-                reload(cache, source, log)
-                last = time.monotonic()
-            elif cache.changed():
-                cache.refresh("machines changed")
-                last = time.monotonic()
-            elif time.monotonic() - last >= refresh_s or cache.current() is None:
-                cache.refresh("periodic")
+            try:
+                if reload_now.is_set():
+                    reload_now.clear()
+                    reload(cache, source, log)
+                    last = time.monotonic()
+                elif cache.changed():
+                    cache.refresh("machines changed")
+                    last = time.monotonic()
+                elif time.monotonic() - last >= refresh_s or cache.current() is None:
+                    cache.refresh("periodic")
+                    last = time.monotonic()
+            except Exception as e:  # noqa: BLE001 - the thread must outlive any one refresh: logged, then on
+                log("refresh_failed", error=f"{type(e).__name__}: {str(e)[:300]}")
                 last = time.monotonic()
 
     threading.Thread(target=refresher, daemon=True, name="inventory-refresh").start()

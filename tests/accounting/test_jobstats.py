@@ -206,6 +206,9 @@ def test_the_header_is_the_runs_own_and_a_users_job_name_cannot_reach_a_terminal
     assert other.limit_s is None and other.limit_used_pct is None and other.gpus == 0
     assert js.parse_job_header(text, "8") is None and js.parse_job_header("", "7") is None
     assert js.parse_job_header(text, "70").name == ""  # names not read (sacct failed): no name
+    assert js.parse_job_header(f"9|{T0}|COMPLETED|1|1|cpu=1|normal|gpu|5|0\n", "9").limit_s is None  # --time=0
+    assert js.header_lines(js.parse_job_header(f"9|{T0}|COMPLETED|1|1|cpu=1|normal|gpu|5|0\n", "9"))[1].endswith(
+        "no time limit")
     long_name = js.parse_job_header(f"9|{T0}|RUNNING|1|1|cpu=1|normal|gpu|5|10\n", "9",
                                     names=f"9|{T0}|{'x' * 200}\n")
     assert long_name.name == "x" * js.NAME_CHARS + "..." and long_name.mem_mib is None
@@ -553,7 +556,23 @@ def test_efficiency_notes_follow_the_sites_thresholds_and_footer():
     idle = record(job_id="9", mode="gpu", share="", mem_asked_mib=None, mem_granted_mib=81920, mem_peak_mib=0,
                   sm_mean_percent=0.0)
     assert job_stats("9", [idle], source="store", notes=rule).notes == (
-        "it used no GPU memory when sampled (120 samples): a job that does not need a GPU starts sooner without one",)
+        "it used no GPU memory in 120 samples: a job that does not need a GPU starts sooner without one",)
+    # four whole GPUs, three never used: that note, and the memory measured against what was granted (asked: none)
+    four = [record(job_id="9", mode="gpu", share="", gpu_index=i, gpu_uuid=f"GPU-{i}", mem_asked_mib=None,
+                   mem_granted_mib=81920, mem_peak_mib=30000 if i == 0 else 0, sm_mean_percent=80.0 if i == 0 else 0.0)
+            for i in range(4)]
+    assert job_stats("9", four, source="store", notes=rule).notes == (
+        "3 of its 4 GPU devices held no memory when sampled (a100 GPU 1, a100 GPU 2, a100 GPU 3): it may need fewer "
+        "GPUs", "its GPU memory peaked at 30000M of the 80G it was granted (37%, below the site's 50%): next time ask "
+        "for --gres=gpushare:mem=36G:4")
     # notes off (the policy's notes = false): none, no footer
     off = job_stats("9", [low], source="store")
     assert off.notes == () and "notes:" not in js.to_text(off) and json.loads(js.to_json(off))["notes"] == []
+
+
+def test_a_record_without_the_gpus_memory_is_judged_by_what_it_was_granted():
+    """gpu_memory_mib 0 (not known when the record was written; the store's GPU share takes the grant then): the
+    suggestion was "gpushare:mem=0G ... a whole GPU (0G)"; it is the peak's share of the grant, as report --waste
+    has it."""
+    r = record(job_id="1", gpu_memory_mib=0, mem_asked_mib=20480, mem_granted_mib=20480, mem_peak_mib=1000)
+    assert job_stats("1", [r], source="store").suggestion.request == "gpushare:mem=2G"

@@ -143,3 +143,31 @@ def test_an_entry_whose_pid_now_names_another_process_is_not_served(a100, tmp_pa
     finally:
         child.kill()
         child.wait()
+
+
+def test_an_entry_describes_its_own_process_only_and_strict_values(a100, tmp_path):
+    """A table file is written by an unprivileged user's process: it may describe that process only. One naming
+    another pid (another user's, with "mps": false, to have it taken for a process outside MPS) is not read, and
+    an "mps" that is not true/false/null, an infinite number or a NaN time is refused, naming the file."""
+    import os
+
+    procs = tmp_path / "procs"
+    table = ProcessTable(procs)
+    victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        table.register([ScheduledProcess(victim.pid, 2, start=0.0, steps=((0, 3000, 40),), mps=True)])
+        forged = [{"pid": victim.pid, "gpu": 2, "start": 0, "gi_id": None, "steps": [[0, 1, 1]], "mps": False}]
+        (procs / f"{os.getpid()}.json").write_text(json.dumps(forged))
+        with FakeNvml(a100, process_table=procs) as fake:
+            assert fake.mps_client_pids(2) == {victim.pid}
+            assert [p.used_memory_mib for p in fake.processes(2)] == [3000]
+        for bad in ({"mps": "no"}, {"mps": []}, {"mps": 0}, {"pid": 1e400}, {"steps": [[float("nan"), 1, 1]]},
+                    {"start": float("inf")}):
+            entry = {"pid": os.getpid(), "gpu": 2, "start": 0, "gi_id": None, "steps": [[0, 1, 1]], **bad}
+            (procs / f"{os.getpid()}.json").write_text(json.dumps([entry]))
+            with FakeNvml(a100, process_table=procs) as fake, \
+                    pytest.raises(MachineDescriptionError, match=f"{os.getpid()}.json"):
+                fake.processes(2)
+    finally:
+        victim.kill()
+        victim.wait()
