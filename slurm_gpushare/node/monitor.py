@@ -124,6 +124,9 @@ JobKey = int | str  # NVML index of a GPU, or MIG device UUID
 #: Labels named and filled as NVIDIA's dcgm-exporter does (its GPU metrics template), so that a site's panels
 #: built on DCGM_FI_* series can select and join the monitor's series (docs/monitoring.md).
 #: (``gpu``, the NVML index, is among the monitor's own labels already.)
+#: The read-back's finding for a job's daemon stopped by the job (:meth:`Monitor.check_mps`).
+_STOPPED = "its MPS control daemon is stopped (a stop signal or a tracer: it answers no client)"
+
 DCGM_LABELS = ("Hostname", "UUID", "modelName", "pci_bus_id", "device", "GPU_I_PROFILE", "GPU_I_ID")
 
 
@@ -632,8 +635,7 @@ class Monitor:
                 if proc is None:
                     found.append("its MPS control daemon is not running (quit by the job?)")
                 elif procinfo.stopped(proc):
-                    found.append("its MPS control daemon is stopped (a stop signal or a tracer: it answers no "
-                                 "client)")
+                    found.append(_STOPPED)
                 else:
                     servers = daemon.server_pids(timeout=MPS_CHECK_TIMEOUT_S)
                     if plan.mem_limit_mib is not None:
@@ -643,8 +645,7 @@ class Monitor:
                     live = daemon
             except MpsError as e:
                 if proc is not None and procinfo.stopped(proc):  # stopped between the two looks
-                    found.append("its MPS control daemon is stopped (a stop signal or a tracer: it answers no "
-                                 "client)")
+                    found.append(_STOPPED)
                 else:  # a busy node, not the job's doing: this read-back counts neither way
                     unanswered = str(e)
             except GpushareError as e:  # a server list the plan cannot use: nothing the job did
