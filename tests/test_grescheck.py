@@ -716,6 +716,10 @@ def test_slurm_conf_include_keeps_where_each_setting_is():
                                  include=lambda name, where: (name, files[name]))
     assert conf.gres_types == ("gpu",) and conf.node("n1").where == "site.conf:3"
     assert conf.where("GresTypes") == "site.conf:1" and conf.where("AccountingStorageTRES") == "site.conf:2"
+    # Slurm reads "ClusterName = Site" as the same setting (spaces around "=")
+    spaced = parse_slurm_conf_gres("ClusterName = Site\nInclude %c.conf\n", source="slurm.conf",
+                                   include=lambda name, where: (name, files[name]))
+    assert spaced.node("n1").where == "site.conf:3"
 
 
 # --- lint (h): one type for two GPU models ----------------------------------------------------------

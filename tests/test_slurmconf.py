@@ -20,6 +20,7 @@ from slurm_gpushare.slurm.conf import (
     parse_gres_conf,
     parse_gres_value,
     parse_slurm_conf_gres,
+    slurm_conf_settings,
 )
 from slurm_gpushare.slurm.gres import GresItem
 from slurm_gpushare.slurm.hostlist import compress_hostlist, expand_hostlist, parse_id_list
@@ -348,3 +349,23 @@ def test_accounting_storage_type_says_whether_there_is_a_slurmdbd(text, value, l
     conf = parse_slurm_conf_gres(text, source="slurm.conf")
     assert (conf.accounting_storage_type, conf.accounting_storage_type_line) == (value, line)
     assert conf.slurmdbd is slurmdbd
+
+
+def test_spaces_around_the_equals_sign_are_read_as_slurm_reads_them():
+    """slurm.conf(5), gres.conf(5) and cgroup.conf(5) go through Slurm's parse_config.c, whose key-value pattern
+    allows white space on both sides of ``=`` (``NodeName = gpu01``): such lines were skipped here, so a node or
+    a ``ConstrainDevices = yes`` went unseen."""
+    conf = parse_slurm_conf_gres("GresTypes = gpu,shard\nAccountingStorageType= accounting_storage/slurmdbd\n"
+                                 "NodeName = gpu[01-02] Sockets =2 CoresPerSocket = 8 Gres = gpu:a100:4\n"
+                                 'PartitionName = p Nodes = gpu[01-02] TRESBillingWeights = "GRES/gpu=1"\n',
+                                 source="slurm.conf")
+    assert conf.gres_types == ("gpu", "shard") and conf.slurmdbd
+    assert [(n.name, n.sockets, n.cores_per_socket, n.gres) for n in conf.nodes] == [
+        (name, 2, 8, (GresItem("gpu", "a100", 4),)) for name in ("gpu01", "gpu02")]
+    assert [(p.name, p.nodes, p.billing_weights) for p in conf.partitions] == [("p", ("gpu01", "gpu02"),
+                                                                               "GRES/gpu=1")]
+    gres = parse_gres_conf("NodeName = gpu01 Name = gpu Type = a100 File = /dev/nvidia[0-3]\n", source="gres.conf")
+    assert [(e.nodes, e.name, e.type, len(e.files)) for e in gres.entries] == [(("gpu01",), "gpu", "a100", 4)]
+    assert [(k, v) for _, _, k, v in slurm_conf_settings("ConstrainDevices = yes\nX=1 Y =2\n",
+                                                          source="cgroup.conf")] == [
+        ("ConstrainDevices", "yes"), ("X", "1"), ("Y", "2")]

@@ -57,14 +57,16 @@ SLURM_NODE_KEYS = ("NodeName", "Gres", "Sockets", "SocketsPerBoard", "CoresPerSo
 _GRES_KEYS = {k.lower(): k for k in GRES_CONF_KEYS}
 _NODE_KEYS = {k.lower(): k for k in SLURM_NODE_KEYS}
 _INCLUDE = re.compile(r"include\s+(\S+)", re.IGNORECASE)
-_CLUSTER = re.compile(r"(?:^|\s)ClusterName=(\S+)", re.IGNORECASE)
+_CLUSTER = re.compile(r"(?:^|\s)ClusterName[ \t]*=[ \t]*(\S+)", re.IGNORECASE)
 
 #: ``include(name, where) -> (source, text)``: the text of the file an ``Include`` line names
 #: (``name`` as written after ``%c``, ``where`` the ``file:line`` of the line), and the source name
 #: its entries get. Raises :class:`~slurm_gpushare.errors.ConfigError` when it cannot be read.
 IncludeLoader = Callable[[str, str], tuple[str, str]]
 
-_TOKEN = re.compile(r"""([^\s=]+)=("[^"]*"|'[^']*'|\S*)|(\S+)""")
+# Slurm's parse_config.c allows white space on both sides of "=" (its key-value pattern), so "NodeName = gpu01"
+# is one Key=Value token, as is "Key= value"
+_TOKEN = re.compile(r"""([^\s=]+)[ \t]*=[ \t]*("[^"]*"|'[^']*'|\S*)|(\S+)""")
 _COUNT = re.compile(r"(\d+)([KMGTP]?)", re.IGNORECASE)
 
 
