@@ -120,7 +120,8 @@ def test_two_users_requested_vs_peak_and_per_user_totals(cluster, slurm, users, 
     # peaks where the record does
     for rec in records:
         series = rec["mem_series_mib"]
-        assert rec["v"] == 3 and series and len(series) <= 32 and max(series) == rec["mem_peak_mib"], rec
+        assert rec["v"] == 4 and rec["submit"] > 0, rec  # the run's submit time, slurmctld's (issue 26 item 6)
+        assert series and len(series) <= 32 and max(series) == rec["mem_peak_mib"], rec
         assert rec["mem_series_width"] >= 1 and len(series) == -(-rec["samples"] // rec["mem_series_width"]), rec
     per_user = {u: {"jobs": 0, "res": 0.0, "used": 0.0} for u in (alice, bob)}
     for rec in records:

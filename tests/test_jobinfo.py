@@ -11,6 +11,9 @@ JobId=15 JobName=wrap
    UserId=alice(1000) GroupId=users(100) MCS_label=N/A
    Priority=1 Nice=0 Account=(null) QOS=(null)
    JobState=RUNNING Reason=None Dependency=(null)
+   Requeue=1 Restarts=2 BatchFlag=1 Reboot=0 ExitCode=0:0
+   SubmitTime=2026-11-29T12:00:00 EligibleTime=2026-11-29T12:00:00
+   StartTime=2026-11-29T12:05:05 EndTime=Unknown Deadline=N/A
    Partition=nomig AllocNode:Sid=localhost:1106
    ReqNodeList=(null) ExcNodeList=(null)
    NodeList=a100-nvb
@@ -28,6 +31,10 @@ def test_shard_job():
     assert j.nodes == ("a100-nvb",) and j.tres_per_node == "gres:shard:10"
     assert j.gres_on("a100-nvb") == (GresItem("shard", "", 10, "IDX:0"),)
     assert j.gres_on("other") == ()
+    # the run's submit time and restart count (issue 26 item 6), in slurmctld's local time as scontrol prints it
+    from datetime import datetime
+    assert (j.submit_time, j.start_time, j.restarts) == (
+        int(datetime(2026, 11, 29, 12, 0, 0).timestamp()), int(datetime(2026, 11, 29, 12, 5, 5).timestamp()), 2)
     # the audit comes from AdminComment only, never from the user's Comment
     assert j.audit["sm"] == "25" and j.audit["grant"] == "gres:shard:10"
 

@@ -20,10 +20,12 @@ DATA = Path(__file__).parent / "data" / "slurm"
 BASE = {"job_id": 42, "user_id": 1001, "group_id": 1001, "user_name": "alice", "account": "research",
         "partition": "pcie", "job_state": "RUNNING", "nodes": "rtx4090-pcie", "tres_per_node": "gres:shard:10",
         "gres_detail": ["shard:10(IDX:0)"], "admin_comment": "[gpushare:v1 req=mem=10G sm=25]",
-        "start_time": 1796116390, "exit_code": 0, "array_job_id": 0, "array_task_id": None}
+        "start_time": 1796116390, "submit_time": 1796116300, "restart_cnt": 1, "exit_code": 0, "array_job_id": 0,
+        "array_task_id": None}
 #: BASE as data_parser v0.0.42 (24.11) writes it: numbers as objects, a state list, an exit object
 BASE_DP = {**BASE, "job_state": ["RUNNING"], "tres_per_node": "gres/shard:10", "gres_detail": ["shard:10(10/80)"],
            "start_time": {"set": True, "infinite": False, "number": 1796116390},
+           "submit_time": {"set": True, "infinite": False, "number": 1796116300},
            "exit_code": {"status": ["SUCCESS"], "return_code": {"set": True, "infinite": False, "number": 0},
                          "signal": {"id": {"set": False, "infinite": False, "number": 0}, "name": ""}},
            "array_job_id": {"set": True, "infinite": False, "number": 0},
@@ -48,6 +50,7 @@ def test_user_fields_never_change_the_record(release, base, detail, fields):
     info = parse_job_json(_doc({**base, **fields}, release=release), "42")
     assert (info.uid, info.gid, info.user, info.account, info.partition, info.start_time) == (
         1001, 1001, "alice", "research", "pcie", 1796116390)
+    assert (info.submit_time, info.restarts) == (1796116300, 1)
     assert [it.text for it in info.gres_on("rtx4090-pcie")] == [detail]
     assert [it.indices for it in info.gres_on("rtx4090-pcie")] == [(0,)]
     assert info.audit == {"req": "mem=10G", "sm": "25"}
@@ -108,6 +111,9 @@ def test_real_records_of_each_release(release, name, job_id):
     assert (info.state, info.tres_per_node, gres, info.array_job_id, info.array_task_id, info.exit_code) == \
         REAL[(release, name, job_id)]
     assert (info.uid, info.user, info.partition) == (0, "root", "gpu")
+    # issue 26 item 6: the submit time (what tells two jobs of one id apart) and the restart count, every release
+    assert info.submit_time is not None and 1.7e9 < info.submit_time <= (info.start_time or info.submit_time)
+    assert info.restarts == 0
 
 
 @pytest.mark.parametrize("release, job_id", [("24.11", "9"), ("26.05", "5")])

@@ -26,7 +26,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from slurm_gpushare.accounting.record import UsageRecord
+from slurm_gpushare.accounting.record import RERUN_STATES, UsageRecord
 from slurm_gpushare.errors import InputError
 from slurm_gpushare.hardware.machine import MigProfile, nominal_gpu_mib, nominal_profile_mib
 from slurm_gpushare.memsize import format_mib
@@ -350,6 +350,45 @@ def _offer_for(records: Sequence[UsageRecord], offers: Mapping[str, Offer]) -> O
     # a record without the GPU's memory (0: not known when it was written) has what it was granted, as the store's
     # GPU share and report --waste take it
     return Offer(max(r.gpu_memory_mib if r.gpu_memory_mib > 0 else r.mem_granted_mib for r in records), slices)
+
+
+def current_job(records: Iterable[UsageRecord], *, submit: int | None = None,
+                restarts: int | None = None) -> list[UsageRecord]:
+    """Of the records of one job id (and owner), those of the current job: its newest run and, going back, each
+    earlier run while that run was requeued (``exit_state`` in :data:`RERUN_STATES`) at a lower restart count,
+    as sacct without ``-D`` shows one job of an id. A job id Slurm gave again (a lost StateSaveLocation, MaxJobId
+    wrapping) is another job, even of one user: its runs have other submit times (records of version 4). Sorted
+    by run.
+
+    ``submit`` and ``restarts``: slurmctld's ``SubmitTime`` and ``Restarts`` of the job of that id while it still
+    knows it; then the current run is the one of that submit time, and where it has no records yet (it runs) only
+    its earlier runs are shown (none for a first run). Records of releases before version 4 (``submit`` 0 all)
+    are chosen by restart count and state alone.
+    """
+    runs: dict[tuple[int, int], list[UsageRecord]] = {}
+    for r in records:
+        runs.setdefault((r.restart, r.submit), []).append(r)
+    newest_first = sorted(runs, key=lambda k: (k[1], max(r.start for r in runs[k])), reverse=True)
+    if not newest_first:
+        return []
+    if submit and any(k[1] for k in newest_first):
+        own = [k for k in newest_first if k[1] == submit]
+        if own:
+            keep, later = [own[0]], own[0][0]
+            older = newest_first[newest_first.index(own[0]) + 1:]
+        elif not restarts:
+            return []
+        else:
+            keep, later = [], restarts
+            older = [k for k in newest_first if k[1] < submit]
+    else:
+        keep, later, older = [newest_first[0]], newest_first[0][0], newest_first[1:]
+    for k in older:
+        if k[0] >= later or not any(r.exit_state in RERUN_STATES for r in runs[k]):
+            break
+        keep.append(k)
+        later = k[0]
+    return sorted((r for k in keep for r in runs[k]), key=lambda r: r.restart)
 
 
 def job_stats(job_id: str, records: Sequence[UsageRecord], *, source: str, rule: SuggestRule = SuggestRule(),

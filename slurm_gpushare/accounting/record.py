@@ -1,13 +1,15 @@
-"""The accounting record: what one job reserved and used on one GPU, versioned (``"v": 3``).
+"""The accounting record: what one job reserved and used on one GPU, versioned (``"v": 4``).
 
 One :class:`UsageRecord` per job, step, node and GPU device (a whole GPU, the GPU an MPS share lives
 on, or one MIG device), written by the Epilog as one JSON line (:meth:`UsageRecord.to_json`) and read
 back strictly (:meth:`UsageRecord.from_json`): every key of its version must be present, no other key is
 allowed, types are checked, and a record of an unknown version is refused naming the version.
 
-Versions: 3 added the memory series (``mem_series_mib``, ``mem_series_width``: the job's memory over
-time, see :class:`UsageTracker`). A version-1 or version-2 line is still read, as the version-3 record
-without a series (both ``null``). 2 added ``restart`` (the job's restart count,
+Versions: 4 added ``submit`` (slurmctld's submit time of the run: a job id Slurm gives the same user again,
+after a lost StateSaveLocation or MaxJobId wrapping, is a record of its own). A line of versions 1 to 3 is
+still read, as the version-4 record with ``submit`` 0 (unknown). 3 added the memory series
+(``mem_series_mib``, ``mem_series_width``: the job's memory over time, see :class:`UsageTracker`). A
+version-1 or version-2 line is read without a series (both ``null``). 2 added ``restart`` (the job's restart count,
 ``SLURM_JOB_RESTART_COUNT``: every run of a requeued job is a record of its own). A version-1 line is
 still read, as the record of a job's first run (``restart`` 0): so the store keeps one row per run
 whichever release wrote it.
@@ -38,14 +40,18 @@ from typing import Any
 from slurm_gpushare.errors import InputError
 
 #: Version of the record format; the ``"v"`` key of every JSON line written.
-RECORD_VERSION = 3
-#: Versions read (1: without ``restart``, read as restart 0; 1 and 2: without the memory series).
-READ_VERSIONS = (1, 2, 3)
+RECORD_VERSION = 4
+#: Versions read (1: without ``restart``, read as restart 0; 1 and 2: without the memory series; 1 to 3:
+#: without ``submit``, read as 0).
+READ_VERSIONS = (1, 2, 3, 4)
 #: Most buckets in a memory series (:class:`UsageTracker`): when all are full, adjacent pairs merge.
 SERIES_LEN = 32
 
 #: The modes a record can have: a MIG device, an MPS share of a GPU, a whole GPU.
 MODES = ("mig", "mps", "gpu")
+#: The states of a job's run after which Slurm runs the job again (sacct's State; a record's ``exit_state``
+#: says ``REQUEUED`` of a run that was requeued)
+RERUN_STATES = ("REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "PREEMPTED", "NODE_FAIL", "BOOT_FAIL")
 
 
 class RecordError(InputError):
@@ -187,12 +193,17 @@ SAW_MORE_SQL = '(excluded."samples", excluded."end" - excluded."start") > ("samp
 
 @dataclass(frozen=True)
 class UsageRecord:
-    """One run's reservation and use of one GPU device on one node (format version 3).
+    """One run's reservation and use of one GPU device on one node (format version 4).
 
     Attributes:
         job_id: Slurm job id (``SLURM_JOB_ID``; for an array task its own id), decimal digits.
         restart: how often Slurm had restarted the job before this run (``SLURM_JOB_RESTART_COUNT`` of
             slurmd's Prolog/Epilog environment; 0 for the first run, 1 after one ``scontrol requeue``).
+        submit: when slurmctld says the run was submitted (``SubmitTime`` of ``scontrol show job``, as the
+            Prolog saw it), epoch seconds; 0 unknown (a record of versions 1 to 3, or a run whose Prolog did not
+            record it). Slurm sets it anew when it requeues a job, and slurmdbd keys a job's row by id and submit
+            time: with ``restart`` it tells apart two jobs Slurm gave one id (a lost StateSaveLocation,
+            MaxJobId wrapping), even of one user.
         array_job_id, array_task_id: the array's job id and the task index, None outside arrays.
         step: the job step (``batch``, ``0``, ...), ``""`` for the whole allocation (what the Epilog
             writes).
@@ -254,6 +265,7 @@ class UsageRecord:
     step: str = ""
     placement_cost: float | None = None
     restart: int = 0
+    submit: int = 0
     mem_series_mib: tuple[int, ...] | None = None
     mem_series_width: int | None = None
     v: int = RECORD_VERSION
@@ -264,9 +276,10 @@ class UsageRecord:
         _check(self.to_dict())
 
     @property
-    def key(self) -> tuple[str, int, str, str, int, str, int]:
-        """What makes a record unique: job, run (restart count), step, node, GPU index and UUID, version."""
-        return (self.job_id, self.restart, self.step, self.node, self.gpu_index, self.gpu_uuid, self.v)
+    def key(self) -> tuple[str, int, int, str, str, int, str, int]:
+        """What makes a record unique: job, run (restart count and submit time), step, node, GPU index and UUID,
+        version."""
+        return (self.job_id, self.restart, self.submit, self.step, self.node, self.gpu_index, self.gpu_uuid, self.v)
 
     def saw_more(self, other: UsageRecord) -> bool:
         """Whether this record of a device saw more of the run than ``other`` (a record of the same key: an
@@ -314,24 +327,26 @@ class UsageRecord:
         return cls.from_dict(_decode(line, source), source=source)
 
 
-#: The JSON keys of a version-3 record, in the order they are written (``v`` first).
-FIELDS: tuple[str, ...] = ("v", "job_id", "restart", "array_job_id", "array_task_id", "step", "user", "account",
-                           "partition", "node", "gpu_index", "gpu_uuid", "gpu_model", "gpu_memory_mib",
+#: The JSON keys of a version-4 record, in the order they are written (``v`` first).
+FIELDS: tuple[str, ...] = ("v", "job_id", "restart", "submit", "array_job_id", "array_task_id", "step", "user",
+                           "account", "partition", "node", "gpu_index", "gpu_uuid", "gpu_model", "gpu_memory_mib",
                            "mode", "share", "mem_asked_mib", "sm_asked_percent", "mem_granted_mib", "start",
                            "end", "mem_peak_mib", "sm_mean_percent", "sm_peak_percent", "samples",
                            "mem_series_mib", "mem_series_width", "exit_state", "exit_code", "placement_cost")
 _FIELD_SET = frozenset(FIELDS)
-#: Keys of a version-2 record (no memory series).
-FIELDS_V2: tuple[str, ...] = tuple(name for name in FIELDS if name not in ("mem_series_mib", "mem_series_width"))
+#: Keys of a version-3 record (no submit time).
+FIELDS_V3: tuple[str, ...] = tuple(name for name in FIELDS if name != "submit")
+#: Keys of a version-2 record (no memory series either).
+FIELDS_V2: tuple[str, ...] = tuple(name for name in FIELDS_V3 if name not in ("mem_series_mib", "mem_series_width"))
 #: Keys of a version-1 record (no ``restart`` either).
 FIELDS_V1: tuple[str, ...] = tuple(name for name in FIELDS_V2 if name != "restart")
-_FIELD_SETS = {1: frozenset(FIELDS_V1), 2: frozenset(FIELDS_V2), 3: _FIELD_SET}
+_FIELD_SETS = {1: frozenset(FIELDS_V1), 2: frozenset(FIELDS_V2), 3: frozenset(FIELDS_V3), 4: _FIELD_SET}
 assert _FIELD_SET == {f.name for f in fields(UsageRecord)}
 
 _STR, _INT, _NUM, _SERIES = "str", "int", "num", "series"
 # name -> (kind, may be None)
 _TYPES: dict[str, tuple[str, bool]] = {
-    "v": (_INT, False), "job_id": (_STR, False), "restart": (_INT, False),
+    "v": (_INT, False), "job_id": (_STR, False), "restart": (_INT, False), "submit": (_INT, False),
     "array_job_id": (_STR, True), "array_task_id": (_INT, True),
     "step": (_STR, False), "user": (_STR, False), "account": (_STR, False), "partition": (_STR, False),
     "node": (_STR, False), "gpu_index": (_INT, False), "gpu_uuid": (_STR, False), "gpu_model": (_STR, False),
@@ -343,7 +358,7 @@ _TYPES: dict[str, tuple[str, bool]] = {
     "exit_code": (_STR, False), "placement_cost": (_NUM, True),
 }
 _CHECKS = tuple((name, *_TYPES[name]) for name in FIELDS)
-_NON_NEGATIVE = ("restart", "gpu_index", "gpu_memory_mib", "mem_granted_mib", "samples", "mem_peak_mib",
+_NON_NEGATIVE = ("restart", "submit", "gpu_index", "gpu_memory_mib", "mem_granted_mib", "samples", "mem_peak_mib",
                  "mem_asked_mib")
 
 
@@ -355,8 +370,9 @@ def _decode(line: str | bytes, source: str | None) -> Any:
 
 
 def _check(data: Any, source: str | None = None) -> dict[str, Any]:
-    """The record object of the current version that ``data`` is (a version-1 or -2 object is upgraded:
-    no series, ``v`` 3, and for version 1 ``restart`` 0; anything else is ``data`` itself).
+    """The record object of the current version that ``data`` is (an object of an earlier version is upgraded:
+    ``v`` 4 and ``submit`` 0, for versions 1 and 2 no series, for version 1 ``restart`` 0; anything else is
+    ``data`` itself).
 
     Raises:
         RecordError: ``data`` is not a valid record object of a version this release reads.
@@ -380,8 +396,10 @@ def _check(data: Any, source: str | None = None) -> dict[str, Any]:
         raise RecordError(f"version-{version} record with {'; '.join(parts)}", source=source)
     if version == 1:
         data = {**data, "restart": 0}
+    if version < 3:
+        data = {**data, "mem_series_mib": None, "mem_series_width": None}
     if version < RECORD_VERSION:
-        data = {**data, "v": RECORD_VERSION, "mem_series_mib": None, "mem_series_width": None}
+        data = {**data, "v": RECORD_VERSION, "submit": 0}
     for name, kind, nullable in _CHECKS:
         value = data[name]
         t = type(value)
@@ -461,8 +479,8 @@ def series_from_text(text: str | None) -> tuple[int, ...] | None:
 
 def row_from_json(line: str | bytes, *, source: str | None = None) -> tuple:
     """Parse and check one JSON line into a tuple of values in :data:`FIELDS` order (the store's row),
-    without building a :class:`UsageRecord` (same checks as :meth:`UsageRecord.from_json`; a version-1
-    line gives the row of its version-3 record; the series as :func:`series_text`).
+    without building a :class:`UsageRecord` (same checks as :meth:`UsageRecord.from_json`; a line of an
+    earlier version gives the row of its version-4 record; the series as :func:`series_text`).
 
     Raises:
         RecordError: not JSON, or not a valid record.

@@ -46,7 +46,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from slurm_gpushare.accounting.record import RecordError, UsageRecord
+from slurm_gpushare.accounting.record import RERUN_STATES, RecordError, UsageRecord
 from slurm_gpushare.errors import GpushareError, InputError, SlurmError
 from slurm_gpushare.slurm.release import SACCTMGR_KEEPS_CASE, Release, local_release
 
@@ -168,7 +168,6 @@ def parse_sacct(text: str) -> list[SacctJob]:
 
 #: sacct states of a run after which Slurm may run the same job again under its id (sacct(1) JOB STATE CODES):
 #: an earlier row of the job that a later row continues.
-_RERUN_STATES = ("REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "PREEMPTED", "NODE_FAIL", "BOOT_FAIL")
 _RUN = re.compile(r"\[gpushare:u\d+ run=(\d+)")
 
 
@@ -178,7 +177,7 @@ def latest_jobs(rows: Iterable[SacctJob]) -> list[SacctJob]:
     submit time), with that job's earlier runs kept, which ``-D`` also lists. A job id is used again once
     slurmctld's state is lost while slurmdbd keeps the old jobs. Going back from the newest row (by
     ``Start``), an older row is a run of the same job while its state is one Slurm runs a job again after
-    (:data:`_RERUN_STATES`) and its segment's ``run=`` (where both have one) is below the later run's; the
+    (:data:`RERUN_STATES`) and its segment's ``run=`` (where both have one) is below the later run's; the
     first row that is neither ends the job. Rows keep their order."""
     rows = list(rows)
     by_id: dict[str, list[SacctJob]] = {}
@@ -191,7 +190,7 @@ def latest_jobs(rows: Iterable[SacctJob]) -> list[SacctJob]:
         later = _run_of(newest_first[0])
         for r in newest_first[1:]:
             run = _run_of(r)
-            rerun = (r.state.split() or [""])[0] in _RERUN_STATES
+            rerun = (r.state.split() or [""])[0] in RERUN_STATES
             if not rerun or (run is not None and later is not None and run >= later):
                 break
             keep.add(id(r))
@@ -410,8 +409,12 @@ def spooled_records(spools: Sequence[str | Path], job: FinalJob) -> list[UsageRe
                 have = found.get(r.key)
                 if have is None or r.saw_more(have):
                     found[r.key] = r
-    return sorted(found.values(), key=lambda r: (job.nodes.index(r.node) if r.node in job.nodes else len(job.nodes),
-                                                 r.node, r.gpu_index, r.gpu_uuid))
+    # records of version 4 carry the run's submit time: of a job id Slurm gave again (to the same user, on a
+    # release without SLURM_JOB_START_TIME) only the newest job's count
+    newest = max((r.submit for r in found.values()), default=0)
+    kept = (r for r in found.values() if not newest or r.submit == newest)
+    return sorted(kept, key=lambda r: (job.nodes.index(r.node) if r.node in job.nodes else len(job.nodes),
+                                       r.node, r.gpu_index, r.gpu_uuid))
 
 
 def write_final_summary(job: FinalJob, spools: Sequence[str | Path], *, wait: float = 120.0,

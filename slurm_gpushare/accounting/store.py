@@ -2,7 +2,7 @@
 PostgreSQL database (a ``postgresql://`` URL; :mod:`~slurm_gpushare.accounting.backend`), the same tables in both.
 
 One table, ``usage``, one row per record (columns named as the record's JSON keys, plus the computed
-``gpu_share``), unique on ``(job_id, restart, step, node, gpu_index, gpu_uuid, v)``: a record ingested
+``gpu_share``), unique on ``(job_id, restart, submit, user, step, node, gpu_index, gpu_uuid, v)``: a record ingested
 twice is stored once (of two records of one key, the one that saw more of the run:
 :meth:`~slurm_gpushare.accounting.record.UsageRecord.saw_more`), and each run of a requeued job is a
 row of its own. Ingest is resumable and exact:
@@ -72,10 +72,12 @@ DEFAULT_DB = "/var/lib/slurm-gpushare/accounting.db"
 #: the unique key); ``spool_progress`` has ``tail_sha1``. 3: records have the memory series
 #: (``mem_series_mib`` as text ``"512,2048"``, ``mem_series_width``) and are all ``v`` 3. 4: the unique key
 #: has the job's ``user`` (a job id Slurm gives another user again, after a lost StateSaveLocation or MaxJobId
-#: wrapping, is another run, never a replacement of the first user's record; the start cannot serve: an Epilog
-#: run again without the Prolog's run record writes the same run with another start). A database of an
-#: earlier layout is upgraded in place.
-SCHEMA_VERSION = 4
+#: wrapping, is another run, never a replacement of the first user's record). 5: records have ``submit``
+#: (slurmctld's submit time of the run, 0 unknown), in the unique key too, and are all ``v`` 4: a job id Slurm
+#: gives the same user again is another run as well (the start cannot serve: an Epilog run again without the
+#: Prolog's run record writes the same run with another start). A database of an earlier layout is upgraded
+#: in place.
+SCHEMA_VERSION = 5
 #: Bytes of spool text per transaction.
 BATCH_BYTES = 16 << 20
 #: Above this much unread spool text, chunks are parsed by worker processes while this one inserts.
@@ -84,6 +86,7 @@ _HEAD = 4096  # bytes fingerprinted to recognise a file seen before
 
 _SQL_TYPES = {
     "v": "INTEGER NOT NULL", "job_id": "TEXT NOT NULL", "restart": "INTEGER NOT NULL",
+    "submit": "INTEGER NOT NULL DEFAULT 0",
     "array_job_id": "TEXT", "array_task_id": "INTEGER",
     "step": "TEXT NOT NULL", "user": "TEXT NOT NULL", "account": "TEXT NOT NULL", "partition": "TEXT NOT NULL",
     "node": "TEXT NOT NULL", "gpu_index": "INTEGER NOT NULL", "gpu_uuid": "TEXT NOT NULL",
@@ -102,9 +105,7 @@ GPU_SHARE_SQL = ('CASE WHEN "mode" = \'gpu\' OR "gpu_memory_mib" <= 0 THEN 1.0 '
 #: :data:`GPU_SHARE_SQL` in PostgreSQL (a stored column there: PostgreSQL before 18 has no virtual ones)
 _GPU_SHARE_PG = ('CASE WHEN "mode" = \'gpu\' OR "gpu_memory_mib" <= 0 THEN 1.0 '
                  'ELSE LEAST(1.0, CAST("mem_granted_mib" AS DOUBLE PRECISION) / "gpu_memory_mib") END')
-_KEY = '"job_id", "restart", "user", "step", "node", "gpu_index", "gpu_uuid", "v"'
-#: the unique key of layouts 2 and 3
-_KEY_V3 = '"job_id", "restart", "step", "node", "gpu_index", "gpu_uuid", "v"'
+_KEY = '"job_id", "restart", "submit", "user", "step", "node", "gpu_index", "gpu_uuid", "v"'
 #: the report indexes: the group first, then every column the grouped report reads (covering)
 _REPORT_COLUMNS = ('"job_id", "start", "end", "gpu_share", "mem_granted_mib", "mem_peak_mib", "sm_mean_percent", '
                    '"sm_peak_percent"')
@@ -141,7 +142,9 @@ CREATE TABLE IF NOT EXISTS skipped (
 _USAGE_TABLE = _usage_table(SQLITE)
 _SCHEMA = _schema(SQLITE)
 _COLUMNS_V1 = ", ".join(f'"{name}"' for name in FIELDS
-                        if name not in ("restart", "v", "mem_series_mib", "mem_series_width"))
+                        if name not in ("restart", "submit", "v", "mem_series_mib", "mem_series_width"))
+#: the columns layouts 3 and 4 share with this one, less ``v``
+_COLUMNS_V4 = ", ".join(f'"{name}"' for name in FIELDS if name not in ("submit", "v"))
 # layout 1 -> 3: rows get restart 0, no series and v 3 (what reading their version-1 lines now gives), the
 # unique key gets restart, spool_progress gets tail_sha1 ('' = unknown: the file is read again, by key)
 _UPGRADE_1 = f"""
@@ -160,13 +163,15 @@ ALTER TABLE usage ADD COLUMN "mem_series_width" INTEGER;
 UPDATE usage SET "v" = 3;
 UPDATE meta SET value = '3' WHERE key = 'schema';
 """
-# layout 3 -> 4 (SQLite): the table again with the job's user in its unique key (indexes made again by _SCHEMA)
-_UPGRADE_3 = f"""
-CREATE TABLE usage_4 {_USAGE_TABLE};
-INSERT OR IGNORE INTO usage_4 ({_COLUMNS}) SELECT {_COLUMNS} FROM usage;
+# layout 3 or 4 -> 5 (SQLite): the table again with submit (0: unknown) in its unique key and v 4 on every row, as
+# reading their version-3 lines now gives (indexes made again by _SCHEMA); layout 3 -> 4 only put the job's user
+# into the unique key, which this table has too
+_UPGRADE_4 = f"""
+CREATE TABLE usage_5 {_USAGE_TABLE};
+INSERT OR IGNORE INTO usage_5 ("submit", "v", {_COLUMNS_V4}) SELECT 0, 4, {_COLUMNS_V4} FROM usage;
 DROP TABLE usage;
-ALTER TABLE usage_4 RENAME TO usage;
-UPDATE meta SET value = '4' WHERE key = 'schema';
+ALTER TABLE usage_5 RENAME TO usage;
+UPDATE meta SET value = '5' WHERE key = 'schema';
 """
 #: a record of a key already stored replaces it only where it saw more of the run (an Epilog run twice for
 #: one run: :meth:`~slurm_gpushare.accounting.record.UsageRecord.saw_more`, as the sacct segment chooses);
@@ -299,9 +304,9 @@ class Store:
             db.script("PRAGMA synchronous = NORMAL; PRAGMA cache_size = -65536; PRAGMA threads = 2;")
             old = db.execute("SELECT 1 FROM sqlite_master WHERE name = 'meta'") and \
                 db.execute("SELECT value FROM meta WHERE key = 'schema'")
-            if old and old[0][0] in ("1", "2", "3"):
-                steps = {"1": _UPGRADE_1, "2": _UPGRADE_2, "3": ""}[old[0][0]]
-                db.script("BEGIN IMMEDIATE;" + steps + _UPGRADE_3 + _SCHEMA + "COMMIT;")
+            if old and old[0][0] in ("1", "2", "3", "4"):
+                steps = {"1": _UPGRADE_1, "2": _UPGRADE_2, "3": "", "4": ""}[old[0][0]]
+                db.script("BEGIN IMMEDIATE;" + steps + _UPGRADE_4 + _SCHEMA + "COMMIT;")
             self._prepare(create)
         except (sqlite3.Error, StoreError) as e:
             if db is not None:
@@ -330,8 +335,8 @@ class Store:
             raise StoreError("not an accounting database (no table meta)", source=self.where,
                              hint="run 'slurm-gpushare accounting ingest' with this --db first" if self.url else None)
         row = db.execute("SELECT value FROM meta WHERE key = 'schema'")
-        if self.url and row and row[0][0] == "3":
-            self._upgrade_pg_3()
+        if self.url and row and row[0][0] in ("3", "4"):
+            self._upgrade_pg()
             row = db.execute("SELECT value FROM meta WHERE key = 'schema'")
         if not row:
             if not create:
@@ -341,17 +346,21 @@ class Store:
             raise StoreError(f"database layout version {row[0][0]}; this slurm-gpushare uses {SCHEMA_VERSION}",
                              source=self.where, hint="use the slurm-gpushare release that created it")
 
-    def _upgrade_pg_3(self) -> None:
-        """PostgreSQL layout 3 -> 4: the unique key gets the job's user (one transaction, under the ingest lock)."""
+    def _upgrade_pg(self) -> None:
+        """PostgreSQL layout 3 or 4 -> 5 (one transaction, under the ingest lock): the column ``submit`` (0:
+        unknown) and ``v`` 4 on every row, as reading their version-3 lines now gives; the unique key gets
+        ``submit`` (and, from layout 3, the job's user)."""
         db = self._db
         db.begin()
         db.execute("SELECT pg_advisory_xact_lock(?)", (_PG_LOCK,))
-        if db.execute("SELECT value FROM meta WHERE key = 'schema'") == [("3",)]:
+        if db.execute("SELECT value FROM meta WHERE key = 'schema'") in ([("3",)], [("4",)]):
             for (name,) in db.execute("SELECT conname FROM pg_constraint WHERE conrelid = 'usage'::regclass "
                                       "AND contype = 'u'"):
                 db.execute(f'ALTER TABLE usage DROP CONSTRAINT "{name}"')
+            db.execute(f'ALTER TABLE usage ADD COLUMN "submit" {db.dialect.sql_type(_SQL_TYPES["submit"])}')
+            db.execute('UPDATE usage SET "v" = 4')
             db.execute(f"ALTER TABLE usage ADD UNIQUE ({_KEY})")
-            db.execute("UPDATE meta SET value = '4' WHERE key = 'schema'")
+            db.execute("UPDATE meta SET value = '5' WHERE key = 'schema'")
         db.commit()
 
     def _has_meta(self) -> bool:

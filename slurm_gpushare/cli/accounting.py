@@ -340,8 +340,12 @@ def jobstats(job_id, db_path, from_sacct, policy_path, machines_dir, fmt):
     db = db_path or default_db()
     if not from_sacct and (is_url(db) or _readable(db)):
         with Store(db, create=False) as store:
-            # the allocation's records (step ""), as the AdminComment segment holds them
-            records, source = [r for r in store.records(job_id=job_id) if r.step == "" and owners(r.user)], "store"
+            # the allocation's records (step ""), as the AdminComment segment holds them, of the current job of
+            # the id (a job id Slurm gave again is another job; slurmctld's submit time tells which while it knows it)
+            records = js.current_job([r for r in store.records(job_id=job_id) if r.step == "" and owners(r.user)],
+                                     submit=ctld.submit_time if ctld is not None else None,
+                                     restarts=ctld.restarts if ctld is not None else None)
+            source = "store"
     if not records:
         # a row that started when slurmctld's job of the id started is that job, whoever slurmdbd names (22.05 was
         # seen recording uid 0 for a user's job); other rows only where they name the owner

@@ -56,7 +56,7 @@ def epilog(ctx: HookContext, env: dict[str, str]) -> int:
     gpu_job = bool(env.get("SLURM_JOB_GPUS") or env.get("CUDA_VISIBLE_DEVICES"))
     run = read_run(job_dir)
     served = any((job_dir / name).exists() for name in ("env", "devices"))  # an MPS share, MIG devices
-    released = release_claim(ctx, job_id, restart_from_env(env), gpu_job=gpu_job, run=run[0] if run else None,
+    released = release_claim(ctx, job_id, restart_from_env(env), gpu_job=gpu_job, run=run.restart if run else None,
                              served=served)
     if gpu_job or job_dir.exists():
         record_usage(ctx, env, read_state(job_dir) or {}, refused=released)
@@ -67,7 +67,7 @@ def epilog(ctx: HookContext, env: dict[str, str]) -> int:
     elif gpu_job:  # removed while the job ran (an administrator, a cleaner of the run dir): found by process
         problem = stop_homeless(ctx, job_id)
     if not problem and gpu_job:
-        problem = sweep_leftovers(ctx, env, start=run[1] if run else None)
+        problem = sweep_leftovers(ctx, env, start=run.start if run else None)
     if gpu_job:  # this node's old run marks (the controller's worker, as SlurmUser, may not remove them)
         from slurm_gpushare.accounting.spool import prune_marks
 
@@ -323,8 +323,9 @@ def record_usage(ctx: HookContext, env: dict[str, str], state: dict, *, refused:
             exit_state, exit_code = exit_from_code(info.exit_code)
         end = int(time.time())
         # the Prolog's record of this run: after a requeue slurmctld has already raised the restart count
-        # and reset the start when this Epilog runs
-        restart, start = read_run(ctx.job_dir(job_id)) or (restart_from_env(env), info.start_time or end)
+        # and reset the start and submit time when this Epilog runs
+        restart, start, submit = read_run(ctx.job_dir(job_id)) or (restart_from_env(env), info.start_time or end,
+                                                                   info.submit_time or 0)
         if refused is not None:
             restart = refused
         if restart_from_env(env) > restart or refused is not None:
@@ -333,7 +334,7 @@ def record_usage(ctx: HookContext, env: dict[str, str], state: dict, *, refused:
             info, plan, machine, node=ctx.node, start=start, end=end,
             exit_state=exit_state, exit_code=exit_code, gpu_uuids={g.index: g.uuid for g in machine.gpus},
             account=info.account, array_job_id=info.array_job_id, array_task_id=info.array_task_id,
-            placement_cost=placement.get("cost_given"), usage=usage, restart=restart)
+            placement_cost=placement.get("cost_given"), usage=usage, restart=restart, submit=submit)
         if records:
             Spool(ctx.config.spool_dir, node=ctx.node).append(records)
         if usage is not None:

@@ -30,6 +30,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from slurm_gpushare.atomicfile import write_atomic
 from slurm_gpushare.errors import InputError
@@ -138,26 +139,37 @@ def read_state(job_dir: Path) -> dict | None:
 VOLATILE_FSYNC = False
 
 
-def write_run(job_dir: Path, *, restart: int, start: int) -> None:
+class RunRecord(NamedTuple):
+    """What the Prolog recorded of the job's run (:func:`write_run`)."""
+
+    restart: int
+    start: int
+    #: slurmctld's submit time of the run (epoch s); 0 unknown (a Prolog of an earlier release, or none known)
+    submit: int = 0
+
+
+def write_run(job_dir: Path, *, restart: int, start: int, submit: int = 0) -> None:
     """Record which run of the job this is (``run.json``, root's only): the restart count slurmd gave
-    the Prolog (``SLURM_JOB_RESTART_COUNT``) and the run's start (epoch seconds, slurmctld's
-    ``start_time``). The Epilog of a requeued run cannot know either itself: slurmctld has raised the
-    count and reset the start before that Epilog runs (measured on 22.05.8)."""
+    the Prolog (``SLURM_JOB_RESTART_COUNT``), the run's start (epoch seconds, slurmctld's
+    ``start_time``) and its submit time (slurmctld's ``submit_time``, 0 unknown). The Epilog of a requeued run
+    cannot know them itself: slurmctld has raised the count and reset the start and submit time before that
+    Epilog runs (measured on 22.05.8)."""
     make_job_dir(job_dir)
-    write_atomic(job_dir / "run.json", json.dumps({"restart": restart, "start": start}), mode=FILE_MODE,
-                 fsync=VOLATILE_FSYNC)
+    write_atomic(job_dir / "run.json", json.dumps({"restart": restart, "start": start, "submit": submit}),
+                 mode=FILE_MODE, fsync=VOLATILE_FSYNC)
 
 
-def read_run(job_dir: Path) -> tuple[int, int] | None:
-    """``(restart count, start)`` recorded by the Prolog (:func:`write_run`), or None."""
+def read_run(job_dir: Path) -> RunRecord | None:
+    """The run recorded by the Prolog (:func:`write_run`), or None (``submit`` 0 where a Prolog of an earlier
+    release wrote none)."""
     try:
         data = json.loads((job_dir / "run.json").read_text())
-        restart, start = data["restart"], data["start"]
-    except (OSError, ValueError, KeyError, TypeError):
+        restart, start, submit = data["restart"], data["start"], data.get("submit", 0)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
-    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (restart, start)):
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (restart, start, submit)):
         return None
-    return restart, start
+    return RunRecord(restart, start, submit)
 
 
 def write_state(job_dir: Path, state: dict) -> None:

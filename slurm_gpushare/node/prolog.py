@@ -143,7 +143,8 @@ def prolog(ctx: HookContext, env: dict[str, str]) -> int:
             return 0
         job_dir = ctx.job_dir(job_id)
         with job_lock(job_dir):
-            write_run(job_dir, restart=restart, start=info.start_time or int(time.time()))
+            write_run(job_dir, restart=restart, start=info.start_time or int(time.time()),
+                      submit=info.submit_time or 0)
         if plan.kind == "gpu" and len(plan.gpu_indices) < 2:
             return 0
         if plan.kind == "mps":

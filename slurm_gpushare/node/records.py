@@ -40,7 +40,8 @@ def records_for_job(info: JobInfo, plan: JobPlan, machine: Machine, *, node: str
                     usage: Mapping[int | str, Usage] | None = None,
                     gpu_uuids: Mapping[int, str] | None = None, account: str | None = None,
                     array_job_id: str | None = None, array_task_id: int | None = None, step: str = "",
-                    placement_cost: float | None = None, restart: int = 0) -> tuple[UsageRecord, ...]:
+                    placement_cost: float | None = None, restart: int = 0,
+                    submit: int = 0) -> tuple[UsageRecord, ...]:
     """The records of one finished job on this node, one per GPU device it held (pure).
 
     Args:
@@ -61,6 +62,7 @@ def records_for_job(info: JobInfo, plan: JobPlan, machine: Machine, *, node: str
         array_job_id, array_task_id, step: for array tasks and per-step records.
         placement_cost: the topology placement's cost, when known.
         restart: the run's restart count (``SLURM_JOB_RESTART_COUNT``, :func:`restart_from_env`).
+        submit: slurmctld's submit time of the run (epoch s, as the Prolog recorded it); 0 unknown.
 
     Returns:
         One record per GPU device, in the plan's order; empty for a job without GPUs here.
@@ -85,7 +87,7 @@ def records_for_job(info: JobInfo, plan: JobPlan, machine: Machine, *, node: str
         job_id=str(info.job_id or plan.job_id), user=info.user, account=account, partition=info.partition,
         node=node, mem_asked_mib=asked, sm_asked_percent=sm_asked, start=int(start), end=int(end),
         exit_state=exit_state, exit_code=exit_code, array_job_id=array_job_id, array_task_id=array_task_id,
-        step=step, placement_cost=placement_cost, restart=restart)
+        step=step, placement_cost=placement_cost, restart=restart, submit=submit)
 
     def measured(*keys: int | str) -> dict[str, Any]:
         u = next((usage[k] for k in keys if k != "" and k in usage), None)

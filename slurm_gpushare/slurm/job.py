@@ -50,6 +50,11 @@ class JobInfo:
     gres: dict[str, tuple[GresItem, ...]] = field(default_factory=dict)
     account: str = ""
     start_time: int | None = None
+    #: ``SubmitTime=`` / ``submit_time`` (epoch s): slurmctld sets it anew when it requeues the job, and
+    #: slurmdbd keys the job's row by id and submit time; None when not known
+    submit_time: int | None = None
+    #: ``Restarts=`` / ``restart_cnt``: how often slurmctld has restarted (requeued) the job; None not known
+    restarts: int | None = None
     array_job_id: str | None = None
     array_task_id: int | None = None
     exit_code: str = ""  # ``ExitCode=`` (exit:signal), as slurmctld holds it
@@ -200,6 +205,8 @@ def parse_show_job(text: str, job_id: str | int | None = None) -> JobInfo:
                    tres_per_node=fields.get("TresPerNode", ""), admin_comment=fields.get("AdminComment", ""),
                    gres=gres, account="" if account == "(null)" else account,
                    start_time=_epoch(fields.get("StartTime", "")),
+                   submit_time=_epoch(fields.get("SubmitTime", "")),
+                   restarts=int(fields["Restarts"]) if fields.get("Restarts", "").isdigit() else None,
                    array_job_id=fields.get("ArrayJobId") or None, array_task_id=int(task) if task.isdigit() else None,
                    exit_code=fields.get("ExitCode", ""))
 
@@ -352,13 +359,17 @@ def parse_job_json(text: str, job_id: str | int, *, source: str | None = None) -
         exit_code = f"{rc or 0}:{sig or 0}"
     if not _STATE.fullmatch(state):
         raise InputError(f"job {want}: job_state {state!r}", source=source)
+    submit = ((r.integer("submit_time") if release < DATA_PARSER else r.number("submit_time")) or None
+              if "submit_time" in r.job else None)
+    restarts = r.number("restart_cnt") if "restart_cnt" in r.job else None
     # 22.05 writes null for an unset count (NO_VAL/INFINITE: data_set_null, openapi/v0.0.38 jobs.c)
     tasks, per_node = (r.number("tasks") if r.job.get("tasks") is not None else None,
                        r.number("tasks_per_node") if r.job.get("tasks_per_node") is not None else None)
     return JobInfo(job_id=want, user=r.name("user_name"), uid=r.integer("user_id"), gid=r.integer("group_id"),
                    state=state, partition=r.name("partition"), nodes=nodes, tres_per_node=tres,
                    admin_comment=r.string("admin_comment"), gres=gres, account=r.name("account"), start_time=start,
-                   array_job_id=str(array_id) if array_id else None, array_task_id=task, exit_code=exit_code,
+                   submit_time=submit, restarts=restarts, array_job_id=str(array_id) if array_id else None,
+                   array_task_id=task, exit_code=exit_code,
                    cores=_job_cores(r), tasks=tasks or None, tasks_per_node=per_node or None)
 
 

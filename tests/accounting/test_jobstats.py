@@ -133,6 +133,27 @@ def test_a_requeued_job_suggests_from_its_last_run():
     assert "run 0" in js.to_text(stats) and "run 1" in js.to_text(stats)
 
 
+def test_of_a_reused_job_id_only_the_current_jobs_runs_are_shown():
+    """Issue 26 item 6: the store keeps two jobs of one user that Slurm gave one id (a lost StateSaveLocation):
+    an old requeued job (runs 0 and 1) and the current one (run 0, later submit). jobstats shows the current job's
+    run only; of a requeued job it shows every run back to its first; slurmctld's submit time and restart count,
+    where it still knows the job, choose the job even before its run has records."""
+    old0 = record(job_id="8", restart=0, submit=100, start=110, end=120, exit_state="REQUEUED", node="n1")
+    old1 = record(job_id="8", restart=1, submit=130, start=140, end=150, node="n1")
+    new0 = record(job_id="8", restart=0, submit=900, start=910, end=990, exit_state="REQUEUED", node="n2")
+    new1 = record(job_id="8", restart=1, submit=995, start=1000, end=1100, node="n2")
+    assert js.current_job([old0, old1, new0]) == [new0]
+    assert js.current_job([new1, old1, new0, old0]) == [new0, new1]
+    assert js.current_job([old0, old1]) == [old0, old1]
+    # slurmctld knows the job: its run (submit 995) or, before that run has records, its earlier runs only
+    assert js.current_job([old0, old1, new0, new1], submit=995, restarts=1) == [new0, new1]
+    assert js.current_job([old0, old1, new0], submit=995, restarts=1) == [new0]
+    assert js.current_job([old0, old1], submit=900, restarts=0) == []
+    # records of releases before version 4 (submit 0): by restart and state alone, as before
+    legacy = [replace(r, submit=0) for r in (old0, old1)]
+    assert js.current_job(legacy) == legacy and js.current_job([]) == []
+
+
 # --- the chart ----------------------------------------------------------------------------------------------
 
 def test_bar_resolves_eighths_and_clips():

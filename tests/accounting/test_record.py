@@ -43,7 +43,7 @@ def record(**kw) -> UsageRecord:
 def test_json_round_trip_keeps_every_field_and_writes_v_first():
     r = record(array_job_id="40", array_task_id=2, step="batch", placement_cost=1.5)
     line = r.to_json()
-    assert "\n" not in line and line.startswith('{"v":3,')
+    assert "\n" not in line and line.startswith('{"v":4,"job_id":"42","restart":0,"submit":0,')
     assert list(json.loads(line)) == list(FIELDS)
     assert UsageRecord.from_json(line) == r
     assert UsageRecord.from_json(line.encode()) == r
@@ -56,7 +56,7 @@ def test_no_data_stays_none_never_zero():
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"v": 4}, "record version 4; this slurm-gpushare reads versions 1, 2, 3"),
+    ({"v": 5}, "record version 5; this slurm-gpushare reads versions 1, 2, 3, 4"),
     ({"v": "1"}, "record version '1'"),
     ({"extra": 1}, "unknown key(s) extra"),
     ({"gpu_index": True}, "gpu_index is True, not an integer"),
@@ -106,7 +106,7 @@ def test_invalid_records_cannot_be_built_either():
 
 def test_batch_parser_agrees_with_the_strict_reader_line_by_line():
     good = [record(job_id=str(i)).to_json().encode() for i in range(5)]
-    bad_version = json.dumps({**record().to_dict(), "v": 4}).encode()
+    bad_version = json.dumps({**record().to_dict(), "v": 5}).encode()
     bool_index = json.dumps({**record().to_dict(), "gpu_index": True}).encode()
     reordered = json.dumps(dict(reversed(list(record(job_id="9").to_dict().items())))).encode()
     lines = [good[0], b"", good[1], b"{garbage", good[2], bad_version, good[3], bool_index, reordered, b"  ",
@@ -114,7 +114,7 @@ def test_batch_parser_agrees_with_the_strict_reader_line_by_line():
     rows, errors = rows_from_lines(lines)
     assert [r[FIELDS.index("job_id")] for r in rows] == ["0", "1", "2", "3", "9", "4"]
     assert [i for i, _ in errors] == [3, 5, 7, 11]
-    assert "version 4" in errors[1][1] and "gpu_index is True" in errors[2][1]
+    assert "version 5" in errors[1][1] and "gpu_index is True" in errors[2][1]
     # the all-good batch takes the column-wise path and gives the same rows
     fast, none = rows_from_lines(good)
     assert none == [] and fast == [tuple(UsageRecord.from_json(g).to_dict().values()) for g in good]
@@ -143,13 +143,29 @@ def test_version_3_carries_the_memory_series_and_versions_2_and_1_read_without_o
     v1 = {k: v for k, v in v2.items() if k != "restart"} | {"v": 1}
     for old in (v1, v2):
         back = UsageRecord.from_dict(old)
-        assert back == plain and back.v == 3 and back.mem_series_mib is None and back.mem_series_width is None
+        assert back == plain and back.v == 4 and back.mem_series_mib is None and back.mem_series_width is None
         assert rows_from_lines([json.dumps(old).encode()]) == ([plain.row()], [])
     with pytest.raises(RecordError, match="version-2 record with unknown key.*mem_series_mib"):
         UsageRecord.from_dict({**v2, "mem_series_mib": [1], "mem_series_width": 1})
-    with pytest.raises(RecordError, match="version-3 record with missing key.*mem_series_width"):
+    with pytest.raises(RecordError, match="version-4 record with missing key.*mem_series_width"):
         UsageRecord.from_dict({k: v for k, v in plain.to_dict().items() if k != "mem_series_width"})
     assert series_from_text(series_text(())) == () and series_from_text(None) is None
+
+
+def test_version_4_carries_the_submit_time_and_version_3_reads_with_0():
+    """Issue 26 item 6: the run's submit time is in the record and its key; a version-3 line (no ``submit``)
+    is the version-4 record with submit 0, on the slow and the fast path; a negative one is refused."""
+    r = record(submit=1_700_000_000, mem_series_mib=(1, 2), mem_series_width=1)
+    assert json.loads(r.to_json())["submit"] == 1_700_000_000 and UsageRecord.from_json(r.to_json()) == r
+    assert r.key != record(mem_series_mib=(1, 2), mem_series_width=1).key
+    v3 = {k: v for k, v in r.to_dict().items() if k != "submit"} | {"v": 3}
+    back = UsageRecord.from_dict(v3)
+    assert back.submit == 0 and back.v == 4 and back == record(mem_series_mib=(1, 2), mem_series_width=1)
+    assert rows_from_lines([json.dumps(v3).encode()] * 3) == ([back.row()] * 3, [])
+    with pytest.raises(RecordError, match="version-3 record with unknown key.*submit"):
+        UsageRecord.from_dict({**v3, "submit": 5})
+    with pytest.raises(RecordError, match="submit is negative"):
+        UsageRecord.from_dict({**r.to_dict(), "submit": -1})
 
 
 def test_tracker_buckets_memory_into_a_series_of_constant_size():

@@ -8,6 +8,7 @@ import binascii
 import gzip
 import json
 import sys
+from dataclasses import replace
 
 import pytest
 from click.testing import CliRunner
@@ -433,3 +434,8 @@ def test_the_final_segment_takes_only_this_jobs_run_of_a_reused_id(tmp_path):
     assert spooled_records([spool], FinalJob.from_env({**env, "SLURM_JOB_START_TIME": "20000"})) == [mine]
     # no user known (an entry of an older queue): as before
     assert len(spooled_records([spool], FinalJob.from_env({"SLURM_JOB_ID": "79", "SLURM_JOB_NODELIST": "n1"}))) == 2
+    # issue 26 item 6: records of version 4 carry the run's submit time; of one run's records only the newest
+    # job's count, on 22.05 too (no SLURM_JOB_START_TIME), even where the older job held the same GPU
+    other, mine = replace(other, submit=8_900, gpu_index=0, gpu_uuid="GPU-0"), replace(mine, submit=19_900)
+    spool.write_text("".join(r.to_json() + "\n" for r in (older, mine, other)))
+    assert spooled_records([spool], FinalJob.from_env(env)) == [mine]

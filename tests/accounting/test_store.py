@@ -63,7 +63,7 @@ def test_corrupt_lines_are_skipped_and_named_and_an_unended_last_line_waits(tmp_
     path = _spool(tmp_path / "spool", range(5))
     with open(path, "ab") as f:
         f.write(b'{"v":1,"job_id":"oops"\n')                                        # line 6: corrupt
-        f.write(json.dumps({**record(job_id="5").to_dict(), "v": 4}).encode() + b"\n")  # line 7: newer
+        f.write(json.dumps({**record(job_id="5").to_dict(), "v": 5}).encode() + b"\n")  # line 7: newer
         f.write(record(job_id="6").to_json().encode() + b"\n")                      # line 8: good
         f.write(record(job_id="7").to_json().encode()[:80])                         # line 9: no newline yet
     warned = []
@@ -72,7 +72,7 @@ def test_corrupt_lines_are_skipped_and_named_and_an_unended_last_line_waits(tmp_
         assert r.ingested == 6 and len(r.skipped) == 2
         assert [(s.file, s.line) for s in r.skipped] == [(str(path), 6), (str(path), 7)]
         assert "not a JSON record" in r.skipped[0].reason
-        assert "version 4" in r.skipped[1].reason
+        assert "version 5" in r.skipped[1].reason
         assert [(s.line, s.reason[:35]) for s in r.incomplete] == [(9, "incomplete last line (80 bytes, no ")]
         assert str(r.skipped[0]).startswith(f"{path}:6: ")
         assert warned == list(r.skipped) and st.skipped() == list(r.skipped)
@@ -196,14 +196,14 @@ def test_a_version_2_database_is_migrated_in_place_and_keeps_the_memory_series(t
     spool = tmp_path / "mixed.jsonl"
     spool.write_text(json.dumps(v2) + "\n" + with_series.to_json() + "\n")
     with Store(old_db) as st:
-        assert st.records() == [old] and st.records()[0].v == 3 and st.records()[0].mem_series_mib is None
+        assert st.records() == [old] and st.records()[0].v == 4 and st.records()[0].mem_series_mib is None
         r = st.ingest(spool)
         assert (r.ingested, r.duplicates, r.skipped) == (1, 1, ())
         assert st.records(job_id="6") == [with_series]
         st.add([record(job_id="7", mem_series_mib=(), mem_series_width=1)])
         assert st.records(job_id="7")[0].mem_series_mib == ()
     with Store(old_db, create=False) as st:
-        assert st.count() == 3 and st.query("SELECT value FROM meta WHERE key = 'schema'") == [("4",)]
+        assert st.count() == 3 and st.query("SELECT value FROM meta WHERE key = 'schema'") == [("5",)]
         assert st.query('SELECT "mem_series_mib" FROM usage WHERE "job_id" = \'6\'') == [("0,1024,4096,2048",)]
 
 
@@ -386,30 +386,64 @@ def test_a_job_id_given_to_another_user_again_is_another_record(new_store):
         assert st.count() == 2
 
 
-def test_a_layout_3_database_gets_the_new_key(target):
-    """Layout 3 keyed a record without its user: opening it upgrades the key in place (records kept), after
-    which another user's job of a reused id is a record of its own."""
-    from slurm_gpushare.accounting.store import _KEY_V3
-
-    with Store(target) as st:
-        st.add([record(job_id="3", user="alice", start=1_000, end=1_500)])
-        db = st._db
-        if st.url:
-            (name,) = db.execute("SELECT conname FROM pg_constraint WHERE conrelid = 'usage'::regclass "
-                                 "AND contype = 'u'")[0]
-            db.begin()
-            db.execute(f'ALTER TABLE usage DROP CONSTRAINT "{name}"')
-            db.execute(f"ALTER TABLE usage ADD UNIQUE ({_KEY_V3})")
-            db.execute("UPDATE meta SET value = '3' WHERE key = 'schema'")
-            db.commit()
-        else:
-            cols = ", ".join(f'"{c}"' for (c,) in st.query("SELECT name FROM pragma_table_info('usage')")
-                             if c != "gpu_share")
-            db.script("BEGIN; CREATE TABLE old AS SELECT * FROM usage; DROP TABLE usage;"
-                      f"CREATE TABLE usage ({cols}, UNIQUE ({_KEY_V3})); INSERT INTO usage SELECT {cols} FROM old;"
-                      "DROP TABLE old; UPDATE meta SET value = '3' WHERE key = 'schema'; COMMIT;")
-    with Store(target) as st:
-        assert st.query("SELECT value FROM meta WHERE key = 'schema'") == [("4",)]
-        assert [r.user for r in st.records(job_id="3")] == ["alice"]
-        st.add([record(job_id="3", user="bob", start=9_000, end=9_100)])
+def test_the_same_users_job_id_given_again_is_another_record_by_its_submit_time(new_store):
+    """Issue 26 item 6: the same user's job id given again (a lost StateSaveLocation), restart 0, same node and GPU:
+    one key before record version 4, so the newer job replaced the older one's record. The submit time (slurmdbd
+    keys its job rows by id and submit time too) keeps both; the same run spooled again is still one record."""
+    old = record(job_id="3", user="alice", submit=900, start=1_000, end=1_500)
+    new = record(job_id="3", user="alice", submit=8_900, start=9_000, end=9_100)
+    with new_store() as st:
+        assert st.add([old]) == (1, 0)
+        assert st.add([new]) == (1, 0)
+        assert sorted((r.submit, r.start) for r in st.records(job_id="3")) == [(900, 1_000), (8_900, 9_000)]
+        assert st.add([new, old]) == (0, 2)
         assert st.count() == 2
+
+
+def _make_old_layout(st: Store, layout: int) -> None:
+    """Turn a new store back into layout 3 or 4: no ``submit`` column, records ``v`` 3, the key of that layout."""
+    key = ('"job_id", "restart", "step", "node", "gpu_index", "gpu_uuid", "v"' if layout == 3 else
+           '"job_id", "restart", "user", "step", "node", "gpu_index", "gpu_uuid", "v"')
+    db = st._db
+    if st.url:
+        db.begin()
+        for (name,) in db.execute("SELECT conname FROM pg_constraint WHERE conrelid = 'usage'::regclass "
+                                  "AND contype = 'u'"):
+            db.execute(f'ALTER TABLE usage DROP CONSTRAINT "{name}"')
+        db.execute('ALTER TABLE usage DROP COLUMN "submit"')
+        db.execute('UPDATE usage SET "v" = 3')
+        db.execute(f"ALTER TABLE usage ADD UNIQUE ({key})")
+        db.execute(f"UPDATE meta SET value = '{layout}' WHERE key = 'schema'")
+        db.commit()
+    else:
+        cols = ", ".join(f'"{c}"' for (c,) in st.query("SELECT name FROM pragma_table_info('usage')")
+                         if c not in ("gpu_share", "submit"))
+        db.script("BEGIN; CREATE TABLE old AS SELECT * FROM usage; DROP TABLE usage;"
+                  f"CREATE TABLE usage ({cols}, UNIQUE ({key})); INSERT INTO usage SELECT {cols} FROM old;"
+                  "UPDATE usage SET v = 3; DROP TABLE old;"
+                  f"UPDATE meta SET value = '{layout}' WHERE key = 'schema'; COMMIT;")
+
+
+@pytest.mark.parametrize("layout", [3, 4])
+def test_a_layout_3_or_4_database_gets_the_submit_time_in_its_key(target, tmp_path, layout):
+    """Layout 3 keyed a record without its user, layout 4 without its submit time: opening either upgrades it in
+    place (records kept, submit 0 and v 4 as reading their version-3 lines gives), after which another user's and
+    the same user's job of a reused id are records of their own, and a version-3 line of a stored record ingested
+    again is a duplicate."""
+    stored = record(job_id="3", user="alice", start=1_000, end=1_500)
+    line = json.dumps({k: v for k, v in {**stored.to_dict(), "v": 3}.items() if k != "submit"})
+    with Store(target) as st:
+        st.add([stored])
+        _make_old_layout(st, layout)
+    with Store(target) as st:
+        assert st.query("SELECT value FROM meta WHERE key = 'schema'") == [("5",)]
+        assert st.records(job_id="3") == [stored]
+        st.add([record(job_id="3", user="bob", start=9_000, end=9_100)])
+        st.add([record(job_id="3", user="alice", submit=8_000, start=8_000, end=8_100)])
+        assert st.count() == 3
+        (tmp_path / "spool").mkdir()
+        (tmp_path / "spool" / "a100.jsonl").write_text(line + "\n")
+        result = st.ingest(tmp_path / "spool")
+        assert (result.ingested, result.duplicates, st.count()) == (0, 1, 3)
+
+

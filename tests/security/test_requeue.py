@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -51,7 +52,7 @@ def test_a_requeued_jobs_two_runs_are_both_recorded_and_reported(cluster, slurm,
     assert proc.returncode == 0, proc.stderr
     job = Job(proc.stdout.strip().split(";")[0], output_path=out)
     slurm.submitted.append(job.id)
-    slurm.wait(job, states={"RUNNING"})
+    submit0 = slurm.wait(job, states={"RUNNING"}).fields["SubmitTime"]  # run 0's (Job.fields change as it goes)
     wait_until(lambda: "run=0" in job.output(), f"job {job.id}'s first run started", describe=job.output)
     time.sleep(2)  # not a wait for an event: the first run is to last at least 2 s
     requeue = subprocess.run(["runuser", "-u", USERS[0], "--", "scontrol", "requeue", job.id], env=cluster.env,
@@ -112,3 +113,16 @@ def test_a_requeued_jobs_two_runs_are_both_recorded_and_reported(cluster, slurm,
     (row,) = [r for r in json.loads(report.stdout)["rows"] if str(r["job"]) == job.id]
     want = sum(r["end"] - r["start"] for r in recs) / 3600
     assert row["hours"] == pytest.approx(want, abs=1e-4) and row["gpus"] == 1, row
+
+    # issue 26 item 6: each run's record carries slurmctld's submit time of that run (SubmitTime, which Slurm sets
+    # anew on requeue), and jobstats shows the job's runs, back from the current one
+    def epoch(text: str) -> int:
+        return int(datetime.strptime(text, "%Y-%m-%dT%H:%M:%S").timestamp())
+
+    assert first["submit"] == epoch(submit0) and final["submit"] == epoch(done.fields["SubmitTime"]), recs
+    assert final["submit"] > first["submit"] and final["submit"] >= int(requeued_at) - 1, recs
+    stats = subprocess.run([*CLI, "jobstats", job.id, "--db", str(db), "--format", "json", "--policy",
+                            str(cluster.policy_file), "--machines", str(cluster.root / "machines")], env=cluster.env,
+                           capture_output=True, text=True)
+    assert stats.returncode == 0, stats.stdout + stats.stderr
+    assert sorted(d["restart"] for d in json.loads(stats.stdout)["devices"]) == list(range(last + 1)), stats.stdout
