@@ -75,9 +75,11 @@ def job_dict(info: JobInfo, release: Release | None = None) -> dict:
         job["tasks_per_node"] = (info.tasks_per_node or 0) if release < DATA_PARSER else _number(info.tasks_per_node)
     if release < DATA_PARSER:
         return {**job, "job_state": info.state or "RUNNING", "start_time": info.start_time or 0,
+                "submit_time": info.submit_time or 0, "restart_cnt": info.restarts or 0,
                 "exit_code": (code << 8) | sig, "array_job_id": int(info.array_job_id or 0),
                 "array_task_id": info.array_task_id}
     return {**job, "job_state": [info.state or "RUNNING"], "start_time": _number(info.start_time),
+            "submit_time": _number(info.submit_time), "restart_cnt": info.restarts or 0,
             "exit_code": {"status": ["SIGNALED" if sig else "SUCCESS" if code == 0 else "ERROR"],
                           "return_code": {"set": not sig, "infinite": False, "number": code},
                           "signal": {"id": _number(sig or None), "name": ""}},

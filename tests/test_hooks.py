@@ -726,6 +726,35 @@ def test_a_requeued_runs_record_keeps_its_own_restart_count_and_says_requeued(no
     assert (rec["restart"], rec["exit_state"]) == (0, "REQUEUED"), rec
 
 
+@pytest.mark.parametrize("prolog_knew, requeued, want", [
+    (True, False, "ctld"),    # the Prolog asked slurmctld: run.json has the submit time
+    (False, False, "ctld"),   # run.json without it (planned from slurmd's environment, an earlier release)
+    (False, True, 0),         # ... and slurmctld has requeued the job: its submit time is the next run's
+])
+def test_the_record_carries_the_runs_submit_time(node, prolog_knew, requeued, want):
+    """Issue 26 item 6: the record's ``submit`` is slurmctld's SubmitTime of the run: from the Prolog's run.json,
+    else from slurmctld at the Epilog while the job is not requeued; 0 (not known) otherwise."""
+    import time as _time
+    from dataclasses import replace
+
+    from slurm_gpushare.node.jobdir import read_run, write_run
+    ctx = HookContext(replace(node.ctx.config, spool_dir=str(node.root / "spool")), "a100",
+                      job_record=node.ctx.job_record, drain=node.ctx.drain, show_node=node.ctx.show_node)
+    submitted = "2026-11-29T12:00:00"
+    _shard_job(node, "812", idx="3", ac="[gpushare:v1 req=mem=10G grant=gres:shard:10 kind=mps mem=10240/10240MiB]")
+    node.jobs["812"] += f"   SubmitTime={submitted} EligibleTime={submitted}\n"
+    assert prolog(ctx, {**_env("812"), "SLURM_JOB_GPUS": "3"}) == 0
+    epoch = int(_time.mktime(_time.strptime(submitted, "%Y-%m-%dT%H:%M:%S")))
+    run = read_run(ctx.job_dir("812"))
+    assert run is not None and run.submit == epoch
+    if not prolog_knew:
+        write_run(ctx.job_dir("812"), restart=0, start=run.start)
+    env = {**_env("812"), "SLURM_JOB_GPUS": "3", "SLURM_JOB_RESTART_COUNT": "1" if requeued else "0"}
+    assert epilog(ctx, env) == 0
+    (rec,) = [json.loads(line) for f in (node.root / "spool").glob("*.jsonl") for line in f.read_text().splitlines()]
+    assert rec["submit"] == (epoch if want == "ctld" else want), rec
+
+
 @pytest.mark.parametrize("tres, job_gpus, want", [
     # Slurm 23.x and later write the gres/ prefix (seen on 24.11 and 26.05)
     ("gres/shard:10", "0", ("shard", "", 10, (0,))),

@@ -362,16 +362,19 @@ def current_job(records: Iterable[UsageRecord], *, submit: int | None = None,
 
     ``submit`` and ``restarts``: slurmctld's ``SubmitTime`` and ``Restarts`` of the job of that id while it still
     knows it; then the current run is the one of that submit time, and where it has no records yet (it runs) only
-    its earlier runs are shown (none for a first run). Records of releases before version 4 (``submit`` 0 all)
-    are chosen by restart count and state alone.
+    its earlier runs are shown (none for a first run). Runs whose submit time is not known (``submit`` 0:
+    records of releases before version 4, or an Epilog that did not reach slurmctld) are chosen by start, restart
+    count and state alone.
     """
     runs: dict[tuple[int, int], list[UsageRecord]] = {}
     for r in records:
         runs.setdefault((r.restart, r.submit), []).append(r)
-    newest_first = sorted(runs, key=lambda k: (k[1], max(r.start for r in runs[k])), reverse=True)
+    # runs in the order they started (a later run of a job, and a later job of a reused id, starts later); a
+    # submit time 0 (not known) is never read as older than a known one
+    newest_first = sorted(runs, key=lambda k: (max(r.start for r in runs[k]), k[1]), reverse=True)
     if not newest_first:
         return []
-    if submit and any(k[1] for k in newest_first):
+    if submit and newest_first[0][1] and any(k[1] for k in newest_first):
         own = [k for k in newest_first if k[1] == submit]
         if own:
             keep, later = [own[0]], own[0][0]

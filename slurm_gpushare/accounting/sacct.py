@@ -410,9 +410,10 @@ def spooled_records(spools: Sequence[str | Path], job: FinalJob) -> list[UsageRe
                 if have is None or r.saw_more(have):
                     found[r.key] = r
     # records of version 4 carry the run's submit time: of a job id Slurm gave again (to the same user, on a
-    # release without SLURM_JOB_START_TIME) only the newest job's count
+    # release without SLURM_JOB_START_TIME) only the newest job's count; 0 is not known (a node of an earlier
+    # release), never taken for older
     newest = max((r.submit for r in found.values()), default=0)
-    kept = (r for r in found.values() if not newest or r.submit == newest)
+    kept = (r for r in found.values() if r.submit in (0, newest))
     return sorted(kept, key=lambda r: (job.nodes.index(r.node) if r.node in job.nodes else len(job.nodes),
                                        r.node, r.gpu_index, r.gpu_uuid))
 

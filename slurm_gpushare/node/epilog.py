@@ -324,10 +324,13 @@ def record_usage(ctx: HookContext, env: dict[str, str], state: dict, *, refused:
         end = int(time.time())
         # the Prolog's record of this run: after a requeue slurmctld has already raised the restart count
         # and reset the start and submit time when this Epilog runs
-        restart, start, submit = read_run(ctx.job_dir(job_id)) or (restart_from_env(env), info.start_time or end,
-                                                                   info.submit_time or 0)
+        restart, start, submit = read_run(ctx.job_dir(job_id)) or (restart_from_env(env), info.start_time or end, 0)
         if refused is not None:
             restart = refused
+        if not submit and restart_from_env(env) == restart:
+            # the Prolog planned from slurmd's environment, which has no submit time: slurmctld's is this run's
+            # while it has not requeued the job (then it is the next run's: left 0, not known)
+            submit = info.submit_time or 0
         if restart_from_env(env) > restart or refused is not None:
             exit_state = "REQUEUED"  # this run was requeued: sacct says REQUEUED of it, not how it ended
         records = records_for_job(

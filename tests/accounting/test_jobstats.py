@@ -152,6 +152,13 @@ def test_of_a_reused_job_id_only_the_current_jobs_runs_are_shown():
     # records of releases before version 4 (submit 0): by restart and state alone, as before
     legacy = [replace(r, submit=0) for r in (old0, old1)]
     assert js.current_job(legacy) == legacy and js.current_job([]) == []
+    # a submit time not known (0: a node of an earlier release, slurmctld not reached by the Epilog) is never
+    # read as older than a known one: runs are ordered by their start
+    r0 = record(job_id="8", restart=0, submit=900, start=910, end=990, exit_state="REQUEUED")
+    r1 = record(job_id="8", restart=1, submit=0, start=1000, end=1100)
+    assert js.current_job([r0, r1]) == [r0, r1] and js.current_job([r0, r1], submit=995, restarts=1) == [r0, r1]
+    old, new = record(job_id="8", submit=100, start=110, end=120), record(job_id="8", submit=0, start=5000, end=6000)
+    assert js.current_job([old, new]) == [new] and js.current_job([old, new], submit=4990, restarts=0) == [new]
 
 
 # --- the chart ----------------------------------------------------------------------------------------------

@@ -439,3 +439,8 @@ def test_the_final_segment_takes_only_this_jobs_run_of_a_reused_id(tmp_path):
     other, mine = replace(other, submit=8_900, gpu_index=0, gpu_uuid="GPU-0"), replace(mine, submit=19_900)
     spool.write_text("".join(r.to_json() + "\n" for r in (older, mine, other)))
     assert spooled_records([spool], FinalJob.from_env(env)) == [mine]
+    # a record whose submit time is not known (0: a node of an earlier release) is kept, not taken for older
+    unknown = replace(mine, submit=0, node="n2")
+    (tmp_path / "n2.gpushare.jsonl").write_text(unknown.to_json() + "\n")
+    both = FinalJob.from_env({**env, "SLURM_JOB_NODELIST": "n[1-2]"})
+    assert spooled_records([spool, tmp_path / "n2.gpushare.jsonl"], both) == [mine, unknown]
