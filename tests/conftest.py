@@ -79,6 +79,14 @@ def wait_until(cond, what: str, timeout: float = DEADLINE, *, describe=None):
         delay = min(delay * 1.5, 1.0)
 
 
+def slurm_epoch(text: str) -> int:
+    """A time as ``scontrol show job`` prints it (``2026-11-29T12:00:00``, slurmctld's local time), in epoch
+    seconds."""
+    from datetime import datetime
+
+    return int(datetime.strptime(text, "%Y-%m-%dT%H:%M:%S").timestamp())
+
+
 def job_trail(cluster: DevCluster, job_id: str, lines: int = 12) -> str:
     """What the daemons said about one job, for a failed wait's message: ``scontrol show job -o`` (state and
     Reason), then the last ``lines`` lines naming the job in slurmctld's log, each slurmd's log and each node's

@@ -20,6 +20,7 @@ from tests.conftest import (
     Job,
     push_usage_summary,
     scrape_metrics,
+    slurm_epoch,
     spooled_records,
     throwaway_users,
     wait_until,
@@ -280,11 +281,4 @@ def test_gres_gpus_and_gpus_per_node_are_all_recorded_with_their_use(cluster, sl
     assert r["sm_mean_pct"] is not None and 0 < r["sm_mean_pct"] <= 50  # measured, averaged over the GPUs
     records = _spooled(cluster, {job.id})
     assert len(records) == gpus and all(rec["gpu_uuid"].startswith("GPU-") for rec in records)
-    assert {rec["submit"] for rec in records} == {_epoch(job.fields["SubmitTime"])}, records  # issue 26 item 6
-
-
-def _epoch(text: str) -> int:
-    """``scontrol show job``'s time (``2026-11-29T12:00:00``, slurmctld's local time) in epoch seconds."""
-    from datetime import datetime
-
-    return int(datetime.strptime(text, "%Y-%m-%dT%H:%M:%S").timestamp())
+    assert {rec["submit"] for rec in records} == {slurm_epoch(job.fields["SubmitTime"])}, records  # issue 26 item 6

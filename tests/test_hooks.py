@@ -25,7 +25,7 @@ from slurm_gpushare.node.mps import remove_tree, unmount_below
 from slurm_gpushare.node.prolog import prolog
 from slurm_gpushare.node.shared_mps import shared_dir
 from slurm_gpushare_dev.cluster import MPS_STANDIN, SITE, packaged_machine, pid_alive
-from tests.conftest import DEADLINE, wait_until
+from tests.conftest import DEADLINE, slurm_epoch, wait_until
 from tests.jobjson import as_job_json
 from tests.security.conftest import USERS, users  # noqa: F401  (the fixture)
 
@@ -734,7 +734,6 @@ def test_a_requeued_runs_record_keeps_its_own_restart_count_and_says_requeued(no
 def test_the_record_carries_the_runs_submit_time(node, prolog_knew, requeued, want):
     """Issue 26 item 6: the record's ``submit`` is slurmctld's SubmitTime of the run: from the Prolog's run.json,
     else from slurmctld at the Epilog while the job is not requeued; 0 (not known) otherwise."""
-    import time as _time
     from dataclasses import replace
 
     from slurm_gpushare.node.jobdir import read_run, write_run
@@ -744,7 +743,7 @@ def test_the_record_carries_the_runs_submit_time(node, prolog_knew, requeued, wa
     _shard_job(node, "812", idx="3", ac="[gpushare:v1 req=mem=10G grant=gres:shard:10 kind=mps mem=10240/10240MiB]")
     node.jobs["812"] += f"   SubmitTime={submitted} EligibleTime={submitted}\n"
     assert prolog(ctx, {**_env("812"), "SLURM_JOB_GPUS": "3"}) == 0
-    epoch = int(_time.mktime(_time.strptime(submitted, "%Y-%m-%dT%H:%M:%S")))
+    epoch = slurm_epoch(submitted)
     run = read_run(ctx.job_dir("812"))
     assert run is not None and run.submit == epoch
     if not prolog_knew:

@@ -12,12 +12,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import DEADLINE, Job, spooled_records, wait_until
+from tests.conftest import DEADLINE, Job, slurm_epoch, spooled_records, wait_until
 from tests.security.conftest import USERS
 from tests.security.test_leftovers import node_log
 from tests.security.test_node_records import drained
@@ -116,10 +115,7 @@ def test_a_requeued_jobs_two_runs_are_both_recorded_and_reported(cluster, slurm,
 
     # issue 26 item 6: each run's record carries slurmctld's submit time of that run (SubmitTime, which Slurm sets
     # anew on requeue), and jobstats shows the job's runs, back from the current one
-    def epoch(text: str) -> int:
-        return int(datetime.strptime(text, "%Y-%m-%dT%H:%M:%S").timestamp())
-
-    assert first["submit"] == epoch(submit0) and final["submit"] == epoch(done.fields["SubmitTime"]), recs
+    assert first["submit"] == slurm_epoch(submit0) and final["submit"] == slurm_epoch(done.fields["SubmitTime"]), recs
     assert final["submit"] > first["submit"] and final["submit"] >= int(requeued_at) - 1, recs
     stats = subprocess.run([*CLI, "jobstats", job.id, "--db", str(db), "--format", "json", "--policy",
                             str(cluster.policy_file), "--machines", str(cluster.root / "machines")], env=cluster.env,
