@@ -14,9 +14,11 @@ is an MPS client when ``CUDA_MPS_PIPE_DIRECTORY`` names a directory with a contr
 (``nvmlDeviceGetMPSComputeRunningProcesses`` lists only clients). As under MPS, a client's memory step above its
 ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` for a device fails: the app prints an out-of-memory error at that moment
 and exits 2 (cudaMalloc would fail there); so does a step above what the device holds (the GPU's memory, or the
-MIG slice's). A process outside MPS has no MPS limit.
+MIG slice's). A process outside MPS has no MPS limit. Where the node's driver keeps a memory limit on the
+process's job cgroup (``nvmlDeviceSetMemoryLimits_v1``, as the fake NVML keeps it), a step that would take the
+cgroup's processes on a GPU past it fails the same way, inside MPS or outside.
 
-Exit status: 0 done; 2 out of memory under the MPS limit; 64 bad usage or input.
+Exit status: 0 done; 2 out of memory (the device, the MPS limit or the cgroup's limit); 64 bad usage or input.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ from slurm_gpushare.hardware.fake import PROCESS_TABLE_ENV, FakeNvml, ProcessTab
 from slurm_gpushare.hardware.machine import Machine
 from slurm_gpushare.hardware.ports import ENV as NVML_ENV
 from slurm_gpushare.memsize import format_mib, parse_mib
+from slurm_gpushare.node.gpulimit import job_cgroup_dir
+from slurm_gpushare.node.membership import CgroupFs, cgroup_jobs, read_cgroup
 
 EXIT_OOM = 2
 EXIT_USAGE = 64
@@ -116,6 +120,26 @@ def _instances(port: FakeNvml, index: int) -> tuple:
         return ()
 
 
+def cgroup_limit(port: FakeNvml, device: tuple[int, int | None]) -> tuple[int, int] | None:
+    """The driver's hard memory limit on this process's job cgroup for a GPU, and what the cgroup's other
+    processes hold there now (MiB), as the fake NVML keeps them (``nvmlDeviceGetMemoryLimits_v1``); None when
+    the process is in no job cgroup, the device is a MIG device, or no limit is set. Allocations later made by
+    the other processes are not counted (a real driver counts every allocation as it happens)."""
+    index, gi_id = device
+    if gi_id is not None:
+        return None
+    text = read_cgroup(os.getpid())
+    jobs = {c.job_id for c in cgroup_jobs(text)}
+    where = job_cgroup_dir(text, jobs.pop(), CgroupFs()) if len(jobs) == 1 else None
+    if where is None:
+        return None
+    try:
+        hard = port.memory_limits(index, where).hard_mib
+    except GpushareError:
+        return None
+    return None if hard is None else (hard, port.cgroup_used_mib(index, where, exclude=os.getpid()))
+
+
 def mps_limits(text: str) -> dict[int, int]:
     """``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` (``0=10G,1=512M``) -> ``{device ordinal: MiB}``.
 
@@ -189,10 +213,11 @@ def run(args: Options) -> int:
         if not os.path.isdir(table_dir):
             raise InputError(f"the process table {table_dir} does not exist",
                              hint="the dev cluster creates one per node under <dir>/fake-gpu-procs")
-        port = FakeNvml(Machine.load(machine_path))
+        port = FakeNvml(Machine.load(machine_path), path=machine_path, process_table=table_dir)
         with port:
             devices = resolve_devices(port, args.devices or os.environ.get("CUDA_VISIBLE_DEVICES", ""))
             sizes = [device_memory_mib(port, d) for d in devices]
+            cgroup_limits = [cgroup_limit(port, d) for d in devices]
         pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "")
         client = bool(pipe) and os.path.exists(os.path.join(pipe, "control"))
         limits = mps_limits(os.environ.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "")) if client else {}
@@ -203,6 +228,7 @@ def run(args: Options) -> int:
     oom_at, oom_msg = None, ""
     for ordinal, size in enumerate(sizes):
         limit = limits.get(ordinal)
+        held = cgroup_limits[ordinal]
         for t, mib, _sm in schedule:
             if oom_at is not None and t >= oom_at:
                 break
@@ -210,6 +236,9 @@ def run(args: Options) -> int:
                 oom_at, why = t, f"the device memory is {format_mib(size)}"
             elif limit is not None and mib > limit:
                 oom_at, why = t, f"MPS pinned device memory limit {format_mib(limit)}"
+            elif held is not None and held[1] + mib > held[0]:
+                oom_at, why = t, (f"its cgroup's device memory limit {format_mib(held[0])}, of which its other "
+                                  f"processes hold {format_mib(held[1])}")
             else:
                 continue
             oom_msg = f"fake-gpu-app: cudaMalloc of {format_mib(mib)} on device {ordinal} failed: out of memory ({why})"

@@ -18,12 +18,21 @@ Steps:
   it): a control daemon for an unprivileged user, a pinned-memory limit and an active-thread percentage set
   and read back, then CUDA clients of that user (``cuInit``, ``cuCtxCreate``, ``cuMemAlloc``): one below the
   limit (must succeed), one above it (must fail out of memory), two at once each below it (whether the limit
-  holds per client or for both together, measured and stated); the daemon stopped as the Epilog stops it,
-  nothing left (no process of it, NVML lists no process on the GPU).
+  holds per client or for both together, measured and stated), and one that leaves MPS (no
+  ``CUDA_MPS_PIPE_DIRECTORY``) asking above the limit (way (a) of docs/mps.md: measured, not judged), and one
+  asking above it after the user raised the running server's limit through the daemon (way (c), measured); the
+  daemon stopped as the Epilog stops it, nothing left (no process of it, NVML lists no process on the GPU).
 - ``processes``: what the node monitor attributes usage by: while a client of an MPS daemon holds memory,
   which pids NVML lists on the GPU (the client's, the MPS server's) and with how much memory, through the
   product's port (``nvmlDeviceGetComputeRunningProcesses``) and beside it through
   ``nvmlDeviceGetMPSComputeRunningProcesses``, and the utilization NVML reports.
+- ``memlimit``: the driver's per-cgroup memory limit (``nvmlDeviceSetMemoryLimits_v1``, R615+, cgroup v2), as
+  the product sets it on a share job's cgroup: a scratch cgroup limited to the check's limit on GPU 0 through the
+  port, then CUDA clients inside it, outside MPS: one below (must succeed), one above (must fail out of memory),
+  two at once of three quarters each (the limit holds for the cgroup's processes together: the second must
+  fail), a client in a child cgroup above the limit (whether the limit holds below the cgroup, measured), and
+  two clients of an MPS daemon started outside the cgroup (whose cgroup an MPS client's memory is charged to,
+  measured and stated). Skipped with the reason on an older driver, without cgroup v2, or not as root.
 - ``mig``: where a GPU has MIG enabled, a GPU instance of its smallest profile created and destroyed through
   the port; skipped with the reason where MIG is off (enabling it needs a GPU reset, which this check never
   does).
@@ -254,16 +263,26 @@ def _daemon(opts: Options, exe: str, uuid: str, user: pwd.struct_passwd):
 
 
 def _clients(daemon, user: pwd.struct_passwd, sizes: list[int], hold: float = 0.0,
-             during: Callable[[list[dict]], None] | None = None) -> list[dict]:
-    """Run one CUDA client per size at once, as ``user``, through the daemon's pipe; their JSON lines."""
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **daemon.client_env()}
+             during: Callable[[list[dict]], None] | None = None, *, mps: bool = True,
+             cgroup: Path | None = None) -> list[dict]:
+    """Run one CUDA client per size at once, as ``user``, through the daemon's pipe (``mps``; else as a CUDA
+    program of its own), each moved into ``cgroup`` first when given (root writes its pid into the cgroup's
+    ``cgroup.procs``, then ``runuser`` drops to ``user``); their JSON lines."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **(daemon.client_env() if mps else {})}
     if "LD_LIBRARY_PATH" in os.environ:
         env["LD_LIBRARY_PATH"] = os.environ["LD_LIBRARY_PATH"]
     root = os.geteuid() == 0
-    procs = [subprocess.Popen([sys.executable, "-c", CLIENT, str(mib), str(hold)], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, cwd="/", user=user.pw_uid if root else None,
-                              group=user.pw_gid if root else None, extra_groups=[] if root else None)
-             for mib in sizes]
+    if cgroup is not None:
+        procs = [subprocess.Popen(["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec runuser -u "$1" -- "$@"',
+                                   str(cgroup), user.pw_name, sys.executable, "-c", CLIENT, str(mib), str(hold)],
+                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/")
+                 for mib in sizes]
+    else:
+        procs = [subprocess.Popen([sys.executable, "-c", CLIENT, str(mib), str(hold)], env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/",
+                                  user=user.pw_uid if root else None, group=user.pw_gid if root else None,
+                                  extra_groups=[] if root else None)
+                 for mib in sizes]
     lines = [json.loads((p.stdout.readline() if p.stdout else "") or "{}") for p in procs]
     if during is not None:
         during(lines)
@@ -288,7 +307,15 @@ def step_mps(opts: Options) -> str:
         below = _clients(daemon, user, [limit // 2])[0]
         above = _clients(daemon, user, [limit + limit // 2])[0]
         both = _clients(daemon, user, [limit * 3 // 4, limit * 3 // 4], hold=2.0)
-        found.update(below=below, above=above, two_at_once=both)
+        outside = _clients(daemon, user, [limit + limit // 2], mps=False)[0]
+
+        def raise_and_ask(_holding: list[dict]) -> None:  # way (c): the job's user raises its running server's limit
+            for server in daemon.server_pids():
+                daemon.command(f"set_device_pinned_mem_limit {server} 0 {limit * 2}M")
+            found["raised_by_its_user"] = _clients(daemon, user, [limit + limit // 2])[0]
+
+        _clients(daemon, user, [limit // 4], hold=3.0, during=raise_and_ask)
+        found.update(below=below, above=above, two_at_once=both, outside_mps=outside)
     finally:
         stopped = daemon.stop()
         shutil.rmtree(base, ignore_errors=True)
@@ -313,7 +340,88 @@ def step_mps(opts: Options) -> str:
             f"clients of {limit * 3 // 4} MiB at once: "
             + ("both allocated (the limit holds per client)" if per_client else
                f"CUresults {[c.get('alloc') for c in both]} (the limit held for both together)")
+            + f"; outside MPS {limit + limit // 2} MiB: CUresult {outside.get('alloc')}"
+            + f"; after its user raised the server's limit, {limit + limit // 2} MiB: CUresult "
+            + f"{found.get('raised_by_its_user', {}).get('alloc')}"
             + "; stopped clean")
+
+
+def _scratch_cgroup() -> Path:
+    """A new cgroup v2 directory for the check (Skip without a writable cgroup v2 hierarchy)."""
+    if os.geteuid() != 0:
+        raise Skip("not root: the driver's cgroup limit needs root, and so does making a cgroup")
+    from slurm_gpushare.node.membership import parse_mountinfo
+
+    mounts = [m for m in parse_mountinfo(Path("/proc/self/mountinfo").read_text()) if m.v2]
+    if not mounts:
+        raise Skip("no cgroup v2 hierarchy is mounted here (the product passes a v1 directory; untested)")
+    where = Path(mounts[0].point) / f"gpscheck-{os.getpid()}"
+    try:
+        where.mkdir()
+    except OSError as e:
+        raise Skip(f"cannot make a cgroup under {mounts[0].point}: {e.strerror}") from None
+    return where
+
+
+def step_memlimit(opts: Options) -> str:
+    """The ``memlimit`` step (module docstring); returns its one-line detail. Raises Skip or Failed."""
+    from slurm_gpushare.errors import NvmlError
+    from slurm_gpushare.hardware.port import NVML_ERROR_FUNCTION_NOT_FOUND, NVML_ERROR_NOT_SUPPORTED
+
+    exe, uuid = _needs_cuda(opts)
+    user = _user(opts)
+    limit = opts.limit_mib
+    cgroup = _scratch_cgroup()
+    child = cgroup / "step_0"
+    found: dict = {"limit_mib": limit, "cgroup": str(cgroup)}
+    opts.data["memlimit"] = found
+    port = _port(opts)
+    daemon, base = _daemon(opts, exe, uuid, user)
+    try:
+        try:
+            port.set_memory_limits(0, str(cgroup), limit, limit)
+        except NvmlError as e:
+            if e.code in (NVML_ERROR_FUNCTION_NOT_FOUND, NVML_ERROR_NOT_SUPPORTED):
+                raise Skip(f"driver {port.driver_version()}: {e}") from None
+            raise Failed(f"nvmlDeviceSetMemoryLimits_v1 on {cgroup}: {e}") from None
+        got = port.memory_limits(0, str(cgroup))
+        found["read_back"] = [got.soft_mib, got.hard_mib]
+        below = _clients(daemon, user, [limit // 2], mps=False, cgroup=cgroup)[0]
+        above = _clients(daemon, user, [limit + limit // 2], mps=False, cgroup=cgroup)[0]
+        both = _clients(daemon, user, [limit * 3 // 4, limit * 3 // 4], hold=2.0, mps=False, cgroup=cgroup)
+        child.mkdir()
+        nested = _clients(daemon, user, [limit + limit // 2], mps=False, cgroup=child)[0]
+        daemon.start([daemon.pinned_mem_limit(0, limit * 2)])  # outside the cgroup, as the Prolog starts it
+        mps_both = _clients(daemon, user, [limit * 3 // 4, limit * 3 // 4], hold=2.0, cgroup=cgroup)
+        found.update(below=below, above=above, two_at_once=both, in_child_cgroup=nested, mps_two_at_once=mps_both)
+    finally:
+        daemon.stop()
+        shutil.rmtree(base, ignore_errors=True)
+        port.shutdown()
+        for d in (child, cgroup):  # NVIDIA: removing the cgroup clears its limits
+            with contextlib.suppress(OSError):
+                d.rmdir()
+    problems = []
+    if found["read_back"] != [limit, limit]:
+        problems.append(f"read back {found['read_back']}, set [{limit}, {limit}] MiB")
+    if below.get("alloc") != CUDA_SUCCESS:
+        problems.append(f"{limit // 2} MiB below the cgroup's {limit} MiB: CUresult {below}")
+    if above.get("alloc") != CUDA_ERROR_OUT_OF_MEMORY:
+        problems.append(f"{limit + limit // 2} MiB above the cgroup's {limit} MiB was not refused: CUresult {above}")
+    codes: list[int] = sorted(a if isinstance(a := c.get("alloc"), int) else -1 for c in both)
+    if codes != [CUDA_SUCCESS, CUDA_ERROR_OUT_OF_MEMORY]:
+        problems.append(f"two processes of {limit * 3 // 4} MiB in one cgroup of {limit} MiB: CUresults "
+                        f"{[c.get('alloc') for c in both]} (one should fail: the limit is the cgroup's)")
+    if problems:
+        raise Failed("; ".join(problems))
+    mps_charged = any(c.get("alloc") == CUDA_ERROR_OUT_OF_MEMORY for c in mps_both)
+    found["mps_clients_charged_to_their_cgroup"] = mps_charged
+    found["holds_in_child_cgroup"] = nested.get("alloc") == CUDA_ERROR_OUT_OF_MEMORY
+    return (f"cgroup limit {limit} MiB on GPU 0: {limit // 2} allocated, {limit + limit // 2} refused, two of "
+            f"{limit * 3 // 4} at once: one refused; in a child cgroup {limit + limit // 2}: CUresult "
+            f"{nested.get('alloc')}; two MPS clients in the cgroup: CUresults {[c.get('alloc') for c in mps_both]} ("
+            + ("their memory is charged to the client's cgroup" if mps_charged else
+               "not charged to the client's cgroup") + ")")
 
 
 def _gpu_processes(opts: Options) -> list[dict]:
@@ -456,7 +564,7 @@ def _mig_client(uuid: str) -> dict:
 
 
 STEPS: dict[str, Callable[[Options], str]] = {"nvml": step_nvml, "mps": step_mps, "processes": step_processes,
-                                              "mig": step_mig}
+                                              "memlimit": step_memlimit, "mig": step_mig}
 
 
 def run_steps(opts: Options, names: list[str], limit_s: float) -> list[Result]:

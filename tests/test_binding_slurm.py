@@ -207,3 +207,32 @@ def test_a_gpushare_job_gets_the_ring_it_can_open_and_cpu_hints_inside_its_cpus(
         assert all(not (a & b) for i, a in enumerate(mine) for b in mine[i + 1:]), mine  # disjoint
     # the TaskProlog prints no note into the job's output unless node.toml's task_notes asks (issue 31 item 3)
     assert "slurm-gpushare: CUDA_VISIBLE_DEVICES names GPUs" not in output, output
+
+
+def test_a_share_is_held_to_its_memory_by_the_driver_s_limit_on_its_job_cgroup(cg):
+    """Issue 27 item 3, on real daemons: where the driver keeps a per-cgroup memory limit
+    (nvmlDeviceSetMemoryLimits_v1, R615+; the fake NVML models it), the node monitor sets a 10G share's limit on
+    the job's cgroup (task/cgroup makes it when the job's first step starts, after the Prolog on 22.05) as soon
+    as it sees a process of the job. Then a third process that would take the job past 10 GiB, inside MPS
+    (the per-client MPS limit would let it) or outside MPS, fails its allocation at once, where the monitor
+    alone would act after its grace; the job's processes within the share run on, nothing is killed."""
+    limits = cg.root / "machines" / f"{NODE}.json.memlimits.json"
+    app = cg.fake_gpu_app
+    script = (
+        f"{app} --mem 1G --seconds 60 & first=$!\n"
+        # the monitor sets the limit on its first sample that sees a process of the job
+        f"for i in $(seq 300); do grep -q \"job_$SLURM_JOB_ID\\\"\" {limits} 2>/dev/null && break; sleep 0.1; done\n"
+        f"grep -q \"job_$SLURM_JOB_ID\\\"\" {limits} && echo LIMIT=set\n"
+        f"{app} --mem 6G --seconds 60 & second=$!\n"
+        "sleep 1\n"
+        f"{app} --mem 6G --seconds 1; echo THIRD=$?\n"
+        f"env -u CUDA_MPS_PIPE_DIRECTORY {app} --mem 4G --seconds 1; echo OUTSIDE=$?\n"
+        f"{app} --mem 2G --seconds 1; echo WITHIN=$?\n"
+        "kill $first $second; wait\n")
+    output, _ = _run(cg, "--gres=gpushare:mem=10G", script=script)
+    assert "LIMIT=set" in output, output
+    assert "THIRD=2" in output and "OUTSIDE=2" in output and "WITHIN=0" in output, output
+    assert "out of memory (its cgroup's device memory limit 10G, of which its other processes hold 7G)" in output
+    log = (cg.root / "log" / f"monitor-{NODE}.log").read_text()
+    assert "the driver holds its processes to 10240 MiB on GPU" in log, log[-2000:]
+    assert "enforce:" not in log, log[-2000:]  # the monitor had nothing to act on

@@ -11,6 +11,7 @@ import pytest
 
 from slurm_gpushare.errors import InputError
 from slurm_gpushare.hardware.fake import FakeNvml, ProcessTable
+from slurm_gpushare.hardware.machine import Machine
 from slurm_gpushare_dev.cluster import packaged_machine
 from slurm_gpushare_dev.fakeapp import EXIT_OOM, EXIT_USAGE, mps_limits, parse_schedule, resolve_devices
 from tests.conftest import DEADLINE, wait_until
@@ -141,3 +142,30 @@ def test_a_usage_error_exits_64_not_2_which_means_out_of_memory(tmp_path, args):
                           text=True, env={"PATH": "/usr/bin:/bin"}, timeout=20)
     assert proc.returncode == EXIT_USAGE != EXIT_OOM, proc.stderr
     assert proc.stderr.startswith("fake-gpu-app: error: ") and len(proc.stderr.splitlines()) == 1, proc.stderr
+
+
+def test_the_app_reads_the_driver_s_limit_of_its_job_cgroup(tmp_path, monkeypatch):
+    """A process in a job cgroup that the driver limits (nvmlDeviceSetMemoryLimits_v1, kept by the fake NVML)
+    gets the hard limit and what the cgroup's other processes hold; outside a job cgroup, or on a MIG device,
+    nothing."""
+    from slurm_gpushare.node.membership import CgroupFs
+    from slurm_gpushare_dev import fakeapp
+
+    job = tmp_path / "cgroup" / "devices" / "slurm" / "uid_1000" / "job_7"
+    job.mkdir(parents=True)
+    monkeypatch.setattr(fakeapp, "CgroupFs", lambda: CgroupFs(
+        f"36 25 0:31 / {tmp_path / 'cgroup' / 'devices'} rw - cgroup cgroup rw,devices\n"))
+    monkeypatch.setattr(fakeapp, "read_cgroup", lambda pid: "5:devices:/slurm/uid_1000/job_7/step_0/task_0\n")
+    m = tmp_path / "m.json"
+    m.write_text(packaged_machine("4x-h100-mig-mixed.json").to_json())
+    fake = FakeNvml(Machine.load(m), path=m)
+    with fake:
+        assert fakeapp.cgroup_limit(fake, (0, None)) is None  # no limit set
+        fake.set_memory_limits(0, str(job), 4096, 4096)
+        assert fakeapp.cgroup_limit(fake, (0, None)) == (4096, 0)
+        assert fakeapp.cgroup_limit(fake, (1, None)) is None  # another GPU
+        mig = fake.gpu_instances(2)[0]
+        assert fakeapp.cgroup_limit(fake, (2, mig.gi_id)) is None
+    monkeypatch.setattr(fakeapp, "read_cgroup", lambda pid: "5:devices:/user.slice\n")
+    with fake:
+        assert fakeapp.cgroup_limit(fake, (0, None)) is None

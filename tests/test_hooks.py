@@ -1224,3 +1224,31 @@ def test_doctor_that_runs_out_of_time_returns_what_it_found_and_says_so(node):
     findings, finished = doctor_within(node.ctx, repair=False, limit=30.0, running_jobs={"108"},
                                        port=FakeNvml(packaged_machine("8x-a100-nv12-bridge.json")))
     assert finished and [f.job_id for f in findings if f.job_id != "-"] == ["107"], findings
+
+
+def test_a_prolog_run_inside_the_job_s_cgroup_sets_the_driver_s_memory_limit_there(node, monkeypatch):
+    """Issue 27 item 3: with PrologFlags=RunInJob (24.11+) the Prolog runs in the job's cgroup, so it sets the
+    share as the driver's per-cgroup limit on the share's GPU at once (nvmlDeviceSetMemoryLimits_v1); elsewhere
+    (22.05, or no RunInJob) the cgroup does not exist yet and the node monitor sets it."""
+    from slurm_gpushare.hardware.fake import FakeNvml
+    from slurm_gpushare.hardware.machine import Machine
+    from slurm_gpushare.node import membership
+
+    point = node.root / "cgroup"
+    job_dir = point / "system.slice" / "slurmstepd.scope" / "job_101"
+    job_dir.mkdir(parents=True)
+    fs = membership.CgroupFs(f"30 23 0:26 / {point} rw,nosuid - cgroup2 cgroup2 rw\n")
+    monkeypatch.setattr(membership, "CgroupFs", lambda: fs)
+    _shard_job(node)
+    _shard_job(node, "102")
+    cgroups = {"101": "0::/system.slice/slurmstepd.scope/job_101/step_extern\n", "102": "0::/system.slice/slurmd\n"}
+    for job in ("101", "102"):
+        monkeypatch.setattr(membership, "read_cgroup", lambda pid, job=job: cgroups[job])
+        assert prolog(node.ctx, _env(job)) == 0
+    machine = node.root / "machines" / "a100.json"
+    with FakeNvml(Machine.load(machine), path=machine) as nvml:
+        limits = nvml.memory_limits(0, str(job_dir))
+    assert (limits.soft_mib, limits.hard_mib) == (10240, 10240)
+    assert read_state(node.ctx.job_dir("101"))["gpu_memory_limit"] == {
+        "outcome": "set", "cgroup": str(job_dir), "gpus": [0], "mib": 10240}
+    assert "gpu_memory_limit" not in read_state(node.ctx.job_dir("102"))  # not in its cgroup: the monitor's part

@@ -1051,3 +1051,80 @@ def test_the_job_s_own_mps_daemon_on_its_gpu_is_not_outside_mps(share_daemon):
             node.clock.t += 0.1
             mon.sample()
         assert [k for k in node.killed if k[0] == pid] == [] and "204" not in node.admin_comments
+
+
+# --- the driver's memory limit on a share job's cgroup (issue 27 item 3) ----------------------------------
+
+
+def _cgroup_fs(tmp_path: Path, *jobs: str):
+    """A devices hierarchy mounted under ``tmp_path`` (mountinfo as the kernel writes it), with the job cgroups
+    ``jobs`` of alice (uid 1000) made in it."""
+    from slurm_gpushare.node.membership import CgroupFs
+
+    point = tmp_path / "cgroup" / "devices"
+    for job in jobs:
+        (point / "slurm_a100" / "uid_1000" / f"job_{job}").mkdir(parents=True)
+    return CgroupFs(f"36 25 0:31 / {point} rw,nosuid,nodev,noexec - cgroup cgroup rw,devices\n"), point
+
+
+def test_a_share_job_gets_the_driver_s_limit_on_its_cgroup_once_and_a_whole_gpu_job_none(node, tmp_path):
+    """Issue 27 item 3: where NVML has per-cgroup limits (nvmlDeviceSetMemoryLimits_v1), the share job 201 (10G on
+    GPU 0) gets its share as soft and hard limit on its job cgroup, found through its process; once, not every
+    sample. bob's whole-GPU job 202 gets none."""
+    fs, point = _cgroup_fs(tmp_path, "201")
+    node.cgroups[2001] = CGROUP.format(job=202).replace("uid_1000", "uid_1001")
+    mon = node.monitor()
+    mon._cgroup_fs = fs
+    job_dir = str(point / "slurm_a100" / "uid_1000" / "job_201")
+    with mon, node.nvml:
+        mon.sample()
+        limits = node.nvml.memory_limits(0, job_dir)
+        assert (limits.soft_mib, limits.hard_mib) == (10240, 10240)
+        assert [line for line in node.log if "driver" in line] == [
+            f"job 201: the driver holds its processes to 10240 MiB on GPU 0 (cgroup {job_dir}, "
+            "nvmlDeviceSetMemoryLimits_v1)"]
+        node.clock.t += 1
+        mon.sample()
+        fams = _families(mon.metrics_text())
+        assert _value(fams, "gpushare_monitor_gpu_memory_limits_total", outcome="set") == 1
+        assert _value(fams, "gpushare_monitor_gpu_memory_limits_total", outcome="unsupported") == 0
+        assert mon._jobs["202"].limit is None
+
+
+def test_a_driver_without_per_cgroup_limits_is_asked_once_and_the_monitor_enforces_as_before(node, tmp_path):
+    from slurm_gpushare.hardware.port import NVML_ERROR_FUNCTION_NOT_FOUND
+
+    fs, _point = _cgroup_fs(tmp_path, "201", "204")
+    node.jobs["204"] = node.jobs["201"].replace("JobId=201", "JobId=204").replace("IDX:0", "IDX:1")
+    node.running.add("204")
+    node.nvml.add_process(ScheduledProcess(4001, 1, node.clock.t, ((0, 1000, 5),)))
+    node.uids[4001] = 1000
+    node.cgroups[4001] = CGROUP.format(job=204)
+    node.nvml.fail_next("nvmlDeviceSetMemoryLimits_v1", NVML_ERROR_FUNCTION_NOT_FOUND, times=5)
+    mon = node.monitor()
+    mon._cgroup_fs = fs
+    with mon:
+        for _ in range(3):
+            mon.sample()
+            node.clock.t += 1
+        said = [line for line in node.log if "driver" in line]
+        assert len(said) == 1 and said[0].startswith(
+            "job 201: no driver memory limit (nvmlDeviceSetMemoryLimits_v1(gpu 0, cgroup "), said  # once, not per job
+        assert "[NVML_ERROR_FUNCTION_NOT_FOUND]" in said[0]
+        assert said[0].endswith("); its MPS limit and the monitor's enforcement hold it")
+        fams = _families(mon.metrics_text())
+        assert _value(fams, "gpushare_monitor_gpu_memory_limits_total", outcome="unsupported") == 2  # both jobs
+        assert len(node.nvml._pending) == 1 and node.nvml._pending[0][3] == 4  # NVML was asked once
+        assert node.killed == [(1001, signal.SIGKILL), (1002, signal.SIGKILL)]  # 12000 MiB of 10240: as before
+
+
+def test_gpu_memory_limit_off_sets_none(node, tmp_path):
+    fs, point = _cgroup_fs(tmp_path, "201")
+    node.config = NodeConfig(run_dir=node.config.run_dir, gpu_memory_limit="off")
+    mon = node.monitor()
+    mon._cgroup_fs = fs
+    with mon, node.nvml:
+        mon.sample()
+        limits = node.nvml.memory_limits(0, str(point / "slurm_a100" / "uid_1000" / "job_201"))
+        assert limits.hard_mib is None
+        assert mon._jobs["201"].limit is None

@@ -36,6 +36,8 @@ def test_values_and_templates():
     assert (cfg.enforce, cfg.enforce_grace, cfg.enforce_for("any")) == ("kill", 3, "kill")
     warned = parse_node_config('version = 1\nenforce = "requeue"\n[enforce_partitions]\ndebug = "warn"\n')
     assert (warned.enforce_for("debug"), warned.enforce_for("gpu")) == ("warn", "requeue")
+    assert cfg.gpu_memory_limit == "auto"
+    assert parse_node_config('version = 1\ngpu_memory_limit = "off"\n').gpu_memory_limit == "off"
     assert [parse_node_config(f'version = 1\nmps_dir_size = "{v}"\n').mps_dir_size_mib for v in ("16M", "1G", "0")] \
         == [16, 1024, 0]
     assert cfg.device_dir_for("gpu01") == "/dev"
@@ -57,6 +59,7 @@ def test_values_and_templates():
     ("version = 1\nmps_dir_size = 'lots'\n", "mps_dir_size: 'lots' is not a memory size"),
     ("version = 1\nenforce = 'kil'\n", "enforce = 'kil' is not an action"),
     ("version = 1\nenforce_grace = 0\n", "enforce_grace = 0 is out of range (1-100 samples)"),
+    ("version = 1\ngpu_memory_limit = 'on'\n", "gpu_memory_limit = 'on' is not a choice"),
     ("version = 1\nenforce_grace = 2.5\n", "enforce_grace has the wrong type"),
     ("version = 1\n[enforce_partitions]\ndebug = 'stop'\n", "enforce_partitions: debug must be"),
     ("version = 1\ndevice_dir = 'dev'\n", "device_dir = 'dev' is not an absolute path"),

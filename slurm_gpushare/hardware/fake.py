@@ -40,6 +40,14 @@ no NICs, ``source`` ``"nvml"``):
   utilization (at most 100 %), until :meth:`FakeNvml.set_utilization` fixes a value.
 - Compute mode: ``DEFAULT`` until :meth:`FakeNvml.set_compute_mode` (any user may set it; the real
   call needs root).
+- Per-cgroup memory limits (``nvmlDeviceSetMemoryLimits_v1``, driver R615+): served unless the description
+  names a driver below 615 (``FUNCTION_NOT_FOUND`` then) or the GPU has MIG enabled (``NOT_SUPPORTED``: NVML
+  takes no MIG handle); a cgroup directory that does not exist is ``INVALID_ARGUMENT``. The limits are kept in
+  ``<description>.memlimits.json`` beside the description file (root writes it, as only root may set them;
+  everyone reads it), so that every process of the node sees them, as it sees the driver's; a limit whose
+  cgroup directory is gone is forgotten (NVIDIA: removing the cgroup clears its limits). The fake GPU app
+  (``slurm_gpushare_dev.fakeapp``) fails an allocation that would take its cgroup's processes past the hard
+  limit, as the driver does.
 """
 
 from __future__ import annotations
@@ -60,12 +68,14 @@ from slurm_gpushare.errors import InputError, MachineDescriptionError, MigPlacem
 from slurm_gpushare.hardware.machine import Gpu, GpuProcess, Link, Machine, MigInstance, MigProfile
 from slurm_gpushare.hardware.machine import mig_cap_minors as mig_caps
 from slurm_gpushare.hardware.port import (
+    NVML_ERROR_FUNCTION_NOT_FOUND,
     NVML_ERROR_INVALID_ARGUMENT,
     NVML_ERROR_NOT_FOUND,
     NVML_ERROR_NOT_SUPPORTED,
     NVML_ERROR_UNINITIALIZED,
     NVML_ERROR_UNKNOWN,
     NVML_NVLINK_MAX_LINKS,
+    MemoryLimits,
     MigMode,
     NvLinkPeer,
     P2pStatus,
@@ -103,8 +113,11 @@ NVML_FUNCTIONS = frozenset({
     "nvmlDeviceCreateGpuInstanceWithPlacement", "nvmlGpuInstanceCreateComputeInstance",
     "nvmlComputeInstanceDestroy", "nvmlGpuInstanceDestroy", "nvmlDeviceGetComputeRunningProcesses",
     "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetComputeMode", "nvmlDeviceSetComputeMode",
-    "nvmlDeviceGetMPSComputeRunningProcesses",
+    "nvmlDeviceGetMPSComputeRunningProcesses", "nvmlDeviceSetMemoryLimits_v1", "nvmlDeviceGetMemoryLimits_v1",
 })
+
+#: The first driver branch whose NVML has per-cgroup memory limits (``nvmlDeviceSetMemoryLimits_v1``).
+MEMORY_LIMITS_DRIVER = 615
 
 #: A failure rule: a code (every call fails), ``(code, times)`` (the next ``times`` calls fail), or a
 #: callable given the GPU index (None for system calls) that returns a code or None (no failure).
@@ -207,6 +220,7 @@ class FakeNvml:
         self._refcount = 0
         self._fail: dict[str, list] = {}
         self._pending: list[list] = []
+        self._limits: dict[str, dict[str, list[int]]] = {}  # without a description file
         for function, rule in (fail or {}).items():
             self._check_function(function)
             self._fail[function] = [rule[0], rule[1]] if isinstance(rule, tuple) else [rule, None]
@@ -631,6 +645,66 @@ class FakeNvml:
         self._nvml("nvmlDeviceSetComputeMode", index, f"gpu {index}", f"mode {mode}")
         self._state[index].compute_mode = mode
 
+    # --- per-cgroup memory limits ----------------------------------------------------------------------
+
+    def limits_path(self) -> Path | None:
+        """Where the limits are kept (beside the description file), None for a fake without a file."""
+        return self._path.with_name(self._path.name + ".memlimits.json") if self._path is not None else None
+
+    def _read_limits(self) -> dict[str, dict[str, list[int]]]:
+        """``{gpu index: {cgroup: [soft MiB, hard MiB]}}`` of the cgroups that still exist."""
+        where = self.limits_path()
+        if where is None:
+            return self._limits
+        try:
+            data = json.loads(where.read_text())
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as e:
+            raise MachineDescriptionError(f"unreadable fake memory limits: {e}", source=str(where)) from None
+        return {gpu: {cg: v for cg, v in by.items() if os.path.isdir(cg)} for gpu, by in data.items()}
+
+    def _limits_call(self, function: str, index: int, cgroup: str) -> None:
+        where = (f"gpu {index}", f"cgroup {cgroup}")
+        state = self._dev(function, index, where[1])
+        major = self._driver.split(".")[0]
+        if major.isdigit() and int(major) < MEMORY_LIMITS_DRIVER:
+            raise nvml_error(call_source(function, *where), NVML_ERROR_FUNCTION_NOT_FOUND,
+                             detail=f"driver {self._driver} has no {function} (R{MEMORY_LIMITS_DRIVER} and later)")
+        if state.gpu.mig_enabled:
+            raise nvml_error(call_source(function, *where), NVML_ERROR_NOT_SUPPORTED,
+                             detail="MIG is enabled on this GPU")
+        if not os.path.isdir(cgroup):
+            raise nvml_error(call_source(function, *where), NVML_ERROR_INVALID_ARGUMENT,
+                             detail=f"no cgroup directory {cgroup}")
+
+    def set_memory_limits(self, index: int, cgroup: str, soft_mib: int, hard_mib: int) -> None:
+        """Remember the cgroup's limits on the GPU (see module docstring)."""
+        self._limits_call("nvmlDeviceSetMemoryLimits_v1", index, cgroup)
+        limits = self._read_limits()
+        limits.setdefault(str(index), {})[cgroup] = [soft_mib, hard_mib]
+        self._limits = limits
+        where = self.limits_path()
+        if where is not None:
+            write_atomic(where, json.dumps(limits, sort_keys=True), mode=0o644)
+
+    def memory_limits(self, index: int, cgroup: str) -> MemoryLimits:
+        """The cgroup's limits (none: ``0``/None), and what the processes in it hold on the GPU."""
+        self._limits_call("nvmlDeviceGetMemoryLimits_v1", index, cgroup)
+        kept = self._read_limits().get(str(index), {}).get(cgroup)
+        soft, hard = (int(kept[0]), int(kept[1])) if kept else (0, None)
+        return MemoryLimits(soft_mib=soft, hard_mib=hard, used_mib=self.cgroup_used_mib(index, cgroup))
+
+    def cgroup_used_mib(self, index: int, cgroup: str, *, exclude: int | None = None) -> int:
+        """What the current processes on the GPU that are in ``cgroup`` or below it hold, MiB (``exclude``: a pid
+        left out). A process is in it when a line of its ``/proc/<pid>/cgroup`` names a path whose leading part
+        ends the directory (``.../devices/slurm/uid_1/job_5`` holds ``5:devices:/slurm/uid_1/job_5/step_0``)."""
+        total = 0
+        for proc in self._current(index):
+            if proc.pid != exclude and _in_cgroup(proc.pid, cgroup):
+                total += proc.used_memory_mib
+        return total
+
     def set_processes(self, index: int, processes: Iterable[GpuProcess]) -> None:
         """Replace the processes running on GPU ``index`` (what later ``processes()`` calls report).
 
@@ -668,6 +742,22 @@ class FakeNvml:
             raise MachineDescriptionError(f"no GPU with index {index}", source=self._source)
         return self._state[index]
 
+
+
+def _in_cgroup(pid: int, cgroup: str) -> bool:
+    """Whether the process ``pid`` is in the cgroup directory ``cgroup`` or below it (see
+    :meth:`FakeNvml.cgroup_used_mib`)."""
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            text = f.read()
+    except OSError:
+        return False
+    where = cgroup.rstrip("/")
+    for line in text.splitlines():
+        parts = line.split(":", 2)[-1].rstrip("/").split("/")
+        if any(where.endswith("/".join(parts[:k])) for k in range(len(parts), 1, -1)):
+            return True
+    return False
 
 
 # --- processes that change over time ------------------------------------------------------------------

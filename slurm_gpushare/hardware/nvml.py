@@ -27,6 +27,7 @@ from slurm_gpushare.hardware.machine import GpuProcess, MigInstance, MigProfile
 from slurm_gpushare.hardware.port import (
     COMPUTE_MODES,
     NVLINK_DEVICE_TYPES,
+    NVML_DEVICE_MEMORY_LIMIT_MAX,
     NVML_ERROR_FUNCTION_NOT_FOUND,
     NVML_ERROR_INVALID_ARGUMENT,
     NVML_ERROR_NOT_FOUND,
@@ -36,6 +37,7 @@ from slurm_gpushare.hardware.port import (
     NVML_P2P_CAPS_INDEX_READ,
     NVML_P2P_STATUS,
     TOPOLOGY_LEVELS,
+    MemoryLimits,
     MigMode,
     NvLinkPeer,
     P2pStatus,
@@ -488,3 +490,35 @@ class RealNvml:
         """``nvmlDeviceSetComputeMode`` with the ``NVML_COMPUTEMODE_*`` value of ``mode``."""
         value = compute_mode_value(index, mode)
         self._call("nvmlDeviceSetComputeMode", (f"gpu {index}", f"mode {mode}"), self._handle(index), value)
+
+    # --- per-cgroup memory limits (driver R615+) -----------------------------------------------------
+
+    def _limits_struct(self, name: str, function: str, where: tuple[str, ...]) -> Any:
+        struct = getattr(self._lib, name, None)
+        if struct is None:
+            raise nvml_error(call_source(function, *where), NVML_ERROR_FUNCTION_NOT_FOUND,
+                             detail=f"{function} is missing from the installed nvidia-ml-py (13.615 or later has it)")
+        return struct()
+
+    def set_memory_limits(self, index: int, cgroup: str, soft_mib: int, hard_mib: int) -> None:
+        """``nvmlDeviceSetMemoryLimits_v1`` with ``nvmlSetMemoryLimits_v1_t`` (``nameSpace`` the cgroup's
+        directory, limits in bytes)."""
+        function = "nvmlDeviceSetMemoryLimits_v1"
+        where = (f"gpu {index}", f"cgroup {cgroup}")
+        limits = self._limits_struct("c_nvmlSetMemoryLimits_v1_t", function, where)
+        limits.nameSpace = cgroup.encode()
+        limits.softLimit = soft_mib * MIB
+        limits.hardLimit = hard_mib * MIB
+        self._call(function, where, self._handle(index), limits)
+
+    def memory_limits(self, index: int, cgroup: str) -> MemoryLimits:
+        """``nvmlDeviceGetMemoryLimits_v1`` with ``nvmlGetMemoryLimits_v1_t``."""
+        function = "nvmlDeviceGetMemoryLimits_v1"
+        where = (f"gpu {index}", f"cgroup {cgroup}")
+        limits = self._limits_struct("c_nvmlGetMemoryLimits_v1_t", function, where)
+        limits.nameSpace = cgroup.encode()
+        self._call(function, where, self._handle(index), limits)
+        hard = int(limits.hardLimit)
+        return MemoryLimits(soft_mib=int(limits.softLimit) // MIB,
+                            hard_mib=None if hard >= NVML_DEVICE_MEMORY_LIMIT_MAX else hard // MIB,
+                            used_mib=int(limits.currentUsed) // MIB)

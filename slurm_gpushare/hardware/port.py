@@ -68,6 +68,10 @@ NVML_NVLINK_DEVICE_TYPE_IBMNPU = 0x01
 NVML_NVLINK_DEVICE_TYPE_SWITCH = 0x02
 NVML_NVLINK_DEVICE_TYPE_UNKNOWN = 0xFF
 
+#: ``hardLimit`` of ``nvmlSetMemoryLimits_v1_t`` that means "no limit" (with ``softLimit`` 0): NVML's
+#: ``NVML_DEVICE_MEMORY_LIMIT_MAX``.
+NVML_DEVICE_MEMORY_LIMIT_MAX = 0xFFFFFFFFFFFFFFFF
+
 #: ``nvmlGpuP2PCapsIndex_t``. (pynvml defines ``NVML_P2P_CAPS_INDEX_READ = 0,`` -- a tuple, by a
 #: stray comma -- so the real port uses these values, not pynvml's.)
 NVML_P2P_CAPS_INDEX_READ = 0
@@ -292,6 +296,22 @@ class Utilization:
 # --- the port ---------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class MemoryLimits:
+    """A cgroup's device-memory limits on one GPU (``nvmlGetMemoryLimits_v1_t``), MiB.
+
+    Attributes:
+        soft_mib: memory guaranteed before allocations may fail under pressure (0: none).
+        hard_mib: the most the cgroup's processes may allocate on the GPU; None: no limit
+            (:data:`NVML_DEVICE_MEMORY_LIMIT_MAX`).
+        used_mib: what the cgroup's processes hold on the GPU now.
+    """
+
+    soft_mib: int
+    hard_mib: int | None
+    used_mib: int
+
+
 @runtime_checkable
 class NvmlPort(Protocol):
     """What slurm-gpushare asks of NVML. Implemented by ``RealNvml`` and ``FakeNvml``.
@@ -472,6 +492,26 @@ class NvmlPort(Protocol):
         Raises:
             NvmlError: an unknown mode (``NVML_ERROR_INVALID_ARGUMENT``, checked before NVML is
                 called), no permission, or another NVML failure.
+        """
+        ...
+
+    def set_memory_limits(self, index: int, cgroup: str, soft_mib: int, hard_mib: int) -> None:
+        """Limit the GPU memory the processes of one cgroup may allocate on GPU ``index``
+        (``nvmlDeviceSetMemoryLimits_v1``: NVML of driver R615 and later, Linux, root only; not on MIG
+        device handles). ``cgroup`` is the cgroup's directory under the cgroup mount (NVML's
+        ``nameSpace``, "full path to sysfs cgroup"); the limits hold until changed or the cgroup is removed.
+
+        Raises:
+            NvmlError: ``NVML_ERROR_FUNCTION_NOT_FOUND`` where the driver or nvidia-ml-py lacks the call,
+                ``NOT_SUPPORTED``, ``NO_PERMISSION``, ``INVALID_ARGUMENT`` (no such cgroup) as NVML answers.
+        """
+        ...
+
+    def memory_limits(self, index: int, cgroup: str) -> MemoryLimits:
+        """The cgroup's limits and use on GPU ``index`` (``nvmlDeviceGetMemoryLimits_v1``).
+
+        Raises:
+            NvmlError: as :meth:`set_memory_limits`.
         """
         ...
 

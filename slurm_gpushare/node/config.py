@@ -38,6 +38,8 @@ Every key is optional::
     mps_check_interval = 10.0                  # seconds between two read-backs of each share job's MPS daemon
                                                # limits (a job that changed them, or quit its daemon, gets
                                                # the enforce action); 0: never
+    gpu_memory_limit = "auto"                  # the driver's own limit on each share job's cgroup, where NVML
+                                               # has it (nvmlDeviceSetMemoryLimits_v1, R615+); "off": never
 
     [enforce_partitions]                       # another action for the jobs of a partition
     debug = "warn"
@@ -106,6 +108,7 @@ class NodeConfig:
     enforce_grace: int = 3
     enforce_partitions: tuple[tuple[str, str], ...] = ()
     mps_check_interval: float = 10.0
+    gpu_memory_limit: str = "auto"
 
     def enforce_for(self, partition: str) -> str:
         """The enforcement action (:data:`ENFORCE_ACTIONS`) for a job of ``partition``."""
@@ -136,6 +139,7 @@ _KEYS: dict[str, type | tuple[type, ...]] = {
     "monitor_textfile": str,
     "admin_comment_summary": bool, "admin_comment_interval": (int, float),
     "enforce": str, "enforce_grace": int, "enforce_partitions": dict, "mps_check_interval": (int, float),
+    "gpu_memory_limit": str,
 }
 
 
@@ -252,6 +256,12 @@ def _node_config_from_data(data: dict[str, Any], source: str) -> NodeConfig:
         elif key == "enforce":
             if value not in ENFORCE_ACTIONS:
                 raise ConfigError(f"enforce = {value!r} is not an action", hint='use "kill", "requeue" or "warn"',
+                                  source=source)
+            kw[key] = value
+        elif key == "gpu_memory_limit":
+            if value not in ("auto", "off"):
+                raise ConfigError(f"gpu_memory_limit = {value!r} is not a choice",
+                                  hint='use "auto" (set the driver\'s per-job limit where NVML has it) or "off"',
                                   source=source)
             kw[key] = value
         elif key == "enforce_partitions":

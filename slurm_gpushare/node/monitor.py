@@ -81,7 +81,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import psutil
@@ -95,6 +95,8 @@ from slurm_gpushare.hardware.machine import GpuProcess, Machine
 from slurm_gpushare.hardware.port import NvmlPort, read_uuids
 from slurm_gpushare.node.config import ENFORCE_ACTIONS, NodeConfig, parse_listen
 from slurm_gpushare.node.context import HookContext, admin_note, job_mps_settings
+from slurm_gpushare.node.gpulimit import OUTCOMES as LIMIT_OUTCOMES
+from slurm_gpushare.node.gpulimit import LimitResult, apply_limit, job_cgroup_dir, wants_limit
 from slurm_gpushare.node.jobdir import job_lock_nowait, read_state
 from slurm_gpushare.node.membership import (
     CgroupFs,
@@ -144,6 +146,7 @@ class _Job:
     mps_enforced: bool = False  # acted on in this episode of drift
     outside_samples: dict[JobKey, int] = field(default_factory=dict)  # consecutive samples with a process outside MPS
     outside_enforced: set[JobKey] = field(default_factory=set)  # acted on in this episode
+    limit: LimitResult | None = None  # the driver's memory limit on its cgroup, once tried (node/gpulimit.py)
 
 
 @dataclass(frozen=True)
@@ -238,6 +241,8 @@ class Monitor:
             ``scontrol update jobid=ID AdminComment=TEXT``).
         requeue: callable(job id) that requeues a job (default ``scontrol requeue``), for ``enforce = "requeue"``.
         kill: callable(pid, signal) (default :func:`os.kill`), for ``enforce = "kill"``.
+        cgroup_fs: where the cgroup hierarchies are mounted (default: this host's), to find a share job's cgroup
+            directory for the driver's memory limit (:mod:`slurm_gpushare.node.gpulimit`).
     """
 
     def __init__(self, config: NodeConfig, node: str, machine: Machine, port: NvmlPort, *,
@@ -251,7 +256,8 @@ class Monitor:
                  clock: Callable[[], float] = time.time,
                  update_admin_comment: Callable[[str, str], None] | None = None,
                  requeue: Callable[[str], None] | None = None,
-                 kill: Callable[[int, int], None] = os.kill):
+                 kill: Callable[[int, int], None] = os.kill,
+                 cgroup_fs: CgroupFs | None = None):
         self.config = config
         self.node = node
         self.machine = machine
@@ -268,7 +274,10 @@ class Monitor:
         self._listpids = listpids or commands.listpids
         self._reader = ProcReader()
         self._cgroup_of = cgroup_of or self._reader.cgroup
-        self._cgroup_owner = cgroup_owner or CgroupFs().owner
+        self._cgroup_fs = cgroup_fs or CgroupFs()
+        self._cgroup_owner = cgroup_owner or self._cgroup_fs.owner
+        self.limits_total: dict[str, int] = {}  # the driver's memory limits tried, by outcome
+        self._no_limits: LimitResult | None = None  # the driver's answer that it has no per-cgroup limits
         self._proc_of = proc_of or self._reader.facts
         self._log = log or (lambda line: print(f"slurm-gpushare monitor: {line}", file=sys.stderr, flush=True))
         self._clock = clock
@@ -758,6 +767,7 @@ class Monitor:
                 except GpushareError:
                     pass  # not supported on this GPU: no data
         owner = self._attribute({p.pid for procs in per_gpu.values() for p in procs}, local)
+        self._driver_limits(local, owner)
 
         # (job, key) -> [used MiB, sm sum, all processes had sm, processes, gpu index, pids]
         acc: dict[tuple[str, JobKey], list] = {}
@@ -844,6 +854,32 @@ class Monitor:
         self.samples_total += 1
         self.snapshot = Snapshot(now, time.monotonic() - t0, devices, gpus)
         return self.snapshot
+
+    def _driver_limits(self, local: dict[int, str] | None, owner: dict[int, str]) -> None:
+        """Set the driver's memory limit (:mod:`slurm_gpushare.node.gpulimit`) on the cgroup of each share job
+        not yet tried, found through one of its processes: Slurm's pid list of the node's steps (``local``,
+        on samples that asked it) or its GPU processes (``owner``). Once per job; logged and counted."""
+        if self.config.gpu_memory_limit == "off":
+            return
+        pending = {j for j, job in self._jobs.items() if job.limit is None and wants_limit(job.plan, "auto")}
+        if not pending:
+            return
+        found: dict[str, str] = {}
+        for pid, job_id in sorted(owner.items()) + sorted((local or {}).items()):
+            if job_id in pending and job_id not in found:
+                where = job_cgroup_dir(self._cgroup_of(pid), job_id, self._cgroup_fs)
+                if where is not None:
+                    found[job_id] = where
+        for job_id, where in sorted(found.items()):
+            job = self._jobs[job_id]
+            if self._no_limits is not None:  # the driver has no such call: asked once, not per job
+                job.limit = replace(self._no_limits, cgroup=where, mib=job.plan.mem_limit_mib or 0)
+            else:
+                job.limit = apply_limit(self.port, job.plan, where)
+                if job.limit.outcome == "unsupported" and "FUNCTION_NOT_FOUND" in job.limit.detail:
+                    self._no_limits = job.limit
+                self._log(job.limit.line(job_id))
+            self.limits_total[job.limit.outcome] = self.limits_total.get(job.limit.outcome, 0) + 1
 
     def _check_outside(self, job_id: str, job: _Job, key: JobKey, index: int, pids: list[int], used: int,
                        reserved: int, mps_clients: dict[int, frozenset[int] | None]) -> None:
@@ -1095,7 +1131,12 @@ class Monitor:
                                        "for enforce_grace samples (node.toml enforce)", labels=["node", "action"])
         for action in ENFORCE_ACTIONS:
             enforced.add_metric([self.node, action], self.enforced_total.get(action, 0))
-        yield from (samples, errors, episodes, last, took, refused, attributed, calls, enforced)
+        limits = CounterMetricFamily("gpushare_monitor_gpu_memory_limits",
+                                     "The driver's memory limit on share jobs' cgroups (node.toml gpu_memory_limit): "
+                                     "set, unsupported by the driver, or failed", labels=["node", "outcome"])
+        for outcome in LIMIT_OUTCOMES:
+            limits.add_metric([self.node, outcome], self.limits_total.get(outcome, 0))
+        yield from (samples, errors, episodes, last, took, refused, attributed, calls, enforced, limits)
 
 
 # --- serving ----------------------------------------------------------------------------------------------

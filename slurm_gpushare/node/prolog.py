@@ -396,12 +396,39 @@ def prepare(ctx: HookContext, plan: JobPlan, job_dir: Path) -> None:
             raise JobFault(f"MPS control daemon for job {plan.job_id} failed: {e}",
                            hint=f"check {ctx.config.mps_control} and the driver") from None
         env = plan.env(daemon.client_env())
+    if plan.kind == "mps":
+        _driver_limit(ctx, plan, state)
     if plan.device_files:  # before devices: a TaskProlog that reads devices finds files in place
         write_devices(job_dir / "files", plan.device_files, uid=plan.uid)
     write_devices(job_dir / "devices", plan.devices, uid=plan.uid)
     write_env(job_dir / "env", env, uid=plan.uid)
     state["phase"] = "ready"
     write_state(job_dir, state)
+
+
+def _driver_limit(ctx: HookContext, plan: JobPlan, state: dict) -> None:
+    """The driver's memory limit on the job's cgroup (:mod:`slurm_gpushare.node.gpulimit`), set now where the
+    Prolog runs inside that cgroup (``PrologFlags=RunInJob``, 24.11 and later); else the node monitor sets it
+    when the job's first step has made the cgroup. Never fails the job: the MPS limit and the monitor stand."""
+    from slurm_gpushare.node.gpulimit import apply_limit, job_cgroup_dir, wants_limit
+    from slurm_gpushare.node.membership import CgroupFs, read_cgroup
+
+    if not wants_limit(plan, ctx.config.gpu_memory_limit):
+        return
+    where = job_cgroup_dir(read_cgroup(os.getpid()), plan.job_id, CgroupFs())
+    if where is None:
+        return
+    from slurm_gpushare.hardware.ports import open_nvml
+
+    try:
+        with open_nvml() as port:
+            result = apply_limit(port, plan, where)
+    except GpushareError as e:  # NVML cannot be opened: the daemon started, so it could a moment ago
+        log_event(ctx, "prolog", f"job {plan.job_id}: no driver memory limit ({e})")
+        return
+    state["gpu_memory_limit"] = {"outcome": result.outcome, "cgroup": result.cgroup, "gpus": list(result.gpus),
+                                 "mib": result.mib}
+    log_event(ctx, "prolog", result.line(plan.job_id))
 
 
 def _free_before(ctx: HookContext, gres: NodeGres, plan: JobPlan) -> tuple[int, ...]:

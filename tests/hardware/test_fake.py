@@ -493,3 +493,51 @@ def test_two_fakes_from_one_description_answer_identically(description):
                         break
             assert one.gpu_instances(last) == two.gpu_instances(last)
         assert _answers(one) == _answers(two)
+
+
+# --- per-cgroup memory limits (nvmlDeviceSetMemoryLimits_v1) ------------------------------------------------
+
+
+def test_cgroup_memory_limits_are_kept_beside_the_description_for_every_process_until_the_cgroup_goes(tmp_path):
+    import json as _json
+    import os as _os
+
+    from slurm_gpushare.hardware.port import MemoryLimits
+
+    machine = replace(load(A100), driver_version="615.20")  # the branch that has the call
+    path = tmp_path / "node.json"
+    path.write_text(machine.to_json())
+    cgroup, other_job = tmp_path / "cg" / "job_9", tmp_path / "cg" / "job_10"
+    cgroup.mkdir(parents=True)
+    other_job.mkdir()
+    with FakeNvml(machine, path=path) as one:
+        one.set_memory_limits(1, str(cgroup), 4096, 8192)
+    assert _os.stat(one.limits_path()).st_mode & 0o777 == 0o644  # root writes it, every job's process reads it
+    with FakeNvml(Machine.load(path), path=path) as other:  # another process of the node
+        assert other.memory_limits(1, str(cgroup)) == MemoryLimits(4096, 8192, 0)
+        assert other.memory_limits(0, str(cgroup)) == MemoryLimits(0, None, 0)  # per GPU
+        cgroup.rmdir()  # NVIDIA: removing the cgroup clears its limits
+        with pytest.raises(NvmlError) as err:
+            other.memory_limits(1, str(cgroup))
+        assert err.value.code == NVML_ERROR_INVALID_ARGUMENT
+        other.set_memory_limits(1, str(other_job), 1024, 1024)
+    assert _json.loads(one.limits_path().read_text()) == {"1": {str(other_job): [1024, 1024]}}
+
+
+def test_cgroup_memory_limits_need_driver_615_and_a_gpu_without_mig(tmp_path):
+    from slurm_gpushare.hardware.port import NVML_ERROR_FUNCTION_NOT_FOUND
+
+    old = replace(load(A100), driver_version="580.95.05")
+    with FakeNvml(old) as nvml:
+        with pytest.raises(NvmlError) as err:
+            nvml.set_memory_limits(0, str(tmp_path), 1024, 1024)
+    assert err.value.code == NVML_ERROR_FUNCTION_NOT_FOUND and "R615" in str(err.value)
+    with FakeNvml(replace(old, driver_version="615.20")) as nvml:
+        nvml.set_memory_limits(0, str(tmp_path), 1024, 1024)
+        assert nvml.memory_limits(0, str(tmp_path)).hard_mib == 1024
+    mig = replace(load(H100_MIG), driver_version="")  # a description without a driver: the fake has the call
+    index = next(g.index for g in mig.gpus if g.mig_enabled)
+    with FakeNvml(mig) as nvml:
+        with pytest.raises(NvmlError) as err:
+            nvml.set_memory_limits(index, str(tmp_path), 1024, 1024)
+    assert err.value.code == NVML_ERROR_NOT_SUPPORTED

@@ -88,6 +88,7 @@ def test_constants_match_pynvml():
     for code, mode in port.COMPUTE_MODES.items():
         assert getattr(pynvml, f"NVML_COMPUTEMODE_{mode}") == code == getattr(port, f"NVML_COMPUTEMODE_{mode}")
     assert len(port.COMPUTE_MODES) == pynvml.NVML_COMPUTEMODE_COUNT
+    assert port.NVML_DEVICE_MEMORY_LIMIT_MAX == pynvml.NVML_DEVICE_MEMORY_LIMIT_MAX
 
 
 def test_every_nvml_function_we_name_exists_in_pynvml():
@@ -323,6 +324,30 @@ class PynvmlShim:
 
     def nvmlDeviceSetComputeMode(self, h, mode):
         self._port("set_compute_mode", h[1], port.COMPUTE_MODES[mode])
+
+
+class _Limits:
+    """``nvmlSetMemoryLimits_v1_t`` / ``nvmlGetMemoryLimits_v1_t`` as pynvml builds them (fields by name)."""
+
+    def __init__(self):
+        self.nameSpace, self.softLimit, self.hardLimit, self.currentUsed = b"", 0, 0, 0
+
+
+class LimitsShim(PynvmlShim):
+    """The shim of an nvidia-ml-py of 13.615 or later (per-cgroup memory limits)."""
+
+    c_nvmlSetMemoryLimits_v1_t = _Limits
+    c_nvmlGetMemoryLimits_v1_t = _Limits
+
+    def nvmlDeviceSetMemoryLimits_v1(self, h, limits):
+        self._port("set_memory_limits", h[1], limits.nameSpace.decode(), limits.softLimit // MIB,
+                   limits.hardLimit // MIB)
+
+    def nvmlDeviceGetMemoryLimits_v1(self, h, limits):
+        got = self._port("memory_limits", h[1], limits.nameSpace.decode())
+        limits.softLimit = got.soft_mib * MIB
+        limits.hardLimit = port.NVML_DEVICE_MEMORY_LIMIT_MAX if got.hard_mib is None else got.hard_mib * MIB
+        limits.currentUsed = got.used_mib * MIB
 
 
 def mig_minors(m: Machine, path: Path) -> Path:
@@ -578,3 +603,30 @@ def test_probe_a_real_node(real_nvml):
     # the fake serves what the real node reported
     with FakeNvml(m) as fake:
         assert probe_machine(fake, hostname="this-node") == m
+
+
+def test_real_port_sets_and_reads_a_cgroup_s_memory_limits_in_bytes(tmp_path):
+    """nvmlDeviceSetMemoryLimits_v1 / nvmlDeviceGetMemoryLimits_v1 (driver R615+): the cgroup's directory as
+    nameSpace, limits in bytes both ways; no limit reads as None (NVML_DEVICE_MEMORY_LIMIT_MAX)."""
+    fake = FakeNvml(replace(load("a100-pcie-4gpu-nvlink-pairs.json"), driver_version="615.20"))
+    real = RealNvml(lib=LimitsShim(fake))
+    cgroup = tmp_path / "job_7"
+    cgroup.mkdir()
+    with real:
+        assert real.memory_limits(2, str(cgroup)) == port.MemoryLimits(0, None, 0)
+        real.set_memory_limits(2, str(cgroup), 10240, 10240)
+        assert real.memory_limits(2, str(cgroup)) == port.MemoryLimits(10240, 10240, 0)
+        assert real.memory_limits(3, str(cgroup)).hard_mib is None  # per GPU
+        with pytest.raises(NvmlError) as err:
+            real.set_memory_limits(2, str(tmp_path / "gone"), 1, 1)
+        assert err.value.code == port.NVML_ERROR_INVALID_ARGUMENT
+        assert "nvmlDeviceSetMemoryLimits_v1(gpu 2, cgroup " in err.value.source
+
+
+def test_an_nvidia_ml_py_without_the_call_is_function_not_found(tmp_path):
+    real, _ = real_over_fake(load("a100-pcie-4gpu-nvlink-pairs.json"), tmp_path)
+    with real:
+        with pytest.raises(NvmlError) as err:
+            real.set_memory_limits(0, str(tmp_path), 1024, 1024)
+    assert err.value.code == port.NVML_ERROR_FUNCTION_NOT_FOUND
+    assert "13.615 or later" in str(err.value)
