@@ -15,6 +15,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -609,3 +610,133 @@ def test_a_job_name_forging_a_sacct_row_changes_nothing_in_jobstats_header(dbd, 
         assert re.search(r"^  name x\S*  state COMPLETED  nodes 1  cores \d+  CPU memory \S+  GPUs 1  QOS \S+$",
                          r.stdout, re.M), r.stdout
         assert "\x1b" not in r.stdout and "TIMEOUT" not in r.stdout and "99999" not in r.stdout, r.stdout
+
+# --- issue 28 item 2: the lines gres-conf prints start slurmctld, with slurmdbd and without ------------------
+#
+# Each case merges the generated slurm.conf.gres (and gres.conf) into a minimal site slurm.conf of its own (its
+# own ports, state and log; this module's munge, and its slurmdbd where the site has one) and runs
+# ``slurmctld -D`` until it says it runs as the primary controller (it started: it is then stopped by its pid)
+# or exits (a fatal error: its log's last lines are the message). ``gres-conf --check`` must agree. The
+# generated node lines themselves start slurmd in tests/test_gres_slurm.py.
+
+MACHINES = Path(__file__).resolve().parent.parent / "slurm_gpushare" / "data" / "machines"
+#: How long slurmctld may take to say it runs (it reads its state, loads plugins; a few seconds at most here).
+START_S = 30.0
+GEN_PORT = TEST_PORT + 850
+
+
+def _release() -> str:
+    out = subprocess.run(["slurmctld", "-V"], capture_output=True, text=True).stdout.split()
+    return str(Release.parse(out[-1])) if out else "22.05"
+
+
+def _site_conf(root: Path, cluster: DevCluster, *, dbd: bool) -> str:
+    """A minimal slurm.conf of a site, before the generated lines are merged in."""
+    lines = [
+        "ClusterName=gencheck", "SlurmctldHost=localhost", f"SlurmctldPort={GEN_PORT}", f"SlurmdPort={GEN_PORT + 1}",
+        "SlurmUser=root", "AuthType=auth/munge", f"AuthInfo=socket={cluster.root / 'munge' / 'munge.sock'}",
+        f"StateSaveLocation={root / 'state'}", f"SlurmdSpoolDir={root / 'spool'}",
+        f"SlurmctldPidFile={root / 'slurmctld.pid'}", f"SlurmctldLogFile={root / 'slurmctld.log'}",
+        "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "SelectType=select/cons_tres",
+        "SelectTypeParameters=CR_Core", "MpiDefault=none", "ReturnToService=2", "SlurmctldDebug=info",
+    ]
+    if dbd:  # the module's slurmdbd (slurmctld stops at its first start without one: it has no TRES)
+        lines += ["AccountingStorageType=accounting_storage/slurmdbd", "AccountingStorageHost=localhost",
+                  f"AccountingStoragePort={cluster.port_base + 2}",
+                  f"AccountingStoragePass={cluster.root / 'munge' / 'munge.sock'}"]
+    return "\n".join(lines) + "\n"
+
+
+def _start(conf_dir: Path) -> tuple[bool, str]:
+    """Run ``slurmctld -D -f conf_dir/slurm.conf`` until it runs or exits; (started, the end of its log)."""
+    (conf_dir / "state").mkdir(exist_ok=True)
+    log = conf_dir / "slurmctld.log"
+    log.unlink(missing_ok=True)
+    env = {**os.environ, "SLURM_CONF": str(conf_dir / "slurm.conf")}
+    proc = subprocess.Popen(["slurmctld", "-D", "-i", "-f", str(conf_dir / "slurm.conf")], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    started = False
+    deadline = time.monotonic() + START_S
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            text = log.read_text(errors="replace") if log.exists() else ""
+            if "Running as primary controller" in text:
+                started = True
+                break
+            time.sleep(0.1)
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGTERM)  # ours, by its pid
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait()
+    err = proc.stderr.read() if proc.stderr else ""
+    text = (log.read_text(errors="replace") if log.exists() else "") + err
+    return started, "\n".join(text.splitlines()[-8:])
+
+
+@pytest.fixture
+def work(dbd, tmp_path):
+    return tmp_path, dbd.cluster
+
+
+ALL_MACHINES = sorted(p.name for p in MACHINES.glob("*.json"))
+
+
+def _generate(root: Path, machines: list[str], *flags: str) -> Path:
+    out = root / f"gen{'-'.join(flags)}"
+    proc = subprocess.run([*CLI, "gres-conf", *(str(MACHINES / m) for m in machines), "--slurm-version", _release(),
+                           "--output-dir", str(out), *flags], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+def _check(site: Path, machines: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, "gres-conf", *(str(MACHINES / m) for m in machines), "--slurm-version", _release(),
+                           "--check", "--gres-conf", str(site / "gres.conf"), "--slurm-conf", str(site / "slurm.conf")],
+                          capture_output=True, text=True)
+
+
+def _site(root: Path, cluster: DevCluster, machines: list[str], *, dbd: bool, extra: str = "") -> Path:
+    """The site's directory: its slurm.conf with the generated lines of ``machines`` merged in, and gres.conf."""
+    gen = _generate(root, machines, "--slurmdbd" if dbd else "--no-slurmdbd")
+    site = root / f"site-{'dbd' if dbd else 'nodbd'}{'-x' if extra else ''}"
+    site.mkdir()
+    # the site's partition, with the TRESBillingWeights= the generator prints for it merged in, as its text says
+    lines = (gen / "slurm.conf.gres").read_text().splitlines()
+    weights = [w for ln in lines if ln.startswith("PartitionName=") for w in ln.split()
+               if w.startswith("TRESBillingWeights=")]
+    partition = " ".join(["PartitionName=gpu Nodes=ALL Default=YES", *weights])
+    # each node line with the site's own address for it (here the node names resolve nowhere: a lookup waits)
+    merged = "\n".join(ln + " NodeAddr=127.0.0.1" if ln.startswith("NodeName=") else ln for ln in lines
+                       if not ln.startswith("PartitionName=")) + "\n" + partition + "\n"
+    (site / "slurm.conf").write_text(_site_conf(site, cluster, dbd=dbd) + merged + extra)
+    shutil.copy(gen / "gres.conf", site / "gres.conf")
+    return site
+
+
+@pytest.mark.parametrize("with_dbd", [True, False], ids=["slurmdbd", "no-slurmdbd"])
+def test_the_generated_lines_start_slurmctld_and_check_agrees(work, with_dbd):
+    """The four packaged machines' lines (MIG, NVSwitch, NVLink bridges, PCIe) in one site's files."""
+    root, cluster = work
+    site = _site(root, cluster, ALL_MACHINES, dbd=with_dbd)
+    started, tail = _start(site)
+    assert started, f"slurmctld did not start from the generated lines (slurmdbd={with_dbd}):\n{tail}"
+    checked = _check(site, ALL_MACHINES)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+@pytest.mark.parametrize("extra, said", [
+    # without slurmdbd: the GRES TRES, and GRES billing weights (slurmctld's own words); --check calls each an error
+    ("AccountingStorageTRES=gres/gpu,gres/shard\n", "slurmdbd is required"),
+    ("PartitionName=bill Nodes=ALL TRESBillingWeights=GRES/gpu=1\n", "tres weights"),
+], ids=["tres", "billing"])
+def test_what_check_calls_fatal_stops_slurmctld(work, extra, said):
+    root, cluster = work
+    site = _site(root, cluster, ["8x-rtx4090-pcie.json"], dbd=False, extra=extra)
+    started, tail = _start(site)
+    assert not started and said in tail, tail
+    checked = _check(site, ["8x-rtx4090-pcie.json"])
+    assert checked.returncode != 0 and "slurmdbd" in checked.stdout + checked.stderr, checked.stdout

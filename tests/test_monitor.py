@@ -116,7 +116,7 @@ class Node:
             raise SlurmError("squeue -h -w a100 exited 1: slurm_load_jobs error: Unable to contact slurm controller")
         return sorted(self.running)
 
-    def monitor(self) -> Monitor:
+    def monitor(self, cgroup_fs=None) -> Monitor:
         return Monitor(self.config, "a100", self.machine, self.nvml, running_jobs=self.running_jobs,
                        job_record=lambda j: as_job_json(self.jobs[j], j), listpids=self.listpids,
                        cgroup_of=lambda pid: self.cgroups.get(pid, "0::/\n"),
@@ -124,7 +124,7 @@ class Node:
                        proc_of=lambda pid: ProcFacts(self.uids[pid], 7) if pid in self.uids else None,
                        log=self.log.append, clock=self.clock, requeue=self.requeue,
                        kill=lambda pid, sig: self.killed.append((pid, sig)),
-                       update_admin_comment=self.admin_comments.__setitem__)
+                       update_admin_comment=self.admin_comments.__setitem__, cgroup_fs=cgroup_fs)
 
 
 @pytest.fixture
@@ -1067,14 +1067,19 @@ def _cgroup_fs(tmp_path: Path, *jobs: str):
     return CgroupFs(f"36 25 0:31 / {point} rw,nosuid,nodev,noexec - cgroup cgroup rw,devices\n"), point
 
 
+def _samples(mon: Monitor, node: Node, n: int) -> None:
+    for _ in range(n):
+        mon.sample()
+        node.clock.t += 1
+
+
 def test_a_share_job_gets_the_driver_s_limit_on_its_cgroup_once_and_a_whole_gpu_job_none(node, tmp_path):
     """Issue 27 item 3: where NVML has per-cgroup limits (nvmlDeviceSetMemoryLimits_v1), the share job 201 (10G on
     GPU 0) gets its share as soft and hard limit on its job cgroup, found through its process; once, not every
     sample. bob's whole-GPU job 202 gets none."""
     fs, point = _cgroup_fs(tmp_path, "201")
     node.cgroups[2001] = CGROUP.format(job=202).replace("uid_1000", "uid_1001")
-    mon = node.monitor()
-    mon._cgroup_fs = fs
+    mon = node.monitor(fs)
     job_dir = str(point / "slurm_a100" / "uid_1000" / "job_201")
     with mon, node.nvml:
         mon.sample()
@@ -1101,12 +1106,9 @@ def test_a_driver_without_per_cgroup_limits_is_asked_once_and_the_monitor_enforc
     node.uids[4001] = 1000
     node.cgroups[4001] = CGROUP.format(job=204)
     node.nvml.fail_next("nvmlDeviceSetMemoryLimits_v1", NVML_ERROR_FUNCTION_NOT_FOUND, times=5)
-    mon = node.monitor()
-    mon._cgroup_fs = fs
+    mon = node.monitor(fs)
     with mon:
-        for _ in range(3):
-            mon.sample()
-            node.clock.t += 1
+        _samples(mon, node, 3)
         said = [line for line in node.log if "driver" in line]
         assert len(said) == 1 and said[0].startswith(
             "job 201: no driver memory limit (nvmlDeviceSetMemoryLimits_v1(gpu 0, cgroup "), said  # once, not per job
@@ -1121,10 +1123,53 @@ def test_a_driver_without_per_cgroup_limits_is_asked_once_and_the_monitor_enforc
 def test_gpu_memory_limit_off_sets_none(node, tmp_path):
     fs, point = _cgroup_fs(tmp_path, "201")
     node.config = NodeConfig(run_dir=node.config.run_dir, gpu_memory_limit="off")
-    mon = node.monitor()
-    mon._cgroup_fs = fs
+    mon = node.monitor(fs)
     with mon, node.nvml:
         mon.sample()
         limits = node.nvml.memory_limits(0, str(point / "slurm_a100" / "uid_1000" / "job_201"))
         assert limits.hard_mib is None
         assert mon._jobs["201"].limit is None
+
+
+def test_a_job_s_cgroup_made_anew_is_limited_again_and_a_prolog_s_limit_is_not_set_twice(node, tmp_path):
+    """Found by a review: a requeued run of the job has a new cgroup of the same name (the old one's limits went
+    with it), so the monitor sets the limit again; a limit the Prolog set (PrologFlags=RunInJob) and recorded in
+    the job's state is not set, logged or counted a second time; a failed set is tried again, at most 3 times."""
+    from slurm_gpushare.hardware.port import NVML_ERROR_UNKNOWN
+    from slurm_gpushare.node.jobdir import write_state
+
+    fs, point = _cgroup_fs(tmp_path, "201")
+    job_dir = point / "slurm_a100" / "uid_1000" / "job_201"
+    mon = node.monitor(fs)
+    with mon, node.nvml:
+        mon.sample()
+        assert node.nvml.memory_limits(0, str(job_dir)).hard_mib == 10240
+        gone = job_dir.with_name("old")
+        job_dir.rename(gone)  # the run ends; the requeued run's cgroup is made again (another directory: cgroupfs
+        job_dir.mkdir()       # numbers its directories anew, where this file system might reuse a freed number)
+        gone.rmdir()
+        node.clock.t += 1
+        mon.sample()
+        assert node.nvml.memory_limits(0, str(job_dir)).hard_mib == 10240
+        assert len([line for line in node.log if "the driver holds" in line]) == 2
+    # a Prolog that set it
+    node2 = Node(tmp_path / "n2")
+    fs2, point2 = _cgroup_fs(tmp_path / "n2", "201")
+    where = str(point2 / "slurm_a100" / "uid_1000" / "job_201")
+    jd = Path(node2.config.run_dir) / "jobs" / "201"
+    jd.mkdir(parents=True)
+    write_state(jd, {"gpu_memory_limit": {"outcome": "set", "cgroup": where, "gpus": [0], "mib": 10240}})
+    mon2 = node2.monitor(fs2)
+    with mon2, node2.nvml:
+        mon2.sample()
+        assert node2.nvml.memory_limits(0, where).hard_mib is None  # the fake's Prolog limit is not in this fake
+        assert mon2._jobs["201"].limit.outcome == "set" and not [line for line in node2.log if "driver" in line]
+    # a set that fails is tried again, three times in all
+    node3 = Node(tmp_path / "n3")
+    fs3, _ = _cgroup_fs(tmp_path / "n3", "201")
+    node3.nvml.fail_next("nvmlDeviceSetMemoryLimits_v1", NVML_ERROR_UNKNOWN, times=10)
+    mon3 = node3.monitor(fs3)
+    with mon3:
+        _samples(mon3, node3, 6)
+        fams = _families(mon3.metrics_text())
+        assert _value(fams, "gpushare_monitor_gpu_memory_limits_total", outcome="failed") == 3

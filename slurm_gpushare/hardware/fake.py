@@ -52,6 +52,8 @@ no NICs, ``source`` ``"nvml"``):
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import math
 import os
@@ -681,12 +683,16 @@ class FakeNvml:
     def set_memory_limits(self, index: int, cgroup: str, soft_mib: int, hard_mib: int) -> None:
         """Remember the cgroup's limits on the GPU (see module docstring)."""
         self._limits_call("nvmlDeviceSetMemoryLimits_v1", index, cgroup)
-        limits = self._read_limits()
-        limits.setdefault(str(index), {})[cgroup] = [soft_mib, hard_mib]
-        self._limits = limits
         where = self.limits_path()
-        if where is not None:
-            write_atomic(where, json.dumps(limits, sort_keys=True), mode=0o644)
+        with contextlib.ExitStack() as held:
+            if where is not None:  # the Prolog and the monitor may set at once: one read-modify-write at a time
+                lock = held.enter_context(open(where.with_name(where.name + ".lock"), "a"))
+                fcntl.flock(lock, fcntl.LOCK_EX)
+            limits = self._read_limits()
+            limits.setdefault(str(index), {})[cgroup] = [soft_mib, hard_mib]
+            self._limits = limits
+            if where is not None:
+                write_atomic(where, json.dumps(limits, sort_keys=True), mode=0o644)
 
     def memory_limits(self, index: int, cgroup: str) -> MemoryLimits:
         """The cgroup's limits (none: ``0``/None), and what the processes in it hold on the GPU."""

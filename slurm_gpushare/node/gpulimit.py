@@ -8,7 +8,8 @@ tasks are) together cannot allocate past the hard limit on that GPU, inside MPS 
 root; NVML takes no MIG device handle for it; NVIDIA: removing the cgroup clears the limits.
 
 Where the node has it (node.toml ``gpu_memory_limit = "auto"``, the default), a share job gets its share as
-both limits on each of its share's GPUs, on the job's cgroup (``job_<id>`` in Slurm's layout, the directory
+the hard limit on each of its share's GPUs, and as the soft limit (what NVIDIA calls guaranteed) where the share
+is on one GPU, on the job's cgroup (``job_<id>`` in Slurm's layout, root's, the directory
 :class:`~slurm_gpushare.node.membership.CgroupFs` finds for one of its processes). slurmstepd makes that
 directory when the job's first step starts, after the Prolog on 22.05 (``_rpc_prolog`` in
 src/slurmd/slurmd/req.c at slurm-22-05-8-1 runs the Prolog, then spawns the extern step). So:
@@ -16,13 +17,15 @@ src/slurmd/slurmd/req.c at slurm-22-05-8-1 runs the Prolog, then spawns the exte
 - the Prolog sets it when it runs inside the job's cgroup already (``PrologFlags=RunInJob``, 24.11 and later);
 - else the node monitor sets it on its first sample that sees a process of the job (Slurm's pid list of the
   node's steps, every ``monitor_steps_interval``, or a GPU process), and the job's processes are held by the
-  MPS limit and the monitor until then.
+  MPS limit and the monitor until then. The monitor sets it again when the job's cgroup is made anew (a
+  requeued run) and tries a failed set up to :data:`TRIES` times.
 
-Which cgroup versions the driver accepts is not stated by NVIDIA's documentation; on cgroup v1 the directory
-passed is the job's in the first hierarchy that has one, of ``memory``, ``devices``, ``cpuset``, ``freezer``.
-A driver that refuses (an older branch: ``FUNCTION_NOT_FOUND``; ``NOT_SUPPORTED``; another error) is logged
-once per job and counted; the job keeps the MPS limit and the monitor's enforcement, which stay on in every
-case.
+Which cgroup versions the driver accepts is not stated by NVIDIA's documentation; where the job has a v1
+directory (v1 or hybrid nodes) the directory passed is the job's in the first hierarchy that has one, of
+``memory``, ``devices``, ``cpuset``, ``freezer``; on a v2-only node its one directory. A driver that refuses (an
+older branch: ``FUNCTION_NOT_FOUND``; ``NOT_SUPPORTED``; another error) is logged and counted; the job keeps the
+MPS limit and the monitor's enforcement, which stay on in every case. ``gpu_memory_limit = "off"`` sets no new
+limit and clears none already set (the job's cgroup goes with the job, and its limits with it).
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ from slurm_gpushare.node.plan import JobPlan
 
 #: v1 hierarchies whose job directory is passed to NVML, in this order of preference.
 V1_ORDER = ("memory", "devices", "cpuset", "freezer")
+#: How many times the monitor tries to set a job's limit that failed (not: that the driver does not have).
+TRIES = 3
 #: Outcomes (the monitor's metric label): set on every GPU; the driver has no such call; it refused.
 OUTCOMES = ("set", "unsupported", "failed")
 
@@ -75,34 +80,44 @@ def wants_limit(plan: JobPlan, mode: str) -> bool:
 
 
 def job_cgroup_dir(cgroup_text: str, job_id: str, fs: CgroupFs) -> str | None:
-    """The directory of job ``job_id``'s cgroup, from the ``/proc/<pid>/cgroup`` text of one of its processes
-    (cgroup v2: its one directory; v1: see :data:`V1_ORDER`), or None when the text names no cgroup of that
-    job, or no mount here shows it."""
-    found: dict[str, CgroupJob] = {}
+    """The directory of job ``job_id``'s cgroup, from the ``/proc/<pid>/cgroup`` text of one of its processes, or
+    None when the text names no such cgroup that root made (slurmstepd makes the job's directory as root; a
+    directory of the same name that the job's user made, in a subtree delegated to them, is not it), or no mount
+    here shows it.
+
+    Where any v1 line names the job (cgroup v1, or a hybrid node whose unified hierarchy a user's systemd
+    manager may hold) the v1 directory is taken, in the order of :data:`V1_ORDER`; on a v2-only node its one
+    directory."""
+    v1: dict[str, CgroupJob] = {}
+    v2: CgroupJob | None = None
     for cg in cgroup_jobs(cgroup_text):
         if cg.job_id != job_id:
             continue
         if cg.hierarchy == "":
-            return fs.directory(cg)
-        for controller in cg.hierarchy.split(","):
-            found.setdefault(controller, cg)
-    for controller in V1_ORDER:
-        if controller in found:
-            where = fs.directory(found[controller])
-            if where is not None:
-                return where
+            v2 = v2 or cg
+        else:
+            for controller in cg.hierarchy.split(","):
+                v1.setdefault(controller, cg)
+    candidates = [v1[c] for c in V1_ORDER if c in v1] if v1 else ([v2] if v2 is not None else [])
+    for cg in candidates:
+        where = fs.directory(cg)
+        if where is not None and fs.owner(cg) == 0:
+            return where
     return None
 
 
 def apply_limit(port: NvmlPort, plan: JobPlan, cgroup: str) -> LimitResult:
-    """Set the job's share as the soft and hard limit of ``cgroup`` on each GPU of the share
-    (``nvmlDeviceSetMemoryLimits_v1``; the port must be open). Never raises: a refusal is the result's
+    """Set the job's share as the hard limit of ``cgroup`` on each GPU of the share, and as the soft limit on a
+    share's one GPU (``nvmlDeviceSetMemoryLimits_v1``; the port must be open). Never raises: a refusal is the result's
     ``outcome`` (a GPU already limited keeps its limit when a later one is refused)."""
     mib = plan.mem_limit_mib or 0
+    # the soft limit is what NVIDIA calls guaranteed: the share, on its one GPU; a share Slurm spread over several
+    # GPUs (it does not say how much is on each) gets the whole share as the most on each, and no guarantee
+    soft = mib if len(plan.gpu_indices) == 1 else 0
     done: list[int] = []
     for gpu in plan.gpu_indices:
         try:
-            port.set_memory_limits(gpu, cgroup, mib, mib)
+            port.set_memory_limits(gpu, cgroup, soft, mib)
         except GpushareError as e:
             code = getattr(e, "code", None)
             outcome = "unsupported" if code in (NVML_ERROR_FUNCTION_NOT_FOUND, NVML_ERROR_NOT_SUPPORTED) else "failed"

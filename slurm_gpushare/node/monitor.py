@@ -96,6 +96,7 @@ from slurm_gpushare.hardware.port import NvmlPort, read_uuids
 from slurm_gpushare.node.config import ENFORCE_ACTIONS, NodeConfig, parse_listen
 from slurm_gpushare.node.context import HookContext, admin_note, job_mps_settings
 from slurm_gpushare.node.gpulimit import OUTCOMES as LIMIT_OUTCOMES
+from slurm_gpushare.node.gpulimit import TRIES as LIMIT_TRIES
 from slurm_gpushare.node.gpulimit import LimitResult, apply_limit, job_cgroup_dir, wants_limit
 from slurm_gpushare.node.jobdir import job_lock_nowait, read_state
 from slurm_gpushare.node.membership import (
@@ -147,6 +148,8 @@ class _Job:
     outside_samples: dict[JobKey, int] = field(default_factory=dict)  # consecutive samples with a process outside MPS
     outside_enforced: set[JobKey] = field(default_factory=set)  # acted on in this episode
     limit: LimitResult | None = None  # the driver's memory limit on its cgroup, once tried (node/gpulimit.py)
+    limit_dir: tuple[int, int] | None = None  # (st_dev, st_ino) of the cgroup directory it was set on
+    limit_tries: int = 0  # sets that failed
 
 
 @dataclass(frozen=True)
@@ -857,10 +860,19 @@ class Monitor:
 
     def _driver_limits(self, local: dict[int, str] | None, owner: dict[int, str]) -> None:
         """Set the driver's memory limit (:mod:`slurm_gpushare.node.gpulimit`) on the cgroup of each share job
-        not yet tried, found through one of its processes: Slurm's pid list of the node's steps (``local``,
-        on samples that asked it) or its GPU processes (``owner``). Once per job; logged and counted."""
+        not yet limited, found through one of its processes: its GPU processes (``owner``) or Slurm's pid list
+        of the node's steps (``local``, on samples that asked it). A job whose Prolog set it on that cgroup is not
+        set again; a job whose cgroup was made anew (its directory's inode changed: a requeued run) is; a failed
+        set is tried up to ``TRIES`` times. Logged and counted."""
         if self.config.gpu_memory_limit == "off":
             return
+        for job in self._jobs.values():
+            if job.limit is None:
+                continue
+            if job.limit.outcome == "set" and _dir_id(job.limit.cgroup) != job.limit_dir:
+                job.limit = None  # the cgroup is gone, or another one has its name now
+            elif job.limit.outcome == "failed" and job.limit_tries < LIMIT_TRIES:
+                job.limit = None
         pending = {j for j, job in self._jobs.items() if job.limit is None and wants_limit(job.plan, "auto")}
         if not pending:
             return
@@ -872,12 +884,19 @@ class Monitor:
                     found[job_id] = where
         for job_id, where in sorted(found.items()):
             job = self._jobs[job_id]
+            job.limit_dir = _dir_id(where)
+            state = read_state(self.run_dir / "jobs" / job_id)  # root's, in root's job directory
+            by_prolog = state.get("gpu_memory_limit") if isinstance(state, dict) else None
+            if isinstance(by_prolog, dict) and by_prolog.get("outcome") == "set" and by_prolog.get("cgroup") == where:
+                job.limit = LimitResult("set", where, tuple(by_prolog.get("gpus") or ()), job.plan.mem_limit_mib or 0)
+                continue  # its Prolog, inside the cgroup (PrologFlags=RunInJob), set it and said so
             if self._no_limits is not None:  # the driver has no such call: asked once, not per job
                 job.limit = replace(self._no_limits, cgroup=where, mib=job.plan.mem_limit_mib or 0)
             else:
                 job.limit = apply_limit(self.port, job.plan, where)
                 if job.limit.outcome == "unsupported" and "FUNCTION_NOT_FOUND" in job.limit.detail:
                     self._no_limits = job.limit
+                job.limit_tries += job.limit.outcome == "failed"
                 self._log(job.limit.line(job_id))
             self.limits_total[job.limit.outcome] = self.limits_total.get(job.limit.outcome, 0) + 1
 
@@ -1137,6 +1156,15 @@ class Monitor:
         for outcome in LIMIT_OUTCOMES:
             limits.add_metric([self.node, outcome], self.limits_total.get(outcome, 0))
         yield from (samples, errors, episodes, last, took, refused, attributed, calls, enforced, limits)
+
+
+def _dir_id(path: str) -> tuple[int, int] | None:
+    """``(st_dev, st_ino)`` of a directory, None when it is gone."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
 
 
 # --- serving ----------------------------------------------------------------------------------------------
