@@ -179,3 +179,23 @@ def test_check_reports_accounting_tres_without_the_shard_and_mig_tres(tmp_path):
     assert ("slurm.conf: AccountingStorageTRES lacks gres/gpu:h100_4g.40gb,gres/gpu:h100_1g.10gb,gres/shard: "
             "installed gres/gpu,gres/gpu:h100") in r.output
     assert "TRESBillingWeights names GRES/shard, which is not tracked: slurmctld stops" in r.output
+
+
+def test_a_partition_of_whole_gpus_only_or_a_site_without_slurmdbd_gets_no_billing_warning():
+    """Issue 28 item 6: the warning is about the price of a share (shards, MIG devices) against a whole GPU: a
+    partition of nodes whose GPUs are only held whole gets none (whether GPUs weigh in billing is the site's own
+    choice); without slurmdbd GRES weights would stop slurmctld, so --check never proposes them."""
+    from slurm_gpushare.slurm.nodegres import GresOptions
+
+    whole = generate_node_gres(packaged_machine(RTX), "rtx", GresOptions(shards=False))
+    conf = ("AccountingStorageType=accounting_storage/slurmdbd\nGresTypes=gpu\nAccountingStorageTRES=gres/gpu,"
+            "gres/gpu:rtx4090\nNodeName=rtx Gres=gpu:rtx4090:8\nPartitionName=gpu Nodes=rtx\n")
+    slurm = parse_slurm_conf_gres(conf, source="slurm.conf")
+    assert lint_billing(slurm, [whole]) == []
+    shared = _node(RTX, "rtx")  # with shards: the warning stands
+    assert [f.message.split(":")[0] for f in lint_billing(slurm, [shared])] == [
+        "partition gpu has no TRESBillingWeights"]
+    no_dbd = parse_slurm_conf_gres(conf.replace("accounting_storage/slurmdbd", "accounting_storage/none")
+                                   .replace("AccountingStorageTRES=gres/gpu,gres/gpu:rtx4090\n", ""),
+                                   source="slurm.conf")
+    assert lint_billing(no_dbd, [shared]) == []

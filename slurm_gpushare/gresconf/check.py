@@ -1108,6 +1108,11 @@ def lint_billing(slurm: SlurmGresConf, nodes: Iterable[NodeGres], *, mig_by: str
         if not mine:
             continue
         expected = partition_billing(part.name, mine)
+        split = [t for t, _w in expected.weights if t not in expected.whole and t.lower() != "gres/gpu"]
+        if not items and (not split or slurm.no_slurmdbd):
+            # nothing split: whether whole GPUs weigh in billing is the site's own choice, not a share's price;
+            # without slurmdbd GRES weights would stop slurmctld
+            continue
         if not items:
             out.append(Finding("warning", part.where,
                                f"partition {part.name} has no TRESBillingWeights: its jobs are billed their CPUs, a "
