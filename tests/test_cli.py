@@ -814,3 +814,40 @@ def test_doctor_prints_its_findings_as_json_for_monitoring_scripts(tmp_path, mon
     assert data["findings"] and all(set(f) == {"job_id", "problem", "action"} for f in data["findings"])
     assert len(data["findings"]) == len(text.output.splitlines())  # the same findings, one line each in text
     assert any(f["job_id"] == "4711" for f in data["findings"]), data
+
+
+# --- real-input shapes (issue 28 item 6) ---------------------------------------------------------------------
+
+
+def test_a_box_of_mixed_models_takes_a_name_and_a_memory_size_per_gpu():
+    topo = ["--from-topo", str(DATA / "topo/4x-mixed-a100-nvlink-pair-l40s-pair-tabs.txt"), "--cpus", "2x16x1"]
+    r = run("gres-conf", *topo, "--gpu-name", "0-1=NVIDIA A100 80GB PCIe;2-3=NVIDIA L40S",
+            "--memory", "0-1=80G;2-3=46068M", "--slurm-version", "22.05", "--no-slurmdbd")
+    assert r.exit_code == 0, r.output
+    types = re.findall(r"Name=gpu Type=(\w+) File=/dev/nvidia(\d)", r.output)
+    assert types == [("a100", "0"), ("a100", "1"), ("l40s", "2"), ("l40s", "3")]
+    assert re.findall(r"Name=shard Count=(\d+)", r.output) == ["80", "80", "44", "44"]
+    # every GPU must be named; an item that is not INDICES=VALUE is refused, naming it
+    r = run("gres-conf", *topo, "--gpu-name", "0-1=NVIDIA A100 80GB PCIe", "--memory", "80G")
+    assert r.exit_code != 0 and "--gpu-name per GPU must name each GPU" in r.output and "missing 2,3" in r.output
+    r = run("gres-conf", *topo, "--gpu-name", "0-1=NVIDIA A100 80GB PCIe;L40S", "--memory", "80G")
+    assert r.exit_code != 0 and "--gpu-name item 'L40S' is not INDICES=VALUE" in r.output
+
+
+def test_a_gh200_numa_affinity_list_of_gpu_memory_nodes_reads_as_the_cpu_s_node():
+    """GH200: NUMA Affinity ``0,5-11`` (the CPU's node and the GPU memory's nodes) is the CPU's node 0."""
+    r = run("inventory", "--from-topo", str(DATA / "topo/1x-gh200-numa-affinity-lists-gpu-memory-nodes-tabs.txt"),
+            "--gpu-name", "NVIDIA GH200 480GB", "--memory", "97871M", "--cpus", "1x72x1")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["gpus"][0]["numa_node"] == 0
+
+
+def test_a_file_of_matrices_without_host_headers_takes_one_by_position():
+    topo = ["--from-topo", str(DATA / "topo/2x-matrices-one-file-no-host-headers-tabs.txt")]
+    r = run("topology", *topo)
+    assert r.exit_code != 0 and "--host @N for the Nth matrix" in r.output
+    first, second = run("topology", *topo, "--host", "@1"), run("topology", *topo, "--host", "@2")
+    assert first.exit_code == 0 and second.exit_code == 0, first.output + second.output
+    assert "1.08" in first.output and "1.08" not in second.output  # NV12 in the first, NV4 in the second
+    r = run("topology", *topo, "--host", "@3")
+    assert r.exit_code != 0 and "holds 2 'nvidia-smi topo -m' matrices" in r.output and "@1 to @2" in r.output

@@ -16,10 +16,13 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import socket
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import TypeVar
 
 import click
 
@@ -32,6 +35,8 @@ from slurm_gpushare.hardware.machine import MAX_MEMORY_MIB, NODE_NAME_RULE, CpuL
 PLACEHOLDER_GPU_NAME = "unknown GPU"
 #: GPU memory ``topology --from-topo`` uses when none is given: 1 MiB, a placeholder, never shown.
 PLACEHOLDER_MEMORY_MIB = 1
+
+T = TypeVar("T")
 
 
 def parse_cpus(text: str | None) -> CpuLayout | None:
@@ -78,16 +83,19 @@ def machine_options(func):
         click.option("--from-topo", "from_topo", type=click.Path(allow_dash=True),
                      help="parse 'nvidia-smi topo -m' output from FILE ('-' for stdin) instead of probing NVML"),
         click.option("--gpu-name", help="GPU product name for --from-topo, e.g. 'NVIDIA H100 80GB HBM3' "
-                                        "(inventory and gres-conf need it; the GRES type comes from it)"),
+                                        "(inventory and gres-conf need it; the GRES type comes from it); a box of "
+                                        "mixed models: per GPU, '0-1=NVIDIA A100 80GB PCIe;2-3=NVIDIA L40S'"),
         click.option("--memory", "memory", help="memory of each GPU for --from-topo, with its unit: 80G, 81559M "
-                                                "(base 1024; inventory and gres-conf need it)"),
+                                                "(base 1024; inventory and gres-conf need it); per GPU: "
+                                                "'0-1=80G;2-3=46068M'"),
         click.option("--mig-table", type=click.Path(),
                      help="'nvidia-smi mig -lgip' output: MIG profiles for --from-topo"),
         click.option("--cpus", help="CPU layout SOCKETSxCORESxTHREADS (as slurmd -C); default: inferred/probed "
                                     "(--from-topo: needed where the CPU Affinity lists do not show it)"),
         click.option("--host", "topo_host", metavar="NAME",
                      help="with --from-topo: the host whose matrix to read from a file of several (under "
-                          "'clush -b' / 'dshbak -c' host headers); also the default --hostname"),
+                          "'clush -b' / 'dshbak -c' host headers; also the default --hostname), or @N for the "
+                          "file's Nth matrix where they have no host headers"),
         click.option("--hostname", help="node name written into the description (default: this host)"),
     ]
     for opt in reversed(options):
@@ -118,10 +126,14 @@ def load_machine(path: str | None = None, *, from_topo: str | None = None, gpu_n
     check_node_name(hostname, "--hostname")
     if gpu_name is not None and not gpu_name.strip():
         raise InputError("--gpu-name is empty", hint="give the product name, e.g. 'NVIDIA A100 80GB PCIe'")
+    names = per_gpu(gpu_name, "--gpu-name", str.strip) if gpu_name else None
+    sizes = per_gpu(memory, "--memory", _memory_mib) if memory else None
     layout = parse_cpus(cpus)
     if path and from_topo:
         raise InputError("give either a machine description file or --from-topo, not both")
-    check_node_name(topo_host, "--host")
+    by_position = topo_host is not None and _POSITION.fullmatch(topo_host) is not None
+    if not by_position:
+        check_node_name(topo_host, "--host")
     if not from_topo and (gpu_name or memory or mig_table or topo_host):
         raise InputError("--gpu-name, --memory, --mig-table and --host go with --from-topo",
                          hint="NVML and machine descriptions have the names, memory and MIG profiles")
@@ -133,22 +145,23 @@ def load_machine(path: str | None = None, *, from_topo: str | None = None, gpu_n
         if hostname:
             m = replace(m, hostname=hostname)
         return m
-    host = hostname or topo_host or socket.gethostname().split(".")[0]
+    host = hostname or (None if by_position else topo_host) or socket.gethostname().split(".")[0]
     if from_topo:
         from slurm_gpushare.hardware.nvidia_smi import cpu_layout_unknown, parse_topo_matrix
-        from slurm_gpushare.memsize import parse_mib
 
         if placeholders:
             gpu_name = gpu_name or PLACEHOLDER_GPU_NAME
         else:
             _require_topo_options(gpu_name, memory)
-        memory_mib = (parse_mib(memory, default_unit=None, what="--memory", maximum=MAX_MEMORY_MIB)
-                      if memory is not None else PLACEHOLDER_MEMORY_MIB)
+        memory_mib = (next(iter(sizes.values())) if isinstance(sizes, dict) else sizes) if sizes is not None \
+            else PLACEHOLDER_MEMORY_MIB
         name = "<stdin>" if from_topo == "-" else os.path.basename(from_topo)
         what = "'nvidia-smi topo -m' output"
         text = _read_stdin(what) if from_topo == "-" else _read(from_topo, what)
-        m = parse_topo_matrix(text, source=name, hostname=host, gpu_name=gpu_name, memory_mib=memory_mib,
+        first_name = (next(iter(names.values())) if isinstance(names, dict) else names) if names else gpu_name
+        m = parse_topo_matrix(text, source=name, hostname=host, gpu_name=first_name, memory_mib=memory_mib,
                               cpus=layout, section=_topo_section(text, name, topo_host))
+        m = _per_gpu_facts(m, names, sizes, name)
         if m.cpus is None and not placeholders and any(g.cpu_affinity for g in m.gpus):
             raise InputError(f"{name}: the CPU layout cannot be read from the matrix: {cpu_layout_unknown(m.gpus)}",
                              hint="give --cpus SOCKETSxCORESxTHREADS as 'slurmd -C' prints it on the node (lscpu: "
@@ -197,6 +210,13 @@ def _topo_section(text: str, name: str, host: str | None) -> int | None:
     if host is None:
         return None
     sections = topo_sections(text)
+    position = _POSITION.fullmatch(host)
+    if position:
+        n = int(position.group(1))
+        if not 1 <= n <= len(sections):
+            raise InputError(f"--host {host}: {name} holds {len(sections)} 'nvidia-smi topo -m' matrices",
+                             hint=f"give @1 to @{len(sections)} (in the order of the file)" if sections else None)
+        return n - 1
     found: list[int] = []
     for i, (label, _at) in enumerate(sections):
         if not label:
@@ -216,7 +236,8 @@ def _topo_section(text: str, name: str, host: str | None) -> int | None:
     labels = [label for label, _at in sections if label]
     raise InputError(f"--host {host}: {name} has no 'nvidia-smi topo -m' output under a header naming it"
                      + (f" (hosts: {', '.join(labels)})" if labels else " (its matrices have no host headers)"),
-                     hint="give one of the hosts of the file, or leave --host out for a file of one matrix")
+                     hint="give one of the hosts of the file, or @N for its Nth matrix (with --hostname), or leave "
+                          "--host out for a file of one matrix")
 
 
 def _with_mig_tables(m: Machine, text: str, source: str) -> Machine:
@@ -257,6 +278,61 @@ def _with_mig_tables(m: Machine, text: str, source: str) -> Machine:
                 raise ParseError(f"GPU {g.index}: 'nvidia-smi -L' lists MIG devices {listed[g.index]}, "
                                  f"'nvidia-smi mig -lci' gives {lci}", source=source,
                                  hint="record all the outputs at the same moment (MIG devices changed between them?)")
+    return replace(m, gpus=tuple(gpus))
+
+
+#: ``--host @N``: the Nth matrix of the file (1-based), for a file of several without host headers.
+_POSITION = re.compile(r"@(\d+)")
+#: ``0-1=...;2-3=...``: a value per GPU (indices as ``nvidia-smi topo -m`` numbers them).
+_PER_GPU = re.compile(r"^\s*\d+(?:-\d+)?(?:,\d+(?:-\d+)?)*\s*=")
+
+
+def _memory_mib(text: str) -> int:
+    from slurm_gpushare.memsize import parse_mib
+
+    return parse_mib(text.strip(), default_unit=None, what="--memory", maximum=MAX_MEMORY_MIB)
+
+
+def per_gpu(value: str, option: str, parse: Callable[[str], T]) -> T | dict[int, T]:
+    """``--gpu-name``/``--memory`` for ``--from-topo``: one value for every GPU, or one per GPU for a box of mixed
+    models, ``INDICES=VALUE`` items separated by ``;`` (``0-1=NVIDIA A100 80GB PCIe;2-3=NVIDIA L40S``, the GPU
+    indices of ``nvidia-smi topo -m``) -> the value, or ``{GPU index: value}``.
+
+    Raises:
+        InputError: an item that is not ``INDICES=VALUE``, an empty value, a GPU named twice.
+    """
+    if not _PER_GPU.match(value):
+        return parse(value)
+    out: dict[int, T] = {}
+    for item in value.split(";"):
+        indices, sep, text = item.partition("=")
+        if not sep or not _PER_GPU.match(item) or not text.strip():
+            example = ("'0-1=NVIDIA A100 80GB PCIe;2-3=NVIDIA L40S'" if option == "--gpu-name"
+                       else "'0-1=80G;2-3=46068M'")
+            raise InputError(f"{option} item {item.strip()!r} is not INDICES=VALUE", hint=f"e.g. {option} {example}")
+        from slurm_gpushare.hardware.nvidia_smi import parse_cpu_list
+
+        for index in parse_cpu_list(indices.strip(), source=option):
+            if index in out:
+                raise InputError(f"{option} names GPU {index} twice")
+            out[index] = parse(text)
+    return out
+
+
+def _per_gpu_facts(m: Machine, names, sizes, source: str) -> Machine:
+    """The machine with the per-GPU names and memory sizes of :func:`per_gpu` (each must cover every GPU)."""
+    gpus = list(m.gpus)
+    for option, given, field in (("--gpu-name", names, "name"), ("--memory", sizes, "memory_mib")):
+        if not isinstance(given, dict):
+            continue
+        indices = {g.index for g in gpus}
+        missing, extra = sorted(indices - set(given)), sorted(set(given) - indices)
+        if missing or extra:
+            raise InputError(f"{option} per GPU must name each GPU of {source} ({len(gpus)}: "
+                             f"{','.join(str(i) for i in sorted(indices))})"
+                             + (f"; missing {','.join(map(str, missing))}" if missing else "")
+                             + (f"; no GPU {','.join(map(str, extra))} in the matrix" if extra else ""))
+        gpus = [replace(g, **{field: given[g.index]}) for g in gpus]
     return replace(m, gpus=tuple(gpus))
 
 

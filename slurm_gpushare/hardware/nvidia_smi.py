@@ -146,8 +146,9 @@ def parse_topo_matrix(text: str, *, source: str = "<topo>", hostname: str = "nod
         raise ParseError(f"the text holds {len(sections)} 'nvidia-smi topo -m' matrices ({found}); "
                          "which host's is meant cannot be told",
                          hint="give --host NAME to pick the matrix under that host's header (as "
-                              "'clush -b' or 'pdsh ... | dshbak -c' print them), or one host's output "
-                              "per file", source=f"{source}:{sections[1][1]}")
+                              "'clush -b' or 'pdsh ... | dshbak -c' print them), --host @N for the Nth matrix of "
+                              "the file (with --hostname), or one host's output per file",
+                         source=f"{source}:{sections[1][1]}")
     if section is not None:
         if not 0 <= section < max(len(sections), 1):
             raise ParseError(f"matrix {section} asked for, the text holds {len(sections)}", source=source)
