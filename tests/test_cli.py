@@ -820,7 +820,7 @@ def test_doctor_prints_its_findings_as_json_for_monitoring_scripts(tmp_path, mon
 
 
 def test_a_box_of_mixed_models_takes_a_name_and_a_memory_size_per_gpu():
-    topo = ["--from-topo", str(DATA / "topo/4x-mixed-a100-nvlink-pair-l40s-pair-tabs.txt"), "--cpus", "2x16x1"]
+    topo = ["--from-topo", str(DATA / "topo-shapes/4x-mixed-a100-nvlink-pair-l40s-pair-tabs.txt"), "--cpus", "2x16x1"]
     r = run("gres-conf", *topo, "--gpu-name", "0-1=NVIDIA A100 80GB PCIe;2-3=NVIDIA L40S",
             "--memory", "0-1=80G;2-3=46068M", "--slurm-version", "22.05", "--no-slurmdbd")
     assert r.exit_code == 0, r.output
@@ -836,14 +836,15 @@ def test_a_box_of_mixed_models_takes_a_name_and_a_memory_size_per_gpu():
 
 def test_a_gh200_numa_affinity_list_of_gpu_memory_nodes_reads_as_the_cpu_s_node():
     """GH200: NUMA Affinity ``0,5-11`` (the CPU's node and the GPU memory's nodes) is the CPU's node 0."""
-    r = run("inventory", "--from-topo", str(DATA / "topo/1x-gh200-numa-affinity-lists-gpu-memory-nodes-tabs.txt"),
+    topo = DATA / "topo-shapes" / "1x-gh200-numa-affinity-lists-gpu-memory-nodes-tabs.txt"
+    r = run("inventory", "--from-topo", str(topo),
             "--gpu-name", "NVIDIA GH200 480GB", "--memory", "97871M", "--cpus", "1x72x1")
     assert r.exit_code == 0, r.output
     assert json.loads(r.output)["gpus"][0]["numa_node"] == 0
 
 
 def test_a_file_of_matrices_without_host_headers_takes_one_by_position():
-    topo = ["--from-topo", str(DATA / "topo/2x-matrices-one-file-no-host-headers-tabs.txt")]
+    topo = ["--from-topo", str(DATA / "topo-shapes/2x-matrices-one-file-no-host-headers-tabs.txt")]
     r = run("topology", *topo)
     assert r.exit_code != 0 and "--host @N for the Nth matrix" in r.output
     first, second = run("topology", *topo, "--host", "@1"), run("topology", *topo, "--host", "@2")
