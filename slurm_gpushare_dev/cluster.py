@@ -166,6 +166,8 @@ class DevCluster:
             refuse (set INVAL), to see whether it does.
         gpu_order: the nodes' node.toml ``gpu_order`` (whose multi-GPU tasks get the NVLink ring).
         extra_conf: lines appended to slurm.conf (a test's own partitions, ``AccountingStorageEnforce``).
+        node_conf: lines added to the nodes' node.toml before its ``[mps_env]`` table (top-level keys first, then
+            tables such as ``[enforce_partitions]``).
         scheduler_parameters: slurm.conf ``SchedulerParameters`` (benchmarks/packing runs backfill
             every second: its jobs last seconds, not hours).
         product: slurm.conf names the product's hooks and plugins (:meth:`product_lines`); ``False``: the
@@ -183,6 +185,7 @@ class DevCluster:
     unwaited: tuple[str, ...] = ()
     gpu_order: str = "gpushare"
     extra_conf: tuple[str, ...] = ()
+    node_conf: tuple[str, ...] = ()
     scheduler_parameters: str = "sched_interval=2"
     product: bool = True
     _start: _Start | None = field(default=None, init=False, repr=False, compare=False)
@@ -872,6 +875,7 @@ class DevCluster:
                 # so each monitor gets them on its command line
                 'monitor_interval = 0.5\nmps_check_interval = 2.0\n'
                 + (f'shard_unit = "{format_mib(self.shard_unit_mib)}"\n' if self.shard_unit_mib != MIB_PER_GIB else "")
+                + "".join(f"{line}\n" for line in self.node_conf)
                 + f'\n[mps_env]\nGPUSHARE_FAKE_MPS_MODE_FILE = "{self.fake_mps_mode_file}"\n'),
             "scripts/prolog.sh": hook.replace("{which}", "prolog"),
             "scripts/epilog.sh": hook.replace("{which}", "epilog"),

@@ -85,10 +85,19 @@ def dbd_session(root: Path, port: int, nodes: list[str], **settings):
         shutil.rmtree(c.root, ignore_errors=True)
 
 
+#: The module cluster's partitions whose MPS share jobs over their share get another action than "kill"
+#: (node.toml ``[enforce_partitions]``); the other tests use the default partition.
+ENFORCE_PARTITIONS = {"warnp": "warn", "requeuep": "requeue"}
+
+
 @pytest.fixture(scope="module")
 def dbd() -> SlurmSession:
-    """A one-node dev cluster with slurmdbd and MariaDB, in its own directory and on its own ports."""
-    yield from dbd_session(Path(DBD_DIR), DBD_PORT, [NODE])
+    """A one-node dev cluster with slurmdbd and MariaDB, in its own directory and on its own ports; its node in two
+    more partitions of their own enforcement (:data:`ENFORCE_PARTITIONS`)."""
+    yield from dbd_session(Path(DBD_DIR), DBD_PORT, [NODE],
+                           extra_conf=tuple(f"PartitionName={p} Nodes={NODE}" for p in ENFORCE_PARTITIONS),
+                           node_conf=("[enforce_partitions]",
+                                      *(f'{p} = "{a}"' for p, a in ENFORCE_PARTITIONS.items())))
 
 
 def _sacct(slurm: SlurmSession, job_id: str) -> tuple[str, str]:
@@ -610,6 +619,47 @@ def test_a_job_name_forging_a_sacct_row_changes_nothing_in_jobstats_header(dbd, 
         assert re.search(r"^  name x\S*  state COMPLETED  nodes 1  cores \d+  CPU memory \S+  GPUs 1  QOS \S+$",
                          r.stdout, re.M), r.stdout
         assert "\x1b" not in r.stdout and "TIMEOUT" not in r.stdout and "99999" not in r.stdout, r.stdout
+
+# --- issue 27: the enforce actions other than kill, on real daemons ----------------------------------------
+
+
+def _over_its_share(dbd: SlurmSession, partition: str, first_run_only: bool = False) -> Job:
+    """A 4G share whose two processes hold 3 GiB each (each under its per-client MPS limit, 6 GiB together)."""
+    app = shlex.quote(str(dbd.cluster.fake_gpu_app))
+    rerun = '[ "${SLURM_RESTART_COUNT:-0}" -ge 1 ] && exit 0; ' if first_run_only else ""
+    return dbd.sbatch("-p", partition, "--gres=gpushare:mem=4G",
+                      wrap=f"{rerun}{app} --mem 3G --seconds 90 & p=$!; {app} --mem 3G --seconds 90; wait $p")
+
+
+def _note(dbd: SlurmSession, job: Job, said: str) -> str:
+    def told() -> str | None:
+        note = dbd.show_job(job.id).get("AdminComment") or ""
+        return note if said in note else None
+
+    return wait_until(told, f"job {job.id}'s AdminComment to say {said!r}")
+
+
+def test_a_share_over_its_memory_in_a_warn_partition_is_told_and_runs_on(dbd):
+    """Issue 27 (b) under enforce = "warn" (node.toml [enforce_partitions]): the job's user reads why in its
+    AdminComment, and its processes run on."""
+    job = _over_its_share(dbd, "warnp")
+    note = _note(dbd, job, "the monitor warned")
+    assert ("its 2 process(es) there held 6144 MiB together, its share is 4096 MiB; the monitor warned (node.toml "
+            'enforce = "warn").') in note, note
+    assert dbd.show_job(job.id)["JobState"] == "RUNNING"
+    dbd.run(["scancel", job.id])
+    dbd.wait(job)
+
+
+def test_a_share_over_its_memory_in_a_requeue_partition_is_requeued(dbd):
+    """Issue 27 (b) under enforce = "requeue": slurmctld requeues the job (its processes end with the run), the
+    note says so, and the next run (which stays within its share) completes."""
+    job = _over_its_share(dbd, "requeuep", first_run_only=True)
+    note = _note(dbd, job, "the monitor requeued the job")
+    assert "its share is 4096 MiB; the monitor requeued the job." in note, note
+    done = dbd.wait(job)
+    assert done.state == "COMPLETED" and int(done.fields.get("Restarts", "0")) >= 1, done.fields
+
 
 # --- issue 28 item 2: the lines gres-conf prints start slurmctld, with slurmdbd and without ------------------
 #

@@ -530,3 +530,21 @@ def test_mig_parted_config_groups_gpus_with_one_geometry():
             assert (by_gpu[d].counts if by_gpu[d] is not None else None) == e.get("mig-devices")
     assert [e["devices"] for e in cfg if not e["mig-enabled"]] == [[next(i for i, g in by_gpu.items() if g is None)]]
     assert math.isclose(plan.planned.served, 22)
+
+
+def test_fit_exact_refuses_a_gpu_whose_profiles_come_from_a_nominal_table():
+    """Issue 28 item 7: ``fit=exact`` counts what a slice really holds, and a nominal table only has the size in the
+    profile name (an H100 NVL's "1g.12gb" holds 10.62 GiB by its -lgip, not 12): the plan would put 11G requests on
+    slices that cannot hold them. Refused, naming the GPU's table and what would work; a recorded table (H100
+    80GB) and a GPU with its own profiles plan as before."""
+    nvl = Machine(hostname="n1", gpus=(Gpu(index=0, minor=0, name="NVIDIA H100 NVL", memory_mib=95830),))
+    demand = [Request(11 * G, 1.0)]
+    assert table_for_gpu(nvl.gpus[0]).memory_source.startswith("nominal")
+    with pytest.raises(InputError, match=r"fit exact: GPU 0 of n1 \(NVIDIA H100 NVL\) has only the nominal MIG "
+                                         r"table h100-94gb") as e:
+        plan_layout([nvl], demand, fit="exact")
+    assert "mig -lgip" in e.value.hint and "--fit nominal" in e.value.hint
+    assert plan_layout([nvl], demand, fit="nominal").gpus  # nominal: as the table says
+    h100 = Machine(hostname="n2", gpus=(Gpu(index=0, minor=0, name="NVIDIA H100 80GB HBM3", memory_mib=81559),))
+    assert table_for_gpu(h100.gpus[0]).memory_source.startswith("recorded")
+    assert plan_layout([h100], [Request(9 * G, 1.0)], fit="exact").gpus

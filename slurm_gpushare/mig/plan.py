@@ -294,6 +294,31 @@ def plannable_gpu(gpu: Gpu) -> Gpu:
     return with_table_profiles(gpu)
 
 
+def _refuse_nominal_tables(machines: Sequence[Machine]) -> None:
+    """``fit=exact`` counts what each slice really holds: a GPU without profiles of its own whose model's table has
+    only nominal sizes (the size in the profile name, more than the slice holds) cannot be planned that way.
+
+    Raises:
+        InputError: naming the first such GPU, its table, and how much less the recorded tables' slices hold.
+    """
+    from slurm_gpushare.hardware.migtables import table_for_gpu
+
+    for m in machines:
+        for g in sorted(m.gpus, key=lambda g: g.index):
+            table = None if g.mig_profiles else table_for_gpu(g)
+            if table is None or not table.memory_source.startswith("nominal"):
+                continue
+            short = max(1 - p.memory_mib / nominal_profile_mib(p) for t in mig_tables().values()
+                        if t.memory_source.startswith("recorded") for p in t.profiles)
+            raise InputError(
+                f"fit exact: GPU {g.index} of {m.hostname} ({g.name}) has only the nominal MIG table {table.key}: its "
+                "slices' sizes are the sizes in the profile names, and a real slice holds less (up to "
+                f"{short:.1%} less in this package's recorded tables; an H100 NVL's 1g.12gb holds 10.62 GiB), so an "
+                "exact plan could put a request on a slice that cannot hold it",
+                hint="plan from the node with MIG on (slurm-gpushare inventory reads NVML's sizes), or give "
+                     "inventory/gres-conf --mig-table with the GPU's 'nvidia-smi mig -lgip', or use --fit nominal")
+
+
 def plan_layout(machines: Sequence[Machine], demand: Sequence[Request], *, weights: Weights | None = None,
                 fit: str = "nominal", keep_mig_mode: bool = False) -> Plan:
     """Choose a geometry or MIG off for every GPU of ``machines`` to serve ``demand``.
@@ -312,6 +337,8 @@ def plan_layout(machines: Sequence[Machine], demand: Sequence[Request], *, weigh
         raise InputError(f"unknown fit {fit!r}", hint=f"use one of {', '.join(FITS)}")
     if not demand:
         raise InputError("the demand is empty", hint="give --demand FILE or a store with records (--store DB)")
+    if fit == "exact":
+        _refuse_nominal_tables(machines)
     entries: list[tuple[str, Gpu]] = [(m.hostname, plannable_gpu(g)) for m in machines
                                       for g in sorted(m.gpus, key=lambda g: g.index)]
     if not any(g.mig_profiles for _n, g in entries):
