@@ -120,24 +120,27 @@ def _instances(port: FakeNvml, index: int) -> tuple:
         return ()
 
 
-def cgroup_limit(port: FakeNvml, device: tuple[int, int | None]) -> tuple[int, int] | None:
-    """The driver's hard memory limit on this process's job cgroup for a GPU, and what the cgroup's other
-    processes hold there now (MiB), as the fake NVML keeps them (``nvmlDeviceGetMemoryLimits_v1``); None when
-    the process is in no job cgroup, the device is a MIG device, or no limit is set. Allocations later made by
-    the other processes are not counted (a real driver counts every allocation as it happens)."""
-    index, gi_id = device
-    if gi_id is not None:
-        return None
+def own_job_cgroup() -> str | None:
+    """This process's job cgroup directory (root's, in Slurm's layout), None outside a job cgroup."""
     text = read_cgroup(os.getpid())
     jobs = {c.job_id for c in cgroup_jobs(text)}
-    where = job_cgroup_dir(text, jobs.pop(), CgroupFs()) if len(jobs) == 1 else None
-    if where is None:
+    return job_cgroup_dir(text, jobs.pop(), CgroupFs()) if len(jobs) == 1 else None
+
+
+def cgroup_limit(port: FakeNvml, device: tuple[int, int | None], cgroup: str | None) -> tuple[int, int] | None:
+    """The driver's hard memory limit on the job cgroup ``cgroup`` (:func:`own_job_cgroup`) for a GPU, and what
+    the cgroup's other processes hold there now (MiB), as the fake NVML keeps them
+    (``nvmlDeviceGetMemoryLimits_v1``); None outside a job cgroup, on a MIG device, or where no limit is set.
+    Allocations later made by the other processes are not counted (a real driver counts every allocation as it
+    happens)."""
+    index, gi_id = device
+    if gi_id is not None or cgroup is None:
         return None
     try:
-        hard = port.memory_limits(index, where).hard_mib
+        hard = port.memory_limits(index, cgroup).hard_mib
     except GpushareError:
         return None
-    return None if hard is None else (hard, port.cgroup_used_mib(index, where, exclude=os.getpid()))
+    return None if hard is None else (hard, port.cgroup_used_mib(index, cgroup, exclude=os.getpid()))
 
 
 def mps_limits(text: str) -> dict[int, int]:
@@ -217,7 +220,8 @@ def run(args: Options) -> int:
         with port:
             devices = resolve_devices(port, args.devices or os.environ.get("CUDA_VISIBLE_DEVICES", ""))
             sizes = [device_memory_mib(port, d) for d in devices]
-            cgroup_limits = [cgroup_limit(port, d) for d in devices]
+            cgroup = own_job_cgroup()
+            cgroup_limits = [cgroup_limit(port, d, cgroup) for d in devices]
         pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "")
         client = bool(pipe) and os.path.exists(os.path.join(pipe, "control"))
         limits = mps_limits(os.environ.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "")) if client else {}

@@ -160,12 +160,12 @@ def test_the_app_reads_the_driver_s_limit_of_its_job_cgroup(tmp_path, monkeypatc
     m.write_text(packaged_machine("4x-h100-mig-mixed.json").to_json())
     fake = FakeNvml(Machine.load(m), path=m)
     with fake:
-        assert fakeapp.cgroup_limit(fake, (0, None)) is None  # no limit set
+        assert fakeapp.cgroup_limit(fake, (0, None), fakeapp.own_job_cgroup()) is None  # no limit set
         fake.set_memory_limits(0, str(job), 4096, 4096)
-        assert fakeapp.cgroup_limit(fake, (0, None)) == (4096, 0)
-        assert fakeapp.cgroup_limit(fake, (1, None)) is None  # another GPU
+        assert fakeapp.cgroup_limit(fake, (0, None), fakeapp.own_job_cgroup()) == (4096, 0)
+        assert fakeapp.cgroup_limit(fake, (1, None), fakeapp.own_job_cgroup()) is None  # another GPU
         mig = fake.gpu_instances(2)[0]
-        assert fakeapp.cgroup_limit(fake, (2, mig.gi_id)) is None
+        assert fakeapp.cgroup_limit(fake, (2, mig.gi_id), fakeapp.own_job_cgroup()) is None
     monkeypatch.setattr(fakeapp, "read_cgroup", lambda pid: "5:devices:/user.slice\n")
     with fake:
-        assert fakeapp.cgroup_limit(fake, (0, None)) is None
+        assert fakeapp.cgroup_limit(fake, (0, None), fakeapp.own_job_cgroup()) is None

@@ -153,13 +153,12 @@ def load_machine(path: str | None = None, *, from_topo: str | None = None, gpu_n
             gpu_name = gpu_name or PLACEHOLDER_GPU_NAME
         else:
             _require_topo_options(gpu_name, memory)
-        memory_mib = (next(iter(sizes.values())) if isinstance(sizes, dict) else sizes) if sizes is not None \
-            else PLACEHOLDER_MEMORY_MIB
+        memory_mib = _first(sizes) if sizes is not None else PLACEHOLDER_MEMORY_MIB
         name = "<stdin>" if from_topo == "-" else os.path.basename(from_topo)
         what = "'nvidia-smi topo -m' output"
         text = _read_stdin(what) if from_topo == "-" else _read(from_topo, what)
-        first_name = (next(iter(names.values())) if isinstance(names, dict) else names) if names else gpu_name
-        m = parse_topo_matrix(text, source=name, hostname=host, gpu_name=first_name, memory_mib=memory_mib,
+        m = parse_topo_matrix(text, source=name, hostname=host, gpu_name=_first(names) if names else gpu_name,
+                              memory_mib=memory_mib,
                               cpus=layout, section=_topo_section(text, name, topo_host))
         m = _per_gpu_facts(m, names, sizes, name)
         if m.cpus is None and not placeholders and any(g.cpu_affinity for g in m.gpus):
@@ -303,6 +302,8 @@ def per_gpu(value: str, option: str, parse: Callable[[str], T]) -> T | dict[int,
     """
     if not _PER_GPU.match(value):
         return parse(value)
+    from slurm_gpushare.hardware.nvidia_smi import parse_cpu_list
+
     out: dict[int, T] = {}
     for item in value.split(";"):
         indices, sep, text = item.partition("=")
@@ -310,8 +311,6 @@ def per_gpu(value: str, option: str, parse: Callable[[str], T]) -> T | dict[int,
             example = ("'0-1=NVIDIA A100 80GB PCIe;2-3=NVIDIA L40S'" if option == "--gpu-name"
                        else "'0-1=80G;2-3=46068M'")
             raise InputError(f"{option} item {item.strip()!r} is not INDICES=VALUE", hint=f"e.g. {option} {example}")
-        from slurm_gpushare.hardware.nvidia_smi import parse_cpu_list
-
         for index in parse_cpu_list(indices.strip(), source=option):
             if index in out:
                 raise InputError(f"{option} names GPU {index} twice")
@@ -319,21 +318,37 @@ def per_gpu(value: str, option: str, parse: Callable[[str], T]) -> T | dict[int,
     return out
 
 
-def _per_gpu_facts(m: Machine, names, sizes, source: str) -> Machine:
+def _first(given: T | dict[int, T]) -> T:
+    """The one value, or the first GPU's of a per-GPU value (:func:`per_gpu`)."""
+    return next(iter(given.values())) if isinstance(given, dict) else given
+
+
+def _per_gpu_facts(m: Machine, names: str | dict[int, str] | None, sizes: int | dict[int, int] | None,
+                   source: str) -> Machine:
     """The machine with the per-GPU names and memory sizes of :func:`per_gpu` (each must cover every GPU)."""
-    gpus = list(m.gpus)
-    for option, given, field in (("--gpu-name", names, "name"), ("--memory", sizes, "memory_mib")):
-        if not isinstance(given, dict):
-            continue
-        indices = {g.index for g in gpus}
-        missing, extra = sorted(indices - set(given)), sorted(set(given) - indices)
-        if missing or extra:
-            raise InputError(f"{option} per GPU must name each GPU of {source} ({len(gpus)}: "
-                             f"{','.join(str(i) for i in sorted(indices))})"
-                             + (f"; missing {','.join(map(str, missing))}" if missing else "")
-                             + (f"; no GPU {','.join(map(str, extra))} in the matrix" if extra else ""))
-        gpus = [replace(g, **{field: given[g.index]}) for g in gpus]
-    return replace(m, gpus=tuple(gpus))
+    gpus = m.gpus
+    if isinstance(names, dict):
+        _covers(names, gpus, "--gpu-name", source)
+        gpus = tuple(replace(g, name=names[g.index]) for g in gpus)
+    if isinstance(sizes, dict):
+        _covers(sizes, gpus, "--memory", source)
+        gpus = tuple(replace(g, memory_mib=sizes[g.index]) for g in gpus)
+    return replace(m, gpus=gpus)
+
+
+def _covers(given: dict, gpus, option: str, source: str) -> None:
+    """A per-GPU value names each GPU of the matrix, and no other.
+
+    Raises:
+        InputError: naming the GPUs missing and those the matrix does not have.
+    """
+    indices = {g.index for g in gpus}
+    missing, extra = sorted(indices - set(given)), sorted(set(given) - indices)
+    if missing or extra:
+        raise InputError(f"{option} per GPU must name each GPU of {source} ({len(gpus)}: "
+                         f"{','.join(str(i) for i in sorted(indices))})"
+                         + (f"; missing {','.join(map(str, missing))}" if missing else "")
+                         + (f"; no GPU {','.join(map(str, extra))} in the matrix" if extra else ""))
 
 
 def _require_topo_options(gpu_name: str | None, memory: str | None) -> None:

@@ -55,6 +55,7 @@ class LimitResult:
         gpus: the NVML indices limited (``set``), each to ``mib``.
         mib: the limit, MiB.
         detail: the driver's answer when it refused.
+        code: its NVML return code (None when set).
     """
 
     outcome: str
@@ -62,6 +63,12 @@ class LimitResult:
     gpus: tuple[int, ...]
     mib: int
     detail: str = ""
+    code: int | None = None
+
+    @property
+    def no_call(self) -> bool:
+        """The driver (or nvidia-ml-py) has no such call at all: asking again for another job is pointless."""
+        return self.code == NVML_ERROR_FUNCTION_NOT_FOUND
 
     def line(self, job_id: str) -> str:
         """One line for the node log."""
@@ -121,6 +128,6 @@ def apply_limit(port: NvmlPort, plan: JobPlan, cgroup: str) -> LimitResult:
         except GpushareError as e:
             code = getattr(e, "code", None)
             outcome = "unsupported" if code in (NVML_ERROR_FUNCTION_NOT_FOUND, NVML_ERROR_NOT_SUPPORTED) else "failed"
-            return LimitResult(outcome, cgroup, tuple(done), mib, detail=str(e))
+            return LimitResult(outcome, cgroup, tuple(done), mib, detail=str(e), code=code)
         done.append(gpu)
     return LimitResult("set", cgroup, tuple(done), mib)

@@ -894,7 +894,7 @@ class Monitor:
                 job.limit = replace(self._no_limits, cgroup=where, mib=job.plan.mem_limit_mib or 0)
             else:
                 job.limit = apply_limit(self.port, job.plan, where)
-                if job.limit.outcome == "unsupported" and "FUNCTION_NOT_FOUND" in job.limit.detail:
+                if job.limit.no_call:
                     self._no_limits = job.limit
                 job.limit_tries += job.limit.outcome == "failed"
                 self._log(job.limit.line(job_id))

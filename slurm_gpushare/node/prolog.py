@@ -423,11 +423,10 @@ def _driver_limit(ctx: HookContext, plan: JobPlan, state: dict) -> None:
     try:
         with open_nvml() as port:
             result = apply_limit(port, plan, where)
-    except GpushareError as e:  # NVML cannot be opened: the daemon started, so it could a moment ago
+    except GpushareError as e:  # NVML could not be opened: the job keeps its MPS limit and the monitor
         log_event(ctx, "prolog", f"job {plan.job_id}: no driver memory limit ({e})")
         return
-    state["gpu_memory_limit"] = {"outcome": result.outcome, "cgroup": result.cgroup, "gpus": list(result.gpus),
-                                 "mib": result.mib}
+    state["gpu_memory_limit"] = {k: v for k, v in asdict(result).items() if k in ("outcome", "cgroup", "gpus", "mib")}
     log_event(ctx, "prolog", result.line(plan.job_id))
 
 
