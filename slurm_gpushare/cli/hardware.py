@@ -214,7 +214,7 @@ def _topo_section(text: str, name: str, host: str | None) -> int | None:
         n = int(position.group(1))
         if not 1 <= n <= len(sections):
             raise InputError(f"--host {host}: {name} holds {len(sections)} 'nvidia-smi topo -m' matrices",
-                             hint=f"give @1 to @{len(sections)} (in the order of the file)" if sections else None)
+                             hint=f"give @1 to @{len(sections)}, in the order of the file" if sections else None)
         return n - 1
     found: list[int] = []
     for i, (label, _at) in enumerate(sections):
