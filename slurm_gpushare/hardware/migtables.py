@@ -17,9 +17,12 @@ Facts and their sources (NVIDIA Multi-Instance GPU User Guide):
   examples; GPUs with 7 compute slices and 8 memory slices share them
   (:data:`~slurm_gpushare.hardware.nvidia_smi.SEVEN_SLICE_PLACEMENTS`, by profile id); the A30 (4
   memory and 4 compute slices) has its own, in the table;
-- memory: recorded ``nvidia-smi mig -lgip`` output where the repository has one (A100 40GB, H100
-  80GB: the GiB column times 1024), else nominal, the size in the profile name (``1g.12gb``: 12288
-  MiB; NVML's ``memorySizeMB`` is a little less). Each model's ``memory`` entry says which.
+- memory: recorded ``nvidia-smi mig -lgip`` output (the GiB column times 1024) where a whole one is known
+  (A100 40GB, H100 80GB, H200); partial where NVIDIA published some rows (H100 NVL 94GB, B200, GB200): a
+  row without a published size takes the size of a recorded row with as many memory slices (the 4g and
+  3g profiles share 4 of 8), or is estimated (:func:`estimated_mib`); else nominal, the size in the
+  profile name (``1g.12gb``: 12288 MiB; NVML's ``memorySizeMB`` is up to 11 % less). Each model's
+  ``memory`` entry says which, and its ``recorded`` list which rows.
 
 A GPU is matched to a table by :func:`~slurm_gpushare.hardware.machine.gpu_model` of its NVML name and
 its memory (the table whose ``memory_gib`` is nearest its nominal memory), so ``NVIDIA A100-SXM4-80GB``
@@ -30,11 +33,12 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from dataclasses import dataclass, replace
 from importlib import resources
 
 from slurm_gpushare.errors import InputError
-from slurm_gpushare.hardware.machine import Gpu, MigProfile, gpu_model, nominal_gpu_mib
+from slurm_gpushare.hardware.machine import Gpu, MigProfile, gpu_model, nominal_gpu_mib, nominal_profile_mib
 from slurm_gpushare.hardware.nvidia_smi import SEVEN_SLICE_PLACEMENTS
 
 
@@ -45,9 +49,12 @@ class MigTable:
     Attributes:
         key: the table's name, e.g. ``a100-80gb``, ``h200-141gb``.
         model: the GPU model it applies to (:func:`~slurm_gpushare.hardware.machine.gpu_model`).
-        memory_source: where the profiles' memory comes from (recorded or nominal).
+        memory_source: where the profiles' memory comes from: ``recorded``, ``partial`` or ``nominal``, then
+            the source in words.
         memory_gib: the GPU's nominal memory, GiB (matches a GPU of that model by nearest memory).
         profiles: the profiles with placements, in NVML profile order.
+        estimated: names of the profiles whose memory is an estimate (:func:`estimated_mib`; only in a
+            ``partial`` table).
     """
 
     key: str
@@ -55,6 +62,7 @@ class MigTable:
     memory_source: str
     memory_gib: int
     profiles: tuple[MigProfile, ...]
+    estimated: tuple[str, ...] = ()
 
     @property
     def memory_slices(self) -> int:
@@ -67,9 +75,44 @@ class MigTable:
         return max(p.slices for p in self.profiles)
 
 
+def _memory_slices(p: MigProfile) -> int:
+    return p.placements[0][1] if p.placements else 0
+
+
+def recorded_fraction(profiles: tuple[MigProfile, ...]) -> float:
+    """The smallest share of its name's size that any of ``profiles`` holds (``1g.18gb`` holding 16 GiB:
+    0.889); 1.0 for none."""
+    return min((p.memory_mib / nominal_profile_mib(p) for p in profiles), default=1.0)
+
+
+def estimated_mib(profile: MigProfile, recorded: tuple[MigProfile, ...]) -> int:
+    """A size for a profile no ``-lgip`` output has published, never above what it holds: the size in its
+    name times the smallest share of their names' sizes that the same GPU's ``recorded`` profiles hold
+    (MiB, rounded down). The real slice holds more (recorded GPUs lose less on larger slices: an H100's
+    7g.80gb holds 99 % of 80 GiB, its 1g.10gb 97.5 % of 10)."""
+    return math.floor(nominal_profile_mib(profile) * recorded_fraction(recorded))
+
+
+def _fill_partial(key: str, profiles: list[MigProfile], recorded: set[str]) -> tuple[list[MigProfile], tuple[str, ...]]:
+    known = tuple(p for p in profiles if p.name in recorded)
+    assert known and len(known) == len(recorded), f"{key}: 'recorded' names {sorted(recorded)}, not profiles"
+    by_slices = {_memory_slices(p): p.memory_mib for p in known}
+    out, estimated = [], []
+    for p in profiles:
+        if p.name in recorded:
+            out.append(p)
+        elif _memory_slices(p) in by_slices:
+            out.append(replace(p, memory_mib=by_slices[_memory_slices(p)]))
+        else:
+            out.append(replace(p, memory_mib=estimated_mib(p, known)))
+            estimated.append(p.name)
+    return out, tuple(estimated)
+
+
 @functools.cache
 def mig_tables() -> dict[str, MigTable]:
-    """Every packaged table, by key (read once from ``data/mig/profiles.json``)."""
+    """Every packaged table, by key (read once from ``data/mig/profiles.json``; the rows of a partial table
+    without a published size filled as the module says)."""
     data = json.loads((resources.files("slurm_gpushare") / "data" / "mig" / "profiles.json").read_text("utf-8"))
     out = {}
     for key, entry in data["models"].items():
@@ -83,8 +126,11 @@ def mig_tables() -> dict[str, MigTable]:
                 assert want == slices, f"{key} {name}: profile {profile_id} has {want} slices in the placement table"
             profiles.append(MigProfile(name=name, profile_id=profile_id, slices=slices, memory_mib=memory_mib,
                                        max_instances=max_instances, sm_count=sm_count, placements=placements))
+        estimated: tuple[str, ...] = ()
+        if entry["memory"].startswith("partial"):
+            profiles, estimated = _fill_partial(key, profiles, set(entry["recorded"]))
         out[key] = MigTable(key=key, model=entry["model"], memory_gib=entry["memory_gib"],
-                            memory_source=entry["memory"], profiles=tuple(profiles))
+                            memory_source=entry["memory"], profiles=tuple(profiles), estimated=estimated)
     return out
 
 

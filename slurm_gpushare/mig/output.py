@@ -152,6 +152,7 @@ def summary(plan: Plan, waits: Waits | None = None) -> str:
     ``waits`` (:func:`~slurm_gpushare.mig.wait.expected_waits`) both layouts' expected queue wait."""
     lines = ["demand (requests at once): " + ", ".join(f"{r.label()} x{r.weight:.2f}" for r in plan.demand)]
     lines += [f"geometries: {k}: {n} (placed sets {p})" for k, (n, p) in plan.geometries.items()]
+    lines += [f"note: {n}" for n in plan.notes]
     if waits is not None:
         lines.append(f"queue wait: FIFO replay with backfill of {waits.trace.note}")
     lines.append("")
@@ -176,7 +177,8 @@ def summary(plan: Plan, waits: Waits | None = None) -> str:
 
 def summary_document(plan: Plan, waits: Waits | None = None) -> dict:
     """:func:`summary` as data (``mig plan --format json``): ``demand`` (each ``request`` and ``weight``, requests
-    at once), ``gpus`` (each ``node``, ``gpu``, ``today`` and ``plan`` as the labels the text prints), ``today``
+    at once), ``notes`` (:attr:`~slurm_gpushare.mig.plan.Plan.notes`), ``gpus`` (each ``node``, ``gpu``,
+    ``today`` and ``plan`` as the labels the text prints), ``today``
     and ``plan`` (:class:`~slurm_gpushare.mig.plan.Score`'s fields; memory in MiB; with ``waits`` a
     ``queue_wait`` of :class:`~slurm_gpushare.mig.wait.Wait`'s fields, seconds), ``queue_wait_trace`` (what was
     replayed, or null) and ``layout`` (:func:`layout_document`, what ``layout.json`` holds)."""
@@ -190,6 +192,7 @@ def summary_document(plan: Plan, waits: Waits | None = None) -> dict:
 
     return {
         "demand": [{"request": r.label(), "weight": r.weight} for r in plan.demand],
+        "notes": list(plan.notes),
         "gpus": [{"node": p.node, "gpu": p.gpu.index, "today": p.today.label, "plan": p.choice.label}
                  for p in plan.gpus],
         "today": score(plan.today, waits.today if waits else None),

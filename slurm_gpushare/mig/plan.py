@@ -175,6 +175,7 @@ class Plan:
         demand: the demand planned for.
         geometries: per GPU model table (or GPU name), ``(geometries, placed sets)`` enumerated.
         passes: coordinate-descent passes run (both starts together).
+        notes: what the reader of an exact plan must know: profiles planned with an estimated size.
     """
 
     gpus: tuple[GpuPlan, ...]
@@ -183,6 +184,7 @@ class Plan:
     demand: tuple[Request, ...]
     geometries: dict[str, tuple[int, int]] = field(default_factory=dict)
     passes: int = 0
+    notes: tuple[str, ...] = ()
 
 
 def _capacity(profile: MigProfile, fit: str) -> int:
@@ -308,15 +310,29 @@ def _refuse_nominal_tables(machines: Sequence[Machine]) -> None:
             table = None if g.mig_profiles else table_for_gpu(g)
             if table is None or not table.memory_source.startswith("nominal"):
                 continue
-            short = max(1 - p.memory_mib / nominal_profile_mib(p) for t in mig_tables().values()
-                        if t.memory_source.startswith("recorded") for p in t.profiles)
+            known = [(t.key, p) for t in mig_tables().values() if not t.memory_source.startswith("nominal")
+                     for p in t.profiles if p.name not in t.estimated]
+            key, worst = min(known, key=lambda kp: kp[1].memory_mib / nominal_profile_mib(kp[1]))
             raise InputError(
                 f"fit exact: GPU {g.index} of {m.hostname} ({g.name}) has only the nominal MIG table {table.key}: its "
                 "slices' sizes are the sizes in the profile names, and a real slice holds less (up to "
-                f"{short:.1%} less in this package's recorded tables; an H100 NVL's 1g.12gb holds 10.62 GiB), so an "
-                "exact plan could put a request on a slice that cannot hold it",
+                f"{1 - worst.memory_mib / nominal_profile_mib(worst):.1%} less in this package's recorded rows: "
+                f"{key}'s {worst.name} holds {worst.memory_mib / 1024:.2f} GiB), so an exact plan could put a request "
+                "on a slice that cannot hold it",
                 hint="plan from the node with MIG on (slurm-gpushare inventory reads NVML's sizes), or give "
                      "inventory/gres-conf --mig-table with the GPU's 'nvidia-smi mig -lgip', or use --fit nominal")
+
+
+def _estimate_notes(machines: Sequence[Machine]) -> tuple[str, ...]:
+    """One line per partial table an exact plan takes sizes from, naming its estimated profiles."""
+    from slurm_gpushare.hardware.migtables import recorded_fraction, table_for_gpu
+
+    tables = {t.key: t for m in machines for g in m.gpus if not g.mig_profiles
+              for t in [table_for_gpu(g)] if t is not None and t.estimated}
+    return tuple(f"{t.key}: no published size for {', '.join(t.estimated)}: planned at "
+                 f"{recorded_fraction(tuple(p for p in t.profiles if p.name not in t.estimated)):.1%} of the size in "
+                 "the name (the smallest share a published row of this GPU holds; the real slice holds more)"
+                 for t in tables.values())
 
 
 def plan_layout(machines: Sequence[Machine], demand: Sequence[Request], *, weights: Weights | None = None,
@@ -339,6 +355,7 @@ def plan_layout(machines: Sequence[Machine], demand: Sequence[Request], *, weigh
         raise InputError("the demand is empty", hint="give --demand FILE or a store with records (--store DB)")
     if fit == "exact":
         _refuse_nominal_tables(machines)
+    notes = _estimate_notes(machines) if fit == "exact" else ()
     entries: list[tuple[str, Gpu]] = [(m.hostname, plannable_gpu(g)) for m in machines
                                       for g in sorted(m.gpus, key=lambda g: g.index)]
     if not any(g.mig_profiles for _n, g in entries):
@@ -407,7 +424,7 @@ def plan_layout(machines: Sequence[Machine], demand: Sequence[Request], *, weigh
     b, b_score, b_passes = descend(today)
     layout, score = (a, a_score) if a_score.objective <= b_score.objective + 1e-9 else (b, b_score)
     gpus = tuple(GpuPlan(node=n, gpu=g, today=t, choice=c) for (n, g), t, c in zip(entries, today, layout, strict=True))
-    return Plan(gpus=gpus, today=today_score, planned=score, demand=tuple(demand), geometries=counts,
+    return Plan(gpus=gpus, today=today_score, planned=score, demand=tuple(demand), geometries=counts, notes=notes,
                 passes=a_passes + b_passes)
 
 
