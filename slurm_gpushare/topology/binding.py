@@ -12,8 +12,9 @@ What is decided, in order
     2. Task -> GPUs: rank ``r`` (``SLURM_LOCALID``) gets the ``r``-th GPU of the ring; with fewer
        tasks than GPUs each task gets a run of consecutive ring GPUs, with more tasks than GPUs
        consecutive ranks share one GPU. The tasks are alike, so the ring order *is* the assignment.
-    3. Task -> NIC: a minimum-cost assignment (``scipy.optimize.linear_sum_assignment``, the
-       Hungarian method) of tasks to NIC slots. The cost of a NIC for a task is the PCIe level from
+    3. Task -> NIC: a minimum-cost assignment (the Hungarian method as
+       ``scipy.optimize.linear_sum_assignment`` solves it, :mod:`slurm_gpushare.topology.assignment`) of
+       tasks to NIC slots. The cost of a NIC for a task is the PCIe level from
        it to the task's GPUs (``nvidia-smi topo -m`` NIC rows: PIX 0 < PXB 1 < PHB 2 < NODE 3 < SYS 4,
        unknown 5), weighted so that it always comes first; each NIC has one slot per task and the
        ``s``-th task on a NIC pays ``s`` more, so tasks spread over NICs that are equally near. Every
@@ -62,6 +63,7 @@ import numpy as np
 
 from slurm_gpushare.errors import InputError, MachineDescriptionError
 from slurm_gpushare.hardware.machine import PCIE_LEVELS, CpuLayout, Machine
+from slurm_gpushare.topology.assignment import assign
 from slurm_gpushare.topology.hops import hop_matrix
 from slurm_gpushare.topology.placement import ring_order
 
@@ -305,13 +307,10 @@ def _split_ring(n_gpus: int, n_tasks: int) -> list[tuple[int, ...]]:
 
 
 def _hungarian(cost: np.ndarray) -> np.ndarray:
-    """Column assigned to each row by ``scipy.optimize.linear_sum_assignment`` (rows <= columns)."""
-    from scipy.optimize import linear_sum_assignment
-
-    rows, cols = linear_sum_assignment(cost)
-    out = np.empty(cost.shape[0], dtype=np.intp)
-    out[rows] = cols
-    return out
+    """Column assigned to each row by a minimum-cost assignment, as ``scipy.optimize.linear_sum_assignment``
+    assigns it (rows <= columns; :func:`~slurm_gpushare.topology.assignment.assign`, which spares the Prolog
+    the import of SciPy)."""
+    return np.array(assign(cost.tolist()), dtype=np.intp)
 
 
 def _level(level: str | None) -> int:

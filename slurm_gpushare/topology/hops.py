@@ -39,13 +39,15 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import networkx as nx
 import numpy as np
 
 from slurm_gpushare.errors import InputError, MachineDescriptionError
 from slurm_gpushare.hardware.machine import PCIE_LEVELS, Link, Machine, Nic
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 # --- hop matrix constants ---------------------------------------------------------------------
 
@@ -299,6 +301,8 @@ def nvlink_graph(machine: Machine) -> nx.Graph:
     Raises:
         MachineDescriptionError: a contradictory description (see :func:`hop_matrix`).
     """
+    import networkx as nx  # here, not at module level: the Prolog's hop matrix needs no graph library (~0.1 s)
+
     order = _gpu_order(machine)
     pos = {g: i for i, g in enumerate(order)}
     graph = nx.Graph()
@@ -320,6 +324,8 @@ def nvlink_islands(machine: Machine) -> list[frozenset[int]]:
     Raises:
         MachineDescriptionError: a contradictory description (see :func:`hop_matrix`).
     """
+    import networkx as nx
+
     comps = [frozenset(c) for c in nx.connected_components(nvlink_graph(machine))]
     return sorted(comps, key=min)
 
