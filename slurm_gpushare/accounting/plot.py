@@ -8,8 +8,14 @@ One figure, three panels, over the same records (the report's period and filters
 2. memory efficiency: a histogram of the jobs' peak memory over what they asked for (per device, as the
    ``MEM USED%`` column of ``report --by job``), in 10% bins, stacked with one series per user (or
    account); jobs without a measured peak are left out and counted in the title; above 100% is the last bin;
+   the job counts are whole numbers;
 3. reserved and used GPU memory over time, per GPU model and mode: at each moment, the sum of the memory
-   granted to the records running then (solid) and of their peaks (dashed: an upper bound of what they held).
+   granted to the records running then (solid) and of their peaks (dashed: an upper bound of what they held);
+   the legend has one entry per model and mode (its colour) and one per line style.
+
+Panels 1 and 2 show the :data:`TOP_GROUPS` groups with the most GPU-hours reserved, and the rest as one group
+(``16 others``), so that a month of a real site's users stays legible. The title gives the period: the report's
+``--since``/``--until``, or where one is not given the first start or the last end of the records.
 
 The figure is built without pyplot (no global state, no display: the Agg canvas), and returned for tests;
 :func:`write` saves it as PNG, or as an HTML page embedding the PNG (base64 ``data:`` URL, no script).
@@ -20,12 +26,15 @@ from __future__ import annotations
 import base64
 import html
 import io
+import math
 import time
 from collections import defaultdict
 from pathlib import Path
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.ticker import MaxNLocator
 
 from slurm_gpushare.accounting.report import Filters, _period, job_report, usage_report
 from slurm_gpushare.accounting.store import Store
@@ -40,6 +49,8 @@ SUFFIXES = (".png", ".html")
 FIGSIZE = (14.0, 15.0)
 DPI = 100
 _BINS = [i * 10.0 for i in range(11)]
+#: Groups shown on their own in the bar chart and the histogram; the others are one group.
+TOP_GROUPS = 9
 
 
 def figure(store: Store, *, by: str = "user", since: int | None = None, until: int | None = None,
@@ -54,23 +65,34 @@ def figure(store: Store, *, by: str = "user", since: int | None = None, until: i
     fig = Figure(figsize=FIGSIZE, dpi=DPI)
     FigureCanvasAgg(fig)
     ax_hours, ax_eff, ax_time = fig.subplots(3, 1)
-    _hours(ax_hours, usage_report(store, by=by, since=since, until=until, filters=filters), by)
-    _efficiency(ax_eff, job_report(store, since=since, until=until, filters=filters), by)
-    _over_time(ax_time, store, since, until, filters)
-    period = ""
-    if since is not None or until is not None:
-        fmt = "%Y-%m-%d %H:%M"
-        period = (f", {time.strftime(fmt, time.localtime(since)) if since is not None else '-'} to "
-                  f"{time.strftime(fmt, time.localtime(until)) if until is not None else '-'}")
+    usage = usage_report(store, by=by, since=since, until=until, filters=filters)
+    top = [str(r[0]) for r in usage.rows[:TOP_GROUPS]] if len(usage.rows) > TOP_GROUPS + 1 else None
+    _hours(ax_hours, usage, by, top)
+    _efficiency(ax_eff, job_report(store, since=since, until=until, filters=filters), by, top)
+    first, last = _over_time(ax_time, store, since, until, filters)
+    fmt = "%Y-%m-%d %H:%M"
+    lo = since if since is not None else first
+    hi = until if until is not None else last
+    period = "" if lo is None or hi is None else \
+        f", {time.strftime(fmt, time.localtime(lo))} to {time.strftime(fmt, time.localtime(hi))}"
     fig.suptitle(f"slurm-gpushare: GPU usage{period}")
     fig.tight_layout(rect=(0, 0, 1, 0.98))
     return fig
 
 
-def _hours(ax, rep, by: str) -> None:
+def _others(n: int) -> str:
+    return f"{n} others"
+
+
+def _hours(ax, rep, by: str, top: list[str] | None) -> None:
     names = [str(r[0]) for r in rep.rows]
     reserved = [r[3] for r in rep.rows]
     used = [r[4] for r in rep.rows]
+    if top is not None:  # the rest as one group: their sums (used over those with SM data, or no bar)
+        rest_used = [u for u in used[len(top):] if u is not None]
+        names = [*top, _others(len(names) - len(top))]
+        reserved = [*reserved[:len(top)], sum(reserved[len(top):])]
+        used = [*used[:len(top)], sum(rest_used) if rest_used else None]
     xs = list(range(len(names)))
     ax.bar([x - 0.2 for x in xs], reserved, width=0.4, label="reserved")
     ax.bar([x + 0.2 for x, u in zip(xs, used, strict=True) if u is not None],
@@ -85,22 +107,32 @@ def _hours(ax, rep, by: str) -> None:
         ax.text(0.5, 0.5, "no records", ha="center", va="center", transform=ax.transAxes)
 
 
-def _efficiency(ax, rep, by: str) -> None:
+def _efficiency(ax, rep, by: str, top: list[str] | None) -> None:
     col = [c.name for c in rep.columns]
     g, pct = col.index(by), col.index("mem_used_pct")
     per: dict[str, list[float]] = defaultdict(list)
     without = 0
+    others = set()
     for row in rep.rows:
         if row[pct] is None:
             without += 1
             continue
-        per[str(row[g])].append(min(row[pct], 100.0))
-    names = sorted(per)
+        name = str(row[g])
+        if top is not None and name not in top:
+            others.add(name)
+            name = ""  # the others' group
+        per[name].append(min(row[pct], 100.0))
+    names = [n for n in top if n in per] if top is not None else sorted(per)
+    labels = list(names)
+    if "" in per:
+        names.append("")
+        labels.append(_others(len(others)))
     if names:
-        ax.hist([per[n] for n in names], bins=_BINS, stacked=True, label=names)
-        ax.legend(title=by)
+        ax.hist([per[n] for n in names], bins=_BINS, stacked=True, label=labels)
+        ax.legend(title=by, ncol=2 if len(names) > 5 else 1)
     else:
         ax.text(0.5, 0.5, "no job with a measured peak", ha="center", va="center", transform=ax.transAxes)
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlim(0, 100)
     ax.set_xlabel("peak GPU memory / memory asked (%)")
     ax.set_ylabel("jobs")
@@ -110,7 +142,10 @@ def _efficiency(ax, rep, by: str) -> None:
     ax.set_title(title)
 
 
-def _over_time(ax, store: Store, since: int | None, until: int | None, filters: Filters | None) -> None:
+def _over_time(ax, store: Store, since: int | None, until: int | None,
+               filters: Filters | None) -> tuple[int | None, int | None]:
+    """Draw panel 3; returns the first start and the last end of the records drawn (within the period), or
+    ``(None, None)`` for none."""
     inner, params = _period(since, until, '"gpu_model", "mode", "start", "end", "mem_granted_mib", "mem_peak_mib"',
                             filters, store.dialect)
     rows = store.query(f"SELECT * FROM ({inner}) AS p", params)
@@ -122,6 +157,7 @@ def _over_time(ax, store: Store, since: int | None, until: int | None, filters: 
         e = end if hi is None else min(end, hi)
         events[(model, mode)] += [(s, granted, peak or 0), (max(e, s), -granted, -(peak or 0))]
     t0 = min((ev[0] for evs in events.values() for ev in evs), default=0)
+    handles, labels = [], []
     for n, key in enumerate(sorted(events)):
         when, reserved, used = [], [], []
         res = use = 0
@@ -136,16 +172,23 @@ def _over_time(ax, store: Store, since: int | None, until: int | None, filters: 
             reserved.append(res / 1024.0)
             used.append(use / 1024.0)
         color = f"C{n % 10}"
-        ax.plot(when, reserved, color=color, label=f"{key[0]} {key[1]} reserved")
+        handles += ax.plot(when, reserved, color=color, label=f"{key[0]} {key[1]} reserved")
         ax.plot(when, used, color=color, linestyle="--", label=f"{key[0]} {key[1]} used (peak)")
+        labels.append(f"{key[0]} {key[1]}")
     if events:
         ax.set_xlabel(f"hours since {time.strftime('%Y-%m-%d %H:%M', time.localtime(t0))}")
-        ax.legend()
+        # one entry per colour (model and mode), one per line style
+        handles += [Line2D([], [], color="black"), Line2D([], [], color="black", linestyle="--")]
+        labels += ["reserved", "used (peak)"]
+        ax.legend(handles, labels, ncol=max(1, math.ceil(len(handles) / 8)), fontsize="small")
     else:
         ax.set_xlabel("hours")
         ax.text(0.5, 0.5, "no records", ha="center", va="center", transform=ax.transAxes)
     ax.set_ylabel("GPU memory (GiB)")
     ax.set_title("Reserved and used GPU memory over time, per GPU model and mode")
+    if not events:
+        return None, None
+    return t0, max(ev[0] for evs in events.values() for ev in evs)
 
 
 def check_suffix(path: str | Path) -> str:

@@ -6,13 +6,14 @@ from __future__ import annotations
 import base64
 import io
 import re
+import time
 
 import matplotlib.image
 import pytest
 from click.testing import CliRunner
 
 from slurm_gpushare.accounting import plot
-from slurm_gpushare.accounting.report import Filters
+from slurm_gpushare.accounting.report import Filters, usage_report
 from slurm_gpushare.accounting.store import Store
 from slurm_gpushare.cli import main
 from slurm_gpushare.errors import InputError
@@ -57,9 +58,8 @@ def test_figure_has_three_labelled_panels_with_one_series_per_user(store):
     assert [sum(p.get_height() for p in c) for c in eff.containers] == [2, 1, 1]
     # memory over time: reserved and used per model and mode
     assert over_time.get_ylabel() == "GPU memory (GiB)"
-    assert _legend(over_time) == [f"{m} {mode} {what}" for m, mode in
-                                  [("a100", "gpu"), ("a100", "mps"), ("h100", "gpu"), ("h100", "mig")]
-                                  for what in ("reserved", "used (peak)")]
+    # one legend entry per model and mode (its colour), one per line style (issue 31 item 6)
+    assert _legend(over_time) == ["a100 gpu", "a100 mps", "h100 gpu", "h100 mig", "reserved", "used (peak)"]
     # a100 gpu: job 2's two whole GPUs, 160 GiB reserved at once
     assert max(over_time.lines[0].get_ydata()) == 160.0
     assert max(over_time.lines[1].get_ydata()) == 30.0  # their peaks, 20 + 10 GiB
@@ -145,3 +145,47 @@ def test_report_refuses_empty_names_and_a_plot_suffix_before_drawing(tmp_path, m
                       (["--plot", str(tmp_path / "usage.svg")], "cannot write a .svg file")):
         out = CliRunner().invoke(main, ["report", "--db", str(db), *args])
         assert out.exit_code == 2 and msg in out.output, (args, out.output)
+
+
+def _crowd(n_users: int) -> list:
+    """``n_users`` users, user ``uK`` with K+1 jobs of one hour each (so the larger K, the more GPU-hours)."""
+    out = []
+    for k in range(n_users):
+        for j in range(k + 1):
+            out.append(record(job_id=f"{k}{j:02d}", user=f"u{k:02d}", account=f"a{k % 3}", mem_asked_mib=8192,
+                              mem_granted_mib=8192, mem_peak_mib=4096, start=T0 + 60 * j, end=T0 + 60 * j + 3600))
+    return out
+
+
+def test_a_month_of_many_users_stays_readable():
+    """Issue 31 item 6: with 25 users the bars and the histogram show the 9 with the most GPU-hours and one
+    group of the others (never 25 overlapping labels); the histogram counts jobs in whole numbers; the memory
+    panel's legend has one entry per GPU model and mode and one per line style."""
+    with Store() as st:
+        st.add(_crowd(25))
+        fig = plot.figure(st)
+        rows = usage_report(st, by="user").rows
+    hours, eff, over_time = fig.axes
+    labels = [t.get_text() for t in hours.get_xticklabels()]
+    assert labels == [f"u{k:02d}" for k in range(24, 15, -1)] + ["16 others"]
+    reserved = hours.containers[0]
+    assert reserved[-1].get_height() == pytest.approx(sum(r[3] for r in rows[9:]))  # the others' GPU-hours
+    assert _legend(eff) == [f"u{k:02d}" for k in range(24, 15, -1)] + ["16 others"]
+    assert sum(p.get_height() for c in eff.containers for p in c) == sum(k + 1 for k in range(25))  # every job
+    ticks = eff.yaxis.get_major_locator().tick_values(0, 7)
+    assert all(float(t).is_integer() for t in ticks)
+    assert _legend(over_time) == ["a100 mps", "reserved", "used (peak)"]
+
+
+def test_the_title_names_the_period_the_records_span():
+    """Issue 31 item 6: without --since/--until the title gives the first start and the last end of the records
+    (it said "to -"); with one bound given, that bound and the records' other end."""
+    with Store() as st:
+        st.add(_crowd(2))
+        fmt = "%Y-%m-%d %H:%M"
+        first, last = time.strftime(fmt, time.localtime(T0)), time.strftime(fmt, time.localtime(T0 + 60 + 3600))
+        assert plot.figure(st)._suptitle.get_text() == f"slurm-gpushare: GPU usage, {first} to {last}"
+        since = time.strftime(fmt, time.localtime(T0 + 1800))
+        assert plot.figure(st, since=T0 + 1800)._suptitle.get_text() == \
+            f"slurm-gpushare: GPU usage, {since} to {last}"
+        assert " to -" not in plot.figure(st, since=T0 + 1800)._suptitle.get_text()

@@ -184,6 +184,10 @@ def test_table_says_no_data_and_has_a_total(store):
     lines = text.splitlines()
     assert lines[0] == "GPU usage by user"
     assert lines[1].split()[:4] == ["USER", "JOBS", "GPUS", "GPU-H"]
+    # the efficiencies say what they divide (issue 31 item 6): "GPU EFF% 94.4" beside "SM MEAN% 52.2" read as a
+    # contradiction; it is GPU-hours used over reserved, and a share's reservation is part of a GPU
+    assert "GPU-H USED/RES%" in lines[1] and "MEM-H USED/RES%" in lines[1]
+    assert "GPU EFF%" not in lines[1] and "MEM EFF%" not in lines[1]
     bob = next(ln for ln in lines if ln.startswith("bob"))
     assert NO_DATA in bob and " 0.0 " not in bob
     assert lines[-1].startswith("TOTAL")
