@@ -57,11 +57,10 @@ from slurm_gpushare.hardware.fake import PROCESS_TABLE_ENV, ProcessTable, derive
 from slurm_gpushare.hardware.machine import Machine, mig_cap_minors
 from slurm_gpushare.hardware.ports import ENV as NVML_ENV
 from slurm_gpushare.memsize import format_mib
-from slurm_gpushare.mig.apply import RECONFIGURE_RESTARTS
 from slurm_gpushare.procinfo import pid_alive
 from slurm_gpushare.siteinstall import SOCKET_SUBDIR, set_lua_setting
 from slurm_gpushare.slurm.nodegres import MIB_PER_GIB, GresOptions
-from slurm_gpushare.slurm.release import Release
+from slurm_gpushare.slurm.release import RECONFIGURE_RESTARTS, Release
 from slurm_gpushare_dev.release import IN_ROOT_ENV, PROJECT, SUITES, host_release, needs_root, run_in_release
 
 DEFAULT_DIR = "/tmp/slurm-gpushare-dev"

@@ -22,7 +22,6 @@ from slurm_gpushare.hardware.ports import open_nvml
 from slurm_gpushare.mig.apply import (
     KILL_ENV,
     REASON_PREFIX,
-    RECONFIGURE_RESTARTS,
     current_layout,
     gres_matches,
     parse_node,
@@ -32,7 +31,7 @@ from slurm_gpushare.mig.demand import Request
 from slurm_gpushare.mig.output import layout_json
 from slurm_gpushare.mig.plan import plan_layout
 from slurm_gpushare.slurm.nodegres import GresOptions
-from slurm_gpushare.slurm.release import Release
+from slurm_gpushare.slurm.release import RECONFIGURE_RESTARTS, Release
 from slurm_gpushare_dev.cluster import DevCluster
 from tests.conftest import TEST_PORT, job_trail, private_cluster, wait_until
 

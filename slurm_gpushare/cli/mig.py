@@ -158,9 +158,10 @@ def mig_apply(node, layout_file, config_path, state_dir, gres_conf, slurm_conf, 
 
     from slurm_gpushare.cli.gres import _installed_path, _release, check_device_dir
     from slurm_gpushare.hardware.ports import open_nvml
-    from slurm_gpushare.mig.apply import RECONFIGURE_RESTARTS, STATE_NAME, Apply, CommandSlurm, read_layout
+    from slurm_gpushare.mig.apply import STATE_NAME, Apply, CommandSlurm, read_layout
     from slurm_gpushare.node.config import load_node_config
     from slurm_gpushare.slurm.nodegres import GresOptions
+    from slurm_gpushare.slurm.release import RECONFIGURE_RESTARTS
 
     check_device_dir(device_dir)
     config = load_node_config(config_path)

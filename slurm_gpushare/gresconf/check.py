@@ -86,7 +86,7 @@ from slurm_gpushare.slurm.gresrules import (
 )
 from slurm_gpushare.slurm.hostlist import compress_hostlist, format_ranges
 from slurm_gpushare.slurm.nodegres import NodeGres
-from slurm_gpushare.slurm.release import OLDEST, Release
+from slurm_gpushare.slurm.release import GRES_FLAGS_ENV_ONLY, GRES_FLAGS_EVERY_BIT, OLDEST, Release
 from slurm_gpushare.topology.hops import slurm_links
 
 #: Severities of a :class:`Finding`.
@@ -342,7 +342,7 @@ def _flag_set(e: GresEntry, release: Release) -> tuple[frozenset[str], bool]:
     and ``no_gpu_env`` on 22.05; every flag bit (``all_sharing`` is none) and ``no_gpu_env`` from 23.02."""
     items = {f.lower() for f in e.flags}
     no_env = "no_gpu_env" in items
-    if release < Release(23, 2):
+    if release < GRES_FLAGS_EVERY_BIT:
         return frozenset(items & set(ENV_FLAGS)), no_env
     bits = items & set(flag_values(release)) - {"all_sharing", "no_gpu_env"}
     if e.name.lower() == "mps" and not items & {"one_sharing", "all_sharing"}:
@@ -369,7 +369,7 @@ def _lint_flags_agree(node: _Node, release: Release) -> list[_Raw]:
     so a compared ``Flags=`` gpu line after it always differs.
     """
     out: list[_Raw] = []
-    compare_all = Release(23, 2) <= release < Release(26, 5)
+    compare_all = GRES_FLAGS_EVERY_BIT <= release < GRES_FLAGS_ENV_ONLY
     previous: tuple[str, tuple[frozenset[str], bool], GresEntry] | None = None
     for e in node.records:
         name = e.name.lower()

@@ -24,10 +24,10 @@ The steps (:data:`STEPS`), each recorded in a state file before it starts and on
    (:meth:`Apply.check_files`).
 6. ``slurm``: the node's slurmd is stopped, slurmctld restarted (``scontrol reconfigure`` from 23.11 on, which
    restarts it; 22.05 needs a real restart: its reconfigure refuses a changed count of ``File=`` GRES, see
-   :data:`RECONFIGURE_RESTARTS`), slurmd started, then apply waits until slurmctld shows the node's new
-   ``Gres=`` from a slurmd started after the change. slurmd is stopped first so that no slurmd with the old
-   GRES registers with a slurmctld holding the new slurm.conf (which drains the node with Slurm's own
-   reason, replacing apply's).
+   :data:`~slurm_gpushare.slurm.release.RECONFIGURE_RESTARTS`), slurmd started, then apply waits until
+   slurmctld shows the node's new ``Gres=`` from a slurmd started after the change. slurmd is stopped first
+   so that no slurmd with the old GRES registers with a slurmctld holding the new slurm.conf (which drains
+   the node with Slurm's own reason, replacing apply's).
 7. ``resume``: ``scontrol update nodename=NODE state=resume`` only when the node's drain reason is still
    the one apply set.
 
@@ -66,7 +66,6 @@ from slurm_gpushare.mig.geometry import enumerate_geometries
 from slurm_gpushare.mig.output import LAYOUT_VERSION
 from slurm_gpushare.slurm.hostlist import expand_hostlist
 from slurm_gpushare.slurm.nodegres import GresOptions
-from slurm_gpushare.slurm.release import Release
 from slurm_gpushare.textdoc import kind, parse_json, parse_yaml
 
 #: The steps in order (see the module docstring).
@@ -607,10 +606,6 @@ def _site_command(command: str, node: str, option: str) -> None:
                          hint=f"give the site's command with {option}")
 
 
-#: The first release whose ``scontrol reconfigure`` takes a changed count of ``File=`` GRES: 23.11 restarts
-#: slurmctld on it. 22.05 refuses (measured on the dev cluster: slurmctld logs "Attempt to change gres/gpu Count
-#: on node NODE from 10 to 16 invalid with File configuration" and keeps the old GRES).
-RECONFIGURE_RESTARTS = Release(23, 11)
 
 
 #: How many polls in a row (``poll_s`` apart) slurmctld must show the node responding before apply goes on.

@@ -82,6 +82,17 @@ SACCTMGR_KEEPS_CASE = Release(23, 2)
 #: MultipleFiles in _build_sharing_list"; measured on 22.05.8). gres.conf(5) has ``MultipleFiles``
 #: from 22.05.
 MULTIPLE_FILES = Release(23, 11)
+#: From this release on ``scontrol reconfigure`` takes a changed count of ``File=`` GRES: it restarts
+#: slurmctld. 22.05 refuses (measured on the dev cluster: slurmctld logs "Attempt to change gres/gpu Count
+#: on node NODE from 10 to 16 invalid with File configuration" and keeps the old GRES).
+RECONFIGURE_RESTARTS = Release(23, 11)
+#: From this release on slurmd compares every flag bit of a gres.conf line with the line before it of the same
+#: GRES name (``all_sharing`` is none), not only the env flags and ``no_gpu_env`` (``_parse_gres_config``,
+#: src/common/gres.c at slurm-22-05-8-1, src/interfaces/gres.c at slurm-24-11-5-1).
+GRES_FLAGS_EVERY_BIT = Release(23, 2)
+#: From this release on slurmd again compares only the ``Flags=`` lines with an env flag or ``no_gpu_env``
+#: (src/interfaces/gres.c at slurm-26-05-3-1); 23.02 to 25.11 compare every one.
+GRES_FLAGS_ENV_ONLY = Release(26, 5)
 
 
 def of_meta(doc: object, source: str) -> Release:
