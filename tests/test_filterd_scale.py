@@ -311,3 +311,33 @@ def test_refreshes_with_frozen_collection_leave_no_cyclic_garbage_behind(tmp_pat
     # after the first refreshes (caches filling) the frozen count stays within a small band
     settled = counts[4:]
     assert max(settled) - min(settled) < 0.02 * max(settled) + 500, counts
+
+
+def test_a_state_change_keeps_the_pools_and_a_refresh_frees_the_old_sources_entry_by_entry(machines_dir, counted):
+    """Issue 29 item 5: a partition's pool key is made of the nodes' own ``pool_key`` tuples (no state in them),
+    so a node that only changed state keeps every pool, and the key shares the unchanged nodes' tuples with the
+    key before it; the inventory before the last build has its ``sources`` emptied (only a build reads them),
+    the current one keeps them."""
+    source = Source()
+    cache = _cache(machines_dir, source)
+    pools, inv = cache.state().pools, cache.current()
+    assert counted["pool"] == 2
+    source.state["h100-nvs"] = "mixed"
+    assert cache.refresh("periodic")
+    now = cache.state().pools
+    assert counted["pool"] == 2 and now.single["gpu"] is pools.single["gpu"]  # no pool built again
+    assert cache.current().nodes["h100-nvs"] is not inv.nodes["h100-nvs"]  # the node was built again
+    assert inv.sources == {} and cache.current().sources  # the old build's table emptied, the new one's kept
+    # a description rewritten: its partitions' pools are built again, and their keys share the other nodes'
+    # tuples with the keys before (freeing the old key frees one node's tuple, not every node's)
+    p = machines_dir / "rtx4090-pcie.json"
+    p.write_text(packaged_machine(DEFAULT_NODES["rtx4090-pcie"]).to_json().replace('"driver_version": ""',
+                                                                                    '"driver_version": "999.1"'))
+    os.utime(p, ns=(p.stat().st_atime_ns, p.stat().st_mtime_ns + 10**9))
+    assert cache.refresh("machines changed")
+    after = cache.state().pools
+    assert counted["pool"] > 2 and after.single["gpu"] is not now.single["gpu"]
+    fresh = sorted(a[0] for a, b in zip(after._keys["gpu"], now._keys["gpu"], strict=True) if a is not b)
+    # the rewritten node, and the one whose state changed (its node was built again; the key it was in had
+    # been kept whole, being equal)
+    assert fresh == ["h100-nvs", "rtx4090-pcie"] and len(now._keys["gpu"]) == 4

@@ -17,6 +17,7 @@ the caller's job (:mod:`slurm_gpushare.submit.service`).
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -87,6 +88,15 @@ class NodeInventory:
     def shards(self) -> int:
         """Configured shards on the node (Slurm types them after the GPU; summed here)."""
         return sum(c for (n, _t), c in self.gres.items() if n == "shard")
+
+    @functools.cached_property
+    def pool_key(self) -> tuple:
+        """What a partition's pool reads of this node: ``(name, machine description, GRES counts)``, not its
+        state. Made once per node object, which a refresh keeps while the node is unchanged, so a partition's
+        key (a tuple of these, :class:`~slurm_gpushare.submit.policy.PoolIndex`) shares them with the one
+        before it, and freeing the old key frees only the changed nodes' (freeing 10,000 such tuples at once
+        held the interpreter for 12-20 ms during a refresh)."""
+        return (self.name, self.machine, tuple(sorted(self.gres.items())))
 
 
 @dataclass(frozen=True)

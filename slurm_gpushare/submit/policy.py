@@ -474,7 +474,7 @@ class PoolIndex:
         self.built = 0  # pools built by this index (counted by the tests)
         for p in names[0]:
             nodes = [n for n in inventory.nodes_in((p,)) if n.usable]
-            key = tuple((n.name, n.machine, tuple(sorted(n.gres.items()))) for n in nodes)
+            key = tuple(n.pool_key for n in nodes)
             if prev is not None and prev._keys.get(p) == key:
                 self.single[p] = prev.single[p]
                 key = prev._keys[p]
