@@ -609,3 +609,17 @@ def test_fit_exact_plans_a_partial_table_by_its_published_sizes_and_says_which_a
     assert "note: b200-180gb: no published size for 3g.90gb" in summary(plan)
     assert summary_document(plan)["notes"] == list(plan.notes)
     assert plan_layout([b200], [Request(20 * G, 1.0)], fit="nominal").notes == ()
+
+
+def test_fit_exact_with_model_judges_the_table_it_plans_with(tmp_path):
+    """``mig plan --model KEY --fit exact`` plans GPUs whose profiles are the table's own: a nominal table is
+    refused and a partial one names its estimated rows, as for a GPU with MIG off (it planned the A100 80GB's
+    nominal sizes as exact, silently)."""
+    demand = tmp_path / "d.csv"
+    demand.write_text("20G,3\n40G,2\n")
+    r = _run("--model", "a100-80gb", "--gpus", "1", "--demand", str(demand), "--fit", "exact")
+    assert r.exit_code == 2 and "has only the nominal MIG table a100-80gb" in r.output, r.output
+    r = _run("--model", "b200-180gb", "--gpus", "1", "--demand", str(demand), "--fit", "exact")
+    assert r.exit_code == 0 and "note: b200-180gb: no published size for 3g.90gb" in r.output, r.output
+    r = _run("--model", "h200-141gb", "--gpus", "1", "--demand", str(demand), "--fit", "exact")
+    assert r.exit_code == 0 and "note:" not in r.output, r.output  # a recorded table: nothing to say

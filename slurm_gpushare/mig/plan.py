@@ -39,7 +39,13 @@ from dataclasses import dataclass, field
 
 from slurm_gpushare.errors import InputError
 from slurm_gpushare.hardware.machine import Gpu, Machine, MigInstance, MigProfile, nominal_gpu_mib, nominal_profile_mib
-from slurm_gpushare.hardware.migtables import mig_tables, with_table_profiles
+from slurm_gpushare.hardware.migtables import (
+    MigTable,
+    mig_tables,
+    recorded_fraction,
+    table_for_gpu,
+    with_table_profiles,
+)
 from slurm_gpushare.hardware.port import instance_span
 from slurm_gpushare.memsize import format_mib
 from slurm_gpushare.mig.demand import Request
@@ -296,18 +302,24 @@ def plannable_gpu(gpu: Gpu) -> Gpu:
     return with_table_profiles(gpu)
 
 
+def _table_of(gpu: Gpu) -> MigTable | None:
+    """The packaged table a GPU's profiles come from: its model's, when the GPU lists no profiles of its own or
+    exactly the table's (``mig plan --model``); None for a GPU whose profiles NVML or its description gave."""
+    table = table_for_gpu(gpu)
+    return table if table is not None and (not gpu.mig_profiles or gpu.mig_profiles == table.profiles) else None
+
+
 def _refuse_nominal_tables(machines: Sequence[Machine]) -> None:
-    """``fit=exact`` counts what each slice really holds: a GPU without profiles of its own whose model's table has
-    only nominal sizes (the size in the profile name, more than the slice holds) cannot be planned that way.
+    """``fit=exact`` counts what each slice really holds: a GPU whose profiles come from its model's table
+    (:func:`_table_of`) cannot be planned that way when the table has only nominal sizes (the size in the profile
+    name, more than the slice holds).
 
     Raises:
         InputError: naming the first such GPU, its table, and how much less the recorded tables' slices hold.
     """
-    from slurm_gpushare.hardware.migtables import table_for_gpu
-
     for m in machines:
         for g in sorted(m.gpus, key=lambda g: g.index):
-            table = None if g.mig_profiles else table_for_gpu(g)
+            table = _table_of(g)
             if table is None or not table.memory_source.startswith("nominal"):
                 continue
             known = [(t.key, p) for t in mig_tables().values() if not t.memory_source.startswith("nominal")
@@ -325,10 +337,7 @@ def _refuse_nominal_tables(machines: Sequence[Machine]) -> None:
 
 def _estimate_notes(machines: Sequence[Machine]) -> tuple[str, ...]:
     """One line per partial table an exact plan takes sizes from, naming its estimated profiles."""
-    from slurm_gpushare.hardware.migtables import recorded_fraction, table_for_gpu
-
-    tables = {t.key: t for m in machines for g in m.gpus if not g.mig_profiles
-              for t in [table_for_gpu(g)] if t is not None and t.estimated}
+    tables = {t.key: t for m in machines for g in m.gpus for t in [_table_of(g)] if t is not None and t.estimated}
     return tuple(f"{t.key}: no published size for {', '.join(t.estimated)}: planned at "
                  f"{recorded_fraction(tuple(p for p in t.profiles if p.name not in t.estimated)):.1%} of the size in "
                  "the name (the smallest share a published row of this GPU holds; the real slice holds more)"
@@ -429,8 +438,6 @@ def plan_layout(machines: Sequence[Machine], demand: Sequence[Request], *, weigh
 
 
 def _table_name(gpu: Gpu) -> str:
-    from slurm_gpushare.hardware.migtables import table_for_gpu
-
     table = table_for_gpu(gpu)
     if table is not None and table.profiles == gpu.mig_profiles:
         return table.key
