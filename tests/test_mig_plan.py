@@ -623,3 +623,14 @@ def test_fit_exact_with_model_judges_the_table_it_plans_with(tmp_path):
     assert r.exit_code == 0 and "note: b200-180gb: no published size for 3g.90gb" in r.output, r.output
     r = _run("--model", "h200-141gb", "--gpus", "1", "--demand", str(demand), "--fit", "exact")
     assert r.exit_code == 0 and "note:" not in r.output, r.output  # a recorded table: nothing to say
+
+
+def test_a_partial_table_naming_an_unknown_profile_is_a_clear_error(monkeypatch):
+    """A packaged partial table whose ``recorded`` list names no profile of it fails with its key and the names,
+    also under ``python -O`` (an assert was all there was)."""
+    from slurm_gpushare.hardware import migtables
+
+    profiles = list(mig_table("b200-180gb").profiles)
+    with pytest.raises(InputError, match=r"MIG table b200-180gb: 'recorded' names 1g\.99gb, which it has no "
+                                         r"profile of"):
+        migtables._fill_partial("b200-180gb", profiles, {"1g.23gb", "1g.99gb"})

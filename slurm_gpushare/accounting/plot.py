@@ -68,13 +68,15 @@ def figure(store: Store, *, by: str = "user", since: int | None = None, until: i
     usage = usage_report(store, by=by, since=since, until=until, filters=filters)
     top = [str(r[0]) for r in usage.rows[:TOP_GROUPS]] if len(usage.rows) > TOP_GROUPS + 1 else None
     _hours(ax_hours, usage, by, top)
-    _efficiency(ax_eff, job_report(store, since=since, until=until, filters=filters), by, top)
+    _efficiency(ax_eff, job_report(store, since=since, until=until, filters=filters), by, top,
+                len(usage.rows) - len(top) if top is not None else 0)
     first, last = _over_time(ax_time, store, since, until, filters)
     fmt = "%Y-%m-%d %H:%M"
     lo = since if since is not None else first
     hi = until if until is not None else last
-    period = "" if lo is None or hi is None else \
-        f", {time.strftime(fmt, time.localtime(lo))} to {time.strftime(fmt, time.localtime(hi))}"
+    period = "" if lo is None and hi is None else \
+        f", {time.strftime(fmt, time.localtime(lo)) if lo is not None else '-'} to " \
+        f"{time.strftime(fmt, time.localtime(hi)) if hi is not None else '-'}"
     fig.suptitle(f"slurm-gpushare: GPU usage{period}")
     fig.tight_layout(rect=(0, 0, 1, 0.98))
     return fig
@@ -107,26 +109,24 @@ def _hours(ax, rep, by: str, top: list[str] | None) -> None:
         ax.text(0.5, 0.5, "no records", ha="center", va="center", transform=ax.transAxes)
 
 
-def _efficiency(ax, rep, by: str, top: list[str] | None) -> None:
+def _efficiency(ax, rep, by: str, top: list[str] | None, others_count: int) -> None:
     col = [c.name for c in rep.columns]
     g, pct = col.index(by), col.index("mem_used_pct")
     per: dict[str, list[float]] = defaultdict(list)
     without = 0
-    others = set()
     for row in rep.rows:
         if row[pct] is None:
             without += 1
             continue
         name = str(row[g])
         if top is not None and name not in top:
-            others.add(name)
-            name = ""  # the others' group
+            name = ""  # the others' group: the bar chart's, named by its count of groups
         per[name].append(min(row[pct], 100.0))
     names = [n for n in top if n in per] if top is not None else sorted(per)
     labels = list(names)
     if "" in per:
         names.append("")
-        labels.append(_others(len(others)))
+        labels.append(_others(others_count))
     if names:
         ax.hist([per[n] for n in names], bins=_BINS, stacked=True, label=labels)
         ax.legend(title=by, ncol=2 if len(names) > 5 else 1)

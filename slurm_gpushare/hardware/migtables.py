@@ -95,7 +95,11 @@ def estimated_mib(profile: MigProfile, recorded: tuple[MigProfile, ...]) -> int:
 
 def _fill_partial(key: str, profiles: list[MigProfile], recorded: set[str]) -> tuple[list[MigProfile], tuple[str, ...]]:
     known = tuple(p for p in profiles if p.name in recorded)
-    assert known and len(known) == len(recorded), f"{key}: 'recorded' names {sorted(recorded)}, not profiles"
+    unknown = sorted(recorded - {p.name for p in profiles})
+    if unknown or not known:
+        raise InputError(f"MIG table {key}: 'recorded' names {', '.join(unknown) or 'no profile'}, which it has no "
+                         "profile of", source="slurm_gpushare/data/mig/profiles.json",
+                         hint="name the table's profiles whose sizes were published")
     by_slices = {_memory_slices(p): p.memory_mib for p in known}
     out, estimated = [], []
     for p in profiles:

@@ -72,8 +72,9 @@ def drop_piecewise(doc: object) -> None:
 
     Freeing a 10,000-node ``sinfo --json`` document at once is one cascade of deallocations that holds the
     interpreter lock for 30-50 ms (measured on the 2-core dev VM, at the return of :func:`sinfo_nodes`); popped
-    one node entry at a time, it is ten thousand small frees with a bytecode between each, where the filter
-    service's socket thread can take the lock (:func:`load_piecewise` does the same for the decoding).
+    one entry at a time (a node; from 23.02 an ``sinfo`` entry of nodes alike), it is thousands of small frees
+    with a bytecode between each, where the filter service's socket thread can take the lock
+    (:func:`load_piecewise` does the same for the decoding).
     What the nodes kept of the document (strings, numbers) stays alive through them.
     """
     if isinstance(doc, dict):

@@ -7,6 +7,7 @@ import base64
 import io
 import re
 import time
+from dataclasses import replace
 
 import matplotlib.image
 import pytest
@@ -189,3 +190,23 @@ def test_the_title_names_the_period_the_records_span():
         assert plot.figure(st, since=T0 + 1800)._suptitle.get_text() == \
             f"slurm-gpushare: GPU usage, {since} to {last}"
         assert " to -" not in plot.figure(st, since=T0 + 1800)._suptitle.get_text()
+
+
+def test_the_title_keeps_a_given_bound_when_no_record_matches():
+    """A ``--since`` without records in the period still shows in the title, the unknown end as ``-``."""
+    fmt = "%Y-%m-%d %H:%M"
+    with Store() as st:
+        st.add(_crowd(2))
+        since = T0 + 100 * 3600
+        assert plot.figure(st, since=since)._suptitle.get_text() == \
+            f"slurm-gpushare: GPU usage, {time.strftime(fmt, time.localtime(since))} to -"
+
+
+def test_both_panels_count_the_same_others():
+    """The histogram's "others" group is the bar chart's: every group after the top ones, with or without a
+    measured peak (10 of 25 users have none here)."""
+    with Store() as st:
+        st.add([r if int(r.user[1:]) >= 10 else replace(r, mem_peak_mib=None) for r in _crowd(25)])
+        hours, eff, _ = plot.figure(st).axes
+    assert [t.get_text() for t in hours.get_xticklabels()][-1] == "16 others"
+    assert _legend(eff)[-1] == "16 others"
