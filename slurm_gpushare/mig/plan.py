@@ -438,7 +438,5 @@ def plan_layout(machines: Sequence[Machine], demand: Sequence[Request], *, weigh
 
 
 def _table_name(gpu: Gpu) -> str:
-    table = table_for_gpu(gpu)
-    if table is not None and table.profiles == gpu.mig_profiles:
-        return table.key
-    return f"{gpu.name} ({gpu.memory_mib} MiB)"
+    table = _table_of(gpu)
+    return table.key if table is not None else f"{gpu.name} ({gpu.memory_mib} MiB)"
