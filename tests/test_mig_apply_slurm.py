@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+import warnings
 from dataclasses import replace
 from pathlib import Path
 
@@ -41,15 +42,37 @@ MIG = "h100-mig"
 OTHER = "rtx4090-pcie"
 NODES = {MIG: "4x-h100-mig-mixed.json", OTHER: "8x-rtx4090-pcie.json"}
 
-#: stop one daemon of the dev cluster by its pid file (kill, wait until gone); start it again (it daemonizes)
+#: stop one daemon of the dev cluster by its pid file as systemd stops a unit (Debian's slurmd.service keeps
+#: systemd's TimeoutStopSec, 90 s): SIGTERM, then SIGKILL if it still runs after @GRACE@ s (a zombie is gone).
+#: A slurmd of 24.11 once stayed past apply's 120 s for its site command in CI, so a SIGKILL is written to
+#: stop.log beside the script, with the state of each thread, and the module warns with it.
+#: Start it again as a site would (it daemonizes).
 STOP = """\
 #!/bin/sh
 pid=$(cat "@ROOT@/run/$1.pid" 2>/dev/null)
-if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
-  kill "$pid"
-  while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
-fi
+alive() {
+  state=$(sed 's/.*) //' "/proc/$pid/stat" 2>/dev/null | cut -c1)
+  [ -n "$state" ] && [ "$state" != Z ] && [ "$state" != X ]
+}
+[ -n "$pid" ] && alive || exit 0
+kill "$pid"
+tenths=0
+while alive; do
+  tenths=$((tenths + 1))
+  if [ "$tenths" -eq $((@GRACE@ * 10)) ]; then
+    {
+      echo "$(date +%FT%T) $1 (pid $pid) still running @GRACE@ s after SIGTERM: SIGKILL; its threads:"
+      for t in /proc/"$pid"/task/*; do
+        echo "  $(cat "$t/comm") $(sed 's/.*) //' "$t/stat" | cut -c1) $(cat "$t/wchan")"
+      done
+    } >> "@ROOT@/../stop.log" 2>&1
+    kill -9 "$pid"
+  fi
+  sleep 0.1
+done
 """
+#: seconds :data:`STOP` waits after SIGTERM (systemd's default is 90; apply gives a site command 120)
+STOP_GRACE_S = 60
 START_SLURMD = """\
 #!/bin/sh
 exec env SLURM_CONF="@ROOT@/etc/slurm.conf" slurmd -N "$1"
@@ -65,11 +88,13 @@ exec env SLURM_CONF="@ROOT@/etc/slurm.conf" slurmctld
 def mc():
     for c, root in private_cluster("gps-migapply-", TEST_PORT + 700, NODES):
         for name, text in (("stop", STOP), ("start-slurmd", START_SLURMD), ("restart-slurmctld", RESTART_SLURMCTLD)):
-            (root / name).write_text(text.replace("@ROOT@", str(c.root)))
+            (root / name).write_text(text.replace("@ROOT@", str(c.root)).replace("@GRACE@", str(STOP_GRACE_S)))
             (root / name).chmod(0o755)
         c.scripts = root  # type: ignore[attr-defined]
         c.layouts = _layouts(c, root)  # type: ignore[attr-defined]
         yield c
+        if (root / "stop.log").exists():
+            warnings.warn(f"a daemon needed SIGKILL to stop:\n{(root / 'stop.log').read_text()}", stacklevel=1)
 
 
 def _layouts(c: DevCluster, root: Path) -> dict[str, Path]:
