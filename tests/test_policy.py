@@ -655,3 +655,21 @@ def test_a_direct_shard_or_mps_request_is_refused_where_the_partition_allows_no_
         "ask for whole GPUs with gpushare:mode=gpu:N, or submit to another partition")
     assert granted("gres:shard:10", "pcie", policy=SitePolicy(partitions={"pcie": ("mps", "gpu")})) == "gres:shard:10"
     assert granted("gres:shard:10", "gpu", policy=whole_only) == "gres:shard:10"
+
+
+def test_a_decision_without_a_pool_index_keeps_no_inventory_alive():
+    """Pools built for a decision without a :class:`PoolIndex` (the CLI's ``policy check``, tests) belong to
+    that inventory: they go with it. A module-global cache keyed by ``id()`` held the last 256 inventories
+    (each a whole cluster's snapshot) and their policies alive for the life of the process."""
+    import gc
+    import weakref
+
+    inv = inventory()
+    policy = SitePolicy()
+    first = run("gres:gpushare:mem=10G", inv=inv, policy=policy)
+    assert run("gres:gpushare:mem=10G", inv=inv, policy=policy) == first  # the second decision reuses the pools
+    assert inv.pool_memo and replace(inv, problems=("x",)).pool_memo == {}  # a changed copy builds its own
+    gone_inv, gone_policy = weakref.ref(inv), weakref.ref(policy)
+    del inv, policy
+    gc.collect()
+    assert gone_inv() is None and gone_policy() is None

@@ -119,6 +119,9 @@ class ClusterInventory:
     #: node name -> (its ``sinfo`` entry, its description) the node was built from: what
     #: :func:`build_inventory` compares to reuse a node of the previous snapshot
     sources: dict[str, tuple] = field(default_factory=dict, compare=False, repr=False)
+    #: the pools built for decisions made without a pool index (submit/policy.py: the CLI's ``policy check``,
+    #: tests), per partition list and policy: they live and go with this snapshot (not copied by replace())
+    pool_memo: dict[tuple, tuple] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def nodes_in(self, partitions: tuple[str, ...] | list[str] | None) -> list[NodeInventory]:
         """Nodes of the given partitions (the default partition when None or empty), sorted by name.

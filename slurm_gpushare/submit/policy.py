@@ -516,7 +516,7 @@ class PoolIndex:
 #: Pools already built, per (inventory, partitions, policy) object, for callers that give no
 #: :class:`PoolIndex`: the pool of a partition is built once per snapshot, not once per job.
 #: The entry keeps the inventory and policy alive, so an ``id`` is never reused while cached.
-_POOLS: dict[tuple[int, tuple[str, ...], int], tuple[ClusterInventory, SitePolicy, _Pool]] = {}
+#: Most partition lists an index (or an inventory's ``pool_memo``) keeps pools for; more empties it.
 _POOLS_MAX = 256
 
 
@@ -526,16 +526,16 @@ def _pool_for(inventory: ClusterInventory, parts: tuple[str, ...], policy: SiteP
         pool = pools.get(parts)
     else:
         pools = None
-        key = (id(inventory), parts, id(policy))
-        hit = _POOLS.get(key)
-        if hit is not None and hit[0] is inventory and hit[1] is policy:
-            pool = hit[2]
+        memo = inventory.pool_memo  # goes with the inventory; the policy is kept beside its id, so no reuse
+        hit = memo.get((parts, id(policy)))
+        if hit is not None and hit[0] is policy:
+            pool = hit[1]
         else:
             unit = inventory.shard_unit_mib if inventory.shard_unit_mib > 0 else policy.shard_unit_mib
             pool = _build_pool([n for n in inventory.nodes_in(parts) if n.usable], parts, unit, policy)
-            if len(_POOLS) >= _POOLS_MAX:
-                _POOLS.clear()
-            _POOLS[key] = (inventory, policy, pool)
+            if len(memo) >= _POOLS_MAX:
+                memo.clear()
+            memo[(parts, id(policy))] = (policy, pool)
     if pool.empty and not direct:
         others = [p for p in sorted(inventory.partitions) if p not in parts
                   and not _pool_for(inventory, (p,), policy, pools, direct=True).empty]
