@@ -174,10 +174,12 @@ def test_the_task_prolog_runs_no_python():
 
 
 def test_package_data_globs_ship_every_data_file_and_each_matches_something():
-    # a built wheel holds the .py modules and what [tool.setuptools.package-data] names: the dev
-    # cluster installs its site files and the stand-in MPS control from there (no repository needed)
-    globs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
-    assert set(globs) == {"slurm_gpushare", "slurm_gpushare_dev"}
+    # a built wheel holds the product's .py modules and what [tool.setuptools.package-data] names: an
+    # installation takes its site files from there (no repository needed); the dev kit is not in the wheel
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    globs = setuptools["package-data"]
+    assert set(globs) == {"slurm_gpushare"}
+    assert setuptools["packages"]["find"]["include"] == ["slurm_gpushare", "slurm_gpushare.*"]
     for package, patterns in globs.items():
         base = ROOT / package
         data = {p.relative_to(base) for p in base.rglob("*")

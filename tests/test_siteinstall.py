@@ -262,6 +262,12 @@ def test_the_wheel_carries_the_site_files_the_machines_and_the_licence(tmp_path)
     meta = zipfile.ZipFile(wheel).read(f"{dist}/METADATA").decode()
     assert "License-Expression: GPL-2.0-or-later" in meta.splitlines()
     assert "Provides-Extra: slurm" not in meta  # pyslurm is not used
+    # the product only: the dev kit (dev cluster, stand-in MPS control) stays in the checkout
+    assert not [n for n in names if n.startswith("slurm_gpushare_dev/") or "fake_mps" in n or n.startswith("tests/")]
+    # matplotlib (report --plot) is the plot extra, not a dependency of every node
+    requires = [ln for ln in meta.splitlines() if ln.startswith("Requires-Dist: matplotlib")]
+    assert requires and all("extra ==" in ln for ln in requires), requires
+    assert "Provides-Extra: plot" in meta.splitlines()
     assert "GNU GENERAL PUBLIC LICENSE" in (ROOT / "LICENSE").read_text()[:200]
 
 

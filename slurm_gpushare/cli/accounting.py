@@ -171,8 +171,8 @@ def report(db_path, by, since, until, users, accounts, jobs, fmt, waste, policy_
     --user, --account and --job keep to those jobs (each repeatable; several values of one are any
     of them, different options all of them).
 
-    --plot FILE.png or FILE.html draws the same records as pictures (matplotlib; the HTML page
-    embeds the PNG): GPU-hours reserved vs used per user or account, a histogram of the jobs'
+    --plot FILE.png or FILE.html draws the same records as pictures (matplotlib, the package's plot
+    extra; the HTML page embeds the PNG): GPU-hours reserved vs used per user or account, a histogram of the jobs'
     peak memory over what they asked for, and reserved and used GPU memory over time per GPU model
     and mode.
 
@@ -205,9 +205,7 @@ def report(db_path, by, since, until, users, accounts, jobs, fmt, waste, policy_
         if any(not v.strip() for v in values):
             raise click.UsageError(f"{option} '' names no one: give a name (repeat {option} for several)")
     if plot_path:
-        from slurm_gpushare.accounting.plot import check_suffix
-
-        check_suffix(plot_path)  # before sacct is read or the figure drawn
+        _plot_module().check_suffix(plot_path)  # before sacct is read or the figure drawn
     for job in jobs:
         if _job_id(job) is None:
             raise click.UsageError(f"--job {job!r} is not a job id (digits: the job's own id, or an array's)")
@@ -226,8 +224,7 @@ def report(db_path, by, since, until, users, accounts, jobs, fmt, waste, policy_
         store = Store(db_path or default_db(), create=False)
     with store:
         if plot_path:
-            from slurm_gpushare.accounting import plot
-
+            plot = _plot_module()
             written = plot.write(plot.figure(store, by=by, since=start, until=end, filters=filters), plot_path)
             click.echo(f"wrote {written}")
             return
@@ -562,3 +559,20 @@ def _readable(path: str | Path, *, directory: bool = False) -> bool:
     except OSError:
         return False
     return kind and os.access(p, os.R_OK | (os.X_OK if directory else 0))
+
+
+def _plot_module():
+    """:mod:`slurm_gpushare.accounting.plot`, which needs matplotlib: the ``plot`` extra of the package.
+
+    Raises:
+        InputError: matplotlib is not installed.
+    """
+    try:
+        from slurm_gpushare.accounting import plot
+    except ModuleNotFoundError as e:
+        if not (e.name or "").split(".")[0] == "matplotlib":
+            raise
+        raise InputError("report --plot draws with matplotlib, which this installation lacks",
+                         hint="install the plot extra (pip install 'slurm-gpushare[plot]', or Debian's "
+                              "python3-matplotlib beside a system install), or drop --plot for the table") from None
+    return plot

@@ -148,6 +148,27 @@ def test_report_refuses_empty_names_and_a_plot_suffix_before_drawing(tmp_path, m
         assert out.exit_code == 2 and msg in out.output, (args, out.output)
 
 
+def test_without_matplotlib_plot_names_the_extra_and_the_table_still_prints(tmp_path, monkeypatch):
+    """matplotlib is the ``plot`` extra: an installation without it refuses --plot before reading the records,
+    naming what to install, and prints the table as before."""
+    import sys
+
+    db = tmp_path / "acct.db"
+    with Store(db) as st:
+        st.add(fixture())
+    for name in [n for n in sys.modules if n == "matplotlib" or n.startswith("matplotlib.")] + ["matplotlib"]:
+        monkeypatch.setitem(sys.modules, name, None)  # import matplotlib... raises ModuleNotFoundError
+    import slurm_gpushare.accounting
+
+    monkeypatch.delitem(sys.modules, "slurm_gpushare.accounting.plot")
+    monkeypatch.delattr(slurm_gpushare.accounting, "plot")  # or 'from ... import plot' finds the module loaded
+    out = CliRunner().invoke(main, ["report", "--db", str(db), "--plot", str(tmp_path / "u.png")])
+    assert out.exit_code == 2 and "lacks" in out.output and "slurm-gpushare[plot]" in out.output, out.output
+    assert not (tmp_path / "u.png").exists()
+    out = CliRunner().invoke(main, ["report", "--db", str(db)])
+    assert out.exit_code == 0 and "TOTAL" in out.output, out.output
+
+
 def _crowd(n_users: int) -> list:
     """``n_users`` users, user ``uK`` with K+1 jobs of one hour each (so the larger K, the more GPU-hours)."""
     out = []
