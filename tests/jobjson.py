@@ -11,10 +11,11 @@ import os
 from dataclasses import replace
 
 from slurm_gpushare.errors import SlurmError
+from slurm_gpushare.slurm.commands import local_release
 from slurm_gpushare.slurm.gres import GresItem, parse
 from slurm_gpushare.slurm.hostlist import compress_hostlist
 from slurm_gpushare.slurm.job import JobInfo, parse_show_job
-from slurm_gpushare.slurm.release import DATA_PARSER, OLDEST, TRES_SLASH, Release, local_release
+from slurm_gpushare.slurm.release import DATA_PARSER, OLDEST, TRES_SLASH, Release
 
 #: From this release on a shared GRES detail is per-device counts (``shard:10(10/80,0/80)``), not ``IDX:``:
 #: slurm-23-11-2-1 (Release has no micro; every supported release from 23.11 on has it).

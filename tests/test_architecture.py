@@ -69,6 +69,51 @@ def test_importing_any_module_does_nothing():
     assert int(proc.stdout) == len(_modules()) > 5
 
 
+def _import_graph():
+    """Module -> the product's modules it imports anywhere in its text (module level or inside a function),
+    each resolved to the module that defines it (``from pkg import name`` of a function: ``pkg``)."""
+    import ast
+
+    import networkx as nx
+
+    files = {}
+    for path in (ROOT / "slurm_gpushare").rglob("*.py"):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+
+    def module_of(name: str) -> str:
+        while name not in files:
+            name = name.rpartition(".")[0]
+        return name
+
+    graph = nx.DiGraph()
+    for name, path in files.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                targets = [f"{node.module}.{a.name}" for a in node.names]
+            else:
+                continue
+            for target in targets:
+                if target.startswith("slurm_gpushare.") and module_of(target) != name:
+                    graph.add_edge(name, module_of(target))
+    return graph
+
+
+def test_no_import_circle_hides_in_a_function():
+    """A function-local import that closes a circle of modules (``slurm.commands`` <-> ``slurm.release``,
+    ``cli.hardware`` <-> ``cli.placement``) hides a tangle the layer contracts cannot see. The only circles
+    allowed are click's registration: the group ``slurm_gpushare.cli`` imports the modules that add
+    commands to it, and they import the group."""
+    import networkx as nx
+
+    graph = _import_graph()
+    assert graph.has_edge("slurm_gpushare.cli.placement", "slurm_gpushare.cli.hardware")  # the walk sees imports
+    graph.remove_node("slurm_gpushare.cli")
+    assert list(nx.simple_cycles(graph)) == []
+
+
 def test_documented_packages_are_the_packages_on_disk():
     # docs/architecture.md's package table names every package of the tree, and nothing else
     text = (ROOT / "docs" / "architecture.md").read_text()

@@ -565,7 +565,7 @@ def test_slurm_version_is_checked():
 
 
 def test_slurm_version_default_is_the_installed_slurmd():
-    from slurm_gpushare.slurm.release import node_release
+    from slurm_gpushare.slurm.commands import node_release
 
     r = run("gres-conf", A100_JSON)
     assert r.exit_code == 0, r.output

@@ -6,7 +6,8 @@ import os
 
 import pytest
 
-from slurm_gpushare.slurm.release import Release, cached_local_release, local_release
+from slurm_gpushare.slurm.commands import cached_local_release, local_release
+from slurm_gpushare.slurm.release import Release
 
 
 @pytest.fixture

@@ -48,7 +48,8 @@ from pathlib import Path
 
 from slurm_gpushare.accounting.record import RERUN_STATES, RecordError, UsageRecord
 from slurm_gpushare.errors import GpushareError, InputError, SlurmError
-from slurm_gpushare.slurm.release import SACCTMGR_KEEPS_CASE, Release, local_release
+from slurm_gpushare.slurm.commands import local_release
+from slurm_gpushare.slurm.release import SACCTMGR_KEEPS_CASE, Release
 
 #: Tag and version of the segment: ``[gpushare:u1 ...]`` (the request audit is ``[gpushare:v1 ...]``).
 TAG = "gpushare:u"

@@ -291,7 +291,7 @@ def _release(given: str | None) -> Release:
         SlurmError: no version given and none installed.
     """
     from slurm_gpushare.errors import SlurmError
-    from slurm_gpushare.slurm.release import node_release
+    from slurm_gpushare.slurm.commands import node_release
 
     if not given:
         return node_release()

@@ -458,7 +458,7 @@ def topology(machine: Machine, as_json: bool, score_gpus: str | None) -> None:
     --from-topo, --gpu-name and --memory are not needed: the matrix does not use them.
     """
     if score_gpus is not None:
-        from slurm_gpushare.cli.placement import score_report
+        from slurm_gpushare.cli.gpusets import score_report
 
         click.echo(score_report(machine, score_gpus, as_json=as_json))
         return

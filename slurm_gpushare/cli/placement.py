@@ -8,11 +8,11 @@ throughout; the placement engine works on hop-matrix positions and this module m
 from __future__ import annotations
 
 import json
-import re
 
 import click
 
 from slurm_gpushare.cli import main
+from slurm_gpushare.cli.gpusets import csv_of, labels_of, parse_gpu_list, positions_of, score_report
 from slurm_gpushare.cli.hardware import with_machine
 from slurm_gpushare.errors import InputError
 from slurm_gpushare.hardware.machine import Machine
@@ -21,78 +21,6 @@ from slurm_gpushare.hardware.machine import Machine
 DEFAULT_DRAWS = 100
 #: Schema version of ``place --json``.
 PLACE_JSON_VERSION = 1
-
-_RANGE = re.compile(r"(\d+)(?:-(\d+))?")
-
-
-def parse_gpu_list(text: str, option: str) -> list[int]:
-    """``0,2,4`` or ``0-3,6`` -> GPU indices, in the order given, each once.
-
-    Raises:
-        InputError: an empty list, a part that is neither an index nor an ascending range, or an
-            index given twice.
-    """
-    out: list[int] = []
-    for part in text.split(","):
-        m = _RANGE.fullmatch(part.strip())
-        if m is None or (m.group(2) is not None and int(m.group(2)) < int(m.group(1))):
-            raise InputError(f"{option} {text!r}: {part.strip()!r} is not a GPU index or a range lo-hi",
-                             hint="write GPU indices as nvidia-smi numbers them, e.g. 0,2,4 or 0-3")
-        hi = int(m.group(2)) if m.group(2) is not None else int(m.group(1))
-        out.extend(range(int(m.group(1)), hi + 1))
-    if len(set(out)) != len(out):
-        raise InputError(f"{option} {text!r} names a GPU twice")
-    return out
-
-
-def _positions(gpus: list[int], labels: tuple[int, ...], option: str) -> list[int]:
-    index_of = {g: i for i, g in enumerate(labels)}
-    unknown = [g for g in gpus if g not in index_of]
-    if unknown:
-        raise InputError(f"{option}: GPU(s) {unknown} do not exist on this node",
-                         hint=f"GPUs are {','.join(str(g) for g in labels)}")
-    return [index_of[g] for g in gpus]
-
-
-def _labels(positions, labels: tuple[int, ...]) -> list[int]:
-    return [labels[int(p)] for p in positions]
-
-
-def _csv(values) -> str:
-    return ",".join(str(v) for v in values)
-
-
-def score_report(machine: Machine, gpus_text: str, *, as_json: bool, free_text: str | None = None) -> str:
-    """The text (or JSON) of ``place --score GPUS`` / ``topology --score GPUS``.
-
-    Raises:
-        InputError: a malformed GPU list, a GPU the node does not have.
-    """
-    from slurm_gpushare.topology.hops import Topology
-    from slurm_gpushare.topology.placement import score
-
-    topo = Topology.from_machine(machine)
-    labels = topo.gpus
-    sel = _positions(parse_gpu_list(gpus_text, "--score"), labels, "--score")
-    free = None if free_text is None else _positions(parse_gpu_list(free_text, "--free"), labels, "--free")
-    s = score(topo.hop_array, sel, list(topo.numa_nodes), free)
-    for key in ("gpus", "ring", "best_gpus"):
-        s[key] = _labels(s[key], labels)
-    s["hostname"] = machine.hostname
-    if as_json:
-        return json.dumps(s, indent=2)
-    k = len(s["gpus"])
-    pool = "every GPU" if free is None else "free GPUs " + _csv(_labels(sorted(free), labels))
-    lines = [
-        f"GPUs {_csv(s['gpus'])} on {machine.hostname}: cost {s['cost']:.2f} "
-        f"(pairs {s['pair_cost']:.2f} + ring {k} x {s['ring_bottleneck']:.2f})",
-        f"  ring order {_csv(s['ring'])}: bottleneck hop {s['ring_bottleneck']:.2f}, sum {s['ring_sum']:.2f}; "
-        f"worst pair {s['worst_pair']:.2f}; pairs across NUMA nodes {s['numa_split']}",
-        f"  best {k} of {pool}: {_csv(s['best_gpus'])}, cost {s['best_cost']:.2f} ({s['best_search']} search); "
-        f"excess {s['excess']:.2f} ({100 * s['excess_ratio']:.1f}%)",
-    ]
-    return "\n".join(lines)
-
 
 @main.command()
 @with_machine(placeholders=True)
@@ -138,7 +66,7 @@ def place(machine: Machine, count: int | None, free_text: str | None, score_text
     labels = topo.gpus
     hop, numa = topo.hop_array, list(topo.numa_nodes)
     free = list(range(len(labels))) if free_text is None else \
-        sorted(_positions(parse_gpu_list(free_text, "--free"), labels, "--free"))
+        sorted(positions_of(parse_gpu_list(free_text, "--free"), labels, "--free"))
     best = best_placement(hop, count, free, numa)
     ff = evaluate(hop, first_fit(free, count), numa)
     rng = np.random.default_rng(seed)
@@ -150,13 +78,13 @@ def place(machine: Machine, count: int | None, free_text: str | None, score_text
     if as_json:
         def mapped(p):
             d = p.to_dict()
-            d["gpus"], d["ring"] = _labels(d["gpus"], labels), _labels(d["ring"], labels)
+            d["gpus"], d["ring"] = labels_of(d["gpus"], labels), labels_of(d["ring"], labels)
             return d
         out = {
             "version": PLACE_JSON_VERSION,
             "hostname": machine.hostname,
             "k": count,
-            "free": _labels(free, labels),
+            "free": labels_of(free, labels),
             "cost_model": {"pair_weight": PAIR_WEIGHT, "ring_weight": RING_WEIGHT},
             "best": mapped(best),
             "first_fit": dict(mapped(ff), ratio=round(ratio(ff.cost), 6)),
@@ -170,12 +98,13 @@ def place(machine: Machine, count: int | None, free_text: str | None, score_text
     click.echo(f"best {count} of {len(free)} free GPUs on {machine.hostname} ({best.search} search; "
                f"cost = pairs + {count} x ring bottleneck)")
     rows = [("best", best, 1.0), ("first fit", ff, ratio(ff.cost))]
-    width = max([len(_csv(_labels(p.gpus, labels))) for _, p, _ in rows] + [len(f'mean of {draws}')]) + 2
+    width = max([len(csv_of(labels_of(p.gpus, labels))) for _, p, _ in rows] + [len(f'mean of {draws}')]) + 2
     click.echo(f"  {'':<10}{'GPUs':<{width}}{'cost':>8}{'vs best':>9}{'pairs':>8}{'ring max':>10}"
                f"{'cross-NUMA':>12}  ring order")
     for name, p, r in rows:
-        click.echo(f"  {name:<10}{_csv(_labels(p.gpus, labels)):<{width}}{p.cost:>8.2f}{r:>9.2f}"
-                   f"{p.pair_cost:>8.2f}{p.ring_bottleneck:>10.2f}{p.numa_split:>12}  {_csv(_labels(p.ring, labels))}")
+        ring = csv_of(labels_of(p.ring, labels))
+        click.echo(f"  {name:<10}{csv_of(labels_of(p.gpus, labels)):<{width}}{p.cost:>8.2f}{r:>9.2f}"
+                   f"{p.pair_cost:>8.2f}{p.ring_bottleneck:>10.2f}{p.numa_split:>12}  {ring}")
     if rand:
         mean = float(np.mean(rand))
         click.echo(f"  {'random':<10}{f'mean of {draws}':<{width}}{mean:>8.2f}{ratio(mean):>9.2f}"

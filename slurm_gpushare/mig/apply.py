@@ -538,8 +538,9 @@ class CommandSlurm:
             SlurmError: squeue or scontrol failed.
         """
         from slurm_gpushare.slurm import commands
+        from slurm_gpushare.slurm.commands import local_release
         from slurm_gpushare.slurm.job import parse_gres_detail, parse_job_json
-        from slurm_gpushare.slurm.release import SCONTROL_JSON, local_release
+        from slurm_gpushare.slurm.release import SCONTROL_JSON
 
         jobs = commands.running_jobs(node)
         release = local_release()

@@ -175,7 +175,7 @@ RELEASE_CACHE = "slurm-release"
 def _context(config_path: str | None, env: Mapping[str, str]):
     """The hook's context: node.toml and the node's name (``SLURMD_NODENAME``, else this host's short name); the
     job record read with the Slurm release remembered in the run dir (``slurm-release``,
-    :func:`~slurm_gpushare.slurm.release.cached_local_release`).
+    :func:`~slurm_gpushare.slurm.commands.cached_local_release`).
 
     Raises:
         ConfigError: node.toml cannot be read or is not valid.
@@ -183,13 +183,12 @@ def _context(config_path: str | None, env: Mapping[str, str]):
     from slurm_gpushare.node.config import load_node_config
     from slurm_gpushare.node.context import HookContext
     from slurm_gpushare.slurm import commands
-    from slurm_gpushare.slurm.release import cached_local_release
 
     config, node = load_node_config(config_path), _node_name(env)
     cache = config.run_dir_for(node) / RELEASE_CACHE
 
     def job_record(job_id: str) -> str:
-        return commands.job_record(job_id, release=cached_local_release(cache))
+        return commands.job_record(job_id, release=commands.cached_local_release(cache))
 
     return HookContext(config, node, job_record=job_record)
 

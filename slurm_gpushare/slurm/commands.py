@@ -10,13 +10,16 @@ always do.
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 from collections.abc import Sequence
+from pathlib import Path
 
+from slurm_gpushare.atomicfile import read_own_file, write_atomic
 from slurm_gpushare.errors import SlurmError
 from slurm_gpushare.retry import retry
-from slurm_gpushare.slurm.release import SCONTROL_JSON, Release, local_release
+from slurm_gpushare.slurm.release import SCONTROL_JSON, SUPPORTED, Release
 
 TIMEOUT_S = 30.0
 #: Timeout of the node monitor's calls (listpids, AdminComment): it samples every few seconds.
@@ -79,7 +82,7 @@ def job_record(job_id: str | int, *, release: Release | None = None, **kw) -> st
     specification: AdminComment``, measured).
 
     Args:
-        release: the Slurm release of the clients (default: :func:`~slurm_gpushare.slurm.release.local_release`).
+        release: the Slurm release of the clients (default: :func:`local_release`).
 
     Raises:
         SlurmError: the command failed, or ``sinfo -V`` did not give the release.
@@ -306,3 +309,69 @@ def reconfigure(**kw) -> None:
         SlurmError: scontrol failed.
     """
     run(["scontrol", "reconfigure"], **kw)
+
+
+# --- the release of the local Slurm (sinfo -V, slurmd -V) -----------------------------------------------
+
+
+@functools.lru_cache(maxsize=1)
+def local_release() -> Release:
+    """The release of the Slurm clients on PATH (``sinfo -V``), once per process.
+
+    Raises:
+        SlurmError: sinfo is missing, failed, or printed no version.
+    """
+    return Release.parse(run(["sinfo", "-V"]))
+
+
+def cached_local_release(cache: Path) -> Release:
+    """:func:`local_release`, remembered in the file ``cache`` (a node hook's run dir: root's) for as long
+    as the ``sinfo`` found on PATH is the same file (path, inode, size, mtime): a Prolog that needs the
+    release to choose its job-record command then runs no ``sinfo -V``. A Slurm upgrade replaces the
+    binary, so the next hook asks again. A cache that cannot be read or written is no error, nor one that is
+    not a small regular file (a FIFO or a link there is never opened for reading: it could block the hook).
+
+    Raises:
+        SlurmError: as :func:`local_release`, when the cache does not answer.
+    """
+    import shutil
+
+    found = shutil.which("sinfo")
+    try:
+        st = os.stat(found) if found else None
+    except OSError:
+        st = None
+    if st is None:
+        return local_release()
+    key = f"{found} {st.st_ino} {st.st_size} {st.st_mtime_ns}"
+    try:
+        line = read_own_file(cache, max_bytes=4096).decode("utf-8", errors="replace")  # never a FIFO or link
+        k, _, value = line.partition("\n")
+        if k == key:
+            return Release.parse(value)
+    except (OSError, SlurmError):
+        pass
+    release = local_release()
+    try:
+        write_atomic(cache, f"{key}\n{release}\n", mode=0o644, fsync=False)
+    except OSError:
+        pass
+    return release
+
+
+def node_release() -> Release:
+    """The release of this node's slurmd (``slurmd -V``), else of the clients (``sinfo -V``): the
+    release that will read the gres.conf written or checked here.
+
+    Raises:
+        SlurmError: neither slurmd nor sinfo is installed or prints a version (the message says to
+            name the release instead).
+    """
+    errors = []
+    for argv in (["slurmd", "-V"], ["sinfo", "-V"]):
+        try:
+            return Release.parse(run(argv))
+        except SlurmError as e:
+            errors.append(e.message)
+    raise SlurmError(f"cannot tell the Slurm release: {'; '.join(errors)}",
+                     hint=f"give --slurm-version, one of {', '.join(map(str, SUPPORTED))}")
