@@ -313,12 +313,13 @@ def jobstats(job_id, db_path, from_sacct, policy_path, machines_dir, fmt):
     from slurm_gpushare.slurm import commands
 
     array, sep, task = job_id.partition("_")
-    if _job_id(job_id) is None and not (sep and _job_id(array) and _job_id(task)):
+    array_id = _job_id(array)
+    if _job_id(job_id) is None and not (sep and array_id and _job_id(task)):
         raise click.UsageError(f"{job_id!r} is not a job id: give the job's id (digits), or an array task as "
                                "squeue names it (10_2)")
-    if sep:
+    if sep and array_id:
         given = job_id
-        job_id = _array_task_job_id(_job_id(array), int(task))
+        job_id = _array_task_job_id(array_id, int(task))
         if job_id is None:
             raise click.UsageError(f"array task {given} is not known to slurmctld or to sacct")
     else:

@@ -81,9 +81,9 @@ def install_cmd(roles, prefix, slurm_conf_dir, config_dir, run_dir, dry_run, sho
         raise
     refused = dry_run and any(o.state == "refused" for o in outcomes)
     if fmt == "json":
-        files = [{"path": str(o.file.path), "state": o.state, "roles": list(o.file.roles), "source": o.file.source,
-                  **({"diff": diffs[o.file.path]} if o.file.path in diffs else {})} for o in outcomes]
-        click.echo(json.dumps({"roles": list(dict.fromkeys(roles)), "dry_run": dry_run, "files": files,
+        states = [{"path": str(o.file.path), "state": o.state, "roles": list(o.file.roles), "source": o.file.source,
+                   **({"diff": diffs[o.file.path]} if o.file.path in diffs else {})} for o in outcomes]
+        click.echo(json.dumps({"roles": list(dict.fromkeys(roles)), "dry_run": dry_run, "files": states,
                                "slurm_conf_lines": siteinstall.slurm_conf_lines(roles, layout),
                                "exit_status": 1 if refused else 0}, indent=2))
         sys.exit(1 if refused else 0)

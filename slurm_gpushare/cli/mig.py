@@ -273,5 +273,6 @@ def _demand(db_path, demand_file, partitions, since, until):
         raise InputError(f"--store {db_path}: {e.message}", hint="give the database 'accounting ingest' writes, "
                          "or --demand FILE") from None
     with store:
-        period = dict(partitions=tuple(partitions), since=start, until=end)
-        return demand_from_store(store, **period), trace_from_store(store, **period)
+        parts = tuple(partitions)
+        return (demand_from_store(store, partitions=parts, since=start, until=end),
+                trace_from_store(store, partitions=parts, since=start, until=end))
