@@ -16,6 +16,7 @@ import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 #: Bytes kept of each of stdout and stderr by default (a front-end answer is a few lines).
 DEFAULT_MAX_BYTES = 64 * 1024
@@ -40,7 +41,7 @@ class Finished:
 
 
 def run_bounded(argv: Sequence[str], *, input: str = "", env: Mapping[str, str] | None = None, timeout: float,
-                max_bytes: int = DEFAULT_MAX_BYTES, cwd: str = "/", **popen_kwargs) -> Finished:
+                max_bytes: int = DEFAULT_MAX_BYTES, cwd: str = "/", **popen_kwargs: Any) -> Finished:
     """Run ``argv`` with ``input`` on its stdin and return its status and output, reading at most ``max_bytes``
     of each of stdout and stderr and waiting at most ``timeout`` seconds in all (for the input to be taken, the
     output and the exit). The program runs in a session and process group of its own; when the call fails, that

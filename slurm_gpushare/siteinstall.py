@@ -40,6 +40,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 
 from slurm_gpushare.atomicfile import write_all_atomic, write_atomic
@@ -99,7 +100,7 @@ ROLE_FILES: dict[str, tuple[str, ...]] = {
 }
 
 
-def man_data():
+def man_data() -> Traversable:
     """The man pages shipped with the package (``slurm_gpushare/data/man/``, a :mod:`importlib.resources`
     traversable)."""
     return resources.files("slurm_gpushare") / "data" / "man"
@@ -110,7 +111,7 @@ def man_page_names() -> list[str]:
     return sorted(p.name for p in man_data().iterdir() if p.name.endswith(".1"))
 
 
-def site_data():
+def site_data() -> Traversable:
     """The directory of the shipped site files (an ``importlib.resources`` traversable)."""
     return resources.files("slurm_gpushare") / "data" / "site"
 

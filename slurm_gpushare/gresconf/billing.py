@@ -71,7 +71,7 @@ class BillingOptions:
     gpu_weight: float = 1.0
     mig_by: str = "memory"
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not (math.isfinite(self.gpu_weight) and self.gpu_weight > 0):
             raise InputError(f"the billing weight of a GPU must be a positive number, not {self.gpu_weight}",
                              hint="e.g. 1.0 (fairshare in GPU-hours) or the shards per GPU, 80, so one shard "

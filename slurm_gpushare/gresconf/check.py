@@ -114,7 +114,7 @@ class Finding:
     message: str
     hint: str = ""
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.severity not in SEVERITIES:
             raise InputError(f"finding severity must be one of {', '.join(SEVERITIES)}, not {self.severity!r}")
 
@@ -837,7 +837,7 @@ def compare(expected_text: str, installed_text: str, *, what: str, nodes: Iterab
 class _Report:
     """Lines of a diff, with a node-independent body grouped over nodes."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._groups: dict[tuple[str, str], list[str]] = {}
 
     def add(self, node: str | None, kind: str, body: str) -> None:

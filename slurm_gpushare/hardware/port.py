@@ -25,12 +25,13 @@ clear :class:`~slurm_gpushare.errors.MigPlacementError` on a real node and in th
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Protocol, runtime_checkable
 
 from slurm_gpushare.errors import MigPlacementError, NvmlError
-from slurm_gpushare.hardware.machine import GpuProcess, MigInstance, MigProfile
+from slurm_gpushare.hardware.machine import Gpu, GpuProcess, MigInstance, MigProfile
 
 # --- NVML constants (values as in nvidia-ml-py's pynvml.py / nvml.h) ---------------------------
 
@@ -519,7 +520,7 @@ class NvmlPort(Protocol):
 # --- MIG placement rules ------------------------------------------------------------------------
 
 
-def read_uuids(port: NvmlPort, gpus) -> tuple[dict[int, str], dict[tuple[int, int], str]]:
+def read_uuids(port: NvmlPort, gpus: Iterable[Gpu]) -> tuple[dict[int, str], dict[tuple[int, int], str]]:
     """The UUIDs of these GPUs (``nvmlDeviceGetUUID``) and of the MIG devices of those with MIG enabled
     (``gpu_instances``): ``({NVML index: GPU-...}, {(NVML index, GPU instance id): MIG-...})``.
     ``port`` must be open.

@@ -160,7 +160,7 @@ MAX_GPU_INDEX = 255
 MAX_PROFILE_ID = 1 << 16
 
 
-def _int(value, what: str, lo: int, hi: int) -> int:
+def _int(value: object, what: str, lo: int, hi: int) -> int:
     """A whole number in ``lo..hi`` (a bool, a float or a string is not one)."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{what} {value!r} is not a whole number")
@@ -169,7 +169,7 @@ def _int(value, what: str, lo: int, hi: int) -> int:
     return value
 
 
-def _bool(value, what: str) -> bool:
+def _bool(value: object, what: str) -> bool:
     if not isinstance(value, bool):
         raise ValueError(f"{what} {value!r} is not true or false")
     return value
@@ -223,7 +223,7 @@ def _from_layout_json(data: dict, p: Path, node: str) -> dict[int, GpuTarget]:
     return out
 
 
-def _profile(value, where: str) -> str:
+def _profile(value: object, where: str) -> str:
     if not isinstance(value, str) or not value.strip() or len(value) > 64:
         raise ValueError(f"{where}: profile {value!r} is not a MIG profile name (like 1g.10gb)")
     return value
