@@ -24,16 +24,14 @@ from slurm_gpushare.mig.apply import (
     STEPS,
     Apply,
     ApplyError,
-    NodeState,
     current_layout,
-    gres_items,
-    parse_node,
     read_layout,
     replace_gres_lines,
 )
 from slurm_gpushare.mig.demand import Request
 from slurm_gpushare.mig.output import layout_json, mig_parted_yaml
 from slurm_gpushare.mig.plan import plan_layout
+from slurm_gpushare.slurm.node import NodeState, gres_matches
 from slurm_gpushare.slurm.nodegres import GresOptions
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -213,7 +211,7 @@ def test_apply_changes_the_layout_files_and_slurm_in_order(site):
     assert kinds == ["drain", "jobs", "jobs", "jobs", "stop-slurmd", "restart-slurmctld", "start-slurmd", "resume"]
     drain = next(c for c in slurm.calls if c[0] == "drain")
     assert drain[2].startswith("gpushare mig apply: to layout.json, state ")
-    assert gres_items(slurm.gres) == gres_items("gpu:h100:2,gpu:h100_1g.10gb:10,gpu:h100_4g.40gb:1,shard:158")
+    assert gres_matches(slurm.gres, "gpu:h100:2,gpu:h100_1g.10gb:10,gpu:h100_4g.40gb:1,shard:158")
     assert slurm.reason is None
     assert not (site / "run" / "mig-apply.json").exists()
     assert json.loads((site / "run" / "mig-apply.last.json").read_text())["step"] == "resume"
@@ -395,31 +393,6 @@ def test_22_05_needs_a_slurmctld_restart_command(site, monkeypatch):
     r = CliRunner().invoke(main, ["mig", "apply", NODE, "--layout", str(site / "layout.json"), "--config",
                                   str(site / "node.toml"), "--slurm-version", "22.05", "--dry-run"])
     assert r.exit_code == 2 and "give --restart-slurmctld CMD" in r.output, r.output
-
-
-@pytest.mark.parametrize("shown, want, ok", [
-    ("gpu:h100:2(S:0),gpu:h100_1g.10gb:14(S:1),shard:h100:158(S:0),shard:h100_1g.10gb:0(S:1)",
-     "gpu:h100:2,gpu:h100_1g.10gb:14,shard:158", True),
-    ("gpu:h100:2(S:0),gpu:h100_4g.40gb:2(S:1),gpu:h100_1g.10gb:6(S:1),shard:h100:158(S:0)",
-     "gpu:h100:2,gpu:h100_1g.10gb:14,shard:158", False),
-    ("gpu:h100:2(S:0),gpu:h100_4g.40gb:1(S:1),gpu:h100_1g.10gb:14(S:1),shard:h100:158(S:0)",
-     "gpu:h100:2,gpu:h100_1g.10gb:14,shard:158", False),
-    ("gpu:h100:2,gpu:h100_1g.10gb:14,shard:h100:150", "gpu:h100:2,gpu:h100_1g.10gb:14,shard:158", False),
-])
-def test_gres_matches(shown, want, ok):
-    assert apply_mod.gres_matches(shown, want) is ok
-
-
-def test_parse_node_reads_reason_and_gres():
-    text = ("NodeName=h100-mig Arch=x86_64 CoresPerSocket=32\n   Gres=gpu:h100:2(S:0),gpu:h100_1g.10gb:6(S:1),"
-            "shard:h100_1g.10gb:0,shard:158(S:0)\n   State=IDLE+DRAIN ThreadsPerCore=2\n"
-            "   SlurmdStartTime=2026-12-02T01:00:00\n"
-            "   Reason=gpushare mig apply: to layout.json, state /run/x [root@2026-12-02T01:02:03]\n")
-    n = parse_node(text)
-    assert n.drained and n.reason == "gpushare mig apply: to layout.json, state /run/x"
-    assert gres_items(n.gres) == {"gpu:h100:2", "gpu:h100_1g.10gb:6", "shard:158"}
-    assert n.slurmd_start == "2026-12-02T01:00:00"
-    assert parse_node("NodeName=a State=IDLE\n").reason is None
 
 
 def test_gres_lines_behind_an_include_are_refused():
@@ -931,11 +904,3 @@ def test_a_node_that_stops_responding_after_registering_stays_drained(site):
         run_once(make(site, slurm, slurm_timeout_s=30, clock=lambda: float(next(clock))))
     assert "no h100-mig responding on 3 polls in a row (State= without NOT_RESPONDING) after 30 s" in str(e.value)
     assert not [c for c in slurm.calls if c[0] == "resume"]
-
-
-@pytest.mark.parametrize(("state", "ok"), [
-    ("IDLE", True), ("IDLE+DRAIN", True), ("MIXED+DRAIN", True), ("IDLE+DRAIN+NOT_RESPONDING", False),
-    ("IDLE*+DRAIN", False), ("IDLE*", False), ("DOWN+DRAIN", False), ("DOWN*", False),
-])
-def test_responding_reads_both_forms_of_state(state, ok):
-    assert apply_mod.responding(state) is ok

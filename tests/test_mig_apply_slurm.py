@@ -24,13 +24,12 @@ from slurm_gpushare.mig.apply import (
     KILL_ENV,
     REASON_PREFIX,
     current_layout,
-    gres_matches,
-    parse_node,
     with_instances,
 )
 from slurm_gpushare.mig.demand import Request
 from slurm_gpushare.mig.output import layout_json
 from slurm_gpushare.mig.plan import plan_layout
+from slurm_gpushare.slurm.node import gres_matches, parse_node
 from slurm_gpushare.slurm.nodegres import GresOptions
 from slurm_gpushare.slurm.release import RECONFIGURE_RESTARTS, Release
 from slurm_gpushare_dev.cluster import DevCluster

@@ -65,6 +65,7 @@ from slurm_gpushare.hardware.port import NvmlPort, plan_gpu_instance
 from slurm_gpushare.mig.geometry import enumerate_geometries
 from slurm_gpushare.mig.output import LAYOUT_VERSION
 from slurm_gpushare.slurm.hostlist import expand_hostlist
+from slurm_gpushare.slurm.node import NodeState, gres_matches, parse_node, responding
 from slurm_gpushare.slurm.nodegres import GresOptions
 from slurm_gpushare.textdoc import kind, parse_json, parse_yaml
 
@@ -418,49 +419,6 @@ def changes(current: Sequence[Planned], target: Sequence[Planned]) -> tuple[list
 # --- Slurm --------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class NodeState:
-    """What ``scontrol show node`` says of a node.
-
-    Attributes:
-        state: ``State=`` (``IDLE+DRAIN``, ``MIXED``, ...).
-        reason: the drain reason without its ``[user@time]`` suffix, or None.
-        gres: ``Gres=`` as shown.
-        slurmd_start: ``SlurmdStartTime=`` (changes when slurmd registers after a restart).
-    """
-
-    state: str
-    reason: str | None
-    gres: str
-    slurmd_start: str
-
-    @property
-    def drained(self) -> bool:
-        """``DRAIN`` in the state (draining or drained)."""
-        return "DRAIN" in self.state
-
-
-def parse_node(text: str) -> NodeState:
-    """The fields of :class:`NodeState` from ``scontrol show node NODE`` text (scontrol(1))."""
-    def field_(name: str) -> str:
-        m = re.search(rf"(?:^|\s){name}=(\S*)", text)
-        return m.group(1) if m else ""
-
-    m = re.search(r"(?:^|\s)Reason=(.*?) \[[^\]\s]*@[^\]\s]*\]", text)
-    return NodeState(field_("State"), m.group(1) if m else None, field_("Gres"), field_("SlurmdStartTime"))
-
-
-def gres_items(value: str) -> frozenset[str]:
-    """``Gres=`` items without socket suffixes and zero counts: ``gpu:h100:2(S:0)`` -> ``gpu:h100:2``."""
-    items = set()
-    for item in re.sub(r"\([^)]*\)", "", value).split(","):
-        item = item.strip()
-        if not item or item in ("(null)", "N/A") or item.endswith(":0"):
-            continue
-        items.add(item)
-    return frozenset(items)
-
-
 class SlurmOps(Protocol):
     """The Slurm calls apply makes (the real ones: :class:`CommandSlurm`; tests record them)."""
 
@@ -557,13 +515,13 @@ class CommandSlurm:
                 found.append(job)
         if found:
             return sorted(found, key=lambda j: (len(j), j))
-        m = re.search(r"(?:^|\s)GresUsed=(\S+)", commands.show_node(node))
+        gres_used = parse_node(commands.show_node(node)).gres_used
         try:
-            used = [it for it in parse_gres_detail(m.group(1)) if it.name in _GPU_GRES and (it.count or 0) > 0] \
-                if m else []
+            used = [it for it in parse_gres_detail(gres_used) if it.name in _GPU_GRES and (it.count or 0) > 0] \
+                if gres_used else []
         except InputError:
             used = []
-        return [f"(GresUsed={m.group(1)})"] if used and m else []
+        return [f"(GresUsed={gres_used})"] if used else []
 
     def stop_slurmd(self, node: str) -> None:
         """Run the stop command (``--stop-slurmd``).
@@ -607,40 +565,8 @@ def _site_command(command: str, node: str, option: str) -> None:
                          hint=f"give the site's command with {option}")
 
 
-
-
 #: How many polls in a row (``poll_s`` apart) slurmctld must show the node responding before apply goes on.
 STEADY_POLLS = 3
-
-
-def responding(state: str) -> bool:
-    """Whether ``State=`` of ``scontrol show node`` says slurmctld hears the node's slurmd: no ``NOT_RESPONDING``
-    flag (``IDLE+DRAIN+NOT_RESPONDING``), no ``*`` (the short form, ``IDLE*``), not ``DOWN``."""
-    flags = state.split("+")
-    return "NOT_RESPONDING" not in flags and not flags[0].endswith("*") and not flags[0].startswith("DOWN")
-
-
-def gres_matches(shown: str, want: str) -> bool:
-    """Whether slurmctld's ``Gres=`` (``scontrol show node``) is the ``Gres=`` value written to slurm.conf: every
-    typed item with its count, an untyped item as the sum over its types (slurmctld shows ``shard:h100:158``
-    for ``shard:158``), and no other type of a written name with a count."""
-    def counts(value: str) -> dict[tuple[str, str], int]:
-        out: dict[tuple[str, str], int] = {}
-        for item in gres_items(value):
-            parts = item.split(":")
-            if len(parts) == 2 and parts[1].isdigit():
-                out[(parts[0], "")] = int(parts[1])
-            elif len(parts) == 3 and parts[2].isdigit():
-                out[(parts[0], parts[1])] = int(parts[2])
-        return out
-
-    have, need = counts(shown), counts(want)
-    for (name, type_), n in need.items():
-        got = have.get((name, type_), 0) if type_ else sum(v for (nm, _t), v in have.items() if nm == name)
-        if got != n:
-            return False
-    typed_names = {name for name, type_ in need if type_}
-    return all(k in need for k in have if k[1] and k[0] in typed_names)  # no type left over from before
 
 
 # --- files --------------------------------------------------------------------------------------

@@ -433,14 +433,12 @@ def _driver_limit(ctx: HookContext, plan: JobPlan, state: dict) -> None:
 def _free_before(ctx: HookContext, gres: NodeGres, plan: JobPlan) -> tuple[int, ...]:
     """NVML indices of the node's whole GPUs that were free when Slurm chose this job's: not in use
     by another job's GPUs or shards (``scontrol -d show node``: ``GresUsed=``, read by
-    :func:`~slurm_gpushare.slurm.job.used_devices`)."""
+    :func:`~slurm_gpushare.slurm.node.parse_node`, :func:`~slurm_gpushare.slurm.job.used_devices`)."""
     from slurm_gpushare.slurm.job import used_devices
+    from slurm_gpushare.slurm.node import parse_node
 
     devices = [r for r in gres.records if r.name == "gpu"]
-    text = ctx.show_node(ctx.node)
-    used_text = next((kv.split("=", 1)[1] for line in text.splitlines() for kv in line.split()
-                      if kv.startswith("GresUsed=")), "")
-    used = used_devices(used_text)
+    used = used_devices(parse_node(ctx.show_node(ctx.node)).gres_used)
     busy = {devices[i].gpu_index for i in used if i < len(devices)} - set(plan.gpu_indices)
     return tuple(r.gpu_index for r in devices
                  if r.gpu_index is not None and r.mig_gi is None and r.gpu_index not in busy)
