@@ -10,8 +10,8 @@ The steps (:data:`STEPS`), each recorded in a state file before it starts and on
    step's first start; past it the drain is undone (recorded, then resume when the reason is still ours,
    then the state file moved away: :meth:`Apply._undo`), the layout is left as it was and
    :class:`ApplyError` says which jobs still run.
-3. ``stop-mps``: the node's MPS control daemons, per job (found by process, ``node.jobdir.job_daemons``)
-   and shared (``<run_dir>/shared/*``), are stopped.
+3. ``stop-mps``: the node's MPS control daemons, per job (found by process) and shared, are stopped
+   (:func:`slurm_gpushare.node.daemons.stop_all`, which knows where the node keeps them).
 4. ``mig``: on each GPU of the layout, the GPU instances that are not in the target are destroyed
    (``nvmlGpuInstanceDestroy``) and the missing ones created at their placements
    (``nvmlDeviceCreateGpuInstanceWithPlacement``), through the NVML port. The target was checked with
@@ -1021,27 +1021,9 @@ class Apply:
             self.sleep(self.poll_s)
 
     def _stop_mps(self, state: dict) -> None:
-        from slurm_gpushare.node.epilog import stop_found_daemon
-        from slurm_gpushare.node.jobdir import job_daemons
-        from slurm_gpushare.node.mps import MpsDaemon, MpsSettings
+        from slurm_gpushare.node.daemons import stop_all
 
-        problems = []
-        seen = set()
-        for found in job_daemons(self.run_dir):
-            if found.pipe_dir in seen:
-                continue
-            seen.add(found.pipe_dir)
-            problem = stop_found_daemon(found)
-            if problem:
-                problems.append(problem)
-        shared = self.run_dir / "shared"
-        if shared.is_dir():
-            for d in sorted(shared.iterdir()):
-                if (d / "pipe").is_dir():
-                    result = MpsDaemon(d / "pipe", d / "log", visible_devices="",
-                                       settings=MpsSettings(kill_timeout_s=2.0)).stop()
-                    if result.survivors:
-                        problems.append(f"MPS daemon {d}: processes survived SIGKILL")
+        problems = stop_all(self.run_dir)
         if problems:
             raise ApplyError("; ".join(problems), hint="stop them by hand, then rerun mig apply (the node stays "
                                                        "drained, the state file says why)")

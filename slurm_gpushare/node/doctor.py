@@ -11,12 +11,13 @@ from slurm_gpushare.errors import GpushareError
 from slurm_gpushare.hardware.machine import Machine
 from slurm_gpushare.hardware.ports import open_nvml
 from slurm_gpushare.node.context import HookContext
-from slurm_gpushare.node.epilog import by_pipe_dir, cleanup_job, stop_found_daemon
+from slurm_gpushare.node.daemons import by_pipe_dir, stop_found_daemon
+from slurm_gpushare.node.epilog import cleanup_job
 from slurm_gpushare.node.jobdir import job_daemons, job_lock, read_state
 from slurm_gpushare.node.leftovers import sweep
 from slurm_gpushare.node.plan import JobPlan
 from slurm_gpushare.node.prolog import prepare
-from slurm_gpushare.node.shared_mps import leave_shared, members
+from slurm_gpushare.node.shared_mps import leave_shared, members, shared_root
 from slurm_gpushare.slurm import commands
 
 
@@ -118,13 +119,13 @@ def doctor(ctx: HookContext, *, repair: bool, running_jobs: set[str] | None = No
         SlurmError: squeue failed (when ``running_jobs`` is not given).
     """
     jobs_dir = ctx.run_dir / "jobs"
-    shared_root = ctx.run_dir / "shared"
+    shared = shared_root(ctx.run_dir)
     findings = [] if findings is None else findings
     findings += _compute_modes(ctx, repair, port)
     findings += _gpu_processes(ctx, repair, running_jobs, port)
     # found by process: a daemon whose job directory was removed has no other trace
     homeless = [d for d in by_pipe_dir(job_daemons(ctx.run_dir)) if not ctx.job_dir(d.job_id).is_dir()]
-    if not jobs_dir.is_dir() and not shared_root.is_dir() and not homeless:
+    if not jobs_dir.is_dir() and not shared.is_dir() and not homeless:
         return findings
     if running_jobs is None:
         running_jobs = set(commands.running_jobs(ctx.node))
@@ -136,7 +137,7 @@ def doctor(ctx: HookContext, *, repair: bool, running_jobs: set[str] | None = No
             action = stop_found_daemon(found, ctx.config.mps_quit_timeout) or "stopped it"
         findings.append(Finding(found.job_id, f"MPS daemon {found.pipe_dir} (pid {found.pid}, uid {found.uid}) "
                                 f"runs without its job directory", action))
-    for d in sorted(p for p in shared_root.glob("*") if p.is_dir()):
+    for d in sorted(p for p in shared.glob("*") if p.is_dir()):
         gone = sorted(set(members(d)) - running_jobs)
         if gone or not members(d):
             action = "would remove them (and stop the daemon when none is left)"

@@ -35,9 +35,10 @@ from slurm_gpushare.node.context import (
     plan_with_machine,
     stuck_reason,
 )
-from slurm_gpushare.node.jobdir import JobDaemon, job_daemons, job_lock, read_run, read_state, restart_from_env
+from slurm_gpushare.node.daemons import by_pipe_dir, stop_found_daemon
+from slurm_gpushare.node.jobdir import job_daemons, job_lock, read_run, read_state, restart_from_env
 from slurm_gpushare.node.leftovers import EndedJob, drain_reason, sweep
-from slurm_gpushare.node.mps import MpsDaemon, MpsSettings, remove_tree
+from slurm_gpushare.node.mps import remove_tree
 from slurm_gpushare.node.plan import JobPlan
 from slurm_gpushare.node.shared_mps import leave_shared
 from slurm_gpushare.slurm.job import JobInfo, job_from_env
@@ -229,27 +230,6 @@ def stop_homeless(ctx: HookContext, job_id: str) -> str | None:
     for p in problems:
         log_event(ctx, "epilog", f"job {job_id}: {p}")
     return f"gpushare epilog job {job_id}: {problems[0]}" if problems else None
-
-
-def by_pipe_dir(found: list[JobDaemon]) -> list[JobDaemon]:
-    """One entry per pipe directory (a daemon and its servers share one)."""
-    out: dict[Path, JobDaemon] = {}
-    for d in found:
-        if d.pipe_dir not in out or d.binary != "nvidia-cuda-mps-control":  # the control's own path
-            out[d.pipe_dir] = d
-    return list(out.values())
-
-
-def stop_found_daemon(found: JobDaemon, quit_timeout_s: float = 10.0) -> str | None:
-    """Stop a daemon found by process (its pipe directory and binary; any owner), and what it started.
-    Returns a problem (a process that survived SIGKILL) or None."""
-    daemon = MpsDaemon(found.pipe_dir, found.pipe_dir.parent / "log", visible_devices="",
-                       settings=MpsSettings(control_binary=found.binary, quit_timeout_s=quit_timeout_s,
-                                            kill_timeout_s=2.0))
-    result = daemon.stop()
-    if result.survivors:
-        return f"MPS daemon {found.pipe_dir}: processes survived SIGKILL"
-    return None
 
 
 def cleanup_job(ctx: HookContext, job_id: str) -> str | None:

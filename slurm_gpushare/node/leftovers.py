@@ -53,7 +53,7 @@ from slurm_gpushare.hardware.port import NvmlPort
 from slurm_gpushare.node.context import HookContext
 from slurm_gpushare.node.jobdir import job_plans
 from slurm_gpushare.node.membership import job_of_cgroup, parse_listpids, read_cgroup
-from slurm_gpushare.node.shared_mps import members
+from slurm_gpushare.node.shared_mps import members, shared_root
 from slurm_gpushare.procinfo import kill_and_wait, process, real_uid, running, started_at
 
 #: Seconds a process may predate its job's recorded start and still count as started by the job (Slurm's
@@ -176,7 +176,7 @@ def daemon_pids(ctx: HookContext, *, except_job: str | None = None) -> set[int]:
         uid = plan.get("uid")
         if isinstance(uid, int) and uid >= 0:
             pipes[d / "mps" / "pipe"] = uid
-    for d in (ctx.run_dir / "shared").glob("*"):
+    for d in shared_root(ctx.run_dir).glob("*"):
         m = _SHARED_DIR.fullmatch(d.name)
         jobs = set(members(d)) - {except_job}
         if m and jobs:

@@ -18,9 +18,14 @@ from slurm_gpushare.node.mps import MpsDaemon, MpsError, remove_tree
 from slurm_gpushare.node.plan import JobPlan
 
 
+def shared_root(run_dir: Path) -> Path:
+    """The directory of the node's shared daemons (one subdirectory each)."""
+    return run_dir / "shared"
+
+
 def shared_dir(ctx: HookContext, gpu: int, uid: int) -> Path:
     """The shared daemon of one GPU and one user (``mps_mode = "per-gpu"``)."""
-    return ctx.run_dir / "shared" / f"gpu{gpu}-uid{uid}"
+    return shared_root(ctx.run_dir) / f"gpu{gpu}-uid{uid}"
 
 
 def members(d: Path) -> dict[str, dict]:
