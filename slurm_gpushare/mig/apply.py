@@ -47,9 +47,7 @@ import fcntl
 import json
 import os
 import re
-import shlex
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -64,6 +62,7 @@ from slurm_gpushare.hardware.machine import Machine, MigInstance, MigProfile
 from slurm_gpushare.hardware.port import NvmlPort, plan_gpu_instance
 from slurm_gpushare.mig.geometry import enumerate_geometries
 from slurm_gpushare.mig.output import LAYOUT_VERSION
+from slurm_gpushare.slurm import commands
 from slurm_gpushare.slurm.hostlist import expand_hostlist
 from slurm_gpushare.slurm.node import NodeState, gres_matches, parse_node, responding
 from slurm_gpushare.slurm.nodegres import GresOptions
@@ -461,8 +460,6 @@ class CommandSlurm:
             InputError: Slurm knows no such node.
             SlurmError: scontrol failed otherwise.
         """
-        from slurm_gpushare.slurm import commands
-
         try:
             return parse_node(commands.show_node(node))
         except SlurmError as e:
@@ -474,14 +471,10 @@ class CommandSlurm:
 
     def drain(self, node: str, reason: str) -> None:
         """commands.drain_node."""
-        from slurm_gpushare.slurm import commands
-
         commands.drain_node(node, reason)
 
     def resume(self, node: str) -> None:
         """commands.resume_node."""
-        from slurm_gpushare.slurm import commands
-
         commands.resume_node(node)
 
     def gpu_jobs(self, node: str) -> list[str]:
@@ -495,13 +488,11 @@ class CommandSlurm:
         Raises:
             SlurmError: squeue or scontrol failed.
         """
-        from slurm_gpushare.slurm import commands
-        from slurm_gpushare.slurm.commands import local_release
         from slurm_gpushare.slurm.job import parse_gres_detail, parse_job_json
         from slurm_gpushare.slurm.release import SCONTROL_JSON
 
         jobs = commands.running_jobs(node)
-        release = local_release()
+        release = commands.local_release()
         # before 23.02 the record is the whole job table (squeue --json): read it once
         table = commands.job_record(jobs[0], release=release) if jobs and release < SCONTROL_JSON else None
         found = []
@@ -529,7 +520,7 @@ class CommandSlurm:
         Raises:
             SlurmError: it failed or took more than 120 s.
         """
-        _site_command(self.stop_command, node, "--stop-slurmd")
+        commands.site_command(self.stop_command, node, "--stop-slurmd")
 
     def start_slurmd(self, node: str) -> None:
         """Run the start command (``--start-slurmd``).
@@ -537,7 +528,7 @@ class CommandSlurm:
         Raises:
             SlurmError: it failed or took more than 120 s.
         """
-        _site_command(self.start_command, node, "--start-slurmd")
+        commands.site_command(self.start_command, node, "--start-slurmd")
 
     def restart_slurmctld(self) -> None:
         """Run ``--restart-slurmctld``, or ``scontrol reconfigure`` without one.
@@ -546,23 +537,9 @@ class CommandSlurm:
             SlurmError: it failed.
         """
         if self.restart_slurmctld_command is None:
-            from slurm_gpushare.slurm import commands
-
-            commands.reconfigure()
+                commands.reconfigure()
         else:
-            _site_command(self.restart_slurmctld_command, "", "--restart-slurmctld")
-
-
-def _site_command(command: str, node: str, option: str) -> None:
-    argv = [a.replace("{node}", node) for a in shlex.split(command)]
-    try:
-        p = subprocess.run(argv, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise SlurmError(f"{' '.join(argv)} failed: {e}", hint=f"give the site's command with {option}") from None
-    if p.returncode != 0:
-        said = " ".join((p.stderr.strip() or p.stdout.strip()).split())
-        raise SlurmError(f"{' '.join(argv)} exited {p.returncode}: {said[:300]}",
-                         hint=f"give the site's command with {option}")
+            commands.site_command(self.restart_slurmctld_command, "", "--restart-slurmctld")
 
 
 #: How many polls in a row (``poll_s`` apart) slurmctld must show the node responding before apply goes on.

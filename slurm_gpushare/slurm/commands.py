@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import os
+import shlex
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
@@ -309,6 +310,26 @@ def reconfigure(**kw) -> None:
         SlurmError: scontrol failed.
     """
     run(["scontrol", "reconfigure"], **kw)
+
+
+def site_command(command: str, node: str, option: str, *, timeout: float = 120) -> None:
+    """Run a site's command for a Slurm daemon (``mig apply --stop-slurmd 'systemctl stop slurmd'``, run on the
+    node; ``{node}`` in it is replaced by ``node``), split as a shell would (``shlex``) but run without one,
+    its stdin empty.
+
+    Raises:
+        SlurmError: it could not run, took more than ``timeout`` seconds or exited non-zero (the message has
+            its output; the hint names ``option``, where the site gives the command).
+    """
+    argv = [a.replace("{node}", node) for a in shlex.split(command)]
+    try:
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise SlurmError(f"{' '.join(argv)} failed: {e}", hint=f"give the site's command with {option}") from None
+    if p.returncode != 0:
+        said = " ".join((p.stderr.strip() or p.stdout.strip()).split())
+        raise SlurmError(f"{' '.join(argv)} exited {p.returncode}: {said[:300]}",
+                         hint=f"give the site's command with {option}")
 
 
 # --- the release of the local Slurm (sinfo -V, slurmd -V) -----------------------------------------------
