@@ -26,7 +26,6 @@ from slurm_gpushare.mig.apply import (
     ApplyError,
     current_layout,
     read_layout,
-    replace_gres_lines,
 )
 from slurm_gpushare.mig.demand import Request
 from slurm_gpushare.mig.output import layout_json, mig_parted_yaml
@@ -393,18 +392,6 @@ def test_22_05_needs_a_slurmctld_restart_command(site, monkeypatch):
     r = CliRunner().invoke(main, ["mig", "apply", NODE, "--layout", str(site / "layout.json"), "--config",
                                   str(site / "node.toml"), "--slurm-version", "22.05", "--dry-run"])
     assert r.exit_code == 2 and "give --restart-slurmctld CMD" in r.output, r.output
-
-
-def test_gres_lines_behind_an_include_are_refused():
-    with pytest.raises(InputError, match="Include lines: h100-mig's lines may be in an included file"):
-        replace_gres_lines("AutoDetect=off\nInclude /etc/slurm/gres.d/nodes.conf\n", NODE, ["x"], source="gres.conf")
-    assert replace_gres_lines("AutoDetect=off\n", NODE, ["NodeName=h100-mig Name=gpu"], source="g") == \
-        "AutoDetect=off\n\nNodeName=h100-mig Name=gpu\n"
-
-
-def test_gres_lines_of_a_hostlist_line_are_refused():
-    with pytest.raises(InputError, match="names h100-mig among other nodes"):
-        replace_gres_lines("NodeName=h100-mig,a100 Name=gpu File=/dev/nvidia0\n", NODE, [], source="gres.conf")
 
 
 STUB_SCONTROL = """#!/bin/sh

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_gpushare.errors import ParseError
+from slurm_gpushare.errors import InputError, ParseError
 from slurm_gpushare.hardware.machine import CpuLayout
 from slurm_gpushare.slurm.conf import (
     GRES_CONF_KEYS,
@@ -20,6 +20,7 @@ from slurm_gpushare.slurm.conf import (
     parse_gres_conf,
     parse_gres_value,
     parse_slurm_conf_gres,
+    replace_gres_lines,
     slurm_conf_settings,
 )
 from slurm_gpushare.slurm.gres import GresItem
@@ -369,3 +370,19 @@ def test_spaces_around_the_equals_sign_are_read_as_slurm_reads_them():
     assert [(k, v) for _, _, k, v in slurm_conf_settings("ConstrainDevices = yes\nX=1 Y =2\n",
                                                           source="cgroup.conf")] == [
         ("ConstrainDevices", "yes"), ("X", "1"), ("Y", "2")]
+
+
+# --- the writers (mig apply rewrites one node's lines) ------------------------------------------------
+
+
+def test_gres_lines_behind_an_include_are_refused():
+    with pytest.raises(InputError, match="Include lines: h100-mig's lines may be in an included file"):
+        replace_gres_lines("AutoDetect=off\nInclude /etc/slurm/gres.d/nodes.conf\n", "h100-mig", ["x"],
+                           source="gres.conf")
+    assert replace_gres_lines("AutoDetect=off\n", "h100-mig", ["NodeName=h100-mig Name=gpu"], source="g") == \
+        "AutoDetect=off\n\nNodeName=h100-mig Name=gpu\n"
+
+
+def test_gres_lines_of_a_hostlist_line_are_refused():
+    with pytest.raises(InputError, match="names h100-mig among other nodes"):
+        replace_gres_lines("NodeName=h100-mig,a100 Name=gpu File=/dev/nvidia0\n", "h100-mig", [], source="gres.conf")

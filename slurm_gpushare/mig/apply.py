@@ -46,7 +46,6 @@ import contextlib
 import fcntl
 import json
 import os
-import re
 import signal
 import sys
 import time
@@ -63,7 +62,7 @@ from slurm_gpushare.hardware.port import NvmlPort, plan_gpu_instance
 from slurm_gpushare.mig.geometry import enumerate_geometries
 from slurm_gpushare.mig.output import LAYOUT_VERSION
 from slurm_gpushare.slurm import commands
-from slurm_gpushare.slurm.hostlist import expand_hostlist
+from slurm_gpushare.slurm.conf import replace_gres_lines, replace_slurm_gres
 from slurm_gpushare.slurm.node import NodeState, gres_matches, parse_node, responding
 from slurm_gpushare.slurm.nodegres import GresOptions
 from slurm_gpushare.textdoc import kind, parse_json, parse_yaml
@@ -557,97 +556,6 @@ def with_instances(machine: Machine, port: NvmlPort) -> Machine:
             g = replace(g, mig_instances=tuple(port.gpu_instances(g.index)))
         gpus.append(g)
     return replace(machine, gpus=tuple(gpus))
-
-
-def _names_node(value: str, node: str) -> bool:
-    try:
-        return node in expand_hostlist(value)
-    except GpushareError:
-        return value == node
-
-
-def _gres_names(lines: Sequence[str]) -> set[str]:
-    return {m.group(1).lower() for ln in lines for m in [re.search(r"(?:^|\s)Name=(\S+)", ln)] if m}
-
-
-def replace_gres_lines(text: str, node: str, new_lines: Sequence[str], *, source: str) -> str:
-    """gres.conf ``text`` with the node's lines (``NodeName=NODE ...`` and the ``# NODE:`` comments before
-    them, as ``gres-conf`` writes them) replaced by ``new_lines``, where the first of them was.
-
-    A line ``Name=... NodeName=NODE ...`` (NodeName= not first, gres.conf(5) reads it the same) is one of the
-    node's lines too. A ``Name=`` line without ``NodeName=`` applies to every node (gres.conf(5)): one of a
-    GRES name that ``new_lines`` define (``gpu``, ``shard``) would add its devices to the node's new ones.
-
-    Raises:
-        InputError: a line names the node among others (``NodeName=gpu[01-04]``): it cannot be changed
-            for one node; a ``Name=`` line for every node of a GRES name the new lines define; or the file
-            has no line of the node but ``Include`` lines (its lines may be in an included file, which
-            apply does not rewrite: new lines here would duplicate them).
-    """
-    out: list[str] = []
-    at: int | None = None
-    lines = text.splitlines()
-    names = _gres_names(new_lines)
-    for k, line in enumerate(lines):
-        m = re.match(r"\s*NodeName=(\S+)", line, re.I) or \
-            (re.match(r"\s*Name=", line, re.I) and re.search(r"\sNodeName=(\S+)", line, re.I))
-        if m and m.group(1) == node:
-            at = len(out) if at is None else at
-            continue
-        if m and _names_node(m.group(1), node):
-            raise InputError(f"{source}:{k + 1}: NodeName={m.group(1)} names {node} among other nodes",
-                             hint=f"give {node} lines of its own (slurm-gpushare gres-conf writes them)")
-        g = None if m else re.match(r"\s*Name=(\S+)", line, re.I)
-        if g and g.group(1).lower() in names:
-            raise InputError(f"{source}:{k + 1}: Name={g.group(1)} without NodeName= applies to every node, "
-                             f"{node} too: its devices would add to {node}'s new MIG lines",
-                             hint=f"give that line NodeName= of the nodes it is for (not {node}), or give "
-                                  "every node lines of its own (slurm-gpushare gres-conf writes them)")
-        if line.startswith(f"# {node}: "):
-            continue  # our own header of the node's block, rewritten below
-        out.append(line)
-    if at is None and any(re.match(r"\s*include\s", ln, re.I) for ln in lines):
-        raise InputError(f"{source} has no NodeName={node} line but Include lines: {node}'s lines may be in an "
-                         "included file, which mig apply does not rewrite",
-                         hint=f"give that file with --gres-conf, or move {node}'s lines into {source}")
-    if at is None:
-        if out and out[-1].strip():
-            out.append("")
-        at = len(out)
-    out[at:at] = list(new_lines)
-    return "\n".join(out) + "\n"
-
-
-def replace_slurm_gres(text: str, node: str, gres_value: str, *, source: str) -> str:
-    """slurm.conf ``text`` with ``Gres=`` of the ``NodeName=NODE`` line set to ``gres_value``.
-
-    Raises:
-        InputError: the node is in a hostlist line with other nodes (``NodeName=gpu[01-04]``: its ``Gres=``
-            is theirs too), or it has no line here (with ``Include`` lines: it may be in an included file).
-    """
-    lines = text.splitlines()
-    for k, line in enumerate(lines):
-        m = re.match(r"\s*NodeName=(\S+)", line, re.I)
-        if not m:
-            continue
-        if m.group(1) != node:
-            if _names_node(m.group(1), node):
-                raise InputError(f"{source}:{k + 1}: NodeName={m.group(1)} names {node} among other nodes: "
-                                 f"its Gres= is theirs too",
-                                 hint=f"give {node} a NodeName={node} line of its own and take it out of "
-                                      f"{m.group(1)}, then rerun (scontrol reconfigure after the edit)")
-            continue
-        if re.search(r"\sGres=\S*", line):
-            lines[k] = re.sub(r"(\s)Gres=\S*", lambda mm: f"{mm.group(1)}Gres={gres_value}", line, count=1)
-        else:
-            lines[k] = f"{line.rstrip()} Gres={gres_value}"
-        return "\n".join(lines) + "\n"
-    if any(re.match(r"\s*include\s", ln, re.I) for ln in lines):
-        raise InputError(f"{source} has no NodeName={node} line but Include lines: it may be in an included "
-                         "file, which mig apply does not rewrite",
-                         hint=f"give that file with --slurm-conf, or move {node}'s line into {source}")
-    raise InputError(f"{source} has no NodeName={node} line of its own",
-                     hint="apply rewrites that line's Gres=; a node in a hostlist line needs a line of its own")
 
 
 def _write_keeping_mode(path: Path, text: str) -> bool:

@@ -36,10 +36,10 @@ The syntax is Slurm 22.05's, from gres.conf(5) and slurm.conf(5):
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from slurm_gpushare.errors import ParseError
+from slurm_gpushare.errors import GpushareError, InputError, ParseError
 from slurm_gpushare.hardware.machine import CpuLayout
 from slurm_gpushare.slurm.gres import COUNT_SUFFIXES, GresItem, parse
 from slurm_gpushare.slurm.hostlist import expand_hostlist, parse_id_list
@@ -624,3 +624,97 @@ def slurm_conf_settings(text: str, *, source: str, include: IncludeLoader | None
             if key is not None:
                 out.append((src, number, key, value))
     return out
+
+
+# --- writers: one node's lines changed, the rest of the file kept as it is ----------------------------------
+
+
+def _names_node(value: str, node: str) -> bool:
+    try:
+        return node in expand_hostlist(value)
+    except GpushareError:
+        return value == node
+
+
+def _gres_names(lines: Sequence[str]) -> set[str]:
+    return {m.group(1).lower() for ln in lines for m in [re.search(r"(?:^|\s)Name=(\S+)", ln)] if m}
+
+
+def replace_gres_lines(text: str, node: str, new_lines: Sequence[str], *, source: str) -> str:
+    """gres.conf ``text`` with the node's lines (``NodeName=NODE ...`` and the ``# NODE:`` comments before
+    them, as ``gres-conf`` writes them) replaced by ``new_lines``, where the first of them was.
+
+    A line ``Name=... NodeName=NODE ...`` (NodeName= not first, gres.conf(5) reads it the same) is one of the
+    node's lines too. A ``Name=`` line without ``NodeName=`` applies to every node (gres.conf(5)): one of a
+    GRES name that ``new_lines`` define (``gpu``, ``shard``) would add its devices to the node's new ones.
+
+    Raises:
+        InputError: a line names the node among others (``NodeName=gpu[01-04]``): it cannot be changed
+            for one node; a ``Name=`` line for every node of a GRES name the new lines define; or the file
+            has no line of the node but ``Include`` lines (its lines may be in an included file, which
+            apply does not rewrite: new lines here would duplicate them).
+    """
+    out: list[str] = []
+    at: int | None = None
+    lines = text.splitlines()
+    names = _gres_names(new_lines)
+    for k, line in enumerate(lines):
+        m = re.match(r"\s*NodeName=(\S+)", line, re.I) or \
+            (re.match(r"\s*Name=", line, re.I) and re.search(r"\sNodeName=(\S+)", line, re.I))
+        if m and m.group(1) == node:
+            at = len(out) if at is None else at
+            continue
+        if m and _names_node(m.group(1), node):
+            raise InputError(f"{source}:{k + 1}: NodeName={m.group(1)} names {node} among other nodes",
+                             hint=f"give {node} lines of its own (slurm-gpushare gres-conf writes them)")
+        g = None if m else re.match(r"\s*Name=(\S+)", line, re.I)
+        if g and g.group(1).lower() in names:
+            raise InputError(f"{source}:{k + 1}: Name={g.group(1)} without NodeName= applies to every node, "
+                             f"{node} too: its devices would add to {node}'s new MIG lines",
+                             hint=f"give that line NodeName= of the nodes it is for (not {node}), or give "
+                                  "every node lines of its own (slurm-gpushare gres-conf writes them)")
+        if line.startswith(f"# {node}: "):
+            continue  # our own header of the node's block, rewritten below
+        out.append(line)
+    if at is None and any(re.match(r"\s*include\s", ln, re.I) for ln in lines):
+        raise InputError(f"{source} has no NodeName={node} line but Include lines: {node}'s lines may be in an "
+                         "included file, which is not rewritten here",
+                         hint=f"give that file with --gres-conf, or move {node}'s lines into {source}")
+    if at is None:
+        if out and out[-1].strip():
+            out.append("")
+        at = len(out)
+    out[at:at] = list(new_lines)
+    return "\n".join(out) + "\n"
+
+
+def replace_slurm_gres(text: str, node: str, gres_value: str, *, source: str) -> str:
+    """slurm.conf ``text`` with ``Gres=`` of the ``NodeName=NODE`` line set to ``gres_value``.
+
+    Raises:
+        InputError: the node is in a hostlist line with other nodes (``NodeName=gpu[01-04]``: its ``Gres=``
+            is theirs too), or it has no line here (with ``Include`` lines: it may be in an included file).
+    """
+    lines = text.splitlines()
+    for k, line in enumerate(lines):
+        m = re.match(r"\s*NodeName=(\S+)", line, re.I)
+        if not m:
+            continue
+        if m.group(1) != node:
+            if _names_node(m.group(1), node):
+                raise InputError(f"{source}:{k + 1}: NodeName={m.group(1)} names {node} among other nodes: "
+                                 f"its Gres= is theirs too",
+                                 hint=f"give {node} a NodeName={node} line of its own and take it out of "
+                                      f"{m.group(1)}, then rerun (scontrol reconfigure after the edit)")
+            continue
+        if re.search(r"\sGres=\S*", line):
+            lines[k] = re.sub(r"(\s)Gres=\S*", lambda mm: f"{mm.group(1)}Gres={gres_value}", line, count=1)
+        else:
+            lines[k] = f"{line.rstrip()} Gres={gres_value}"
+        return "\n".join(lines) + "\n"
+    if any(re.match(r"\s*include\s", ln, re.I) for ln in lines):
+        raise InputError(f"{source} has no NodeName={node} line but Include lines: it may be in an included "
+                         "file, which is not rewritten here",
+                         hint=f"give that file with --slurm-conf, or move {node}'s line into {source}")
+    raise InputError(f"{source} has no NodeName={node} line of its own",
+                     hint="apply rewrites that line's Gres=; a node in a hostlist line needs a line of its own")
