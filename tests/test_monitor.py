@@ -18,9 +18,10 @@ from slurm_gpushare.accounting.live import load_usage, save_usage, usage_path
 from slurm_gpushare.accounting.record import UsageTracker
 from slurm_gpushare.errors import SlurmError
 from slurm_gpushare.hardware.fake import FakeNvml, ScheduledProcess
-from slurm_gpushare.node.config import NodeConfig
+from slurm_gpushare.node.config import NodeConfig, parse_listen
 from slurm_gpushare.node.membership import ProcFacts, job_of_cgroup, parse_listpids
-from slurm_gpushare.node.monitor import Monitor, parse_listen, serve
+from slurm_gpushare.node.metrics import metrics_text, serve
+from slurm_gpushare.node.monitor import Monitor
 from slurm_gpushare_dev.cluster import packaged_machine
 from tests.conftest import DEADLINE, wait_until
 from tests.jobjson import as_job_json
@@ -261,7 +262,7 @@ def test_enforcement_follows_the_partition_s_action_and_spares_a_reused_pid(node
 
 
 def _scrape_once(mon) -> str:
-    return mon.metrics_text()
+    return metrics_text(mon)
 
 
 def test_the_endpoint_is_prometheus_text_with_job_labels(node):
@@ -697,7 +698,7 @@ def test_a_process_in_another_users_job_cgroup_is_not_charged_to_that_job(node):
         assert ("201", 3) not in by
         # Slurm's pid list places it in bob's own job 202
         assert (by[("202", 3)].used_mib, by[("202", 3)].processes) == (2000, 1)
-        fams = _families(mon.metrics_text())
+        fams = _families(metrics_text(mon))
         assert _value(fams, "gpushare_monitor_refused_attributions_total") == 1  # counted and logged once
         assert [line for line in node.log if line.startswith("not charged")] == [
             "not charged: pid 2001 (uid 1001) is in the cgroup of job 201, whose user is alice(1000)"]
@@ -1090,7 +1091,7 @@ def test_a_share_job_gets_the_driver_s_limit_on_its_cgroup_once_and_a_whole_gpu_
             "nvmlDeviceSetMemoryLimits_v1)"]
         node.clock.t += 1
         mon.sample()
-        fams = _families(mon.metrics_text())
+        fams = _families(metrics_text(mon))
         assert _value(fams, "gpushare_monitor_gpu_memory_limits_total", outcome="set") == 1
         assert _value(fams, "gpushare_monitor_gpu_memory_limits_total", outcome="unsupported") == 0
         assert mon._jobs["202"].limit is None
@@ -1114,7 +1115,7 @@ def test_a_driver_without_per_cgroup_limits_is_asked_once_and_the_monitor_enforc
             "job 201: no driver memory limit (nvmlDeviceSetMemoryLimits_v1(gpu 0, cgroup "), said  # once, not per job
         assert "[NVML_ERROR_FUNCTION_NOT_FOUND]" in said[0]
         assert said[0].endswith("); its MPS limit and the monitor's enforcement hold it")
-        fams = _families(mon.metrics_text())
+        fams = _families(metrics_text(mon))
         assert _value(fams, "gpushare_monitor_gpu_memory_limits_total", outcome="unsupported") == 2  # both jobs
         assert len(node.nvml._pending) == 1 and node.nvml._pending[0][3] == 4  # NVML was asked once
         assert node.killed == [(1001, signal.SIGKILL), (1002, signal.SIGKILL)]  # 12000 MiB of 10240: as before
@@ -1171,5 +1172,5 @@ def test_a_job_s_cgroup_made_anew_is_limited_again_and_a_prolog_s_limit_is_not_s
     mon3 = node3.monitor(fs3)
     with mon3:
         _samples(mon3, node3, 6)
-        fams = _families(mon3.metrics_text())
+        fams = _families(metrics_text(mon3))
         assert _value(fams, "gpushare_monitor_gpu_memory_limits_total", outcome="failed") == 3

@@ -107,7 +107,8 @@ def monitor(config_path, node, interval, listen, textfile, once):
     from slurm_gpushare.errors import MachineDescriptionError, NvmlError
     from slurm_gpushare.hardware.machine import Machine
     from slurm_gpushare.hardware.ports import open_nvml
-    from slurm_gpushare.node.monitor import Monitor, serve
+    from slurm_gpushare.node.metrics import metrics_text, serve
+    from slurm_gpushare.node.monitor import Monitor
 
     ctx = _context(config_path, node)
     cfg = ctx.config
@@ -134,7 +135,7 @@ def monitor(config_path, node, interval, listen, textfile, once):
               listen=None if once else (cfg.monitor_listen if listen is None else listen),
               textfile=None if to_stdout else textfile or None, once=once, stop=lambda: bool(stopping))
         if to_stdout:
-            click.echo(mon.metrics_text(), nl=False)
+            click.echo(metrics_text(mon), nl=False)
         problems = sum(mon.errors_total.values())
     if once and problems:
         click.echo(f"slurm-gpushare monitor: {problems} problem(s) in this sample (see above); the numbers may be "

@@ -46,35 +46,11 @@ serves Prometheus metrics and hands the usage to the Epilog.
 ``/proc/<pid>/{cgroup,stat,status}`` and stats the job cgroups of the GPU processes (benchmarks/monitor
 measures the CPU it costs per GPU, docs/performance.md).
 
-Metrics (Prometheus text format, :func:`prometheus_client.start_http_server`), all gauges unless said:
-
-=================================================  ================================================
-``gpushare_job_gpu_memory_used_bytes``              memory the job's processes hold on the device now
-``gpushare_job_gpu_memory_peak_bytes``              highest sampled so far
-``gpushare_job_gpu_memory_reserved_bytes``          the job's share: MPS limit, MIG profile, whole GPU
-``gpushare_job_gpu_memory_requested_bytes``         what ``gpushare:mem=`` asked (absent when nothing)
-``gpushare_job_gpu_sm_utilization_ratio``           SM utilization now, 0-1 (absent when no data)
-``gpushare_job_gpu_processes``                      the job's processes on the device
-``gpushare_job_gpu_over_limit``                     1 while the job holds more than its share
-``gpushare_gpu_memory_used_bytes``, ``..._total_bytes``, ``gpushare_gpu_utilization_ratio``
-``gpushare_gpu_unattributed_memory_bytes``          memory of processes of no job on this node
-``gpushare_monitor_samples_total`` (counter), ``gpushare_monitor_errors_total`` (counter, ``kind``),
-``gpushare_monitor_last_sample_timestamp_seconds``, ``gpushare_monitor_sample_duration_seconds``
-``gpushare_monitor_attributed_processes`` (``by``: ``cgroup``, ``slurm``), ``..._refused_attributions_total``
-and ``..._slurm_calls_total`` (counters, ``command``: ``listpids``, ``squeue``, ``job``)
-=================================================  ================================================
-
-Job series carry ``node, job_id, user, account, partition, gpu`` (NVML index), ``uuid`` (GPU or MIG
-device), ``model, mode`` (``mig``, ``mps``, ``gpu``) and ``share`` (MIG profile, ``shard:N``), and the same
-under the names of NVIDIA's dcgm-exporter and Princeton's jobstats (:data:`DCGM_LABELS`, ``jobid``;
-docs/monitoring.md): ``jobid, Hostname, UUID`` (the GPU's, the parent's for MIG), ``modelName`` (NVML's
-name), ``pci_bus_id, device`` (``nvidia<minor>``) and, on MIG devices, ``GPU_I_PROFILE, GPU_I_ID``. Per-GPU
-series carry ``node, gpu, uuid, model`` and the same dcgm-exporter labels.
+Metrics: :mod:`slurm_gpushare.node.metrics` (the collector of a monitor's last sample).
 """
 
 from __future__ import annotations
 
-import errno
 import os
 import signal
 import sys
@@ -82,20 +58,17 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 import psutil
 
 from slurm_gpushare import procinfo
 from slurm_gpushare.accounting.live import load_state, remove_usage, restore_all, save_usage, usage_files
 from slurm_gpushare.accounting.record import UsageRecord, UsageTracker
-from slurm_gpushare.atomicfile import write_atomic
 from slurm_gpushare.errors import GpushareError, InputError
 from slurm_gpushare.hardware.machine import GpuProcess, Machine
 from slurm_gpushare.hardware.port import NvmlPort, read_uuids
-from slurm_gpushare.node.config import ENFORCE_ACTIONS, NodeConfig, parse_listen
+from slurm_gpushare.node.config import NodeConfig
 from slurm_gpushare.node.context import HookContext, admin_note, job_mps_settings
-from slurm_gpushare.node.gpulimit import OUTCOMES as LIMIT_OUTCOMES
 from slurm_gpushare.node.gpulimit import TRIES as LIMIT_TRIES
 from slurm_gpushare.node.gpulimit import LimitResult, apply_limit, job_cgroup_dir, wants_limit
 from slurm_gpushare.node.jobdir import job_lock_nowait, read_state
@@ -124,14 +97,8 @@ MPS_CHECK_TIMEOUT_S = 3.0
 RUNNING_STATES = frozenset({"RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED"})
 
 JobKey = int | str  # NVML index of a GPU, or MIG device UUID
-#: Labels named and filled as NVIDIA's dcgm-exporter does (its GPU metrics template), so that a site's panels
-#: built on DCGM_FI_* series can select and join the monitor's series (docs/monitoring.md).
-#: (``gpu``, the NVML index, is among the monitor's own labels already.)
 #: The read-back's finding for a job's daemon stopped by the job (:meth:`Monitor.check_mps`).
 _STOPPED = "its MPS control daemon is stopped (a stop signal or a tracer: it answers no client)"
-
-DCGM_LABELS = ("Hostname", "UUID", "modelName", "pci_bus_id", "device", "GPU_I_PROFILE", "GPU_I_ID")
-
 
 @dataclass
 class _Job:
@@ -1003,159 +970,10 @@ class Monitor:
 
     # --- metrics -------------------------------------------------------------------------------------------
 
-    def registry(self):
-        """A ``prometheus_client`` registry holding this monitor (for the HTTP server and the textfile)."""
-        from prometheus_client import CollectorRegistry
-
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(self)
-        return registry
-
-    def metrics_text(self) -> str:
-        """The metrics of the last sample in Prometheus text format (what ``/metrics`` serves)."""
-        from prometheus_client import generate_latest
-
-        return generate_latest(self.registry()).decode()
-
-    def collect(self) -> list:
-        """Prometheus metric families of the last sample (a ``prometheus_client`` collector's ``collect``)."""
-        with self._lock:
-            return list(self._families())
-
-    def _dcgm_labels(self, index: int, mig_uuid: str | None) -> list[str]:
-        """The values of :data:`DCGM_LABELS` for GPU ``index`` (-1: unknown) or its MIG device ``mig_uuid``:
-        ``Hostname`` is the Slurm node name, ``UUID`` the (parent) GPU's, ``GPU_I_*`` empty off MIG (Prometheus
-        stores an empty label as no label, as dcgm-exporter leaves them out)."""
-        gpu = next((g for g in self.machine.gpus if g.index == index), None)
-        profile = gi = ""
-        if mig_uuid is not None:
-            gi_id = next((g_i for (i, g_i), u in self._mig_uuids.items() if i == index and u == mig_uuid), None)
-            inst = next((m for m in (gpu.mig_instances if gpu else ()) if m.gi_id == gi_id), None)
-            profile = inst.profile if inst else ""
-            gi = "" if gi_id is None else str(gi_id)
-        if gpu is None:
-            return [self.node, "", "", "", "", profile, gi]
-        return [self.node, self._gpu_uuids.get(index, gpu.uuid), gpu.name, gpu.pci_bus_id, f"nvidia{gpu.minor}",
-                profile, gi]
-
-    def _families(self):
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
-        job_labels = ["node", "job_id", "user", "account", "partition", "gpu", "uuid", "model", "mode", "share",
-                      "jobid", *DCGM_LABELS]
-        fams = {
-            "used": GaugeMetricFamily("gpushare_job_gpu_memory_used_bytes",
-                                      "GPU memory the job's processes hold on the device now", labels=job_labels),
-            "peak": GaugeMetricFamily("gpushare_job_gpu_memory_peak_bytes",
-                                      "Highest GPU memory the job's processes held on the device so far",
-                                      labels=job_labels),
-            "reserved": GaugeMetricFamily("gpushare_job_gpu_memory_reserved_bytes",
-                                          "The job's memory share on the device (MPS limit, MIG profile or whole GPU)",
-                                          labels=job_labels),
-            "requested": GaugeMetricFamily("gpushare_job_gpu_memory_requested_bytes",
-                                           "Memory the job asked for per device (gpushare:mem=)", labels=job_labels),
-            "sm": GaugeMetricFamily("gpushare_job_gpu_sm_utilization_ratio",
-                                    "SM utilization of the job on the device now, 0-1 (absent: no data)",
-                                    labels=job_labels),
-            "procs": GaugeMetricFamily("gpushare_job_gpu_processes", "The job's processes on the device",
-                                       labels=job_labels),
-            "over": GaugeMetricFamily("gpushare_job_gpu_over_limit",
-                                      "1 while the job's processes together hold more than its share of the device",
-                                      labels=job_labels),
-        }
-        by_key = {(d.job_id, d.key): d for d in self.snapshot.devices}
-        for job_id, job in sorted(self._jobs.items()):
-            usage = self.tracker.usage(job_id)
-            keys = {d.key for d in self.snapshot.devices if d.job_id == job_id}
-            keys |= set(job.devices)
-            for key in sorted(keys, key=str):
-                rec = job.devices.get(key)
-                d = by_key.get((job_id, key))
-                index = rec.gpu_index if rec else (d.gpu_index if d else -1)
-                gpu = self.machine.gpu(index) if rec is None and index >= 0 else None
-                labels = [self.node, job_id, job.info.user, job.info.account, job.info.partition, str(index),
-                          rec.gpu_uuid if rec else (key if isinstance(key, str) else self._gpu_uuids.get(index, "")),
-                          rec.gpu_model if rec else (gpu.model if gpu else ""),
-                          rec.mode if rec else "none", rec.share if rec else "",
-                          job_id, *self._dcgm_labels(index, key if isinstance(key, str) else None)]
-                u = usage.get(key)
-                if d is not None:
-                    fams["used"].add_metric(labels, d.used_mib * MIB)
-                    fams["procs"].add_metric(labels, d.processes)
-                    if d.sm_percent is not None:
-                        fams["sm"].add_metric(labels, round(d.sm_percent / 100, 4))
-                if u is not None and u.peak_mib is not None:
-                    fams["peak"].add_metric(labels, u.peak_mib * MIB)
-                fams["reserved"].add_metric(labels, (rec.mem_granted_mib if rec else 0) * MIB)
-                if rec is not None and rec.mem_asked_mib is not None:
-                    fams["requested"].add_metric(labels, rec.mem_asked_mib * MIB)
-                fams["over"].add_metric(labels, 1 if key in job.over else 0)
-        yield from fams.values()
-
-        gpu_labels = ["node", "gpu", "uuid", "model", *DCGM_LABELS]
-        used = GaugeMetricFamily("gpushare_gpu_memory_used_bytes", "GPU memory in use (NVML)", labels=gpu_labels)
-        total = GaugeMetricFamily("gpushare_gpu_memory_total_bytes", "GPU memory (NVML)", labels=gpu_labels)
-        util = GaugeMetricFamily("gpushare_gpu_utilization_ratio",
-                                 "GPU utilization, 0-1 (nvmlDeviceGetUtilizationRates; absent on MIG GPUs)",
-                                 labels=gpu_labels)
-        stray = GaugeMetricFamily("gpushare_gpu_unattributed_memory_bytes",
-                                  "GPU memory of processes that belong to no job running on this node",
-                                  labels=gpu_labels)
-        stray_n = GaugeMetricFamily("gpushare_gpu_unattributed_processes",
-                                    "Processes on the GPU that belong to no job running on this node",
-                                    labels=gpu_labels)
-        for g in self.snapshot.gpus:
-            labels = [self.node, str(g.index), g.uuid, g.model, *self._dcgm_labels(g.index, None)]
-            total.add_metric(labels, g.total_mib * MIB)
-            if g.used_mib is not None:
-                used.add_metric(labels, g.used_mib * MIB)
-            if g.utilization_percent is not None:
-                util.add_metric(labels, g.utilization_percent / 100)
-            stray.add_metric(labels, g.unattributed_mib * MIB)
-            stray_n.add_metric(labels, g.unattributed_processes)
-        yield from (used, total, util, stray, stray_n)
-
-        samples = CounterMetricFamily("gpushare_monitor_samples", "Samples taken", labels=["node"])
-        samples.add_metric([self.node], self.samples_total)
-        errors = CounterMetricFamily("gpushare_monitor_errors", "Failed NVML calls, Slurm commands, usage files",
-                                     labels=["node", "kind"])
-        for kind in ("nvml", "slurm", "job", "usage-file", "textfile", "admin-comment", "internal"):
-            errors.add_metric([self.node, kind], self.errors_total.get(kind, 0))
-        episodes = CounterMetricFamily("gpushare_monitor_over_limit_episodes",
-                                       "Times a job's processes began to hold more than its share of a device",
-                                       labels=["node"])
-        episodes.add_metric([self.node], self.over_limit_total)
-        last = GaugeMetricFamily("gpushare_monitor_last_sample_timestamp_seconds", "When the last sample was taken",
-                                 labels=["node"])
-        last.add_metric([self.node], self.snapshot.time)
-        took = GaugeMetricFamily("gpushare_monitor_sample_duration_seconds", "How long the last sample took",
-                                 labels=["node"])
-        took.add_metric([self.node], round(self.snapshot.duration_s, 6))
-        refused = CounterMetricFamily("gpushare_monitor_refused_attributions",
-                                      "GPU processes not charged to the job whose cgroup or pid list holds them: "
-                                      "the job's user is not the process's owner", labels=["node"])
-        refused.add_metric([self.node], self.refused_total)
-        attributed = GaugeMetricFamily("gpushare_monitor_attributed_processes",
-                                       "GPU processes of the last sample charged to a job, by what placed them "
-                                       "(cgroup: a job cgroup; slurm: scontrol listpids)", labels=["node", "by"])
-        for by in ("cgroup", "slurm"):
-            attributed.add_metric([self.node, by], self.attributed.get(by, 0))
-        calls = CounterMetricFamily("gpushare_monitor_slurm_calls",
-                                    "Slurm commands the monitor ran (listpids: scontrol listpids; squeue; job: one "
-                                    "job's record)", labels=["node", "command"])
-        for command in ("listpids", "squeue", "job"):
-            calls.add_metric([self.node, command], self.calls_total.get(command, 0))
-        enforced = CounterMetricFamily("gpushare_monitor_enforcements",
-                                       "Actions taken on MPS share jobs whose processes held more than their share "
-                                       "for enforce_grace samples (node.toml enforce)", labels=["node", "action"])
-        for action in ENFORCE_ACTIONS:
-            enforced.add_metric([self.node, action], self.enforced_total.get(action, 0))
-        limits = CounterMetricFamily("gpushare_monitor_gpu_memory_limits",
-                                     "The driver's memory limit on share jobs' cgroups (node.toml gpu_memory_limit): "
-                                     "set, unsupported by the driver, or failed", labels=["node", "outcome"])
-        for outcome in LIMIT_OUTCOMES:
-            limits.add_metric([self.node, outcome], self.limits_total.get(outcome, 0))
-        yield from (samples, errors, episodes, last, took, refused, attributed, calls, enforced, limits)
+    @property
+    def lock(self) -> threading.Lock:
+        """Held by :meth:`sample` and while the metrics are read (the HTTP server's thread)."""
+        return self._lock
 
 
 def _dir_id(path: str) -> tuple[int, int] | None:
@@ -1165,56 +983,3 @@ def _dir_id(path: str) -> tuple[int, int] | None:
     except OSError:
         return None
     return (st.st_dev, st.st_ino)
-
-
-# --- serving ----------------------------------------------------------------------------------------------
-
-
-def serve(monitor: Monitor, *, interval_s: float, listen: str | None, textfile: str | None,
-          once: bool = False, stop: Callable[[], bool] = lambda: False) -> None:
-    """Run the monitor: sample every ``interval_s`` seconds, serve ``/metrics`` on ``listen`` (None: no
-    HTTP), write ``textfile`` (None: none) after each sample (atomically, as node_exporter's textfile
-    collector wants). ``once``: one sample, write the textfile, return.
-
-    Raises:
-        InputError: a bad listen address, or the port is taken.
-    """
-    from prometheus_client import generate_latest, start_http_server
-
-    registry = monitor.registry()
-    server = None
-    if listen and not once:
-        host, port = parse_listen(listen)
-        try:
-            server = start_http_server(port, addr=host, registry=registry)
-        except OSError as e:
-            hint = ("choose another port with --listen or monitor_listen in node.toml" if e.errno == errno.EADDRINUSE
-                    else "give an address of this host (or :PORT for all) with --listen or monitor_listen")
-            raise InputError(f"cannot listen on {host}:{port}: {e.strerror or e}", hint=hint) from None
-    try:
-        while True:
-            started = time.monotonic()
-            try:
-                monitor.sample()
-                monitor.push_summaries(force=once)
-            except Exception as e:  # a daemon: one bad sample must not end the monitoring
-                monitor.note_error("internal", f"sample failed: {type(e).__name__}: {e}")
-            if textfile:
-                try:
-                    Path(textfile).parent.mkdir(parents=True, exist_ok=True)
-                    # cheap to lose (the next sample rewrites it): no fsync
-                    write_atomic(textfile, generate_latest(registry), fsync=False)
-                except OSError as e:
-                    monitor.note_error("textfile", f"cannot write {textfile}: {e}")
-            if once or stop():
-                return
-            end = started + interval_s
-            while (left := end - time.monotonic()) > 0:
-                if stop():
-                    return
-                time.sleep(min(0.2, left))
-    finally:
-        if server is not None:
-            server[0].shutdown()
-            server[0].server_close()
-
