@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from slurm_gpushare.errors import InputError, ParseError
-from slurm_gpushare.gresconf.check import Finding, compare, lint_billing, lint_gres_conf
+from slurm_gpushare.gresconf.check import Finding, lint_billing, lint_gres_conf
+from slurm_gpushare.gresconf.diff import compare
 from slurm_gpushare.gresconf.render import generate_node_gres, render_gres_conf, render_slurm_conf
 from slurm_gpushare.hardware.machine import CpuLayout, Machine
 from slurm_gpushare.hardware.nvidia_smi import parse_topo_matrix

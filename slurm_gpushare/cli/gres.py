@@ -356,13 +356,8 @@ def _check(gres_text: str, nodes, gres_path: Path, slurm_path: Path, release: Re
     Raises:
         InputError: an installed file that cannot be read or parsed.
     """
-    from slurm_gpushare.gresconf.check import (
-        compare,
-        lint_billing,
-        lint_device_constraint,
-        lint_gres_conf,
-        sharing_nodes,
-    )
+    from slurm_gpushare.gresconf.check import lint_billing, lint_device_constraint, lint_gres_conf, sharing_nodes
+    from slurm_gpushare.gresconf.diff import compare
     from slurm_gpushare.gresconf.render import render_slurm_conf
     from slurm_gpushare.slurm.conf import parse_gres_conf, parse_slurm_conf_gres, slurm_conf_settings
 

@@ -1,8 +1,8 @@
-"""Checks of an installed gres.conf (and the GRES part of slurm.conf): lints and a semantic diff (pure).
+"""Lints of an installed gres.conf (and the GRES part of slurm.conf), pure.
 
 :func:`lint_gres_conf` finds the mistakes that make Slurm 22.05 reject a node, miscount its GPUs or
-schedule them blind; :func:`compare` says how an installed file differs from the one
-``slurm-gpushare gres-conf`` generates. Both take parsed or plain text and return plain data; the
+schedule them blind; :func:`~slurm_gpushare.gresconf.diff.compare` says how an installed file differs from
+the one ``slurm-gpushare gres-conf`` generates. Both take parsed or plain text and return plain data; the
 CLI reads the files and turns findings into exit codes.
 
 The lints, each with the rule it enforces (gres.conf(5) and slurm.conf(5) of the release checked
@@ -68,11 +68,8 @@ from slurm_gpushare.hardware.machine import CpuLayout, Machine, gpu_model
 from slurm_gpushare.slurm.conf import (
     GresConf,
     GresEntry,
-    IncludeLoader,
     SlurmGresConf,
     SlurmNode,
-    parse_gres_conf,
-    parse_slurm_conf_gres,
 )
 from slurm_gpushare.slurm.gres import GresItem, render_counts
 from slurm_gpushare.slurm.gresrules import (
@@ -406,7 +403,7 @@ def _is_int(text: str) -> bool:
     return text.lstrip("-").isdigit() and text.count("-") <= 1 and not text.endswith("-")
 
 
-def _links_values(e: GresEntry) -> list[int] | None:
+def links_values(e: GresEntry) -> list[int] | None:
     """The ``Links=`` values, or None when the line has none or they are malformed."""
     if e.links is None:
         return None
@@ -557,7 +554,7 @@ def _lint_links(node: _Node, release: Release = OLDEST) -> list[_Raw]:
             out.append(_line("error", e.where, f"Links= has {len(fields)} values for the node's {n} GPU devices",
                              f"{_MAN_LINKS}: one value per gpu device of the node, in the order of its "
                              "Name=gpu lines, device 0 first"))
-        values = _links_values(e)
+        values = links_values(e)
         if values is None:
             continue
         selves = [i for i, v in enumerate(values) if v == -1]
@@ -662,7 +659,7 @@ def _lint_counts(node: _Node) -> list[_Raw]:
     for name, by_type in ours.items():
         if name not in theirs:
             total = sum(by_type.values())
-            has = "has no Gres=" if not s.gres else f"Gres={_gres_text(s)} has no {name}"
+            has = "has no Gres=" if not s.gres else f"Gres={gres_text(s)} has no {name}"
             out.append(_per_node(node, "error", s.where,
                                  f"gres.conf configures {total} {name} ({_where_list(lines[name])}) but "
                                  f"slurm.conf {has}",
@@ -697,7 +694,8 @@ def _slurm_only_split(node: _Node, skip: frozenset[str] | set[str] = frozenset()
     return out
 
 
-def _gres_text(s: SlurmNode) -> str:
+def gres_text(s: SlurmNode) -> str:
+    """A slurm.conf node's ``Gres=`` as canonical text (``gpu:a100:8,shard:640``)."""
     return ",".join(g.strict("") for g in s.gres or ())
 
 
@@ -762,251 +760,6 @@ def _lint_types(gres: GresConf, slurm: SlurmGresConf) -> list[_Raw]:
                                  "that type is not accounted",
                                  f"add {tres}; slurm.conf(5) AccountingStorageTRES"))
     return out
-
-
-# --- semantic diff ----------------------------------------------------------------------------
-
-_COMPARED = ("Type", "Count", "Cores", "Links", "Flags")
-_CANONICAL_ORDER = ("Name", "Type", "Count", "File", "MultipleFiles", "Cores", "CPUs", "Links", "Flags", "AutoDetect")
-
-
-def compare(expected_text: str, installed_text: str, *, what: str, nodes: Iterable[str] | None = None,
-            installed_source: str | None = None, expected_source: str | None = None,
-            include: IncludeLoader | None = None, release: Release | None = None) -> list[str]:
-    """A semantic diff of an installed gres.conf or slurm.conf against the expected (generated) text.
-
-    Comments, white space, key case and key order within a line are ignored; hostlists and
-    ``File=`` ranges are expanded and the records compared per node and per device: a line
-    ``File=/dev/nvidia[0-7]`` counts as eight one-device lines with the same keys (a shard or mps
-    ``Count=`` split evenly over the files; a count that does not split evenly, or a gpu ``Count=``
-    that is not the number of files, keeps the line as one record), so it equals the eight single
-    lines, and a ``Cores=`` that is wrong for some of its devices is reported for each of them.
-
-    * ``what="gres.conf"``: a record is identified per node by its GRES name and device files (or,
-      without files, its name, type and order). Reported: ``missing in installed: <line>``,
-      ``extra in installed: <line>``, and ``node N: gpu File=/dev/nvidia3: Links differ: installed
-      0,0,0,-1 expected 0,22,0,-1`` for ``Type``, ``Count`` (with its default), ``Cores`` (as a
-      set, ``CPUs=`` counted as ``Cores=``), ``Links`` and ``Flags`` (only where the expected line
-      has ``Flags=``: the generator writes none, and a site's own flags are its choice, linted by
-      rule f); a different ``AutoDetect`` (with ``release``, an installed mechanism that release knows
-      where ``off`` is expected is not reported: beside ``File=`` lines for every GPU it only checks
-      them, gres.conf(5) AutoDetect); and
-      a different order of the gpu device lines when ``Links=`` is used (its positions are device
-      numbers in line order). Other lines may move freely.
-    * ``what="slurm.conf"``: ``GresTypes`` and ``AccountingStorageTRES`` must contain the expected
-      items (others may be there); each expected node must be there with the same ``Gres=`` counts
-      and the layout keys the expected line gives. Nodes the expected text does not name are not
-      compared (slurm.conf describes the whole cluster).
-
-    Nodes that share a difference are reported once, as a hostlist.
-
-    Args:
-        expected_text: what should be installed (usually generated by :mod:`slurm_gpushare.gresconf.render`).
-        installed_text: what is installed.
-        what: ``"gres.conf"`` or ``"slurm.conf"``.
-        nodes: compare only these nodes (gres.conf): the installed lines that configure another node
-            only are left out, so one node can be checked against the cluster-wide file. Lines
-            without ``NodeName`` apply to every node and stay. Default: every node of either text.
-        installed_source: name of the installed text in parse errors, usually its path (default
-            ``installed gres.conf``).
-        expected_source: the same for the expected text (default ``expected gres.conf``).
-        include: follows the installed text's ``Include`` lines (see
-            :data:`slurm_gpushare.slurm.conf.IncludeLoader`); None skips them.
-        release: the release that reads the installed files (for ``AutoDetect``), or None.
-
-    Returns:
-        Human-readable lines; empty when the two are equivalent.
-
-    Raises:
-        InputError: an unknown ``what``.
-        ParseError: either text does not parse (``source`` is ``<installed_source>:7`` or
-            ``<expected_source>:7``).
-    """
-    expected_source = expected_source or f"expected {what}"
-    installed_source = installed_source or f"installed {what}"
-    if what == "gres.conf":
-        return _compare_gres(parse_gres_conf(expected_text, source=expected_source),
-                             parse_gres_conf(installed_text, source=installed_source, include=include),
-                             None if nodes is None else list(dict.fromkeys(nodes)), release)
-    if what == "slurm.conf":
-        return _compare_slurm(parse_slurm_conf_gres(expected_text, source=expected_source),
-                              parse_slurm_conf_gres(installed_text, source=installed_source, include=include))
-    raise InputError(f"cannot compare {what!r}", hint="what is 'gres.conf' or 'slurm.conf'")
-
-
-class _Report:
-    """Lines of a diff, with a node-independent body grouped over nodes."""
-
-    def __init__(self) -> None:
-        self._groups: dict[tuple[str, str], list[str]] = {}
-
-    def add(self, node: str | None, kind: str, body: str) -> None:
-        nodes = self._groups.setdefault((kind, body), [])
-        if node is not None:
-            nodes.append(node)
-
-    def lines(self) -> list[str]:
-        out = []
-        for (kind, body), nodes in self._groups.items():
-            hosts = compress_hostlist(nodes) if nodes else ""
-            if kind in ("missing", "extra"):
-                prefix = f"NodeName={hosts} " if hosts else ""
-                out.append(f"{kind} in installed: {prefix}{body}")
-            else:
-                out.append(f"node {hosts}: {body}" if hosts else body)
-        return out
-
-
-def _compare_gres(expected: GresConf, installed: GresConf, only: list[str] | None = None,
-                  release: Release | None = None) -> list[str]:
-    report = _Report()
-    if only is not None:
-        installed = for_nodes(installed, only)
-        nodes: list[str | None] = list(only) or [None]
-    else:
-        nodes = list(dict.fromkeys([*expected.node_names, *installed.node_names])) or [None]
-    for node in nodes:
-        want, have = expected.autodetect_for(node), installed.autodetect_for(node)
-        verifies = (release is not None and want == "off" and have is not None
-                    and have in autodetect_values(release))
-        if want != have and not verifies:
-            why = ""
-            if release is not None and want == "off" and have is not None:
-                why = (f": Slurm {release} knows no AutoDetect={have} (slurmd logs 'unknown autodetect flag' and "
-                       "detects nothing); a mechanism it knows would only check the File= lines")
-            report.add(node, "diff",
-                       f"AutoDetect differs: installed {have or '(none)'} expected {want or '(none)'}{why}")
-        ours = _keyed(_per_device(expected.records_for(node)))
-        theirs = _keyed(_per_device(installed.records_for(node)))
-        want_order, have_order = _gpu_order(expected.records_for(node)), _gpu_order(installed.records_for(node))
-        if (want_order != have_order and sorted(want_order) == sorted(have_order)
-                and any(e.links is not None for e in (*ours.values(), *theirs.values()))):
-            # Links= positions are device numbers in line order: reordering gpu lines changes them
-            report.add(node, "diff", f"gpu device order differs: installed {','.join(have_order)} "
-                                     f"expected {','.join(want_order)}")
-        for key, e in ours.items():
-            other = theirs.get(key)
-            if other is None:
-                report.add(node, "missing", _render(e))
-                continue
-            for field in _COMPARED:
-                if field == "Flags" and not e.flags:
-                    continue  # the site's own flags (rule f lints them)
-                a, b = _field(e, field), _field(other, field)
-                if a != b:
-                    verb = "differs" if field in ("Type", "Count") else "differ"
-                    report.add(node, "diff", f"{_label(e)}: {field} {verb}: installed {b or '(none)'} "
-                                             f"expected {a or '(none)'}")
-        for key, e in theirs.items():
-            if key not in ours:
-                report.add(node, "extra", _render(e))
-    return report.lines()
-
-
-def _per_device(records: tuple[GresEntry, ...]) -> tuple[GresEntry, ...]:
-    """Split each ``File=`` line with several device files into one record per file (see :func:`compare`)."""
-    out: list[GresEntry] = []
-    for e in records:
-        n = len(e.files)
-        if n <= 1:
-            out.append(e)
-            continue
-        if e.count is None:
-            per: int | None = None
-        elif e.name.lower() in SHARING_GRES and e.count % n == 0:
-            per = e.count // n
-        elif e.name.lower() not in SHARING_GRES and e.count == n:
-            per = None  # Count= the number of files: one device each, the default
-        else:
-            out.append(e)  # cannot be split per device as written; compared as one record
-            continue
-        for f in e.files:
-            params = tuple((k, f) if k == "File" else (k, str(per)) if k == "Count" else (k, v)
-                           for k, v in e.params if not (k == "Count" and per is None))
-            out.append(replace(e, files=(f,), count=per, params=params))
-    return tuple(out)
-
-
-def _gpu_order(records: tuple[GresEntry, ...]) -> list[str]:
-    return [f for e in records if e.name.lower() == "gpu" for f in (e.files or e.multiple_files[:1])]
-
-
-def _keyed(records: tuple[GresEntry, ...]) -> dict[tuple, GresEntry]:
-    out: dict[tuple, GresEntry] = {}
-    for e in records:
-        if e.files:
-            key: tuple = (e.name.lower(), "File", e.files)
-        elif e.multiple_files:
-            key = (e.name.lower(), "MultipleFiles", e.multiple_files)
-        else:
-            key = (e.name.lower(), "", e.type)
-        occurrence = 0
-        while (*key, occurrence) in out:
-            occurrence += 1
-        out[(*key, occurrence)] = e
-    return out
-
-
-def _field(e: GresEntry, field: str) -> str:
-    if field == "Type":
-        return e.type
-    if field == "Count":
-        return str(e.effective_count)
-    if field == "Cores":
-        return format_ranges(e.cores) if e.cores else ""
-    if field == "Links":
-        if e.links is None:
-            return ""
-        values = _links_values(e)
-        return ",".join(map(str, values)) if values is not None else e.links.replace(" ", "")
-    if field == "Flags":
-        return ",".join(sorted(f.lower() for f in e.flags))
-    raise AssertionError(field)
-
-
-def _label(e: GresEntry) -> str:
-    if e.files:
-        return f"{e.name} File={','.join(e.files)}"
-    if e.multiple_files:
-        return f"{e.name} MultipleFiles={','.join(e.multiple_files)}"
-    return f"{e.name}:{e.type}" if e.type else e.name
-
-
-def _render(e: GresEntry) -> str:
-    """The line without ``NodeName=``, keys in canonical order with their written values."""
-    params = dict(e.params)
-    return " ".join(f"{k}={params[k]}" for k in _CANONICAL_ORDER if k in params)
-
-
-def _compare_slurm(expected: SlurmGresConf, installed: SlurmGresConf) -> list[str]:
-    report = _Report()
-    for key, want, have in (("GresTypes", expected.gres_types, installed.gres_types),
-                            ("AccountingStorageTRES", expected.accounting_tres, installed.accounting_tres)):
-        if want is None:
-            continue
-        lacking = [w for w in want if w.lower() not in {h.lower() for h in have or ()}]
-        if lacking:
-            report.add(None, "diff", f"{key} lacks {','.join(lacking)}: installed "
-                                     f"{','.join(have) if have else '(none)'} expected {','.join(want)}")
-    for node in expected.nodes:
-        other = installed.node(node.name)
-        if other is None:
-            parts = [f"Gres={_gres_text(node)}"] if node.gres else []
-            report.add(node.name, "missing", " ".join(parts) or "(no Gres=)")
-            continue
-        want_counts = {(n.lower(), t): c for (n, t), c in node.gres_counts.items()}
-        have_counts = {(n.lower(), t): c for (n, t), c in other.gres_counts.items()}
-        if want_counts != have_counts:
-            report.add(node.name, "diff", f"Gres differs: installed {_gres_text(other) or '(none)'} "
-                                          f"expected {_gres_text(node) or '(none)'}")
-        for attr, key in (("sockets", "Sockets"), ("sockets_per_board", "SocketsPerBoard"),
-                          ("cores_per_socket", "CoresPerSocket"), ("threads_per_core", "ThreadsPerCore"),
-                          ("boards", "Boards"), ("cpus", "CPUs")):
-            want, have = getattr(node, attr), getattr(other, attr)
-            if want is not None and want != have:
-                report.add(node.name, "diff", f"{key} differs: installed {have if have is not None else '(none)'} "
-                                              f"expected {want}")
-    return report.lines()
 
 
 # --- billing weights --------------------------------------------------------------------------
