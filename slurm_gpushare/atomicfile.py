@@ -7,15 +7,19 @@ once never write into each other's temporary file; the last rename wins. The tem
 anew (``O_CREAT | O_EXCL | O_NOFOLLOW``, open(2)): a link or file someone planted at that predictable
 name in a directory they can write is removed, never followed, so a root writer cannot be made to
 overwrite or chmod the file it points to.
+
+:func:`locked` is the one way the product holds a lock file (``flock(2)``): the claims of a node, the
+accounting store's ingest, ``mig apply`` of a node, the fake NVML's limits.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import stat
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 
@@ -164,3 +168,28 @@ def write_all_atomic(files: Mapping[str | Path, str], *,
             with contextlib.suppress(OSError):
                 tmp.unlink()
         raise
+
+
+@contextlib.contextmanager
+def locked(path: str | Path, *, shared: bool = False, wait: bool = True, mode: int = 0o600,
+           nofollow: bool = False) -> Iterator[int | None]:
+    """Hold ``flock(2)`` on the lock file ``path`` (made with ``mode`` when missing) for the block: exclusive,
+    or ``shared``. Yields the file's descriptor; with ``wait=False``, None (holding nothing) when another
+    process holds the lock now. ``nofollow``: a symbolic link at ``path`` is refused (``O_NOFOLLOW``), for a
+    lock file in a directory someone else may write. Closing the descriptor at the end releases the lock.
+
+    Raises:
+        OSError: the file cannot be opened or made (``ELOOP`` for a link with ``nofollow``).
+    """
+    flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | (getattr(os, "O_NOFOLLOW", 0) if nofollow else 0)
+    fd = os.open(path, flags, mode)
+    try:
+        try:
+            fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            held = False
+        else:
+            held = True
+        yield fd if held else None
+    finally:
+        os.close(fd)

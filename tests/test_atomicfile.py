@@ -67,3 +67,27 @@ def test_write_all_atomic_gives_each_file_its_own_mode_in_one_all_or_nothing_wri
     a, b = tmp_path / "prolog.sh", tmp_path / "job_submit.lua"
     write_all_atomic({a: "a", b: "b"}, mode={a: 0o755, b: 0o644})
     assert (os.stat(a).st_mode & 0o777, os.stat(b).st_mode & 0o777) == (0o755, 0o644)
+
+
+def test_locked_holds_flock_and_says_when_another_holds_it(tmp_path):
+    """One lock-file helper for the product (claims, the store's ingest, mig apply, the fake NVML's limits):
+    exclusive or shared, waiting or not, a link refused where asked, the file made with its mode."""
+    import os
+
+    from slurm_gpushare.atomicfile import locked
+
+    path = tmp_path / "x.lock"
+    with locked(path, mode=0o640) as fd:
+        assert fd is not None and (os.stat(path).st_mode & 0o777) == 0o640
+        with locked(path, wait=False) as other:
+            assert other is None  # another open file description: flock(2) refuses it now
+        with locked(path, shared=True, wait=False) as other:
+            assert other is None
+    with locked(path, shared=True) as first, locked(path, shared=True, wait=False) as second:
+        assert first is not None and second is not None  # readers share
+    with locked(path, wait=False) as fd:
+        assert fd is not None  # released when the block ended
+    (tmp_path / "link.lock").symlink_to(path)
+    with pytest.raises(OSError):
+        with locked(tmp_path / "link.lock", nofollow=True):
+            pass

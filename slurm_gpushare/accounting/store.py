@@ -43,7 +43,6 @@ on by default: flushed to its WAL before the commit returns).
 from __future__ import annotations
 
 import ctypes
-import fcntl
 import gc
 import hashlib
 import marshal
@@ -64,6 +63,7 @@ from pathlib import Path
 from slurm_gpushare.accounting.backend import SQLITE, Dialect, PostgresDb, SqliteDb, is_url
 from slurm_gpushare.accounting.record import FIELDS, SAW_MORE_SQL, UsageRecord, rows_from_lines, series_from_text
 from slurm_gpushare.accounting.spool import DEFAULT_SPOOL_DIR, complete_size, spool_files
+from slurm_gpushare.atomicfile import locked
 from slurm_gpushare.errors import GpushareError, InputError
 
 #: Where ``accounting ingest`` and ``report`` keep the database unless told otherwise.
@@ -486,12 +486,8 @@ class Store:
         if self.path == ":memory:":
             yield
             return
-        fd = os.open(f"{self.path}.ingest-lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+        with locked(f"{self.path}.ingest-lock"):
             yield
-        finally:
-            os.close(fd)
 
     def _rollback(self) -> None:
         self._db.rollback()

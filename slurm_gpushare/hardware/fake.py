@@ -53,7 +53,6 @@ no NICs, ``source`` ``"nvml"``):
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import math
 import os
@@ -65,7 +64,7 @@ from types import TracebackType
 
 import psutil
 
-from slurm_gpushare.atomicfile import write_atomic
+from slurm_gpushare.atomicfile import locked, write_atomic
 from slurm_gpushare.errors import InputError, MachineDescriptionError, MigPlacementError, NvmlError
 from slurm_gpushare.hardware.machine import Gpu, GpuProcess, Link, Machine, MigInstance, MigProfile
 from slurm_gpushare.hardware.machine import mig_cap_minors as mig_caps
@@ -686,8 +685,7 @@ class FakeNvml:
         where = self.limits_path()
         with contextlib.ExitStack() as held:
             if where is not None:  # the Prolog and the monitor may set at once: one read-modify-write at a time
-                lock = held.enter_context(open(where.with_name(where.name + ".lock"), "a"))
-                fcntl.flock(lock, fcntl.LOCK_EX)
+                held.enter_context(locked(where.with_name(where.name + ".lock"), mode=0o644))
             limits = self._read_limits()
             limits.setdefault(str(index), {})[cgroup] = [soft_mib, hard_mib]
             self._limits = limits

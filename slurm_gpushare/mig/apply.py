@@ -43,7 +43,6 @@ touching the GPUs (:meth:`Apply._recheck`). One apply of a node runs at a time (
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import signal
@@ -54,7 +53,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
-from slurm_gpushare.atomicfile import write_atomic
+from slurm_gpushare.atomicfile import locked, read_own_file, write_atomic
 from slurm_gpushare.errors import GpushareError, InputError, MigPlacementError, NvmlError, SlurmError
 from slurm_gpushare.gresconf.render import generate_node_gres
 from slurm_gpushare.hardware.machine import Machine, MigInstance, MigProfile
@@ -692,19 +691,17 @@ class Apply:
         """
         path = self.state_path.with_name(LOCK_NAME)
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0), 0o644)
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        with locked(path, wait=False, mode=0o644, nofollow=True) as fd:
+            if fd is None:
+                try:
+                    holder = read_own_file(path, max_bytes=32).decode(errors="replace").strip() or "unknown"
+                except OSError:
+                    holder = "unknown"
                 raise InputError(f"another mig apply of {self.node} is running (pid {holder}, lock {path})",
-                                 hint="wait for it to end; if it was interrupted, rerun the same command") from None
+                                 hint="wait for it to end; if it was interrupted, rerun the same command")
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
             yield path
-        finally:
-            os.close(fd)  # releases the lock
 
     def _changed(self) -> None:
         self._changes += 1

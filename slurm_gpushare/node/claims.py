@@ -33,7 +33,6 @@ No user writes any of these: the decision reads only what root's Prologs wrote a
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 from collections.abc import Iterable, Iterator
@@ -41,7 +40,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from slurm_gpushare.atomicfile import read_own_file, write_atomic
+from slurm_gpushare.atomicfile import locked, read_own_file, write_atomic
 
 #: ``<run_dir>/claims/<job id>``
 CLAIMS_DIR = "claims"
@@ -84,12 +83,8 @@ def claims_lock(run_dir: Path) -> Iterator[None]:
         OSError: the run dir cannot be created or the lock file opened.
     """
     Path(run_dir).mkdir(parents=True, exist_ok=True)
-    fd = os.open(Path(run_dir) / LOCK_FILE, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    with locked(Path(run_dir) / LOCK_FILE):
         yield
-    finally:
-        os.close(fd)  # closing releases the lock
 
 
 def claims(run_dir: Path, *, except_job: str | None = None) -> list[Claim]:
