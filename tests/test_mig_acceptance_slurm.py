@@ -22,9 +22,6 @@ from tests.test_mig_apply_slurm import (
     MIG,
     NODES,
     OTHER,
-    RESTART_SLURMCTLD,
-    START_SLURMD,
-    STOP,
     _apply,
     _consistent,
     _ended,
@@ -34,6 +31,8 @@ from tests.test_mig_apply_slurm import (
     _node,
     _sbatch,
     _wanted,
+    site_scripts,
+    warn_of_kills,
 )
 
 pytestmark = pytest.mark.slurm
@@ -47,12 +46,10 @@ TRACE = [("5G", 4), ("6G", 4), ("8G", 4), ("10G", 4), ("7G", 4), ("5G", 4), ("9G
 @pytest.fixture(scope="module")
 def mc():
     for c, root in private_cluster("gps-migaccept-", TEST_PORT + 800, NODES, extra_partitions={"mig": (MIG,)}):
-        for name, text in (("stop", STOP), ("start-slurmd", START_SLURMD), ("restart-slurmctld", RESTART_SLURMCTLD)):
-            (root / name).write_text(text.replace("@ROOT@", str(c.root)))
-            (root / name).chmod(0o755)
-        c.scripts = root  # type: ignore[attr-defined]
+        site_scripts(c, root)
         c.work = root  # type: ignore[attr-defined]
         yield c
+        warn_of_kills(root)
 
 
 def _gpushare(c, mem: str, *args: str, wrap: str) -> str:

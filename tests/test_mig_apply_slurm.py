@@ -83,17 +83,28 @@ exec env SLURM_CONF="@ROOT@/etc/slurm.conf" slurmctld
 """
 
 
+def site_scripts(c: DevCluster, root: Path) -> None:
+    """Write the site's commands (``stop``, ``start-slurmd``, ``restart-slurmctld``) of cluster ``c`` into
+    ``root`` and set ``c.scripts`` to it (the MIG tests of this module and of tests/test_mig_acceptance_slurm.py)."""
+    for name, text in (("stop", STOP), ("start-slurmd", START_SLURMD), ("restart-slurmctld", RESTART_SLURMCTLD)):
+        (root / name).write_text(text.replace("@ROOT@", str(c.root)).replace("@GRACE@", str(STOP_GRACE_S)))
+        (root / name).chmod(0o755)
+    c.scripts = root  # type: ignore[attr-defined]
+
+
+def warn_of_kills(root: Path) -> None:
+    """Warn with ``stop.log`` when :data:`STOP` had to SIGKILL a daemon (the test itself goes on)."""
+    if (root / "stop.log").exists():
+        warnings.warn(f"a daemon needed SIGKILL to stop:\n{(root / 'stop.log').read_text()}", stacklevel=1)
+
+
 @pytest.fixture(scope="module")
 def mc():
     for c, root in private_cluster("gps-migapply-", TEST_PORT + 700, NODES):
-        for name, text in (("stop", STOP), ("start-slurmd", START_SLURMD), ("restart-slurmctld", RESTART_SLURMCTLD)):
-            (root / name).write_text(text.replace("@ROOT@", str(c.root)).replace("@GRACE@", str(STOP_GRACE_S)))
-            (root / name).chmod(0o755)
-        c.scripts = root  # type: ignore[attr-defined]
+        site_scripts(c, root)
         c.layouts = _layouts(c, root)  # type: ignore[attr-defined]
         yield c
-        if (root / "stop.log").exists():
-            warnings.warn(f"a daemon needed SIGKILL to stop:\n{(root / 'stop.log').read_text()}", stacklevel=1)
+        warn_of_kills(root)
 
 
 def _layouts(c: DevCluster, root: Path) -> dict[str, Path]:
