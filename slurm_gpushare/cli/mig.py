@@ -180,7 +180,7 @@ def mig_apply(node, layout_file, config_path, state_dir, gres_conf, slurm_conf, 
                 gres_options=GresOptions(device_dir=device_dir, shard_unit_mib=config.shard_unit_mib,
                                          release=release),
                 run_dir=run_dir, slurm=CommandSlurm(stop_command, start_command, ctld_command), open_port=open_nvml,
-                deadline_s=deadline_s, slurm_timeout_s=slurm_timeout_s,
+                mps_control=config.mps_control, deadline_s=deadline_s, slurm_timeout_s=slurm_timeout_s,
                 out=lambda line: click.echo(line, err=True))
     import contextlib
 

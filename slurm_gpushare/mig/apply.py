@@ -621,6 +621,8 @@ class Apply:
         gres_options: how gres.conf is rendered (device dir, shard unit, release).
         run_dir: the node's run directory (MPS daemons).
         slurm: the Slurm calls.
+        mps_control: the site's MPS control program (node.toml ``mps_control``): the stop-mps step sends
+            ``quit`` with it, never with a program a found process names.
         open_port: a new NVML port (not initialised).
         deadline_s: longest wait for the node's GPU jobs.
         slurm_timeout_s: longest wait for slurmctld to show the new GRES.
@@ -641,6 +643,7 @@ class Apply:
     run_dir: Path
     slurm: SlurmOps
     open_port: Callable[[], NvmlPort]
+    mps_control: str = "/usr/bin/nvidia-cuda-mps-control"
     deadline_s: float = 3600.0
     slurm_timeout_s: float = 120.0
     poll_s: float = 2.0
@@ -905,7 +908,7 @@ class Apply:
     def _stop_mps(self, state: dict) -> None:
         from slurm_gpushare.node.daemons import stop_all
 
-        problems = stop_all(self.run_dir)
+        problems = stop_all(self.run_dir, control_binary=self.mps_control)
         if problems:
             raise ApplyError("; ".join(problems), hint="stop them by hand, then rerun mig apply (the node stays "
                                                        "drained, the state file says why)")

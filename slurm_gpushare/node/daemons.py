@@ -8,6 +8,8 @@ every daemon of a drained node before it changes MIG) stop them through here.
 
 from __future__ import annotations
 
+import pwd
+import re
 from pathlib import Path
 
 from slurm_gpushare.node.jobdir import JobDaemon, job_daemons
@@ -16,36 +18,55 @@ from slurm_gpushare.node.shared_mps import shared_root
 
 
 def by_pipe_dir(found: list[JobDaemon]) -> list[JobDaemon]:
-    """One entry per pipe directory (a daemon and its servers share one)."""
-    out: dict[Path, JobDaemon] = {}
+    """One entry per pipe directory and user (a daemon and its servers share one; a process of another user
+    that names the same directory is stopped as that user, so it can stop only what that user could)."""
+    out: dict[tuple[Path, int], JobDaemon] = {}
     for d in found:
-        if d.pipe_dir not in out or d.binary != "nvidia-cuda-mps-control":  # the control's own path
-            out[d.pipe_dir] = d
+        out.setdefault((d.pipe_dir, d.uid), d)
     return list(out.values())
 
 
-def stop_found_daemon(found: JobDaemon, quit_timeout_s: float = 10.0) -> str | None:
-    """Stop a daemon found by process (its pipe directory and binary; any owner), and what it started.
-    Returns a problem (a process that survived SIGKILL) or None."""
-    daemon = MpsDaemon(found.pipe_dir, found.pipe_dir.parent / "log", visible_devices="",
-                       settings=MpsSettings(control_binary=found.binary, quit_timeout_s=quit_timeout_s,
-                                            kill_timeout_s=2.0))
+def stop_found_daemon(found: JobDaemon, *, control_binary: str, quit_timeout_s: float = 10.0) -> str | None:
+    """Stop a daemon found by process, and what it started. Returns a problem (a process that survived
+    SIGKILL) or None.
+
+    Everything the process carries is its user's to choose (its command line, its environment, the pid file
+    in the pipe directory it names), so root never runs a program it names: ``quit`` is sent with the site's
+    ``control_binary`` (node.toml ``mps_control``), run as the process's user, and the rest is signals.
+    """
+    settings = MpsSettings(control_binary=control_binary, quit_timeout_s=quit_timeout_s, kill_timeout_s=2.0)
+    daemon = MpsDaemon(found.pipe_dir, found.pipe_dir.parent / "log", visible_devices="", uid=found.uid,
+                       gid=found.gid if found.gid >= 0 else _primary_gid(found.uid), settings=settings)
     result = daemon.stop()
     if result.survivors:
         return f"MPS daemon {found.pipe_dir}: processes survived SIGKILL"
     return None
 
 
+def _primary_gid(uid: int) -> int:
+    """The user's primary group (passwd), or the uid itself for a user the node does not know."""
+    try:
+        return pwd.getpwuid(uid).pw_gid
+    except KeyError:
+        return uid
 
 
+#: ``<run_dir>/shared/gpu<N>-uid<U>`` (node/shared_mps.py): the user a shared daemon runs as.
+_SHARED_DIR = re.compile(r"gpu\d+-uid(\d+)")
 
-def stop_all(run_dir: Path) -> list[str]:
-    """Stop every MPS daemon of the node: those found by process (per-job, any owner) and the shared ones
-    under ``run_dir``. Returns the problems (processes that survived SIGKILL), empty when all stopped."""
-    problems = [p for p in (stop_found_daemon(found) for found in by_pipe_dir(job_daemons(run_dir))) if p]
+
+def stop_all(run_dir: Path, *, control_binary: str) -> list[str]:
+    """Stop every MPS daemon of the node: those found by process (per job, each as its user) and the shared
+    ones under ``run_dir`` (as the user their directory names), ``quit`` sent with the site's
+    ``control_binary``. Returns the problems (processes that survived SIGKILL), empty when all stopped."""
+    problems = [p for p in (stop_found_daemon(found, control_binary=control_binary)
+                            for found in by_pipe_dir(job_daemons(run_dir))) if p]
     for d in sorted(p for p in shared_root(run_dir).glob("*") if (p / "pipe").is_dir()):
-        result = MpsDaemon(d / "pipe", d / "log", visible_devices="",
-                           settings=MpsSettings(kill_timeout_s=2.0)).stop()
+        m = _SHARED_DIR.fullmatch(d.name)
+        uid = int(m.group(1)) if m else None
+        result = MpsDaemon(d / "pipe", d / "log", visible_devices="", uid=uid,
+                           gid=_primary_gid(uid) if uid is not None else None,
+                           settings=MpsSettings(control_binary=control_binary, kill_timeout_s=2.0)).stop()
         if result.survivors:
             problems.append(f"MPS daemon {d}: processes survived SIGKILL")
     return problems

@@ -134,7 +134,8 @@ def doctor(ctx: HookContext, *, repair: bool, running_jobs: set[str] | None = No
             continue  # its Prolog is creating the directory right now, or ran with another run_dir
         action = "would stop it"
         if repair:
-            action = stop_found_daemon(found, ctx.config.mps_quit_timeout) or "stopped it"
+            action = stop_found_daemon(found, control_binary=ctx.config.mps_control,
+                                       quit_timeout_s=ctx.config.mps_quit_timeout) or "stopped it"
         findings.append(Finding(found.job_id, f"MPS daemon {found.pipe_dir} (pid {found.pid}, uid {found.uid}) "
                                 f"runs without its job directory", action))
     for d in sorted(p for p in shared.glob("*") if p.is_dir()):

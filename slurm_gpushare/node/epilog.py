@@ -201,7 +201,8 @@ def epilog_without_config(env: dict[str, str], config_path: str | Path | None, e
     ctx = context(config, node)
     print(f"slurm-gpushare epilog: job {job_id}: node config not usable ({error}); stopping the job's "
           "MPS daemon by process and recording the job with the settings that still read", file=sys.stderr)
-    problems = [p for p in (stop_found_daemon(d) for d in by_pipe_dir(job_daemons(ctx.run_dir))
+    problems = [p for p in (stop_found_daemon(d, control_binary=ctx.config.mps_control)
+                            for d in by_pipe_dir(job_daemons(ctx.run_dir))
                             if d.job_id == job_id) if p]
     job_dir = ctx.job_dir(job_id)
     if job_id:
@@ -225,8 +226,9 @@ def _remove(job_dir: Path) -> None:
 def stop_homeless(ctx: HookContext, job_id: str) -> str | None:
     """Stop the MPS daemons of ``job_id`` found by process (:func:`~slurm_gpushare.node.jobdir.job_daemons`)
     when its job directory is gone. Returns a drain reason for a process that survives SIGKILL."""
-    problems = [p for p in (stop_found_daemon(d, ctx.config.mps_quit_timeout)
-                            for d in by_pipe_dir(job_daemons(ctx.run_dir)) if d.job_id == job_id) if p]
+    found = [d for d in by_pipe_dir(job_daemons(ctx.run_dir)) if d.job_id == job_id]
+    problems = [p for p in (stop_found_daemon(d, control_binary=ctx.config.mps_control,
+                                              quit_timeout_s=ctx.config.mps_quit_timeout) for d in found) if p]
     for p in problems:
         log_event(ctx, "epilog", f"job {job_id}: {p}")
     return f"gpushare epilog job {job_id}: {problems[0]}" if problems else None

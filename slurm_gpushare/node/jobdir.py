@@ -253,7 +253,9 @@ class JobDaemon:
         uid: its real uid.
         pipe_dir: its ``CUDA_MPS_PIPE_DIRECTORY``.
         binary: the control program on its command line (``nvidia-cuda-mps-control`` or a path to it; a
-            server's is the default name), to stop the daemon with the same binary.
+            server's is the default name). The process's user chose it: shown, never run
+            (:func:`~slurm_gpushare.node.daemons.stop_found_daemon` runs the site's binary).
+        gid: its real gid (the front end that stops the daemon runs as the process's uid and gid).
     """
 
     job_id: str
@@ -261,6 +263,7 @@ class JobDaemon:
     uid: int
     pipe_dir: Path
     binary: str
+    gid: int = -1
 
     @property
     def run_dir(self) -> Path:
@@ -274,22 +277,22 @@ def job_daemons(run_dir: Path | None = None) -> list[JobDaemon]:
     ``<run_dir>/jobs/<job id>/mps/pipe`` in its environment (``/proc/<pid>/environ``: needs root). Works
     without the node config (``run_dir`` None: any run directory) and without the job's directory.
 
-    A user can start a process that looks like this (the name and the variable are theirs to choose):
-    what stops such a process only ever hurts that user's own process.
+    A user can start a process that looks like this (the name, the variable and the command line are theirs
+    to choose): what stops such a process runs as that user and only ever hurts that user's own process.
     """
     out = []
     import psutil  # only doctor and the broken-config Epilog look for daemons by process
 
-    for proc in psutil.process_iter(["environ", "cmdline", "uids"]):
-        env, argv, uids = proc.info["environ"], proc.info["cmdline"], proc.info["uids"]
-        if not env or not argv or uids is None or "nvidia-cuda-mps" not in "\0".join(argv):
+    for proc in psutil.process_iter(["environ", "cmdline", "uids", "gids"]):
+        env, argv, uids, gids = proc.info["environ"], proc.info["cmdline"], proc.info["uids"], proc.info["gids"]
+        if not env or not argv or uids is None or gids is None or "nvidia-cuda-mps" not in "\0".join(argv):
             continue
         m = _JOB_PIPE.match(env.get("CUDA_MPS_PIPE_DIRECTORY") or "")
         if m is None or (run_dir is not None and Path(m.group("run")) != Path(run_dir)):
             continue
         control = next((a for a in argv if Path(a).name.startswith("nvidia-cuda-mps-control")),
                        "nvidia-cuda-mps-control")
-        out.append(JobDaemon(m.group("job"), proc.pid, uids.real, Path(m.group(0).rstrip("/")), control))
+        out.append(JobDaemon(m.group("job"), proc.pid, uids.real, Path(m.group(0).rstrip("/")), control, gids.real))
     return out
 
 

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
+import shutil
 import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -23,3 +28,15 @@ def users() -> dict[str, int]:
         except KeyError:
             subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", name], check=True)
     return {name: pwd.getpwnam(name).pw_uid for name in USERS}
+
+
+@contextlib.contextmanager
+def public_tmp(prefix: str, mode: int) -> Iterator[Path]:
+    """A fresh directory under /tmp that the test users can reach (pytest's tmp_path lies under a 0700
+    directory), made with ``mode`` and removed afterwards."""
+    d = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    d.chmod(mode)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)

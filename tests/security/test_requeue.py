@@ -7,17 +7,14 @@ no limit; it never starts, and the run after it has its Prolog and its daemon (i
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 import pytest
 
 from tests.conftest import DEADLINE, Job, slurm_epoch, spooled_records, wait_until
-from tests.security.conftest import USERS
+from tests.security.conftest import USERS, public_tmp
 from tests.security.test_leftovers import node_log
 from tests.security.test_node_records import drained
 
@@ -37,10 +34,8 @@ def _records(cluster, job_id: str) -> list[dict]:
 @pytest.fixture
 def out_dir():
     """A directory the job's user can write its output in (pytest's tmp_path lies under a 0700 directory)."""
-    d = Path(tempfile.mkdtemp(prefix="gps-requeue-", dir="/tmp"))
-    d.chmod(0o1777)
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
+    with public_tmp("gps-requeue-", 0o1777) as d:
+        yield d
 
 
 def test_a_requeued_jobs_two_runs_are_both_recorded_and_reported(cluster, slurm, users, out_dir, tmp_path):  # noqa: F811, E501
