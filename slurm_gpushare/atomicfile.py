@@ -8,8 +8,9 @@ anew (``O_CREAT | O_EXCL | O_NOFOLLOW``, open(2)): a link or file someone plante
 name in a directory they can write is removed, never followed, so a root writer cannot be made to
 overwrite or chmod the file it points to.
 
-:func:`locked` is the one way the product holds a lock file (``flock(2)``): the claims of a node, the
-accounting store's ingest, ``mig apply`` of a node, the fake NVML's limits.
+:func:`locked` holds a lock file (``flock(2)``): the claims of a node, the accounting store's ingest,
+``mig apply`` of a node, the fake NVML's limits. The job directories' lock (which must notice its file
+removed under it), the spool's data files and the sacct queue's worker lock keep their own.
 """
 
 from __future__ import annotations

@@ -55,10 +55,11 @@ alive() {
 }
 [ -n "$pid" ] && alive || exit 0
 kill "$pid"
-tenths=0
+deadline=$(( $(date +%s) + @GRACE@ ))
+killed=""
 while alive; do
-  tenths=$((tenths + 1))
-  if [ "$tenths" -eq $((@GRACE@ * 10)) ]; then
+  if [ -z "$killed" ] && [ "$(date +%s)" -ge "$deadline" ]; then
+    killed=yes
     {
       echo "$(date +%FT%T) $1 (pid $pid) still running @GRACE@ s after SIGTERM: SIGKILL; its threads:"
       for t in /proc/"$pid"/task/*; do

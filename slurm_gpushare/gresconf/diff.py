@@ -23,7 +23,7 @@ from slurm_gpushare.slurm.gresrules import (
 from slurm_gpushare.slurm.hostlist import compress_hostlist, format_ranges
 from slurm_gpushare.slurm.release import Release
 
-#: Severities of a :class:`Finding`.
+#: The keys compared per record; the order keys are rendered in.
 _COMPARED = ("Type", "Count", "Cores", "Links", "Flags")
 _CANONICAL_ORDER = ("Name", "Type", "Count", "File", "MultipleFiles", "Cores", "CPUs", "Links", "Flags", "AutoDetect")
 

@@ -535,7 +535,7 @@ class CommandSlurm:
             SlurmError: it failed.
         """
         if self.restart_slurmctld_command is None:
-                commands.reconfigure()
+            commands.reconfigure()
         else:
             commands.site_command(self.restart_slurmctld_command, "", "--restart-slurmctld")
 

@@ -1,5 +1,5 @@
-"""The node monitor: samples NVML, attributes GPU processes to Slurm jobs, keeps each job's peaks,
-serves Prometheus metrics and hands the usage to the Epilog.
+"""The node monitor: samples NVML, attributes GPU processes to Slurm jobs, keeps each job's peaks and
+hands the usage to the Epilog; :mod:`slurm_gpushare.node.metrics` serves its Prometheus metrics.
 
 ``slurm-gpushare monitor`` runs on each GPU node as root (a systemd service next to slurmd). Every
 ``monitor_interval`` seconds (node.toml) one :meth:`Monitor.sample`:

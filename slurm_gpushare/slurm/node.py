@@ -58,23 +58,27 @@ def responding(state: str) -> bool:
     return "NOT_RESPONDING" not in flags and not flags[0].endswith("*") and not flags[0].startswith("DOWN")
 
 
-def _gres_counts(value: str) -> dict[tuple[str, str], int]:
+def _gres_counts(value: str) -> dict[tuple[str, str], int] | None:
     """``(name, type) -> count`` of a ``Gres=`` value (type "" for an untyped item); socket suffixes are
-    dropped and so are zero counts; unreadable or empty (``(null)``) text has none."""
+    dropped and so are zero counts; empty text (``(null)``) has none; None for text the GRES grammar does not
+    read (with memory units, as slurm.conf writes ``no_consume`` counts: ``gpu:4G``)."""
     if value.strip() in ("", "(null)", "N/A"):
         return {}
     try:
-        items = parse_gres(value)
+        items = parse_gres(value, units=True)
     except InputError:
-        return {}
+        return None
     return {(it.name, it.type): it.count for it in items if it.count}
 
 
 def gres_matches(shown: str, want: str) -> bool:
     """Whether slurmctld's ``Gres=`` (``scontrol show node``) is the ``Gres=`` value written to slurm.conf: every
     typed item with its count, an untyped item as the sum over its types (slurmctld shows ``shard:h100:158``
-    for ``shard:158``), and no other type of a written name with a count."""
+    for ``shard:158``), and no other type of a written name with a count. Text on either side that the GRES
+    grammar does not read matches nothing."""
     have, need = _gres_counts(shown), _gres_counts(want)
+    if have is None or need is None:
+        return False
     for (name, type_), n in need.items():
         got = have.get((name, type_), 0) if type_ else sum(v for (nm, _t), v in have.items() if nm == name)
         if got != n:

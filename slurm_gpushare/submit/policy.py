@@ -513,9 +513,6 @@ class PoolIndex:
         return (self.policy, self.names, pool)
 
 
-#: Pools already built, per (inventory, partitions, policy) object, for callers that give no
-#: :class:`PoolIndex`: the pool of a partition is built once per snapshot, not once per job.
-#: The entry keeps the inventory and policy alive, so an ``id`` is never reused while cached.
 #: Most partition lists an index (or an inventory's ``pool_memo``) keeps pools for; more empties it.
 _POOLS_MAX = 256
 

@@ -35,6 +35,8 @@ def test_parse_node_reads_state_reason_gres_gres_used_and_slurmd_start():
     ("gpu:h100:2,gpu:h100_1g.10gb:14,shard:h100:150", "gpu:h100:2,gpu:h100_1g.10gb:14,shard:158", False),
     # what slurmctld shows before a node registers, or text no GRES grammar reads: matches nothing written
     ("(null)", "gpu:h100:2", False), ("gpu:h100:2(S:0", "gpu:h100:2", False), ("(null)", "(null)", True),
+    # an unreadable written value matches nothing either (it matched anything: no item to check)
+    ("gpu:h100:1", "gpu:h100:2,x:y:z:w", False),
 ])
 def test_gres_matches(shown, want, ok):
     assert gres_matches(shown, want) is ok
