@@ -9,12 +9,11 @@ every daemon of a drained node before it changes MIG) stop them through here.
 from __future__ import annotations
 
 import pwd
-import re
 from pathlib import Path
 
 from slurm_gpushare.node.jobdir import JobDaemon, job_daemons
 from slurm_gpushare.node.mps import MpsDaemon, MpsSettings
-from slurm_gpushare.node.shared_mps import shared_root
+from slurm_gpushare.node.shared_mps import shared_root, shared_user
 
 
 def by_pipe_dir(found: list[JobDaemon]) -> list[JobDaemon]:
@@ -51,10 +50,6 @@ def _primary_gid(uid: int) -> int:
         return uid
 
 
-#: ``<run_dir>/shared/gpu<N>-uid<U>`` (node/shared_mps.py): the user a shared daemon runs as.
-_SHARED_DIR = re.compile(r"gpu\d+-uid(\d+)")
-
-
 def stop_all(run_dir: Path, *, control_binary: str) -> list[str]:
     """Stop every MPS daemon of the node: those found by process (per job, each as its user) and the shared
     ones under ``run_dir`` (as the user their directory names), ``quit`` sent with the site's
@@ -62,8 +57,7 @@ def stop_all(run_dir: Path, *, control_binary: str) -> list[str]:
     problems = [p for p in (stop_found_daemon(found, control_binary=control_binary)
                             for found in by_pipe_dir(job_daemons(run_dir))) if p]
     for d in sorted(p for p in shared_root(run_dir).glob("*") if (p / "pipe").is_dir()):
-        m = _SHARED_DIR.fullmatch(d.name)
-        uid = int(m.group(1)) if m else None
+        uid = shared_user(d)
         result = MpsDaemon(d / "pipe", d / "log", visible_devices="", uid=uid,
                            gid=_primary_gid(uid) if uid is not None else None,
                            settings=MpsSettings(control_binary=control_binary, kill_timeout_s=2.0)).stop()

@@ -53,7 +53,7 @@ from slurm_gpushare.hardware.port import NvmlPort
 from slurm_gpushare.node.context import HookContext
 from slurm_gpushare.node.jobdir import job_plans
 from slurm_gpushare.node.membership import job_of_cgroup, parse_listpids, read_cgroup
-from slurm_gpushare.node.shared_mps import members, shared_root
+from slurm_gpushare.node.shared_mps import members, shared_root, shared_user
 from slurm_gpushare.procinfo import kill_and_wait, process, real_uid, running, started_at
 
 #: Seconds a process may predate its job's recorded start and still count as started by the job (Slurm's
@@ -63,7 +63,6 @@ START_SLACK_S = 2.0
 KILL_WAIT_S = 5.0
 
 _SAFE_NAME = re.compile(r"[A-Za-z0-9._-]{1,32}")
-_SHARED_DIR = re.compile(r"gpu(\d+)-uid(\d+)")
 
 
 def user_label(uid: int | None) -> str:
@@ -177,10 +176,10 @@ def daemon_pids(ctx: HookContext, *, except_job: str | None = None) -> set[int]:
         if isinstance(uid, int) and uid >= 0:
             pipes[d / "mps" / "pipe"] = uid
     for d in shared_root(ctx.run_dir).glob("*"):
-        m = _SHARED_DIR.fullmatch(d.name)
+        uid = shared_user(d)
         jobs = set(members(d)) - {except_job}
-        if m and jobs:
-            pipes[d / "pipe"] = int(m.group(2))
+        if uid is not None and jobs:
+            pipes[d / "pipe"] = uid
     if not pipes:
         return set()
     out = set()

@@ -8,6 +8,7 @@ docs/mps.md explains what the shared mode does and does not enforce.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -26,6 +27,15 @@ def shared_root(run_dir: Path) -> Path:
 def shared_dir(ctx: HookContext, gpu: int, uid: int) -> Path:
     """The shared daemon of one GPU and one user (``mps_mode = "per-gpu"``)."""
     return shared_root(ctx.run_dir) / f"gpu{gpu}-uid{uid}"
+
+
+_SHARED_NAME = re.compile(r"gpu\d+-uid(\d+)")
+
+
+def shared_user(d: Path) -> int | None:
+    """The uid a shared daemon's directory (:func:`shared_dir`) is for, None for a name it does not give."""
+    m = _SHARED_NAME.fullmatch(d.name)
+    return int(m.group(1)) if m else None
 
 
 def members(d: Path) -> dict[str, dict]:
