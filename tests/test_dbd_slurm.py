@@ -420,11 +420,18 @@ def test_jobstats_shows_a_users_own_job_refuses_anothers_and_its_suggestion_runs
         ["id", alice], capture_output=True, text=True).stdout, dbd.show_job(job.id).get("UserId"))
     text = own.stdout
     assert text.startswith(f"job {job.id}  user {alice}  account ") and "(from the job AdminComment in sacct)" in text
-    # the header Princeton's jobstats prints, from sacct: name, state, what was allocated, start, run time, limit
-    assert re.search(r"^  name wrap  state COMPLETED  nodes 1  cores [1-9]\d*  CPU memory \S+  GPUs \d+  QOS \S+$",
-                     text, re.M), text
-    started = r"^  started \d{4}-\d\d-\d\d \d\d:\d\d:\d\d  ran \d+ s "
-    assert re.search(started + r"(of a .+ limit \(\d+% of it\)|no time limit)$", text, re.M), text
+    # the header Princeton's jobstats prints, from sacct: name, state, what was allocated, start, run time, limit;
+    # where slurmdbd holds the job as a row without its start record (seen on 22.05 in CI: uid 0, name
+    # "allocation", QOS Unknown), the header says so and shows none of that row's name, QOS or limit
+    started = r"^  started \d{4}-\d\d-\d\d \d\d:\d\d:\d\d  ran \d+ s"
+    if recorded.split("|")[1:2] == ["0"]:
+        assert re.search(r"^  name -  state COMPLETED  nodes 1  cores [1-9]\d*  CPU memory \S+  GPUs \d+  QOS -$",
+                         text, re.M), text
+        assert re.search(started + "$", text, re.M) and "without its start record" in text, text
+    else:
+        assert re.search(r"^  name wrap  state COMPLETED  nodes 1  cores [1-9]\d*  CPU memory \S+  GPUs \d+  "
+                         r"QOS \S+$", text, re.M), text
+        assert re.search(started + r" (of a .+ limit \(\d+% of it\)|no time limit)$", text, re.M), text
     assert re.search(r"^rtx4090-pcie GPU \d+  rtx4090 \(24G\)  mps shard:10  .* COMPLETED 0:0", text, re.M), text
     bar = "[█▉▊▋▌▍▎▏]+"
     assert re.search(rf"^  asked    {bar}  10G$", text, re.M) and re.search(rf"^  granted  {bar}  10G$", text, re.M)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from slurm_gpushare.accounting.record import RERUN_STATES, UsageRecord
 from slurm_gpushare.errors import InputError
@@ -186,6 +186,9 @@ class JobHeader:
         start: start of the run, epoch seconds (None: it never started).
         elapsed_s: run time so far or in all, seconds.
         limit_s: the time limit, seconds; None for ``UNLIMITED``, 0 (sbatch: no limit) or not stated.
+        incomplete: slurmdbd's row of the run names another uid than slurmctld's owner of the job: a row
+            slurmdbd holds without the job's start record (seen on Slurm 22.05: uid 0, name ``allocation``, no
+            QOS, partition or time limit), so name, QOS, partition and limit are not shown from it.
     """
 
     name: str
@@ -199,6 +202,7 @@ class JobHeader:
     start: int | None
     elapsed_s: int
     limit_s: int | None
+    incomplete: bool = False
 
     @property
     def limit_used_pct(self) -> float | None:
@@ -211,7 +215,7 @@ class JobHeader:
         return {"name": self.name, "state": self.state, "nodes": self.nodes, "cpus": self.cpus,
                 "mem_mib": self.mem_mib, "gpus": self.gpus, "qos": self.qos, "partition": self.partition,
                 "start": self.start, "elapsed_s": self.elapsed_s, "limit_s": self.limit_s,
-                "limit_used_pct": None if used is None else round(used, 2)}
+                "limit_used_pct": None if used is None else round(used, 2), "incomplete": self.incomplete}
 
 
 #: The most characters of a job name the header shows.
@@ -226,19 +230,22 @@ def _tres(alloc_tres: str) -> dict[str, str]:
     return dict(item.split("=", 1) for item in alloc_tres.split(",") if "=" in item)
 
 
-def parse_job_header(text: str, job_id: str, start: int | None = None, *, names: str = "") -> JobHeader | None:
+def parse_job_header(text: str, job_id: str, start: int | None = None, *, names: str = "",
+                     owner_uid: int | None = None) -> JobHeader | None:
     """The header of run ``start`` of job ``job_id`` (the run that started then; None: its most recent run) from
     :func:`~slurm_gpushare.slurm.commands.sacct_job_header` output (no user text: one line per run); None when
     sacct lists no such run. The name is the user's own text, which sacct prints as written, newlines included, so
     it comes apart (``names``: :func:`~slurm_gpushare.slurm.commands.sacct_job_names` output): the first line of
     that run, so a name that holds a forged row names only itself. It keeps printable characters only (it goes to an
-    administrator's terminal: no escape sequence passes), at most :data:`NAME_CHARS`; empty without ``names``."""
+    administrator's terminal: no escape sequence passes), at most :data:`NAME_CHARS`; empty without ``names``.
+    ``owner_uid``: the job's uid as slurmctld holds it (None: not known); a row naming another uid is
+    :attr:`JobHeader.incomplete`, its name, QOS, partition and time limit left out."""
     from slurm_gpushare.memsize import parse_mib
 
     rows = []
     for line in text.splitlines():
         f = line.split("|")
-        if len(f) == 10 and f[0] == job_id:
+        if len(f) == 11 and f[0] == job_id:
             rows.append(f)
     if start is not None and any(_int(f[1]) == start for f in rows):
         rows = [f for f in rows if _int(f[1]) == start]
@@ -255,10 +262,13 @@ def parse_job_header(text: str, job_id: str, start: int | None = None, *, names:
     prefix = f"{job_id}|{f[1]}|"
     raw = next((line[len(prefix):] for line in names.splitlines() if line.startswith(prefix)), "")
     name = "".join(ch for ch in raw if ch.isprintable())
-    return JobHeader(name=name[:NAME_CHARS] + ("..." if len(name) > NAME_CHARS else ""),
-                     state=f[2].split(" ", 1)[0], nodes=_int(f[3]) or 0, cpus=_int(f[4]) or 0, mem_mib=mem,
-                     gpus=gpus, qos=f[6], partition=f[7], start=_int(f[1]), elapsed_s=_int(f[8]) or 0,
-                     limit_s=None if not limit else limit * 60)  # 0: no limit (sbatch(1) --time=0)
+    header = JobHeader(name=name[:NAME_CHARS] + ("..." if len(name) > NAME_CHARS else ""),
+                       state=f[2].split(" ", 1)[0], nodes=_int(f[3]) or 0, cpus=_int(f[4]) or 0, mem_mib=mem,
+                       gpus=gpus, qos=f[6], partition=f[7], start=_int(f[1]), elapsed_s=_int(f[8]) or 0,
+                       limit_s=None if not limit else limit * 60)  # 0: no limit (sbatch(1) --time=0)
+    if owner_uid is not None and _int(f[10]) != owner_uid:
+        return replace(header, name="", qos="", partition="", limit_s=None, incomplete=True)
+    return header
 
 
 @dataclass(frozen=True)
@@ -556,6 +566,10 @@ def header_lines(h: JobHeader) -> list[str]:
     start = "not started" if h.start is None else "started " + time.strftime("%Y-%m-%d %H:%M:%S",
                                                                              time.localtime(h.start))
     used = h.limit_used_pct
+    if h.incomplete:
+        return [first, f"  {start}  ran {format_span(h.elapsed_s)}",
+                "  (slurmdbd holds this run without its start record: its name, QOS and time limit are not known "
+                "to sacct; see docs/accounting.md)"]
     limit = "no time limit" if h.limit_s is None else (f"of a {format_span(h.limit_s)} limit ({used:.0f}% of it)")
     return [first, f"  {start}  ran {format_span(h.elapsed_s)} {limit}"]
 

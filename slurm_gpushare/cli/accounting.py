@@ -356,16 +356,17 @@ def jobstats(job_id, db_path, from_sacct, policy_path, machines_dir, fmt):
     policy = _policy(policy_path)
     notes = js.NotesRule(policy.notes_low_sm, policy.notes_low_memory, policy.notes_footer) if policy.notes else None
     stats = js.job_stats(job_id, records, source=source, rule=_rule(policy, machines_dir), notes=notes,
-                         header=_header(job_id, ctld.start_time if ctld is not None else None), user=owner)
+                         header=_header(job_id, ctld), user=owner)
     if ctld is not None:  # where slurmdbd's row lost them (the uid-0 rows above have no account or partition)
         stats = dataclasses.replace(stats, account=stats.account or ctld.account,
                                     partition=stats.partition or ctld.partition)
     click.echo(js.to_json(stats) if fmt == "json" else js.to_text(stats), nl=False)
 
 
-def _header(job_id: str, started: int | None):
-    """What sacct says of the job's run that started when slurmctld's job did (else its most recent run), for
-    jobstats' header; None where sacct cannot tell (no slurmdbd)."""
+def _header(job_id: str, ctld):
+    """What sacct says of the job's run that started when slurmctld's job (``ctld``, :func:`_ctld_job`) did
+    (else its most recent run), for jobstats' header, marked incomplete where its uid is not slurmctld's owner's;
+    None where sacct cannot tell (no slurmdbd)."""
     from slurm_gpushare.accounting.jobstats import parse_job_header
     from slurm_gpushare.errors import GpushareError
     from slurm_gpushare.slurm import commands
@@ -378,7 +379,9 @@ def _header(job_id: str, started: int | None):
         names = commands.sacct_job_names(job_id)
     except GpushareError:
         names = ""
-    return parse_job_header(text, job_id, started, names=names)
+    known = ctld is not None and ctld.uid >= 0
+    return parse_job_header(text, job_id, ctld.start_time if ctld is not None else None, names=names,
+                            owner_uid=ctld.uid if known else None)
 
 
 def _array_task_job_id(array_id: str, task: int) -> str | None:

@@ -216,7 +216,7 @@ def sacct_jobs(args: list[str] | tuple[str, ...] = (), **kw) -> str:
 #: The fields of :func:`sacct_job_header`, in its output's order (sacct(1) "JOB ACCOUNTING FIELDS"): none a user
 #: writes, so each run is one line.
 SACCT_HEADER_FIELDS = ("JobIDRaw", "Start", "State", "NNodes", "NCPUS", "AllocTRES", "QOS", "Partition", "ElapsedRaw",
-                       "TimelimitRaw")
+                       "TimelimitRaw", "UID")
 
 
 def _sacct_runs(job_id: str, fields: Sequence[str], **kw) -> str:

@@ -216,11 +216,11 @@ def test_text_and_json_views():
 
 
 def test_the_header_is_the_runs_own_and_a_users_job_name_cannot_reach_a_terminal():
-    # sacct -X -D -P: JobIDRaw|Start|State|NNodes|NCPUS|AllocTRES|QOS|Partition|ElapsedRaw|TimelimitRaw, and the
+    # sacct -X -D -P: JobIDRaw|Start|State|NNodes|NCPUS|AllocTRES|QOS|Partition|ElapsedRaw|TimelimitRaw|UID, and the
     # names apart (JobIDRaw|Start|JobName): a name is the user's text, newlines included
-    text = (f"7|{T0 - 900}|REQUEUED|1|4|billing=4,cpu=4,gres/gpu=1,mem=16G,node=1|normal|gpu|300|60\n"
-            f"7|{T0}|CANCELLED by 1001|2|8|cpu=8,gres:gpu=2,mem=32000M,node=2|long|gpu|720|60\n"
-            f"70|{T0}|COMPLETED|1|1|cpu=1,mem=1G|normal|cpu|5|UNLIMITED\n")
+    text = (f"7|{T0 - 900}|REQUEUED|1|4|billing=4,cpu=4,gres/gpu=1,mem=16G,node=1|normal|gpu|300|60|1001\n"
+            f"7|{T0}|CANCELLED by 1001|2|8|cpu=8,gres:gpu=2,mem=32000M,node=2|long|gpu|720|60|1001\n"
+            f"70|{T0}|COMPLETED|1|1|cpu=1,mem=1G|normal|cpu|5|UNLIMITED|1001\n")
     names = (f"7|{T0 - 900}|first run\n7|{T0}|train\x1b]0;owned\x07 | resnet\n70|{T0}|other job\n")
     h = js.parse_job_header(text, "7", names=names)  # no start given: the most recent run
     assert (h.state, h.nodes, h.cpus, h.mem_mib, h.gpus, h.qos, h.partition) == ("CANCELLED", 2, 8, 32000, 2, "long",
@@ -234,10 +234,10 @@ def test_the_header_is_the_runs_own_and_a_users_job_name_cannot_reach_a_terminal
     assert other.limit_s is None and other.limit_used_pct is None and other.gpus == 0
     assert js.parse_job_header(text, "8") is None and js.parse_job_header("", "7") is None
     assert js.parse_job_header(text, "70").name == ""  # names not read (sacct failed): no name
-    assert js.parse_job_header(f"9|{T0}|COMPLETED|1|1|cpu=1|normal|gpu|5|0\n", "9").limit_s is None  # --time=0
-    assert js.header_lines(js.parse_job_header(f"9|{T0}|COMPLETED|1|1|cpu=1|normal|gpu|5|0\n", "9"))[1].endswith(
+    assert js.parse_job_header(f"9|{T0}|COMPLETED|1|1|cpu=1|normal|gpu|5|0|1001\n", "9").limit_s is None  # --time=0
+    assert js.header_lines(js.parse_job_header(f"9|{T0}|COMPLETED|1|1|cpu=1|normal|gpu|5|0|1001\n", "9"))[1].endswith(
         "no time limit")
-    long_name = js.parse_job_header(f"9|{T0}|RUNNING|1|1|cpu=1|normal|gpu|5|10\n", "9",
+    long_name = js.parse_job_header(f"9|{T0}|RUNNING|1|1|cpu=1|normal|gpu|5|10|1001\n", "9",
                                     names=f"9|{T0}|{'x' * 200}\n")
     assert long_name.name == "x" * js.NAME_CHARS + "..." and long_name.mem_mib is None
 
@@ -256,14 +256,32 @@ def test_a_job_name_with_a_forged_sacct_row_changes_no_field_of_the_header():
     """sacct -P prints a job name as the user wrote it, newlines included: a name ``x\\n7|<later>|COMPLETED|...``
     made a row of its own, which was taken for the job's most recent run (state, GPUs, elapsed). The header's
     fields come from a sacct call without the name; the name's own call gives the name of the run's first line."""
-    forged = f"7|{T0 + 9999}|COMPLETED|64|512|cpu=512,gres/gpu=64,mem=4T,node=64|high|gpu|1|UNLIMITED"
-    text = f"7|{T0}|FAILED|1|4|cpu=4,gres/gpu=1,mem=16G,node=1|normal|gpu|300|60\n"
+    forged = f"7|{T0 + 9999}|COMPLETED|64|512|cpu=512,gres/gpu=64,mem=4T,node=64|high|gpu|1|UNLIMITED|1001"
+    text = f"7|{T0}|FAILED|1|4|cpu=4,gres/gpu=1,mem=16G,node=1|normal|gpu|300|60|1001\n"
     names = f"7|{T0}|x\n{forged}|y\n"
     for start in (None, T0):
         h = js.parse_job_header(text, "7", start, names=names)
         assert (h.state, h.gpus, h.nodes, h.start, h.elapsed_s, h.limit_s, h.name) == (
             "FAILED", 1, 1, T0, 300, 3600, "x"), h
     assert js.parse_job_header(text, "7", T0 + 9999, names=names).start == T0  # no such run: the most recent
+
+
+def test_a_row_slurmdbd_holds_without_the_start_record_is_said_incomplete_not_shown_as_the_jobs():
+    """Slurm 22.05 was seen keeping a user's job as a row without its start record: uid 0, name ``allocation``,
+    no QOS (CI, job 3 of the accounting module). The header showed that row's name and QOS as the job's; with
+    slurmctld's owner given, a row of another uid says it is incomplete instead."""
+    text = f"3|{T0}|COMPLETED|1|2|billing=2,cpu=2,gres/shard=10,mem=200M,node=1|Unknown|gpu|1|0|0\n"
+    names = f"3|{T0}|allocation\n"
+    as_recorded = js.parse_job_header(text, "3", T0, names=names)  # no owner known: the row as sacct has it
+    assert (as_recorded.name, as_recorded.qos, as_recorded.incomplete) == ("allocation", "Unknown", False)
+    assert js.parse_job_header(text, "3", T0, names=names, owner_uid=0) == as_recorded  # root's own job
+    h = js.parse_job_header(text, "3", T0, names=names, owner_uid=1001)
+    assert (h.name, h.qos, h.partition, h.limit_s, h.incomplete) == ("", "", "", None, True)
+    assert (h.state, h.cpus, h.mem_mib, h.start, h.elapsed_s) == ("COMPLETED", 2, 200, T0, 1)
+    lines = js.header_lines(h)
+    assert lines[0] == "  name -  state COMPLETED  nodes 1  cores 2  CPU memory 200M  GPUs 0  QOS -"
+    assert lines[1].endswith("  ran 1 s") and "without its start record" in lines[2], lines
+    assert h.to_dict()["incomplete"] is True and as_recorded.to_dict()["incomplete"] is False
 
 
 # --- who may see a job --------------------------------------------------------------------------------------
@@ -347,7 +365,7 @@ def test_command_reads_the_store_where_readable(tmp_path, fake_slurm, monkeypatc
     out = CliRunner().invoke(main, ["jobstats", "11", "--db", str(db), "--machines", str(tmp_path), "--format", "json"])
     assert json.loads(out.output)["devices"][0]["mem_series_mib"] == [1024, 2048, 10240, 4096]
     assert json.loads(out.output)["slurm"] is None  # sacct said nothing of the job: no header
-    fake_slurm["header"] = f"11|{T0}|COMPLETED|1|2|cpu=2,mem=4G,gres/gpu=1|normal|gpu|90|10\n"
+    fake_slurm["header"] = f"11|{T0}|COMPLETED|1|2|cpu=2,mem=4G,gres/gpu=1|normal|gpu|90|10|1001\n"
     fake_slurm["job_names"] = f"11|{T0}|resnet\n"
     out = CliRunner().invoke(main, ["jobstats", "11", "--db", str(db), "--machines", str(tmp_path)])
     assert "  name resnet  state COMPLETED  nodes 1  cores 2  CPU memory 4G  GPUs 1  QOS normal" in out.output
