@@ -172,15 +172,15 @@ def test_a_share_whose_processes_together_pass_it_is_killed_and_its_neighbour_ru
 
     def over() -> dict | None:
         fams = scrape_metrics(url)
-        mine = [s for s in fams.get("gpushare_job_gpu_over_limit", []) if s.labels["job_id"] == job.id]
+        mine = [s for s in fams.get("gpushare_job_gpu_over_limit", []) if s.labels["hpc_job"] == job.id]
         return fams if mine and mine[0].value == 1 else None
 
     flagged = wait_until(over, f"job {job.id} flagged over its share at {url}")
-    labels = {s.labels["job_id"]: s for s in flagged["gpushare_job_gpu_memory_used_bytes"]}[job.id].labels
-    assert labels["mode"] == "mps" and labels["share"] == "shard:10" and labels["node"] == "rtx4090-pcie"
-    used = {s.labels["job_id"]: s.value for s in flagged["gpushare_job_gpu_memory_used_bytes"]}
-    reserved = {s.labels["job_id"]: s.value for s in flagged["gpushare_job_gpu_memory_reserved_bytes"]}
-    procs = {s.labels["job_id"]: s.value for s in flagged["gpushare_job_gpu_processes"]}
+    labels = {s.labels["hpc_job"]: s for s in flagged["gpushare_job_gpu_memory_used_bytes"]}[job.id].labels
+    assert labels["mode"] == "mps" and labels["share"] == "shard:10" and labels["Hostname"] == "rtx4090-pcie"
+    used = {s.labels["hpc_job"]: s.value for s in flagged["gpushare_job_gpu_memory_used_bytes"]}
+    reserved = {s.labels["hpc_job"]: s.value for s in flagged["gpushare_job_gpu_memory_reserved_bytes"]}
+    procs = {s.labels["hpc_job"]: s.value for s in flagged["gpushare_job_gpu_processes"]}
     assert (used[job.id], reserved[job.id], procs[job.id]) == (12 << 30, 10 << 30, 2)
     gpu = labels["gpu"]
     # its processes are killed (its script's wait returns: the job fails) long before their 600 s
@@ -198,7 +198,7 @@ def test_a_share_whose_processes_together_pass_it_is_killed_and_its_neighbour_ru
     assert "gpushare: GPU" not in (slurm.show_job(neighbour.id).get("AdminComment") or "")
     # once the job is gone its series go too
     wait_until(lambda: not [s for s in scrape_metrics(url).get("gpushare_job_gpu_over_limit", [])
-                            if s.labels["job_id"] == job.id], f"job {job.id}'s series gone after it ended")
+                            if s.labels["hpc_job"] == job.id], f"job {job.id}'s series gone after it ended")
 
 
 def _alice_beside_bob(cluster, slurm, users, wrap: str) -> tuple[Job, str, str]:

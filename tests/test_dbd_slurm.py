@@ -255,7 +255,7 @@ def _wait_measured(c: DevCluster, job_id: str, mem_bytes: int, sm_ratio: float) 
         seen.clear()
         for fam in text_string_to_metric_families(text):
             for s in fam.samples:
-                if s.labels.get("job_id") == job_id:
+                if s.labels.get("hpc_job") == job_id:
                     seen[s.name] = s.value
         return (seen.get("gpushare_job_gpu_memory_peak_bytes") == mem_bytes
                 and seen.get("gpushare_job_gpu_sm_utilization_ratio") == sm_ratio)

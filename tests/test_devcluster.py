@@ -865,7 +865,7 @@ def test_an_unprivileged_jobs_fake_gpu_use_reaches_the_monitor_and_the_accountin
         nonlocal metrics
         metrics = _metrics(cluster.monitor_url("a100-nvb"))
         found = [float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
-                 if line.startswith("gpushare_job_gpu_memory_used_bytes{") and f'job_id="{job}"' in line]
+                 if line.startswith("gpushare_job_gpu_memory_used_bytes{") and f'hpc_job="{job}"' in line]
         return found[0] if found else None
 
     wait_until(lambda: used() == 6 * GIB, f"job {job}'s 6 GiB in the monitor's metrics", describe=lambda: metrics)

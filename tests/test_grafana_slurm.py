@@ -30,6 +30,8 @@ PROMETHEUS_PORT = TEST_PORT + 90
 GIB = 1 << 30
 NODE = "rtx4090-pcie"
 MIG_NODE = "h100-mig"
+#: The cluster label the test's scrape config adds, as docs/monitoring.md tells sites to
+CLUSTER = "devcluster"
 
 
 def dashboard() -> dict:
@@ -62,7 +64,7 @@ def substitute(expr: str, values: dict[str, str]) -> str:
 def test_the_dashboard_selects_by_its_variables_and_names_only_monitor_metrics():
     dash = dashboard()
     names = [v["name"] for v in dash["templating"]["list"]]
-    assert names == ["datasource", "Hostname", "user", "jobid"]
+    assert names == ["datasource", "cluster", "Hostname", "user", "jobid"]
     queries = panel_queries(dash)
     assert len(queries) >= 9 and len({t for t, _, _ in queries}) == len(dash["panels"])
     metrics = set(re.findall(r"\b(gpushare_[a-z_]+)\b", " ".join(e for _, _, e in queries)))
@@ -71,9 +73,11 @@ def test_the_dashboard_selects_by_its_variables_and_names_only_monitor_metrics()
                        "gpushare_job_gpu_sm_utilization_ratio", "gpushare_job_gpu_over_limit",
                        "gpushare_gpu_memory_used_bytes", "gpushare_gpu_memory_total_bytes"}
     for title, ref, expr in queries:
-        assert 'Hostname=~"$Hostname"' in expr, (title, ref)  # every panel follows the node selection
+        # every panel follows the cluster and node selection; a job panel the user and job selection too
+        assert 'cluster=~"$cluster", Hostname=~"$Hostname"' in expr, (title, ref)
         if "gpushare_job_" in expr:
-            assert 'jobid=~"$jobid"' in expr and 'user=~"$user"' in expr, (title, ref)
+            assert 'hpc_job=~"$jobid"' in expr and 'user=~"$user"' in expr, (title, ref)
+        assert not re.search(r"\b(jobid|job_id|node|uuid|model)=", expr), (title, ref)  # the labels of old
     for panel in dash["panels"]:
         assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, panel["title"]
 
@@ -111,7 +115,7 @@ def prometheus(cluster):
     (root / "prometheus.yml").write_text(
         "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n"
         "scrape_configs:\n  - job_name: slurm-gpushare\n"
-        f"    static_configs:\n      - targets: {json.dumps(targets)}\n")
+        f"    static_configs:\n      - targets: {json.dumps(targets)}\n        labels:\n          cluster: {CLUSTER}\n")
     url = f"http://127.0.0.1:{PROMETHEUS_PORT}"
     log = open(root / "prometheus.log", "w")
     proc = subprocess.Popen([binary, f"--config.file={root / 'prometheus.yml'}", f"--storage.tsdb.path={root / 'data'}",
@@ -157,13 +161,13 @@ def test_every_panel_returns_the_running_jobs_data_from_prometheus(cluster, slur
 
     # stored once Prometheus scraped the monitors after the apps registered their memory
     def scraped() -> bool:
-        return all(_query(prometheus, f'gpushare_job_gpu_memory_used_bytes{{jobid="{j.id}"}} > 0')
+        return all(_query(prometheus, f'gpushare_job_gpu_memory_used_bytes{{hpc_job="{j.id}"}} > 0')
                    for j in (job, mig))
 
     wait_until(scraped, f"prometheus storing jobs {job.id} and {mig.id} using GPU memory",
                describe=lambda: _get(f"{prometheus}/api/v1/targets"))
 
-    values = {"Hostname": NODE, "jobid": job.id, "user": "root", "datasource": "unused"}
+    values = {"cluster": CLUSTER, "Hostname": NODE, "jobid": job.id, "user": "root", "datasource": "unused"}
     dash = dashboard()
     results = {}
     for title, ref, expr in panel_queries(dash):
@@ -172,7 +176,8 @@ def test_every_panel_returns_the_running_jobs_data_from_prometheus(cluster, slur
         assert result, f"panel {title!r} ({ref}) returned no data: {promql}"
         for series in result:
             labels = series["metric"]
-            assert labels.get("jobid", job.id) == job.id and labels.get("Hostname", NODE) == NODE, (title, labels)
+            assert labels.get("hpc_job", job.id) == job.id and labels.get("Hostname", NODE) == NODE, (title, labels)
+            assert labels.get("cluster", CLUSTER) == CLUSTER, (title, labels)
         results[(title, ref)] = result
 
     def one(title: str, ref: str = "A") -> float:
@@ -201,10 +206,10 @@ def test_every_panel_returns_the_running_jobs_data_from_prometheus(cluster, slur
         assert body and values[var["name"]] in body["data"], (var["name"], body)
 
     # a MIG job's series carry dcgm-exporter's MIG labels, with the parent GPU's UUID
-    (series,) = _query(prometheus, f'gpushare_job_gpu_memory_reserved_bytes{{jobid="{mig.id}"}}')
+    (series,) = _query(prometheus, f'gpushare_job_gpu_memory_reserved_bytes{{hpc_job="{mig.id}"}}')
     labels = series["metric"]
     assert labels["GPU_I_PROFILE"] == "1g.10gb" and labels["GPU_I_ID"].isdigit(), labels
-    assert labels["UUID"].startswith("GPU-") and labels["uuid"].startswith("MIG-") and labels["Hostname"] == MIG_NODE
+    assert labels["UUID"].startswith("GPU-") and labels["Hostname"] == MIG_NODE and "uuid" not in labels
 
 
 def test_the_documented_dcgm_join_gives_each_job_its_gpus_dcgm_figure(tmp_path):
@@ -214,7 +219,7 @@ def test_the_documented_dcgm_join_gives_each_job_its_gpus_dcgm_figure(tmp_path):
     # dcgm-exporter's shape (render_metrics.go), and two gpushare jobs sharing that GPU, as the monitor labels them
     dcgm = 'DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-a",pci_bus_id="00000000:07:00.0",device="nvidia0",' \
            'modelName="NVIDIA H100 80GB HBM3",Hostname="n1"}'
-    jobs = [f'{{node="n1",Hostname="n1",gpu="0",UUID="GPU-a",job_id="{j}",jobid="{j}",user="{u}",mode="mps"}}'
+    jobs = [f'{{gpu="0",UUID="GPU-a",Hostname="n1",hpc_job="{j}",user="{u}",mode="mps"}}'
             for j, u in (("1", "alice"), ("2", "bob"))]
     spec = {"rule_files": [], "evaluation_interval": "1m", "tests": [{
         "interval": "1m",

@@ -191,7 +191,7 @@ def test_samples_attribute_processes_and_keep_peaks(node):
 def test_over_limit_fires_for_two_processes_that_together_exceed_the_share(node):
     with node.monitor() as mon:
         mon.sample()
-        assert _value(_families(_scrape_once(mon)), "gpushare_job_gpu_over_limit", job_id="201", gpu="0") == 1
+        assert _value(_families(_scrape_once(mon)), "gpushare_job_gpu_over_limit", hpc_job="201", gpu="0") == 1
         assert [line for line in node.log if "over limit" in line] == [
             "over limit: job 201 (alice) holds 12000 MiB on GPU 0, its share is 10240 MiB (2 process(es))"]
         mon.sample()  # still over: logged once per episode
@@ -199,7 +199,7 @@ def test_over_limit_fires_for_two_processes_that_together_exceed_the_share(node)
         node.nvml.remove_process(1002)
         mon.sample()
         fams = _families(_scrape_once(mon))
-        assert _value(fams, "gpushare_job_gpu_over_limit", job_id="201") == 0
+        assert _value(fams, "gpushare_job_gpu_over_limit", hpc_job="201") == 0
         assert _value(fams, "gpushare_monitor_over_limit_episodes_total") == 1
 
 
@@ -286,47 +286,54 @@ def test_the_endpoint_is_prometheus_text_with_job_labels(node):
         t.join(DEADLINE)
     assert ctype.startswith("text/plain")
     fams = _families(text)
-    labels = dict(node="a100", job_id="201", user="alice", account="physics", partition="gpu", gpu="0",
-                  model="a100", mode="mps", share="shard:10")
+    labels = dict(Hostname="a100", hpc_job="201", user="alice", account="physics", partition="gpu", gpu="0",
+                  mode="mps", share="shard:10")
     assert _value(fams, "gpushare_job_gpu_memory_used_bytes", **labels) == 12000 * MIB
     assert _value(fams, "gpushare_job_gpu_memory_reserved_bytes", **labels) == 10 * GIB
     assert _value(fams, "gpushare_job_gpu_memory_requested_bytes", **labels) == 10 * GIB
     assert _value(fams, "gpushare_job_gpu_over_limit", **labels) == 1
     assert _value(fams, "gpushare_job_gpu_processes", **labels) == 2
     assert _value(fams, "gpushare_job_gpu_sm_utilization_ratio", **labels) == pytest.approx(0.45)
-    whole = dict(job_id="202", user="bob", account="chem", gpu="3", mode="gpu", share="")
+    whole = dict(hpc_job="202", user="bob", account="chem", gpu="3", mode="gpu", share="")
     assert _value(fams, "gpushare_job_gpu_memory_reserved_bytes", **whole) == 81920 * MIB
     assert _value(fams, "gpushare_job_gpu_memory_peak_bytes", **whole) == 2000 * MIB
-    assert not [s for s in fams["gpushare_job_gpu_memory_requested_bytes"] if s.labels["job_id"] == "202"]
+    assert not [s for s in fams["gpushare_job_gpu_memory_requested_bytes"] if s.labels["hpc_job"] == "202"]
     assert _value(fams, "gpushare_gpu_unattributed_memory_bytes", gpu="5") == 700 * MIB
     assert _value(fams, "gpushare_gpu_memory_total_bytes", gpu="0") == 81920 * MIB
     assert _value(fams, "gpushare_monitor_samples_total") >= 1
     assert _value(fams, "gpushare_monitor_errors_total", kind="nvml") == 0
-    # the uuid label is the GPU's NVML UUID
+    # the UUID label is the GPU's NVML UUID
     with FakeNvml(node.machine) as nvml:
         uuid3 = nvml.uuid(3)
-    assert _value(fams, "gpushare_job_gpu_memory_used_bytes", job_id="202", uuid=uuid3) == 2000 * MIB
+    assert _value(fams, "gpushare_job_gpu_memory_used_bytes", hpc_job="202", UUID=uuid3) == 2000 * MIB
 
 
-def test_job_and_gpu_series_carry_the_dcgm_exporter_and_jobstats_labels(node):
-    """docs/monitoring.md: jobid (jobstats' cgroup_exporter), gpu, UUID, pci_bus_id, device, modelName, Hostname
-    (NVIDIA's dcgm-exporter), beside the monitor's own labels."""
+def test_every_fact_has_one_label_named_as_dcgm_exporter_names_it(node):
+    """docs/monitoring.md: gpu, UUID, pci_bus_id, device, modelName, Hostname (NVIDIA's dcgm-exporter's GPU
+    labels) and hpc_job (its HPC job mapping's), then the product's user, account, partition, mode, share; no
+    fact under two names (the monitor had node/Hostname, job_id/jobid, uuid/UUID and model/modelName)."""
     with node.monitor() as mon:
         mon.sample()
         fams = _families(_scrape_once(mon))
         gpu0 = node.machine.gpu(0)
         uuid0 = mon.machine.gpu(0).uuid
-    want = dict(jobid="201", job_id="201", Hostname="a100", node="a100", gpu="0", UUID=uuid0, uuid=uuid0,
-                modelName=gpu0.name, model="a100", pci_bus_id=gpu0.pci_bus_id, device=f"nvidia{gpu0.minor}")
+    device = {k: v for k, v in dict(gpu="0", UUID=uuid0, pci_bus_id=gpu0.pci_bus_id, device=f"nvidia{gpu0.minor}",
+                                    modelName=gpu0.name, Hostname="a100").items() if v}  # a description may lack one
+    assert {"gpu", "UUID", "device", "modelName", "Hostname"} <= set(device)
+    want = dict(device, hpc_job="201", user="alice", account="physics", partition="gpu", mode="mps",
+                share="shard:10")
     for name in ("gpushare_job_gpu_memory_used_bytes", "gpushare_job_gpu_memory_peak_bytes",
                  "gpushare_job_gpu_memory_reserved_bytes", "gpushare_job_gpu_memory_requested_bytes",
                  "gpushare_job_gpu_sm_utilization_ratio", "gpushare_job_gpu_processes", "gpushare_job_gpu_over_limit"):
-        (sample,) = [s for s in fams[name] if s.labels["job_id"] == "201"]
-        assert {k: sample.labels.get(k) for k in want} == want, name
-        assert not sample.labels.get("GPU_I_PROFILE") and not sample.labels.get("GPU_I_ID")  # MIG only
-    (gpu_sample,) = [s for s in fams["gpushare_gpu_memory_total_bytes"] if s.labels["gpu"] == "0"]
-    assert {k: gpu_sample.labels.get(k) for k in ("Hostname", "gpu", "UUID", "modelName", "device")} == \
-        dict(Hostname="a100", gpu="0", UUID=uuid0, modelName=gpu0.name, device=f"nvidia{gpu0.minor}")
+        (sample,) = [s for s in fams[name] if s.labels["hpc_job"] == "201"]
+        # off MIG, GPU_I_PROFILE and GPU_I_ID are empty: no label once Prometheus stores the series
+        assert {k: v for k, v in sample.labels.items() if v} == want, name
+    for name in ("gpushare_gpu_memory_total_bytes", "gpushare_gpu_memory_used_bytes",
+                 "gpushare_gpu_unattributed_memory_bytes"):
+        (gpu_sample,) = [s for s in fams[name] if s.labels["gpu"] == "0"]
+        assert {k: v for k, v in gpu_sample.labels.items() if v} == device, name
+    for name in ("gpushare_monitor_samples_total", "gpushare_monitor_last_sample_timestamp_seconds"):
+        assert [s.labels for s in fams[name]] == [{"Hostname": "a100"}], name
 
 
 def test_textfile_for_node_exporter(node, tmp_path):
@@ -334,7 +341,7 @@ def test_textfile_for_node_exporter(node, tmp_path):
     with node.monitor() as mon:
         serve(mon, interval_s=1, listen=None, textfile=str(out), once=True)
     fams = _families(out.read_text())
-    assert _value(fams, "gpushare_job_gpu_memory_used_bytes", job_id="203") == 0
+    assert _value(fams, "gpushare_job_gpu_memory_used_bytes", hpc_job="203") == 0
     assert not list(out.parent.glob("*.tmp*"))  # written through a temporary file and a rename
 
 
@@ -357,14 +364,14 @@ def test_mig_devices_are_keyed_by_uuid_and_have_no_sm_data(tmp_path):
         (d,) = mon.snapshot.devices
         assert (d.key, d.used_mib, d.sm_percent) == (inst.uuid, 3000, None)
         fams = _families(_scrape_once(mon))
-    assert _value(fams, "gpushare_job_gpu_memory_reserved_bytes", job_id="301", mode="mig", share="1g.10gb",
-                  uuid=inst.uuid) > 0
+    assert _value(fams, "gpushare_job_gpu_memory_reserved_bytes", hpc_job="301", mode="mig", share="1g.10gb",
+                  GPU_I_ID=str(inst.gi_id)) > 0
     # as dcgm-exporter labels a MIG device: the parent GPU's UUID and index, the profile and the GPU instance
     with nvml:
         parent = nvml.uuid(2)
-    assert _value(fams, "gpushare_job_gpu_memory_used_bytes", jobid="301", gpu="2", UUID=parent,
+    assert _value(fams, "gpushare_job_gpu_memory_used_bytes", hpc_job="301", gpu="2", UUID=parent,
                   GPU_I_PROFILE="1g.10gb", GPU_I_ID=str(inst.gi_id)) == 3000 * MIB
-    assert not [s for s in fams.get("gpushare_job_gpu_sm_utilization_ratio", []) if s.labels["job_id"] == "301"]
+    assert not [s for s in fams.get("gpushare_job_gpu_sm_utilization_ratio", []) if s.labels["hpc_job"] == "301"]
     assert not fams.get("gpushare_gpu_utilization_ratio") or all(
         s.labels["gpu"] not in ("2", "3") for s in fams["gpushare_gpu_utilization_ratio"])
 

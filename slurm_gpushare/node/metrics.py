@@ -19,12 +19,14 @@ Metrics (Prometheus text format, :func:`prometheus_client.start_http_server`), a
 and ``..._slurm_calls_total`` (counters, ``command``: ``listpids``, ``squeue``, ``job``)
 =================================================  ================================================
 
-Job series carry ``node, job_id, user, account, partition, gpu`` (NVML index), ``uuid`` (GPU or MIG
-device), ``model, mode`` (``mig``, ``mps``, ``gpu``) and ``share`` (MIG profile, ``shard:N``), and the same
-under the names of NVIDIA's dcgm-exporter and Princeton's jobstats (:data:`DCGM_LABELS`, ``jobid``;
-docs/monitoring.md): ``jobid, Hostname, UUID`` (the GPU's, the parent's for MIG), ``modelName`` (NVML's
-name), ``pci_bus_id, device`` (``nvidia<minor>``) and, on MIG devices, ``GPU_I_PROFILE, GPU_I_ID``. Per-GPU
-series carry ``node, gpu, uuid, model`` and the same dcgm-exporter labels.
+Every fact has one label, named as NVIDIA's dcgm-exporter names it where it has one (:data:`DCGM_LABELS`,
+docs/monitoring.md): ``gpu`` (NVML index; the parent GPU's for a MIG device), ``UUID`` (the GPU's, the
+parent's for MIG), ``modelName`` (NVML's name), ``pci_bus_id``, ``device`` (``nvidia<minor>``),
+``GPU_I_PROFILE`` and ``GPU_I_ID`` (MIG devices only), ``Hostname`` (the Slurm node name), and on job series
+``hpc_job`` (the Slurm job id, as dcgm-exporter's HPC job mapping names it). Job series also carry the
+product's own ``user, account, partition, mode`` (``mig``, ``mps``, ``gpu``) and ``share`` (MIG profile,
+``shard:N``). The monitor's own series carry ``Hostname`` and their ``kind``, ``by``, ``command``, ``action``
+or ``outcome``.
 """
 
 from __future__ import annotations
@@ -46,10 +48,12 @@ if TYPE_CHECKING:
     from slurm_gpushare.node.monitor import Monitor
 
 MIB = 1 << 20
-#: Labels named and filled as NVIDIA's dcgm-exporter does (its GPU metrics template), so that a site's panels
-#: built on DCGM_FI_* series can select and join the monitor's series (docs/monitoring.md).
-#: (``gpu``, the NVML index, is among the monitor's own labels already.)
-DCGM_LABELS = ("Hostname", "UUID", "modelName", "pci_bus_id", "device", "GPU_I_PROFILE", "GPU_I_ID")
+#: Labels of a device, named, ordered and filled as NVIDIA's dcgm-exporter does (its GPU metrics template), so
+#: that a site's panels built on DCGM_FI_* series select and join the monitor's series (docs/monitoring.md).
+DCGM_LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "GPU_I_PROFILE", "GPU_I_ID", "Hostname")
+#: The job's labels after :data:`DCGM_LABELS` on job series: ``hpc_job`` as dcgm-exporter's HPC job mapping
+#: names the job, then the product's own.
+JOB_LABELS = ("hpc_job", "user", "account", "partition", "mode", "share")
 
 
 class MonitorCollector:
@@ -65,8 +69,8 @@ class MonitorCollector:
 
     def _dcgm_labels(self, index: int, mig_uuid: str | None) -> list[str]:
         """The values of :data:`DCGM_LABELS` for GPU ``index`` (-1: unknown) or its MIG device ``mig_uuid``:
-        ``Hostname`` is the Slurm node name, ``UUID`` the (parent) GPU's, ``GPU_I_*`` empty off MIG (Prometheus
-        stores an empty label as no label, as dcgm-exporter leaves them out)."""
+        ``UUID`` the (parent) GPU's, ``GPU_I_*`` empty off MIG (Prometheus stores an empty label as no label, as
+        dcgm-exporter leaves them out), ``Hostname`` the Slurm node name."""
         m = self.monitor
         gpu = next((g for g in m.machine.gpus if g.index == index), None)
         profile = gi = ""
@@ -76,17 +80,16 @@ class MonitorCollector:
             profile = inst.profile if inst else ""
             gi = "" if gi_id is None else str(gi_id)
         if gpu is None:
-            return [m.node, "", "", "", "", profile, gi]
-        return [m.node, m._gpu_uuids.get(index, gpu.uuid), gpu.name, gpu.pci_bus_id, f"nvidia{gpu.minor}",
-                profile, gi]
+            return [str(index), "", "", "", "", profile, gi, m.node]
+        return [str(index), m._gpu_uuids.get(index, gpu.uuid), gpu.pci_bus_id, f"nvidia{gpu.minor}", gpu.name,
+                profile, gi, m.node]
 
     def _families(self) -> Iterator:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         m = self.monitor
 
-        job_labels = ["node", "job_id", "user", "account", "partition", "gpu", "uuid", "model", "mode", "share",
-                      "jobid", *DCGM_LABELS]
+        job_labels = [*DCGM_LABELS, *JOB_LABELS]
         fams = {
             "used": GaugeMetricFamily("gpushare_job_gpu_memory_used_bytes",
                                       "GPU memory the job's processes hold on the device now", labels=job_labels),
@@ -116,12 +119,9 @@ class MonitorCollector:
                 rec = job.devices.get(key)
                 d = by_key.get((job_id, key))
                 index = rec.gpu_index if rec else (d.gpu_index if d else -1)
-                gpu = m.machine.gpu(index) if rec is None and index >= 0 else None
-                labels = [m.node, job_id, job.info.user, job.info.account, job.info.partition, str(index),
-                          rec.gpu_uuid if rec else (key if isinstance(key, str) else m._gpu_uuids.get(index, "")),
-                          rec.gpu_model if rec else (gpu.model if gpu else ""),
-                          rec.mode if rec else "none", rec.share if rec else "",
-                          job_id, *self._dcgm_labels(index, key if isinstance(key, str) else None)]
+                labels = [*self._dcgm_labels(index, key if isinstance(key, str) else None), job_id, job.info.user,
+                          job.info.account, job.info.partition, rec.mode if rec else "none",
+                          rec.share if rec else ""]
                 u = usage.get(key)
                 if d is not None:
                     fams["used"].add_metric(labels, d.used_mib * MIB)
@@ -136,7 +136,7 @@ class MonitorCollector:
                 fams["over"].add_metric(labels, 1 if key in job.over else 0)
         yield from fams.values()
 
-        gpu_labels = ["node", "gpu", "uuid", "model", *DCGM_LABELS]
+        gpu_labels = list(DCGM_LABELS)
         used = GaugeMetricFamily("gpushare_gpu_memory_used_bytes", "GPU memory in use (NVML)", labels=gpu_labels)
         total = GaugeMetricFamily("gpushare_gpu_memory_total_bytes", "GPU memory (NVML)", labels=gpu_labels)
         util = GaugeMetricFamily("gpushare_gpu_utilization_ratio",
@@ -149,7 +149,7 @@ class MonitorCollector:
                                     "Processes on the GPU that belong to no job running on this node",
                                     labels=gpu_labels)
         for g in m.snapshot.gpus:
-            labels = [m.node, str(g.index), g.uuid, g.model, *self._dcgm_labels(g.index, None)]
+            labels = self._dcgm_labels(g.index, None)
             total.add_metric(labels, g.total_mib * MIB)
             if g.used_mib is not None:
                 used.add_metric(labels, g.used_mib * MIB)
@@ -159,44 +159,44 @@ class MonitorCollector:
             stray_n.add_metric(labels, g.unattributed_processes)
         yield from (used, total, util, stray, stray_n)
 
-        samples = CounterMetricFamily("gpushare_monitor_samples", "Samples taken", labels=["node"])
+        samples = CounterMetricFamily("gpushare_monitor_samples", "Samples taken", labels=["Hostname"])
         samples.add_metric([m.node], m.samples_total)
         errors = CounterMetricFamily("gpushare_monitor_errors", "Failed NVML calls, Slurm commands, usage files",
-                                     labels=["node", "kind"])
+                                     labels=["Hostname", "kind"])
         for kind in ("nvml", "slurm", "job", "usage-file", "textfile", "admin-comment", "internal"):
             errors.add_metric([m.node, kind], m.errors_total.get(kind, 0))
         episodes = CounterMetricFamily("gpushare_monitor_over_limit_episodes",
                                        "Times a job's processes began to hold more than its share of a device",
-                                       labels=["node"])
+                                       labels=["Hostname"])
         episodes.add_metric([m.node], m.over_limit_total)
         last = GaugeMetricFamily("gpushare_monitor_last_sample_timestamp_seconds", "When the last sample was taken",
-                                 labels=["node"])
+                                 labels=["Hostname"])
         last.add_metric([m.node], m.snapshot.time)
         took = GaugeMetricFamily("gpushare_monitor_sample_duration_seconds", "How long the last sample took",
-                                 labels=["node"])
+                                 labels=["Hostname"])
         took.add_metric([m.node], round(m.snapshot.duration_s, 6))
         refused = CounterMetricFamily("gpushare_monitor_refused_attributions",
                                       "GPU processes not charged to the job whose cgroup or pid list holds them: "
-                                      "the job's user is not the process's owner", labels=["node"])
+                                      "the job's user is not the process's owner", labels=["Hostname"])
         refused.add_metric([m.node], m.refused_total)
         attributed = GaugeMetricFamily("gpushare_monitor_attributed_processes",
                                        "GPU processes of the last sample charged to a job, by what placed them "
-                                       "(cgroup: a job cgroup; slurm: scontrol listpids)", labels=["node", "by"])
+                                       "(cgroup: a job cgroup; slurm: scontrol listpids)", labels=["Hostname", "by"])
         for by in ("cgroup", "slurm"):
             attributed.add_metric([m.node, by], m.attributed.get(by, 0))
         calls = CounterMetricFamily("gpushare_monitor_slurm_calls",
                                     "Slurm commands the monitor ran (listpids: scontrol listpids; squeue; job: one "
-                                    "job's record)", labels=["node", "command"])
+                                    "job's record)", labels=["Hostname", "command"])
         for command in ("listpids", "squeue", "job"):
             calls.add_metric([m.node, command], m.calls_total.get(command, 0))
         enforced = CounterMetricFamily("gpushare_monitor_enforcements",
                                        "Actions taken on MPS share jobs whose processes held more than their share "
-                                       "for enforce_grace samples (node.toml enforce)", labels=["node", "action"])
+                                       "for enforce_grace samples (node.toml enforce)", labels=["Hostname", "action"])
         for action in ENFORCE_ACTIONS:
             enforced.add_metric([m.node, action], m.enforced_total.get(action, 0))
         limits = CounterMetricFamily("gpushare_monitor_gpu_memory_limits",
                                      "The driver's memory limit on share jobs' cgroups (node.toml gpu_memory_limit): "
-                                     "set, unsupported by the driver, or failed", labels=["node", "outcome"])
+                                     "set, unsupported by the driver, or failed", labels=["Hostname", "outcome"])
         for outcome in LIMIT_OUTCOMES:
             limits.add_metric([m.node, outcome], m.limits_total.get(outcome, 0))
         yield from (samples, errors, episodes, last, took, refused, attributed, calls, enforced, limits)

@@ -31,7 +31,7 @@ NODE = "cgnode"
 
 def _job_series(fams: dict[str, list], name: str, job: str) -> dict[str, float]:
     """gpu index -> value of the job's series ``name``."""
-    return {s.labels["gpu"]: s.value for s in fams.get(name, []) if s.labels["job_id"] == job}
+    return {s.labels["gpu"]: s.value for s in fams.get(name, []) if s.labels["hpc_job"] == job}
 
 
 def _one(fams: dict[str, list], name: str, **labels: str) -> float:
@@ -134,7 +134,7 @@ def test_a_gpu_process_is_charged_by_its_cgroup_and_never_to_another_users_job(c
     assert sum(_job_series(fams, "gpushare_job_gpu_processes", a).values()) == 1
     assert set(_job_series(fams, "gpushare_job_gpu_memory_used_bytes", a)) == \
         set(_job_series(fams, "gpushare_job_gpu_memory_reserved_bytes", a))  # no series on bob's GPU
-    assert _one(fams, "gpushare_job_gpu_over_limit", job_id=a) == 0
+    assert _one(fams, "gpushare_job_gpu_over_limit", hpc_job=a) == 0
     # bob's process is still his job's: slurmstepd's pid list (proctrack/linuxproc) places it, once
     wait_until(lambda: sum(_job_series(scrape_metrics(url), "gpushare_job_gpu_memory_used_bytes", b).values())
                == 3 << 30,
