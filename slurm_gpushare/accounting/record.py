@@ -31,13 +31,13 @@ from __future__ import annotations
 
 import json
 import operator
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from functools import partial
 from typing import Any
 
 from slurm_gpushare.errors import InputError
+from slurm_gpushare.slurm.admincomment import RUNNING
 
 #: Version of the record format; the ``"v"`` key of every JSON line written.
 RECORD_VERSION = 4
@@ -603,15 +603,11 @@ def exit_from_code(code: str) -> tuple[str, str]:
 
 # --- the summary for Slurm's own accounting (AdminComment) -------------------------------------------
 
-#: Tag of the usage summary segment in AdminComment (the request audit is ``[gpushare:v1 ...]``).
-SUMMARY_TAG = "gpushare-usage"
-#: Version of the summary segment's format (not the record's).
-SUMMARY_VERSION = 1
-_SUMMARY = re.compile(r"\s*\[gpushare-usage:v\d+ node=(\S+?)(?: [^\]]*)?\]")
 
 
 def summary_segment(records: Sequence[UsageRecord]) -> str:
-    """One job's usage on one node as a compact AdminComment segment (pure), e.g.
+    """One job's usage on one node as a compact AdminComment segment
+    (:data:`~slurm_gpushare.slurm.admincomment.RUNNING`, pure), e.g.
     ``[gpushare-usage:v1 node=a100 mode=gpu gpus=2 peak=20480/81920MiB sm=50.0/90.0]``.
 
     ``peak``: the highest peak of the job's devices over the memory granted per device (MiB); ``sm``:
@@ -633,13 +629,20 @@ def summary_segment(records: Sequence[UsageRecord]) -> str:
     sm = f"{sum(means) / len(means):.1f}/{max(sm_peaks):.1f}" if means and sm_peaks else "-"
     modes = ",".join(sorted({r.mode for r in records}))
     node = "".join(c if c.isalnum() or c in "-_." else "?" for c in r0.node)
-    return f"[{SUMMARY_TAG}:v{SUMMARY_VERSION} node={node} mode={modes} gpus={len(records)} peak={peak} sm={sm}]"
+    return RUNNING.format([f"node={node}", f"mode={modes}", f"gpus={len(records)}", f"peak={peak}", f"sm={sm}"])
+
+
+def _summary_node(body: str | None) -> str | None:
+    """The node a running summary's tokens name first (``node=NAME``), None when they do not."""
+    first = (body or "").split(" ", 1)[0]
+    return first[len("node="):] if first.startswith("node=") and len(first) > len("node=") else None
 
 
 def merge_summary(admin_comment: str | None, segment: str) -> str:
     """Put a summary segment into an AdminComment, replacing an earlier one of the same node and keeping
-    everything else (the ``[gpushare:v1 ...]`` audit, other nodes' summaries, other tools' text)."""
-    m = _SUMMARY.match(segment)
-    node = m.group(1) if m else ""
-    rest = _SUMMARY.sub(lambda x: "" if x.group(1) == node else x.group(0), admin_comment or "").strip()
+    everything else (the request audit, other nodes' summaries, other tools' text)."""
+    m = RUNNING.pattern.match(segment)
+    node = _summary_node(m.group(2)) if m else None
+    rest = RUNNING.pattern.sub(lambda x: "" if node is not None and _summary_node(x.group(2)) == node
+                               else x.group(0), admin_comment or "").strip()
     return f"{rest} {segment}" if rest else segment

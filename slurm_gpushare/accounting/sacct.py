@@ -48,18 +48,10 @@ from pathlib import Path
 
 from slurm_gpushare.accounting.record import RERUN_STATES, RecordError, UsageRecord
 from slurm_gpushare.errors import GpushareError, InputError, SlurmError
+from slurm_gpushare.slurm.admincomment import FINAL, RUNNING, audit_text, without_audit
 from slurm_gpushare.slurm.commands import local_release
 from slurm_gpushare.slurm.release import SACCTMGR_KEEPS_CASE, Release
 
-#: Tag and version of the segment: ``[gpushare:u1 ...]`` (the request audit is ``[gpushare:v1 ...]``).
-TAG = "gpushare:u"
-VERSION = 1
-_SEGMENT = re.compile(r"\s*\[gpushare:u(\d+)(?: ([^\]]*))?\]")
-#: The node monitor's running summaries (:func:`~slurm_gpushare.accounting.record.summary_segment`):
-#: the final summary supersedes them.
-_RUNNING = re.compile(r"\s*\[gpushare-usage:v\d+(?: [^\]]*)?\]")
-#: The request audit written at submit (:mod:`slurm_gpushare.slurm.admincomment`).
-_AUDIT = re.compile(r"\s*\[gpushare:(?:v\d+(?: [^\]]*)?|none)\]")
 _JS1 = re.compile(r"^JS1:(\S*)")
 #: Characters no value may hold: the separators, brackets, and quotes (``sacctmgr`` ends a value at a quote).
 _BAD = frozenset(" /[]\n\t\r'\"\\")
@@ -109,7 +101,7 @@ def final_segment(records: Sequence[UsageRecord]) -> str:
                                                                first.exit_code):
                 raise InputError(f"records of job {r.job_id} on {node} differ in start, end or exit")
             tokens.append("gpu=" + "/".join(_put(getattr(r, f), f) for f in _GPU_FIELDS))
-    return f"[{TAG}{VERSION} " + " ".join(tokens) + "]"
+    return FINAL.format(tokens)
 
 
 @dataclass(frozen=True)
@@ -167,11 +159,6 @@ def parse_sacct(text: str) -> list[SacctJob]:
     return rows
 
 
-#: sacct states of a run after which Slurm may run the same job again under its id (sacct(1) JOB STATE CODES):
-#: an earlier row of the job that a later row continues.
-_RUN = re.compile(r"\[gpushare:u\d+ run=(\d+)")
-
-
 def latest_jobs(rows: Iterable[SacctJob]) -> list[SacctJob]:
     """Per job id, the rows of the most recent job of that id: what ``sacct -j`` shows without ``-D`` (sacct(1)
     ``--duplicates``: "returns the most recent job with that number"; slurmdbd orders a job id's rows by
@@ -201,8 +188,9 @@ def latest_jobs(rows: Iterable[SacctJob]) -> list[SacctJob]:
 
 def _run_of(row: SacctJob) -> int | None:
     """The ``run=`` of the row's usage segment (None: no segment)."""
-    m = _RUN.search(row.admin_comment or "")
-    return int(m.group(1)) if m else None
+    m = FINAL.pattern.search(row.admin_comment or "")
+    first = (m.group(2) or "").split(" ", 1)[0] if m else ""
+    return int(first[len("run="):]) if first.startswith("run=") and first[len("run="):].isdigit() else None
 
 
 def _get(text: str, kind: str, what: str):
@@ -221,12 +209,12 @@ def records_from_segment(job: SacctJob) -> list[UsageRecord]:
     Raises:
         SegmentError: a segment of a newer version, or one that does not read as the grammar says.
     """
-    m = _SEGMENT.search(job.admin_comment or "")
+    m = FINAL.pattern.search(job.admin_comment or "")
     if not m:
         return []
-    if int(m.group(1)) > VERSION:
+    if int(m.group(1)) > FINAL.version:
         raise SegmentError(f"job {job.job_id}: AdminComment usage segment is version u{m.group(1)}; this "
-                           f"slurm-gpushare reads u{VERSION}", hint="upgrade slurm-gpushare")
+                           f"slurm-gpushare reads u{FINAL.version}", hint="upgrade slurm-gpushare")
     run = None
     node = None
     start = end = None
@@ -312,9 +300,9 @@ def merge_final(stored: str | None, live: str | None, segment: str) -> str:
     if m:
         js1 = "JS1:" + _padded_js1(m.group(1))
         text = text[m.end():]
-    audit = _AUDIT.search(text) or _AUDIT.search(live or "")
-    rest = _AUDIT.sub("", _RUNNING.sub("", _SEGMENT.sub("", text))).strip()
-    parts = [p for p in (js1, rest, audit.group(0).strip() if audit else "", segment) if p]
+    audit = audit_text(text) or audit_text(live)
+    rest = without_audit(RUNNING.strip(FINAL.strip(text)))
+    parts = [p for p in (js1, rest, audit or "", segment) if p]
     out = " ".join(parts)
     if any(c in out for c in "'\"\\"):
         raise InputError("AdminComment holds a quote or a backslash, which sacctmgr cannot take whole",

@@ -41,6 +41,7 @@ from typing import Any
 from slurm_gpushare.errors import InputError
 from slurm_gpushare.hardware.machine import MigProfile, nominal_gpu_mib, nominal_profile_mib
 from slurm_gpushare.memsize import format_mib
+from slurm_gpushare.slurm.admincomment import AUDIT
 from slurm_gpushare.slurm.gres import DEFAULT_PREFIX, GresItem, item_name, prefix_of
 from slurm_gpushare.slurm.nodegres import mig_type
 from slurm_gpushare.submit.inventory import ClusterInventory, NodeInventory
@@ -61,8 +62,6 @@ from slurm_gpushare.submit.request import (
 ESLURM_INVALID_GRES = 2072
 #: ``SLURM_SUCCESS``.
 SUCCESS = 0
-#: Version of the audit record (``gpushare:v1`` in AdminComment).
-AUDIT_VERSION = 1
 #: ``mps:N`` is a percentage of one GPU (Slurm's default ``mps`` count per GPU).
 MPS_PER_GPU = 100
 #: The largest node count :func:`decide` accepts (more than any partition it serves).
@@ -851,7 +850,7 @@ def decide(tres_per_node: str | None, tres_per_job: str | None, *, partitions: t
         if share and (policy.police_direct or any(tres_name(t) == "gpushare" for t in share)):
             e = _error("per-task", item=unescape_knobs(share[0]) or share[0])
             text = f"gpushare: {e.message}; {e.hint}"
-            refused = {"version": AUDIT_VERSION, "original": tres_per_node or "", "request": share[0],
+            refused = {"version": AUDIT.version, "original": tres_per_node or "", "request": share[0],
                        "action": "reject", "reason": text[len("gpushare: "):]}
             return Decision("reject", tres_per_node, refused, text, ESLURM_INVALID_GRES)
     shared = mentions_share(tres_per_node) or mentions_share(tres_per_job)
@@ -862,7 +861,7 @@ def decide(tres_per_node: str | None, tres_per_job: str | None, *, partitions: t
     policed = shared and (gpushare or policy.police_direct)
     if not policed and not granted_share:
         return Decision("pass", tres_per_node)
-    audit: dict[str, Any] = {"version": AUDIT_VERSION, "original": tres_per_node or "",
+    audit: dict[str, Any] = {"version": AUDIT.version, "original": tres_per_node or "",
                              "request": _request_text(tres_per_node, tres_per_job)}
     try:
         if policed:
@@ -1081,7 +1080,6 @@ def _direct(items: tuple[GresItem, ...], prefix: str, partitions: tuple[str, ...
 
 
 __all__ = [
-    "AUDIT_VERSION",
     "Candidate",
     "Decision",
     "ESLURM_INVALID_GRES",

@@ -72,14 +72,13 @@ from slurm_gpushare.slurm.admincomment import extract, format_segment, merge
 from slurm_gpushare.slurm.gres import parse
 from slurm_gpushare.slurm.nodegres import GresOptions, node_gres
 from slurm_gpushare.submit.inventory import ClusterInventory, build_inventory
-from slurm_gpushare.submit.policy import PoolIndex, decide, nodes_needed
+from slurm_gpushare.submit.policy import ESLURM_INVALID_GRES, PoolIndex, decide, nodes_needed
 from slurm_gpushare.submit.policyfile import SitePolicy, load_policy
 from slurm_gpushare.submit.request import mentions_share, unescape_knobs
 
 PROTOCOL = 2
 #: First word of every message header (``GPS2 <id> <length>``).
 MAGIC = "GPS2"
-ERRNO_INVALID_GRES = 2072  # ESLURM_INVALID_GRES: "Invalid generic resource (gres) specification"
 #: ESLURM_ACCESS_DENIED ("Access/permission denied"; slurm/slurm_errno.h, 2002 at tags slurm-22-05-8-1,
 #: slurm-24-11-5-1 and slurm-26-05-3-1): what slurmctld itself answers a user's update that sets AdminComment.
 ERRNO_ACCESS_DENIED = 2002
@@ -672,7 +671,7 @@ class FilterService:
         if d.action == "pass":
             return {"v": PROTOCOL, "action": "pass"}
         if d.action == "reject":
-            return self._reject(d.message, errno=d.errno or ERRNO_INVALID_GRES)
+            return self._reject(d.message, errno=d.errno or ESLURM_INVALID_GRES)
         new_tpn = d.tres_per_node or ""
         if op == "move":
             if _same_gres(new_tpn, tpn):
@@ -683,7 +682,7 @@ class FilterService:
                 f"({','.join(it.body for it in parse(tpn))}) was decided for, and decided again it would be "
                 f"{','.join(it.body for it in parse(new_tpn)) or 'refused'}; a share changes only with a new "
                 f"submission: cancel the job (scancel {job or 'JOBID'}) and submit it again with the new options",
-                errno=ERRNO_INVALID_GRES)
+                errno=ESLURM_INVALID_GRES)
         answer = {"v": PROTOCOL, "action": "rewrite", "tres_per_node": new_tpn, "message": d.message or ""}
         if op == "cli":
             answer["gres"] = ",".join(it.body for it in parse(new_tpn))  # srun's --gres takes no prefix
@@ -714,7 +713,7 @@ class FilterService:
                 f"{job or 'JOBID'}) and submit it again with --gres={gres}")
 
     @staticmethod
-    def _reject(message: str, errno: int = ERRNO_INVALID_GRES) -> dict:
+    def _reject(message: str, errno: int = ESLURM_INVALID_GRES) -> dict:
         return {"v": PROTOCOL, "action": "reject", "message": message, "errno": errno}
 
 
