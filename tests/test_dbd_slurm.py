@@ -427,7 +427,7 @@ def test_jobstats_shows_a_users_own_job_refuses_anothers_and_its_suggestion_runs
     if recorded.split("|")[1:2] == ["0"]:
         assert re.search(r"^  name -  state COMPLETED  nodes 1  cores [1-9]\d*  CPU memory \S+  GPUs \d+  QOS -$",
                          text, re.M), text
-        assert re.search(started + "$", text, re.M) and "without its start record" in text, text
+        assert re.search(started + "$", text, re.M) and "names another user than slurmctld" in text, text
     else:
         assert re.search(r"^  name wrap  state COMPLETED  nodes 1  cores [1-9]\d*  CPU memory \S+  GPUs \d+  "
                          r"QOS \S+$", text, re.M), text

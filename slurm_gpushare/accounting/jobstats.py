@@ -186,9 +186,9 @@ class JobHeader:
         start: start of the run, epoch seconds (None: it never started).
         elapsed_s: run time so far or in all, seconds.
         limit_s: the time limit, seconds; None for ``UNLIMITED``, 0 (sbatch: no limit) or not stated.
-        incomplete: slurmdbd's row of the run names another uid than slurmctld's owner of the job: a row
-            slurmdbd holds without the job's start record (seen on Slurm 22.05: uid 0, name ``allocation``, no
-            QOS, partition or time limit), so name, QOS, partition and limit are not shown from it.
+        incomplete: slurmdbd's row of the run (the one that started when slurmctld's job did) names another
+            uid than slurmctld's owner of the job (seen on Slurm 22.05: uid 0, name ``allocation``, QOS
+            ``Unknown``, no partition), so its name, QOS, partition and time limit are not shown.
     """
 
     name: str
@@ -238,8 +238,9 @@ def parse_job_header(text: str, job_id: str, start: int | None = None, *, names:
     it comes apart (``names``: :func:`~slurm_gpushare.slurm.commands.sacct_job_names` output): the first line of
     that run, so a name that holds a forged row names only itself. It keeps printable characters only (it goes to an
     administrator's terminal: no escape sequence passes), at most :data:`NAME_CHARS`; empty without ``names``.
-    ``owner_uid``: the job's uid as slurmctld holds it (None: not known); a row naming another uid is
-    :attr:`JobHeader.incomplete`, its name, QOS, partition and time limit left out."""
+    ``owner_uid``: the job's uid as slurmctld holds it (None: not known); then only the owner's rows and the
+    row that started at ``start`` are taken, and that row naming another uid is :attr:`JobHeader.incomplete`,
+    its name, QOS, partition and time limit left out."""
     from slurm_gpushare.memsize import parse_mib
 
     rows = []
@@ -247,6 +248,8 @@ def parse_job_header(text: str, job_id: str, start: int | None = None, *, names:
         f = line.split("|")
         if len(f) == 11 and f[0] == job_id:
             rows.append(f)
+    if owner_uid is not None:  # another user's older job of the id (slurmctld's state lost) is not this run
+        rows = [f for f in rows if _int(f[10]) == owner_uid or (start is not None and _int(f[1]) == start)]
     if start is not None and any(_int(f[1]) == start for f in rows):
         rows = [f for f in rows if _int(f[1]) == start]
     if not rows:
@@ -568,8 +571,8 @@ def header_lines(h: JobHeader) -> list[str]:
     used = h.limit_used_pct
     if h.incomplete:
         return [first, f"  {start}  ran {format_span(h.elapsed_s)}",
-                "  (slurmdbd holds this run without its start record: its name, QOS and time limit are not known "
-                "to sacct; see docs/accounting.md)"]
+                "  (slurmdbd's row of this run names another user than slurmctld's: its name, QOS and time limit "
+                "are not shown; see docs/accounting.md)"]
     limit = "no time limit" if h.limit_s is None else (f"of a {format_span(h.limit_s)} limit ({used:.0f}% of it)")
     return [first, f"  {start}  ran {format_span(h.elapsed_s)} {limit}"]
 

@@ -266,7 +266,7 @@ def test_a_job_name_with_a_forged_sacct_row_changes_no_field_of_the_header():
     assert js.parse_job_header(text, "7", T0 + 9999, names=names).start == T0  # no such run: the most recent
 
 
-def test_a_row_slurmdbd_holds_without_the_start_record_is_said_incomplete_not_shown_as_the_jobs():
+def test_a_run_row_of_another_uid_is_said_incomplete_and_another_users_job_of_the_id_is_not_taken():
     """Slurm 22.05 was seen keeping a user's job as a row without its start record: uid 0, name ``allocation``,
     no QOS (CI, job 3 of the accounting module). The header showed that row's name and QOS as the job's; with
     slurmctld's owner given, a row of another uid says it is incomplete instead."""
@@ -280,8 +280,16 @@ def test_a_row_slurmdbd_holds_without_the_start_record_is_said_incomplete_not_sh
     assert (h.state, h.cpus, h.mem_mib, h.start, h.elapsed_s) == ("COMPLETED", 2, 200, T0, 1)
     lines = js.header_lines(h)
     assert lines[0] == "  name -  state COMPLETED  nodes 1  cores 2  CPU memory 200M  GPUs 0  QOS -"
-    assert lines[1].endswith("  ran 1 s") and "without its start record" in lines[2], lines
+    assert lines[1].endswith("  ran 1 s") and "names another user than slurmctld" in lines[2], lines
     assert h.to_dict()["incomplete"] is True and as_recorded.to_dict()["incomplete"] is False
+    # another user's older job of the id (slurmctld's state lost) is not this run, whatever its start: with the
+    # owner known, only the owner's rows and the row that started when slurmctld's job did are taken
+    other = f"3|{T0 - 86400}|COMPLETED|4|64|cpu=64,gres/gpu=8,node=4|normal|gpu|36000|0|1002\n"
+    assert js.parse_job_header(other, "3", T0, owner_uid=1001) is None
+    assert js.parse_job_header(other, "3", None, owner_uid=1001) is None
+    assert js.parse_job_header(other + text, "3", T0, owner_uid=1001) == h
+    assert js.parse_job_header(other, "3", T0, owner_uid=1002).gpus == 8  # the owner's own older run
+    assert js.parse_job_header(f"3|{T0}|COMPLETED|1|2|cpu=2|n|gpu|1|0|\n", "3", T0, owner_uid=1001).incomplete
 
 
 # --- who may see a job --------------------------------------------------------------------------------------
