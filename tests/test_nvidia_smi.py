@@ -361,7 +361,7 @@ def test_self_cell_not_x():
 @pytest.mark.parametrize("cpulist", ["0-x", "7-3", "0,,4"])
 def test_bad_cpu_list(cpulist):
     msg = parse_error(GOOD.replace("8-15", cpulist))
-    assert "t.txt:5" in msg and "bad CPU list" in msg and repr(cpulist) in msg
+    assert "t.txt:5" in msg and "is not a CPU id or an ascending range" in msg and repr(cpulist) in msg
 
 
 def test_bad_numa_affinity():
@@ -406,7 +406,7 @@ def test_parse_cpu_list():
     assert parse_cpu_list("0-3,8,10-11") == (0, 1, 2, 3, 8, 10, 11)
     assert parse_cpu_list(" N/A ") == ()
     assert parse_cpu_list("") == ()
-    with pytest.raises(ParseError, match=r"lst:3: bad CPU list '1-'"):
+    with pytest.raises(ParseError, match=r"lst:3: '1-' in '1-' is not a CPU id or an ascending range a-b"):
         parse_cpu_list("1-", source="lst:3")
 
 

@@ -422,9 +422,9 @@ def test_place_score():
 @pytest.mark.parametrize("args, message", [
     ([], "place needs -k K"),
     (["-k", "2", "--score", "0,1"], "not both"),
-    (["-k", "2", "--free", "0,x"], "'x' is not a GPU index"),
+    (["-k", "2", "--free", "0,x"], "'x' in '0,x' is not a GPU index"),
     (["-k", "2", "--free", "0,9"], "GPU(s) [9] do not exist"),
-    (["-k", "2", "--free", "3-1"], "is not a GPU index or a range"),
+    (["-k", "2", "--free", "3-1"], "is not a GPU index or an ascending range a-b"),
     (["-k", "2", "--free", "0,0"], "names a GPU twice"),
     (["-k", "9"], "9 GPUs wanted, only 8 free"),
     (["--score", "0,12"], "GPU(s) [12] do not exist"),

@@ -225,7 +225,7 @@ def test_unknown_key_names_file_line_key_and_known_keys():
     ("Type=a100 File=/dev/nvidia0", "a gres.conf line needs Name= (or AutoDetect=)"),
     ("Name=gpu Count=lots", "count 'lots' is not a number"),
     ("Name=gpu File=/dev/nvidia[0-", "unbalanced brackets in hostlist '/dev/nvidia[0-'"),
-    ("Name=gpu Cores=0-x", "'0-x' in '0-x' is not an id or an a-b range"),
+    ("Name=gpu Cores=0-x", "'0-x' in '0-x' is not an id or an ascending range a-b"),
 ])
 def test_gres_conf_syntax_errors_name_the_line(line, message):
     with pytest.raises(ParseError) as err:

@@ -8,12 +8,10 @@ these functions map between the two. No command is defined here: ``cli/placement
 from __future__ import annotations
 
 import json
-import re
 
-from slurm_gpushare.errors import InputError
+from slurm_gpushare.errors import InputError, ParseError
 from slurm_gpushare.hardware.machine import Machine
-
-_RANGE = re.compile(r"(\d+)(?:-(\d+))?")
+from slurm_gpushare.rangelist import parse_range_list
 
 
 def parse_gpu_list(text: str, option: str) -> list[int]:
@@ -23,14 +21,10 @@ def parse_gpu_list(text: str, option: str) -> list[int]:
         InputError: an empty list, a part that is neither an index nor an ascending range, or an
             index given twice.
     """
-    out: list[int] = []
-    for part in text.split(","):
-        m = _RANGE.fullmatch(part.strip())
-        if m is None or (m.group(2) is not None and int(m.group(2)) < int(m.group(1))):
-            raise InputError(f"{option} {text!r}: {part.strip()!r} is not a GPU index or a range lo-hi",
-                             hint="write GPU indices as nvidia-smi numbers them, e.g. 0,2,4 or 0-3")
-        hi = int(m.group(2)) if m.group(2) is not None else int(m.group(1))
-        out.extend(range(int(m.group(1)), hi + 1))
+    try:
+        out = parse_range_list(text, what="GPU index", example="0,2,4 or 0-3, as nvidia-smi numbers GPUs")
+    except ParseError as e:
+        raise InputError(f"{option}: {e.message}", hint=e.hint) from None
     if len(set(out)) != len(out):
         raise InputError(f"{option} {text!r} names a GPU twice")
     return out

@@ -52,6 +52,7 @@ from slurm_gpushare.hardware.machine import (
     cpu_layout_problem,
     mig_cap_minors,
 )
+from slurm_gpushare.rangelist import parse_range_list
 
 #: The most NVLink links one GPU has: 18 on H100/H200 and B200 (NVIDIA H100 Tensor Core GPU
 #: Architecture whitepaper: "18 fourth-generation NVLink links"); A100 has 12, V100 6, P100 4.
@@ -210,21 +211,14 @@ def parse_cpu_list(text: str, *, source: str = "<cpulist>") -> tuple[int, ...]:
     means unknown and gives ``()``.
 
     Raises:
-        ParseError: a part that is neither a CPU id nor an ascending range ``lo-hi``.
+        ParseError: a part that is neither a CPU id nor an ascending range ``lo-hi``
+            (:mod:`slurm_gpushare.rangelist`).
     """
     text = text.strip()
     if text in ("", "N/A"):
         return ()
-    out: set[int] = set()
-    for part in text.split(","):
-        m = re.fullmatch(r"(\d+)(?:-(\d+))?", part.strip())
-        lo = int(m.group(1)) if m else 0
-        hi = int(m.group(2)) if m and m.group(2) is not None else lo
-        if m is None or hi < lo:
-            raise ParseError(f"bad CPU list {text!r}: {part!r} is not a CPU id or an ascending range lo-hi",
-                             hint="write CPU lists as the kernel does, e.g. 0-55,112-167", source=source)
-        out.update(range(lo, hi + 1))
-    return tuple(sorted(out))
+    ids = parse_range_list(text, what="CPU id", example="0-55,112-167, as the kernel writes CPU lists", source=source)
+    return tuple(sorted(set(ids)))
 
 
 def socket_of_cpus(cpu_ids: Sequence[int], layout: CpuLayout) -> int | None:

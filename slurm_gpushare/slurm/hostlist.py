@@ -17,8 +17,8 @@ import re
 from collections.abc import Iterable
 
 from slurm_gpushare.errors import ParseError
+from slurm_gpushare.rangelist import parse_range_list, parse_ranges
 
-_RANGE = re.compile(r"(\d+)(?:-(\d+))?")
 _NOT_SLURM = re.compile(r"[\s@!&^]")
 
 
@@ -77,29 +77,15 @@ def parse_id_list(text: str) -> tuple[int, ...]:
     ``scontrol -d show job``), ascending, each id once.
 
     Raises:
-        ParseError: an item that is not ``n`` or ``a-b`` with ``a <= b`` (``source`` is None).
+        ParseError: an item that is not ``n`` or ``a-b`` with ``a <= b`` (:mod:`slurm_gpushare.rangelist`;
+            ``source`` is None).
     """
-    from ClusterShell.RangeSet import RangeSet, RangeSetException  # noqa: PLC0415 (kept next to NodeSet's)
-
-    for piece in text.split(","):
-        m = _RANGE.fullmatch(piece.strip())
-        if m is None or (m.group(2) is not None and int(m.group(2)) < int(m.group(1))):
-            raise ParseError(f"{piece!r} in {text!r} is not an id or an a-b range", hint="e.g. 0-15,32-47")
-    try:
-        return tuple(int(i) for i in RangeSet(text.replace(" ", "")))
-    except RangeSetException as e:
-        raise ParseError(f"cannot read id list {text!r}: {e}") from None
+    return tuple(sorted(set(parse_range_list(text, example="0-15,32-47"))))
 
 
 def _check_ranges(body: str, expr: str) -> None:
     last = -1
-    for piece in body.split(","):
-        m = _RANGE.fullmatch(piece)
-        if m is None:
-            raise ParseError(f"bad range {piece!r} in hostlist {expr!r}", hint="use numbers and a-b ranges")
-        lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
-        if hi < lo:
-            raise ParseError(f"range {piece!r} in hostlist {expr!r} runs backwards")
+    for lo, hi in parse_ranges(body, what="number", example="[0-1,3]", source=f"hostlist {expr!r}"):
         if lo <= last:
             raise ParseError(f"ranges in [{body}] of hostlist {expr!r} are not in ascending order",
                              hint="write each bracket's ranges ascending, e.g. [0-1,3]")
