@@ -32,13 +32,13 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from slurm_gpushare.hardware.machine import gpu_model, mig_cap_owner
+from slurm_gpushare.hardware.machine import PROFILE_NAME, gpu_model, mig_cap_owner
 from slurm_gpushare.slurm.nodegres import NodeGres
 from slurm_gpushare.slurm.slurmd import DetectedGres
 
 _CAP = re.compile(r"/nvidia-cap(\d+)$")
 _GPU = re.compile(r"/nvidia(\d+)$")
-_PROFILE = re.compile(r"(?:^|_)((?:\d+c\.)?\d+g\.\d+gb(?:[+-][a-z][a-z.]*)*)$")
+_PROFILE = re.compile(r"(?:^|_)(" + PROFILE_NAME + r")$")
 
 
 @dataclass(frozen=True)

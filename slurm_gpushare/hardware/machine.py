@@ -34,7 +34,7 @@ from dataclasses import MISSING, asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from slurm_gpushare.errors import MachineDescriptionError
+from slurm_gpushare.errors import MachineDescriptionError, ParseError
 from slurm_gpushare.memsize import MAX_MEMORY_MIB
 from slurm_gpushare.textdoc import parse_json
 
@@ -100,6 +100,55 @@ def limit_problem(key: str, value: int) -> str | None:
         allowed = f"{lo}-{hi}" if hi is not None else f"{lo} or more"
         return f"allowed {allowed}: {why}"
     return None
+
+
+#: A MIG profile name as NVIDIA writes it (``nvidia-smi mig -lgip``/``-lcip``, NVML's profile names): an optional
+#: compute instance part ``<C>c.``, then ``<G>g.<M>gb`` (GPU slices, memory in GB), then attributes such as
+#: ``+me`` (media extensions), ``-me`` (without them) or ``+gfx``. Groups: C, G, M, the attributes.
+PROFILE_NAME = r"(?:([0-9]+)c\.)?([1-9][0-9]*)g\.([0-9]+)gb((?:[+-][a-z][a-z.]*)*)"
+_PROFILE_NAME = re.compile(PROFILE_NAME)
+
+
+@dataclass(frozen=True)
+class ProfileName:
+    """A MIG profile name read (:meth:`parse`) and written (``str()``) by one rule, :data:`PROFILE_NAME`.
+
+    Attributes:
+        slices: GPU slices, the ``<G>g`` (compute slices of the GPU instance).
+        memory_gb: the ``<M>gb``: NVIDIA's nominal memory, which the instance has a little less of
+            (``1g.10gb`` is 9.75 GiB).
+        compute_slices: the ``<C>c.`` of a compute instance profile; None for a GPU instance profile.
+        attributes: ``+me``, ``-me``, ``+gfx`` ... as written, "" for none.
+    """
+
+    slices: int
+    memory_gb: int
+    compute_slices: int | None = None
+    attributes: str = ""
+
+    @classmethod
+    def parse(cls, name: str, *, source: str | None = None) -> ProfileName:
+        """``"1g.10gb+me"`` -> ``ProfileName(1, 10, None, "+me")`` (lower case; a ``MIG `` prefix is not part
+        of it).
+
+        Raises:
+            ParseError: a name that is not :data:`PROFILE_NAME`.
+        """
+        m = _PROFILE_NAME.fullmatch(name)
+        if m is None:
+            raise ParseError(f"{name!r} is not a MIG profile name", hint="expected <N>g.<M>gb, e.g. 1g.10gb+me",
+                             source=source)
+        return cls(int(m.group(2)), int(m.group(3)), int(m.group(1)) if m.group(1) is not None else None,
+                   m.group(4))
+
+    def __str__(self) -> str:
+        head = f"{self.compute_slices}c." if self.compute_slices is not None else ""
+        return f"{head}{self.slices}g.{self.memory_gb}gb{self.attributes}"
+
+    @property
+    def nominal_mib(self) -> int:
+        """The ``<M>gb`` in MiB, as sizes are asked for (``1g.10gb`` -> 10240)."""
+        return self.memory_gb * 1024
 
 
 @dataclass(frozen=True)
@@ -689,15 +738,15 @@ def nominal_gpu_mib(memory_mib: int) -> int:
 
 
 def nominal_profile_mib(profile: MigProfile) -> int:
-    """A MIG profile's nominal memory, from its name: ``1g.10gb`` (9984 MiB) -> ``10240`` (10 GiB).
+    """A MIG profile's nominal memory, from its name (:class:`ProfileName`): ``1g.10gb`` (9984 MiB) -> ``10240``
+    (10 GiB).
 
-    Profiles whose name carries no ``<N>gb`` give their real memory.
+    Profiles whose name is not :data:`PROFILE_NAME` give their real memory.
     """
-    head = profile.name.split("+", 1)[0]
-    _, _, size = head.rpartition(".")
-    if size.lower().endswith("gb") and size[:-2].isdigit() and size[:-2].isascii():
-        return int(size[:-2]) * 1024
-    return profile.memory_mib
+    try:
+        return ProfileName.parse(profile.name.lower()).nominal_mib
+    except ParseError:
+        return profile.memory_mib
 
 
 @functools.lru_cache(maxsize=4096)  # pure, and asked for every GPU of every node each time a pool is built

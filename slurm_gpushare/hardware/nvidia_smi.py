@@ -49,6 +49,7 @@ from slurm_gpushare.hardware.machine import (
     MigInstance,
     MigProfile,
     Nic,
+    ProfileName,
     cpu_layout_problem,
     mig_cap_minors,
 )
@@ -673,7 +674,6 @@ SEVEN_SLICE_PLACEMENTS: dict[int, tuple[int, tuple[tuple[int, int], ...]]] = {
 _LGIP_ROW = re.compile(
     r"\|\s*(?P<gpu>\d+)\s+MIG\s+(?P<name>\S+)\s+(?P<id>\d+)\s+(?P<free>\d+)/(?P<total>\d+)\s+"
     r"(?P<memory>\d+(?:\.\d+)?)\s+(?P<p2p>\S+)\s+(?P<sm>\d+)\s+(?P<dec>\S+)\s+(?P<enc>\S+)\s*\|\s*")
-_PROFILE_NAME = re.compile(r"(?P<slices>[1-9]\d*)g\.\d+gb(?:[+-][a-z][a-z.]*)*")
 
 
 def parse_mig_profiles(text: str, *, source: str = "<lgip>") -> dict[int, tuple[MigProfile, ...]]:
@@ -722,15 +722,15 @@ def parse_mig_profiles(text: str, *, source: str = "<lgip>") -> dict[int, tuple[
                              hint="expected '| GPU  MIG <name>  ID  Free/Total  Memory  P2P  SM  DEC  ENC |' "
                                   "as 'nvidia-smi mig -lgip' prints it", source=where)
         name = m.group("name")
-        nm = _PROFILE_NAME.fullmatch(name)
-        if nm is None:
-            raise ParseError(f"bad MIG profile name {name!r}", hint="expected <N>g.<M>gb, e.g. 1g.10gb+me",
-                             source=where)
+        nm = ProfileName.parse(name, source=where)
+        if nm.compute_slices is not None:
+            raise ParseError(f"{name!r} is a compute instance profile, not a GPU instance profile",
+                             hint="give the output of nvidia-smi mig -lgip", source=where)
         gpu, profile_id = int(m.group("gpu")), int(m.group("id"))
         profiles = found.setdefault(gpu, [])
         if any(p.profile_id == profile_id for p in profiles):
             raise ParseError(f"profile id {profile_id} ({name}) is listed twice for GPU {gpu}", source=where)
-        profiles.append(MigProfile(name=name, profile_id=profile_id, slices=int(nm.group("slices")),
+        profiles.append(MigProfile(name=name, profile_id=profile_id, slices=nm.slices,
                                    memory_mib=round(float(m.group("memory")) * unit_mib),
                                    max_instances=int(m.group("total")), sm_count=int(m.group("sm"))))
     if not found:
