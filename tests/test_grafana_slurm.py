@@ -25,6 +25,8 @@ from tests.conftest import DEADLINE, IN_RELEASE, TEST_PORT, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD = ROOT / "etc" / "grafana" / "slurm-gpushare.json"
+#: The administrators' dashboard: per account, and the MIG layout beside the MIG devices in use
+ADMIN_DASHBOARD = ROOT / "etc" / "grafana" / "slurm-gpushare-admin.json"
 #: beside the session's cluster (TEST_PORT .. +44) and below the other tests' clusters (+300, +600, +650)
 PROMETHEUS_PORT = TEST_PORT + 90
 GIB = 1 << 30
@@ -32,10 +34,12 @@ NODE = "rtx4090-pcie"
 MIG_NODE = "h100-mig"
 #: The cluster label the test's scrape config adds, as docs/monitoring.md tells sites to
 CLUSTER = "devcluster"
+#: The test jobs' account
+ACCOUNT = "physics"
 
 
-def dashboard() -> dict:
-    return json.loads(DASHBOARD.read_text())
+def dashboard(path: Path = DASHBOARD) -> dict:
+    return json.loads(path.read_text())
 
 
 def panel_queries(dash: dict) -> list[tuple[str, str, str]]:
@@ -78,6 +82,23 @@ def test_the_dashboard_selects_by_its_variables_and_names_only_monitor_metrics()
         if "gpushare_job_" in expr:
             assert 'hpc_job=~"$jobid"' in expr and 'user=~"$user"' in expr, (title, ref)
         assert not re.search(r"\b(jobid|job_id|node|uuid|model)=", expr), (title, ref)  # the labels of old
+    for panel in dash["panels"]:
+        assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, panel["title"]
+
+
+def test_the_admin_dashboard_sums_per_account_and_follows_cluster_and_node():
+    dash = dashboard(ADMIN_DASHBOARD)
+    assert dash["schemaVersion"] == 41 and dash["uid"] != dashboard()["uid"]
+    assert [v["name"] for v in dash["templating"]["list"]] == ["datasource", "cluster", "Hostname", "account"]
+    queries = panel_queries(dash)
+    assert len({t for t, _, _ in queries}) == len(dash["panels"]) >= 6
+    text = " ".join(e for _, _, e in queries)
+    assert "sum by (account)" in text and "gpushare_mig_device_info" in text and 'mode="mig"' in text
+    for title, ref, expr in queries:
+        for selector in re.findall(r"\bgpushare_\w+\{[^}]*\}", expr):
+            assert 'cluster=~"$cluster", Hostname=~"$Hostname"' in selector, (title, ref, selector)
+            if "gpushare_job_" in selector and "mode=" not in selector:
+                assert 'account=~"$account"' in selector, (title, ref, selector)
     for panel in dash["panels"]:
         assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, panel["title"]
 
@@ -154,8 +175,10 @@ def _query(url: str, expr: str) -> list[dict]:
 @pytest.mark.slurm
 def test_every_panel_returns_the_running_jobs_data_from_prometheus(cluster, slurm, prometheus):
     app = shlex.quote(str(cluster.fake_gpu_app))
-    job = slurm.sbatch("-p", "pcie", "--gres=gpushare:mem=10G", wrap=f"{app} --mem 3G --sm 30 --seconds 300")
-    mig = slurm.sbatch("-w", MIG_NODE, "--gres=gpu:h100_1g.10gb:1", wrap=f"{app} --mem 2G --seconds 300")
+    # an account of their own (no slurmdbd here: slurmctld takes the name as given), for the admin dashboard
+    job = slurm.sbatch("-p", "pcie", "-A", ACCOUNT, "--gres=gpushare:mem=10G",
+                       wrap=f"{app} --mem 3G --sm 30 --seconds 300")
+    mig = slurm.sbatch("-w", MIG_NODE, "-A", ACCOUNT, "--gres=gpu:h100_1g.10gb:1", wrap=f"{app} --mem 2G --seconds 300")
     slurm.wait_started(job)
     slurm.wait_started(mig)
 
@@ -169,16 +192,12 @@ def test_every_panel_returns_the_running_jobs_data_from_prometheus(cluster, slur
 
     values = {"cluster": CLUSTER, "Hostname": NODE, "jobid": job.id, "user": "root", "datasource": "unused"}
     dash = dashboard()
-    results = {}
-    for title, ref, expr in panel_queries(dash):
-        promql = substitute(expr, values)
-        result = _query(prometheus, promql)
-        assert result, f"panel {title!r} ({ref}) returned no data: {promql}"
+    results = _every_panel(prometheus, dash, values)
+    for (title, _ref), result in results.items():
         for series in result:
             labels = series["metric"]
             assert labels.get("hpc_job", job.id) == job.id and labels.get("Hostname", NODE) == NODE, (title, labels)
             assert labels.get("cluster", CLUSTER) == CLUSTER, (title, labels)
-        results[(title, ref)] = result
 
     def one(title: str, ref: str = "A") -> float:
         (series,) = results[(title, ref)]
@@ -196,6 +215,43 @@ def test_every_panel_returns_the_running_jobs_data_from_prometheus(cluster, slur
     assert "GPU_I_PROFILE" not in labels  # empty off MIG: Prometheus keeps no label
 
     # the variables' label_values(...) queries list this node, user and job
+    _variables_list(prometheus, dash, values)
+
+    # a MIG job's series carry dcgm-exporter's MIG labels, with the parent GPU's UUID
+    (series,) = _query(prometheus, f'gpushare_job_gpu_memory_reserved_bytes{{hpc_job="{mig.id}"}}')
+    labels = series["metric"]
+    assert labels["GPU_I_PROFILE"] == "1g.10gb" and labels["GPU_I_ID"].isdigit(), labels
+    assert labels["UUID"].startswith("GPU-") and labels["Hostname"] == MIG_NODE and "uuid" not in labels
+
+    # the administrators' dashboard, over both nodes and the jobs' account
+    admin = dashboard(ADMIN_DASHBOARD)
+    assert results[("GPU memory used per job", "A")][0]["metric"]["account"] == ACCOUNT
+    values = {"cluster": CLUSTER, "Hostname": f"{NODE}|{MIG_NODE}", "account": ACCOUNT, "datasource": "unused"}
+    results = _every_panel(prometheus, admin, values)
+    per_account = {r["metric"]["account"]: float(r["value"][1])
+                   for r in results[("GPU memory reserved and used per account", "A")]}
+    assert per_account[ACCOUNT] >= 10 * GIB  # the share, and the MIG slice
+    layout = {r["metric"]["GPU_I_PROFILE"]: float(r["value"][1])
+              for r in results[("MIG devices per profile: in the layout and in use", "A")]}
+    in_use = {r["metric"]["GPU_I_PROFILE"]: float(r["value"][1])
+              for r in results[("MIG devices per profile: in the layout and in use", "B")]}
+    assert in_use == {"1g.10gb": 1} and layout["1g.10gb"] >= 1, (layout, in_use)
+    _variables_list(prometheus, admin, values)
+
+
+def _every_panel(prometheus: str, dash: dict, values: dict[str, str]) -> dict[tuple[str, str], list[dict]]:
+    """Each panel query's result with the variables replaced by ``values``; every one must return data."""
+    results = {}
+    for title, ref, expr in panel_queries(dash):
+        promql = substitute(expr, values)
+        result = _query(prometheus, promql)
+        assert result, f"panel {title!r} ({ref}) returned no data: {promql}"
+        results[(title, ref)] = result
+    return results
+
+
+def _variables_list(prometheus: str, dash: dict, values: dict[str, str]) -> None:
+    """Each query variable's ``label_values`` lists the value (every alternative of an ``a|b`` value) used."""
     for var in dash["templating"]["list"]:
         if var["type"] != "query":
             continue
@@ -203,13 +259,7 @@ def test_every_panel_returns_the_running_jobs_data_from_prometheus(cluster, slur
         assert m, var["query"]
         match, label = substitute(m.group(1), values), m.group(2)
         body = _get(f"{prometheus}/api/v1/label/{label}/values?" + urllib.parse.urlencode({"match[]": match}))
-        assert body and values[var["name"]] in body["data"], (var["name"], body)
-
-    # a MIG job's series carry dcgm-exporter's MIG labels, with the parent GPU's UUID
-    (series,) = _query(prometheus, f'gpushare_job_gpu_memory_reserved_bytes{{hpc_job="{mig.id}"}}')
-    labels = series["metric"]
-    assert labels["GPU_I_PROFILE"] == "1g.10gb" and labels["GPU_I_ID"].isdigit(), labels
-    assert labels["UUID"].startswith("GPU-") and labels["Hostname"] == MIG_NODE and "uuid" not in labels
+        assert body and set(values[var["name"]].split("|")) <= set(body["data"]), (var["name"], body)
 
 
 def test_the_documented_dcgm_join_gives_each_job_its_gpus_dcgm_figure(tmp_path):

@@ -374,6 +374,13 @@ def test_mig_devices_are_keyed_by_uuid_and_have_no_sm_data(tmp_path):
     assert not [s for s in fams.get("gpushare_job_gpu_sm_utilization_ratio", []) if s.labels["hpc_job"] == "301"]
     assert not fams.get("gpushare_gpu_utilization_ratio") or all(
         s.labels["gpu"] not in ("2", "3") for s in fams["gpushare_gpu_utilization_ratio"])
+    # the MIG layout: one info series per MIG device of the node, each with its GPU, profile and instance
+    with nvml:
+        layout = sorted((str(g), i.profile, str(i.gi_id)) for g in range(len(machine.gpus))
+                        for i in nvml.gpu_instances(g))
+    assert layout and sorted((s.labels["gpu"], s.labels["GPU_I_PROFILE"], s.labels["GPU_I_ID"])
+                             for s in fams["gpushare_mig_device_info"]) == layout
+    assert {s.value for s in fams["gpushare_mig_device_info"]} == {1}
 
 
 def test_a_restarted_monitor_keeps_its_peaks(node):

@@ -13,6 +13,7 @@ Metrics (Prometheus text format, :func:`prometheus_client.start_http_server`), a
 ``gpushare_job_gpu_over_limit``                     1 while the job holds more than its share
 ``gpushare_gpu_memory_used_bytes``, ``..._total_bytes``, ``gpushare_gpu_utilization_ratio``
 ``gpushare_gpu_unattributed_memory_bytes``          memory of processes of no job on this node
+``gpushare_mig_device_info``                        1 per MIG device of the node's GPUs (the MIG layout)
 ``gpushare_monitor_samples_total`` (counter), ``gpushare_monitor_errors_total`` (counter, ``kind``),
 ``gpushare_monitor_last_sample_timestamp_seconds``, ``gpushare_monitor_sample_duration_seconds``
 ``gpushare_monitor_attributed_processes`` (``by``: ``cgroup``, ``slurm``), ``..._refused_attributions_total``
@@ -157,7 +158,13 @@ class MonitorCollector:
                 util.add_metric(labels, g.utilization_percent / 100)
             stray.add_metric(labels, g.unattributed_mib * MIB)
             stray_n.add_metric(labels, g.unattributed_processes)
-        yield from (used, total, util, stray, stray_n)
+        mig = GaugeMetricFamily("gpushare_mig_device_info",
+                                "1 for each MIG device the node's GPUs hold (NVML, read when the monitor starts): "
+                                "the MIG layout, beside which job series with mode=\"mig\" show what is in use",
+                                labels=gpu_labels)
+        for (index, _gi_id), mig_uuid in sorted(m._mig_uuids.items()):
+            mig.add_metric(self._dcgm_labels(index, mig_uuid), 1)
+        yield from (used, total, util, stray, stray_n, mig)
 
         samples = CounterMetricFamily("gpushare_monitor_samples", "Samples taken", labels=["Hostname"])
         samples.add_metric([m.node], m.samples_total)
