@@ -17,7 +17,12 @@ from pathlib import Path
 import pytest
 
 from slurm_gpushare.slurm.nodegres import node_gres
-from slurm_gpushare.submit.service import MAGIC, FilterService, InventoryCache, Limits, Log, frame, serve
+from slurm_gpushare.submit.cache import InventoryCache
+from slurm_gpushare.submit.daemon import serve
+from slurm_gpushare.submit.log import Log
+from slurm_gpushare.submit.protocol import MAGIC, frame
+from slurm_gpushare.submit.server import Limits
+from slurm_gpushare.submit.service import FilterService
 from slurm_gpushare_dev.cluster import DEFAULT_NODES, SITE, packaged_machine
 from tests.conftest import DEADLINE
 
@@ -907,7 +912,7 @@ def test_one_users_long_requests_leave_a_bounded_log(live2):
 
 def test_the_unlogged_decisions_are_counted_per_uid():
     """What the per-uid budget leaves out is counted, and said in one line per window."""
-    from slurm_gpushare.submit.service import DecisionLogBudget
+    from slurm_gpushare.submit.log import DecisionLogBudget
 
     budget = DecisionLogBudget(per_uid=3, window_s=10.0)
     kept = [budget.allow(65534, now=1.0) for _ in range(5)] + [budget.allow(0, now=1.0)]

@@ -12,12 +12,14 @@ import pytest
 
 from slurm_gpushare.hardware import machine as machine_mod
 from slurm_gpushare.slurm.nodegres import GresOptions, node_gres
+from slurm_gpushare.submit import cache as cache_mod
 from slurm_gpushare.submit import policy as policy_mod
-from slurm_gpushare.submit import service as service_mod
+from slurm_gpushare.submit.cache import InventoryCache
 from slurm_gpushare.submit.inventory import build_inventory
+from slurm_gpushare.submit.log import Log
 from slurm_gpushare.submit.policy import PoolIndex, decide
 from slurm_gpushare.submit.policyfile import SitePolicy
-from slurm_gpushare.submit.service import FilterService, InventoryCache, Log
+from slurm_gpushare.submit.service import FilterService
 from slurm_gpushare_dev import synthetic
 from slurm_gpushare_dev.cluster import DEFAULT_NODES, packaged_machine
 from tests.conftest import DEADLINE
@@ -56,7 +58,7 @@ class Source:
 def counted(monkeypatch):
     """Counts of Machine.load, node_gres (the expected GRES of a node) and pool builds."""
     counts = {"load": 0, "node_gres": 0, "pool": 0}
-    load, gres, build = machine_mod.Machine.load.__func__, service_mod.node_gres, policy_mod._build_pool
+    load, gres, build = machine_mod.Machine.load.__func__, cache_mod.node_gres, policy_mod._build_pool
 
     def counting_load(cls, *a, **kw):
         counts["load"] += 1
@@ -71,7 +73,7 @@ def counted(monkeypatch):
         return build(*a, **kw)
 
     monkeypatch.setattr(machine_mod.Machine, "load", classmethod(counting_load))
-    monkeypatch.setattr(service_mod, "node_gres", counting_gres)
+    monkeypatch.setattr(cache_mod, "node_gres", counting_gres)
     monkeypatch.setattr(policy_mod, "_build_pool", counting_build)
     return counts
 

@@ -20,16 +20,11 @@ from pathlib import Path
 import pytest
 
 from slurm_gpushare.slurm.nodegres import GresOptions, node_gres
-from slurm_gpushare.submit.service import (
-    MAGIC,
-    FilterService,
-    InventoryCache,
-    Log,
-    PolicySource,
-    frame,
-    reload,
-    serve,
-)
+from slurm_gpushare.submit.cache import InventoryCache, PolicySource, reload
+from slurm_gpushare.submit.daemon import serve
+from slurm_gpushare.submit.log import Log
+from slurm_gpushare.submit.protocol import MAGIC, frame
+from slurm_gpushare.submit.service import FilterService
 from slurm_gpushare_dev.cluster import DEFAULT_NODES, packaged_machine
 from tests.conftest import DEADLINE, wait_until
 from tests.test_filterd import META_22_05, PARTS, _fmt, machines_dir  # noqa: F401  (a fixture)
@@ -292,11 +287,11 @@ def test_filterd_looks_up_the_default_policy_it_is_given(tmp_path, monkeypatch):
     /etc/slurm/gpushare/gpushare.toml whatever --config-dir the admin installed with."""
     from click.testing import CliRunner
 
-    import slurm_gpushare.submit.service as service
+    import slurm_gpushare.submit.daemon as daemon
     from slurm_gpushare.cli import main
 
     seen = {}
-    monkeypatch.setattr(service, "serve", lambda *a, **kw: seen.update(kw) or 0)
+    monkeypatch.setattr(daemon, "serve", lambda *a, **kw: seen.update(kw) or 0)
     (tmp_path / "machines").mkdir()
     args = ["filterd", "--socket", str(tmp_path / "s.sock"), "--controller-socket", "",
             "--machines", str(tmp_path / "machines")]

@@ -38,9 +38,9 @@ def check(file, against, requests_file, machines_dir):
     """
     from slurm_gpushare.errors import InputError
     from slurm_gpushare.slurm import commands
+    from slurm_gpushare.submit.cache import PolicySource
     from slurm_gpushare.submit.policycheck import compare, parse_requests
     from slurm_gpushare.submit.policyfile import load_policy
-    from slurm_gpushare.submit.service import PolicySource
 
     new = load_policy(file)
     running = PolicySource(Path(against) if against else None, Path(DEFAULT_POLICY))

@@ -51,7 +51,7 @@ def filterd(socket_path, controller_socket, machines_dir, policy_path, default_p
     a policy file that is not valid, or that is gone, keeps the policy in force and logs why
     (policy_rejected); check a file first with 'slurm-gpushare policy check FILE'.
     """
-    from slurm_gpushare.submit.service import serve
+    from slurm_gpushare.submit.daemon import serve
 
     if not Path(machines_dir).is_dir():
         raise InputError(f"--machines {machines_dir} is not a directory",

@@ -25,10 +25,10 @@ from slurm_gpushare.errors import InputError
 from slurm_gpushare.memsize import format_mib
 from slurm_gpushare.slurm.gres import parse, prefix_of
 from slurm_gpushare.slurm.nodegres import GresOptions, mig_type, node_gres
+from slurm_gpushare.submit.cache import load_inventory
 from slurm_gpushare.submit.inventory import ClusterInventory
 from slurm_gpushare.submit.policy import Decision, decide, nominal_profile_mib
 from slurm_gpushare.submit.policyfile import SitePolicy
-from slurm_gpushare.submit.service import load_inventory
 
 #: The requests every partition is asked for (``--gres=`` values), besides one per MIG profile size.
 BASE_REQUESTS = ("gpushare:mem=10G", "gpushare:mem=40G", "gpushare:mem=3G", "gpushare:mem=10G+sm=25",

@@ -1,7 +1,7 @@
 -- slurm-gpushare: the client side of the filter service protocol, shared by job_submit.lua
 -- (inside slurmctld) and cli_filter.lua (inside srun). Lua 5.1, lua-socket.
 --
--- Protocol 2 (slurm_gpushare/submit/service.py): each message is a header line "GPS2 <id> <length>"
+-- Protocol 2 (slurm_gpushare/submit/protocol.py): each message is a header line "GPS2 <id> <length>"
 -- and then <length> bytes of JSON; the answer carries the id of its request, and an answer with any
 -- other id is never used (the connection is dropped and the fail policy applies). The connection is
 -- kept open between calls (the Lua state survives between submissions).
