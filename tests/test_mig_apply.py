@@ -19,15 +19,10 @@ from slurm_gpushare.gresconf.render import generate_node_gres, render_gres_conf,
 from slurm_gpushare.hardware.fake import FakeNvml, derived_gpus
 from slurm_gpushare.hardware.machine import Machine
 from slurm_gpushare.hardware.ports import open_nvml
-from slurm_gpushare.mig.apply import (
-    KILL_ENV,
-    STEPS,
-    Apply,
-    ApplyError,
-    current_layout,
-    read_layout,
-)
+from slurm_gpushare.mig.apply import KILL_ENV, STEPS, Apply, ApplyError
 from slurm_gpushare.mig.demand import Request
+from slurm_gpushare.mig.files import with_instances
+from slurm_gpushare.mig.layout import current_layout, read_layout, same_profiles
 from slurm_gpushare.mig.output import layout_json, mig_parted_yaml
 from slurm_gpushare.mig.plan import plan_layout
 from slurm_gpushare.slurm.gres import parse as parse_gres
@@ -166,7 +161,7 @@ def assert_consistent(site: Path) -> None:
     """gres.conf's and slurm.conf's lines of the node are those rendered from what NVML reports."""
     machine = Machine.load(site / f"{NODE}.json")
     with open_nvml(f"fake:{site / f'{NODE}.json'}") as port:
-        machine = apply_mod.with_instances(machine, port)
+        machine = with_instances(machine, port)
     want = generate_node_gres(machine, NODE, OPTS)
     assert node_lines((site / "gres.conf").read_text(), NODE) == [r.render(NODE) for r in want.records]
     conf_line = node_lines((site / "slurm.conf").read_text(), NODE)[0]
@@ -221,10 +216,10 @@ def test_apply_changes_the_layout_files_and_slurm_in_order(site):
 
 def test_a_second_apply_of_the_same_layout_does_nothing(site):
     job = make(site, FakeSlurm(site / "slurm.conf"))
-    assert not apply_mod.same_profiles(job.prepare()["old"], job.prepare()["target"], placements=True)
+    assert not same_profiles(job.prepare()["old"], job.prepare()["target"], placements=True)
     run_once(job)
     fresh = make(site, FakeSlurm(site / "slurm.conf")).prepare()
-    assert apply_mod.same_profiles(fresh["old"], fresh["target"], placements=True)
+    assert same_profiles(fresh["old"], fresh["target"], placements=True)
 
 
 def test_past_the_deadline_the_drain_is_undone_and_nothing_changes(site):

@@ -20,13 +20,10 @@ import pytest
 from slurm_gpushare.gresconf.render import generate_node_gres
 from slurm_gpushare.hardware.machine import Machine
 from slurm_gpushare.hardware.ports import open_nvml
-from slurm_gpushare.mig.apply import (
-    KILL_ENV,
-    REASON_PREFIX,
-    current_layout,
-    with_instances,
-)
+from slurm_gpushare.mig.apply import KILL_ENV, REASON_PREFIX
 from slurm_gpushare.mig.demand import Request
+from slurm_gpushare.mig.files import with_instances
+from slurm_gpushare.mig.layout import current_layout
 from slurm_gpushare.mig.output import layout_json
 from slurm_gpushare.mig.plan import plan_layout
 from slurm_gpushare.slurm.node import gres_matches, parse_node

@@ -158,7 +158,9 @@ def mig_apply(node, layout_file, config_path, state_dir, gres_conf, slurm_conf, 
 
     from slurm_gpushare.cli.gres import _installed_path, _release, check_device_dir
     from slurm_gpushare.hardware.ports import open_nvml
-    from slurm_gpushare.mig.apply import STATE_NAME, Apply, CommandSlurm, read_layout
+    from slurm_gpushare.mig.apply import STATE_NAME, Apply
+    from slurm_gpushare.mig.layout import read_layout
+    from slurm_gpushare.mig.slurmops import CommandSlurm
     from slurm_gpushare.node.config import load_node_config
     from slurm_gpushare.slurm.nodegres import GresOptions
     from slurm_gpushare.slurm.release import RECONFIGURE_RESTARTS
@@ -197,7 +199,7 @@ def _apply(job, node, layout_file, state_path, dry_run) -> None:
         if saved["target"] != fresh["target"] and saved.get("goal") == "target":
             # a rerun resolves the layout again against the layout NVML has now: placements agree
             # when it is the same layout
-            from slurm_gpushare.mig.apply import same_profiles
+            from slurm_gpushare.mig.layout import same_profiles
 
             if not same_profiles(saved["target"], fresh["target"]):
                 raise InputError(f"an apply of {node} to {saved['layout']} is in progress ({state_path}, step "
@@ -219,7 +221,7 @@ def _apply(job, node, layout_file, state_path, dry_run) -> None:
 
 
 def _unchanged(state: dict) -> bool:
-    from slurm_gpushare.mig.apply import same_profiles
+    from slurm_gpushare.mig.layout import same_profiles
 
     return same_profiles(state["old"], state["target"], placements=True)
 
