@@ -66,7 +66,8 @@ def job_dict(info: JobInfo, release: Release | None = None) -> dict:
         detail = [",".join(_shared_detail(it) if it.name in ("shard", "mps") else it.text
                            for it in info.gres.get(n, ())) for n in nodes]
     job = {"job_id": int(info.job_id), "user_id": info.uid, "group_id": info.gid, "user_name": info.user,
-           "account": info.account, "partition": info.partition, "nodes": compress_hostlist(nodes) if nodes else "",
+           "account": info.account, "partition": info.partition, "qos": info.qos,
+           "nodes": compress_hostlist(nodes) if nodes else "",
            "tres_per_node": tres, "gres_detail": detail, "admin_comment": info.admin_comment,
            "comment": "", "name": ""}
     if info.cores:

@@ -88,6 +88,8 @@ def dbd_session(root: Path, port: int, nodes: list[str], **settings):
 #: The module cluster's partitions whose MPS share jobs over their share get another action than "kill"
 #: (node.toml ``[enforce_partitions]``); the other tests use the default partition.
 ENFORCE_PARTITIONS = {"warnp": "warn", "requeuep": "requeue"}
+#: A QOS whose jobs' MPS clients run below normal priority (node.toml ``low_priority_qos``).
+LOW_QOS = "preemptible"
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +98,7 @@ def dbd() -> SlurmSession:
     more partitions of their own enforcement (:data:`ENFORCE_PARTITIONS`)."""
     yield from dbd_session(Path(DBD_DIR), DBD_PORT, [NODE],
                            extra_conf=tuple(f"PartitionName={p} Nodes={NODE}" for p in ENFORCE_PARTITIONS),
-                           node_conf=("[enforce_partitions]",
+                           node_conf=(f"low_priority_qos = [{LOW_QOS!r}]", "[enforce_partitions]",
                                       *(f'{p} = "{a}"' for p, a in ENFORCE_PARTITIONS.items())))
 
 
@@ -483,6 +485,30 @@ def _summaries_running(root: Path) -> list[str]:
         if "sacct-summary" in cmd and "python" in cmd.lower() and str(root) in cmd:
             found.append(cmd)
     return found
+
+
+def test_a_job_of_a_low_priority_qos_gets_the_mps_client_priority_and_one_of_normal_does_not(dbd):
+    """node.toml low_priority_qos (issue 30 item 5): the QOS as slurmctld holds it (sacctmgr's, so only with
+    slurmdbd) gives a share job's tasks CUDA_MPS_CLIENT_PRIORITY=1; a job of the default QOS gets none."""
+    dbd.run(["sacctmgr", "-i", "add", "qos", LOW_QOS], check=False)  # already there on a rerun: fine
+    submitted: list = []
+
+    def accepted() -> bool:  # slurmctld learns of the new QOS from slurmdbd a moment later
+        job = dbd.sbatch(f"--qos={LOW_QOS}", "--gres=gpushare:mem=4G", wrap="env", check=False)
+        if isinstance(job, Job):
+            submitted.append(job)
+        return bool(submitted)
+
+    wait_until(accepted, f"sbatch --qos={LOW_QOS} accepted")
+    plain = dbd.sbatch("--gres=gpushare:mem=4G", wrap="env")
+    low = submitted[0]
+    assert dbd.show_job(low.id).get("QOS") == LOW_QOS
+    for job, wanted in ((low, True), (plain, False)):
+        done = dbd.wait(job)
+        assert done.state == "COMPLETED", done.fields
+        out = done.output()
+        assert ("CUDA_MPS_CLIENT_PRIORITY=1" in out) is wanted, (job.id, out)
+        assert "CUDA_MPS_PIPE_DIRECTORY=" in out, out  # both are MPS shares
 
 
 def test_a_plain_job_costs_the_controller_no_python_and_its_successor_starts_at_once(dbd):

@@ -481,6 +481,24 @@ def test_low_priority_partition_sets_the_mps_client_priority(node):
     assert epilog(node.ctx, _env("302")) == 0
 
 
+def test_low_priority_qos_sets_the_mps_client_priority_from_slurmctlds_record(node):
+    """node.toml low_priority_qos: a job of such a QOS (as slurmctld holds it, never the job's environment)
+    gets the same below-normal MPS client priority as a low-priority partition's (issue 30 item 5)."""
+    from dataclasses import replace
+    ctx = HookContext(replace(node.ctx.config, low_priority_qos=("preemptible",)), "a100",
+                      job_record=node.ctx.job_record, drain=node.ctx.drain)
+    for job, qos, low in (("311", "preemptible", True), ("312", "normal", False), ("313", "", False)):
+        node.jobs[job] = SHOW.format(job=job, node="a100", gres="shard:10", detail="shard:10(IDX:0)",
+                                     ac="[gpushare:v1 req=mem=10G grant=gres:shard:10 kind=mps]"
+                                     ).replace("Reason=None", f"Reason=None QOS={qos}")
+        # slurmctld's record decides; slurmd's SLURM_JOB_QOS (26.05's Prolog has it) only where it cannot be asked
+        assert prolog(ctx, {**_env(job), "SLURM_JOB_QOS": "preemptible"}) == 0, job
+        env = (ctx.job_dir(job) / "env").read_text()
+        assert ("export CUDA_MPS_CLIENT_PRIORITY=1\n" in env) is low, (job, env)
+        assert ("set_default_client_priority 1" in _commands(node, job)) is low, job
+        assert epilog(ctx, _env(job)) == 0
+
+
 def test_server_orphaned_by_a_killed_daemon_is_stopped_but_the_jobs_tasks_are_not(node):
     _shard_job(node, "401")
     assert prolog(node.ctx, _env("401")) == 0

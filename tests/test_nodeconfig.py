@@ -41,6 +41,8 @@ def test_values_and_templates():
     assert [parse_node_config(f'version = 1\nmps_dir_size = "{v}"\n').mps_dir_size_mib for v in ("16M", "1G", "0")] \
         == [16, 1024, 0]
     assert cfg.device_dir_for("gpu01") == "/dev"
+    two = parse_node_config('version = 1\nlow_priority_qos = ["preemptible", "scavenger"]\n')
+    assert cfg.low_priority_qos == () and two.low_priority_qos == ("preemptible", "scavenger")
     assert parse_node_config('version = 1\ndevice_dir = "/x/dev/{node}"\n').device_dir_for("gpu01") == "/x/dev/gpu01"
 
 
@@ -63,6 +65,8 @@ def test_values_and_templates():
     ("version = 1\nenforce_grace = 2.5\n", "enforce_grace has the wrong type"),
     ("version = 1\n[enforce_partitions]\ndebug = 'stop'\n", "enforce_partitions: debug must be"),
     ("version = 1\ndevice_dir = 'dev'\n", "device_dir = 'dev' is not an absolute path"),
+    ("version = 1\nlow_priority_qos = 'preemptible'\n", "low_priority_qos has the wrong type"),
+    ("version = 1\nlow_priority_qos = ['']\n", "low_priority_qos must be a list of QOS names"),
     ("version = 1\ndevice_dir = '/my dev'\n", "device_dir = '/my dev' is not an absolute path without blanks"),
 ])
 def test_bad_files_name_the_problem(text, message):

@@ -19,6 +19,7 @@ Every key is optional::
                                                # PrologEpilogTimeout): then the job fails / the node drains
     mps_mode = "per-job"                       # or "per-gpu": one daemon per GPU and user, shared by jobs
     low_priority_partitions = ["scavenger"]    # their jobs' MPS clients run below normal priority
+    low_priority_qos = ["preemptible"]         # so do the jobs of these QOS (sacctmgr; needs slurmdbd)
     gpu_order = "gpushare"                     # whose multi-GPU tasks get NVLink ring order: "gpushare"
                                                # (jobs that asked for a share), "all" jobs, or "none"
     task_notes = false                         # the TaskProlog tells a job's output when it reordered its GPUs
@@ -93,6 +94,7 @@ class NodeConfig:
     mps_env: tuple[tuple[str, str], ...] = ()
     mps_mode: str = "per-job"
     low_priority_partitions: tuple[str, ...] = ()
+    low_priority_qos: tuple[str, ...] = ()
     gpu_order: str = "gpushare"
     task_notes: bool = False
     spool_dir: str = "/var/spool/slurm-gpushare/accounting"
@@ -132,7 +134,8 @@ _KEYS: dict[str, type | tuple[type, ...]] = {
     "version": int, "run_dir": str, "machine": str, "device_dir": str, "mps_control": str, "shard_unit": str,
     "mps_start_timeout": (int, float), "mps_quit_timeout": (int, float), "mps_dir_size": str,
     "drain_on_stuck_daemon": bool, "hook_timeout": (int, float),
-    "mps_env": dict, "mps_mode": str, "low_priority_partitions": list, "gpu_order": str, "task_notes": bool,
+    "mps_env": dict, "mps_mode": str, "low_priority_partitions": list, "low_priority_qos": list, "gpu_order": str,
+    "task_notes": bool,
     "spool_dir": str,
     "monitor_interval": (int, float), "monitor_jobs_interval": (int, float),
     "monitor_steps_interval": (int, float), "monitor_save_interval": (int, float), "monitor_listen": str,
@@ -238,9 +241,11 @@ def _node_config_from_data(data: dict[str, Any], source: str) -> NodeConfig:
             continue
         if key == "version":
             continue
-        if key == "low_priority_partitions":
+        if key in ("low_priority_partitions", "low_priority_qos"):
             if not all(isinstance(v, str) and v for v in value):
-                raise ConfigError("low_priority_partitions must be a list of partition names", source=source)
+                what = "partition" if key == "low_priority_partitions" else "QOS"
+                raise ConfigError(f"{key} must be a list of {what} names", hint=f'e.g. {key} = ["scavenger"]',
+                                  source=source)
             kw[key] = tuple(value)
         elif key == "mps_mode":
             if value not in ("per-job", "per-gpu"):

@@ -269,7 +269,8 @@ def plan_with_machine(ctx: HookContext, info: JobInfo,
     try:
         plan = plan_job(info, ctx.node, gres, gpu_uuids=gpu_uuids, mig_uuids=mig_uuids,
                         shard_unit_mib=ctx.config.shard_unit_mib,
-                        low_priority_partitions=ctx.config.low_priority_partitions)
+                        low_priority_partitions=ctx.config.low_priority_partitions,
+                        low_priority_qos=ctx.config.low_priority_qos)
     except InputError as e:
         raise NodeFault(e.message, hint=e.hint) from None
     return plan, machine.with_gpu_uuids(gpu_uuids), gres

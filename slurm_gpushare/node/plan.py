@@ -102,7 +102,7 @@ class JobPlan:
 
 def plan_job(info: JobInfo, node: str, gres: NodeGres, *, gpu_uuids: dict[int, str],
              mig_uuids: dict[tuple[int, int], str], shard_unit_mib: int,
-             low_priority_partitions: tuple[str, ...] = ()) -> JobPlan:
+             low_priority_partitions: tuple[str, ...] = (), low_priority_qos: tuple[str, ...] = ()) -> JobPlan:
     """Decide what the job needs on ``node``.
 
     Args:
@@ -113,6 +113,7 @@ def plan_job(info: JobInfo, node: str, gres: NodeGres, *, gpu_uuids: dict[int, s
         mig_uuids: (NVML index, GPU instance id) -> MIG device UUID.
         shard_unit_mib: GPU memory per shard, MiB.
         low_priority_partitions: jobs of these partitions get MPS client priority 1 (below normal).
+        low_priority_qos: so do jobs of these QOS (``info.qos``, slurmctld's).
 
     Raises:
         InputError: the job holds a device index the node's description does not have (stale
@@ -144,7 +145,8 @@ def plan_job(info: JobInfo, node: str, gres: NodeGres, *, gpu_uuids: dict[int, s
         if len(gpus) > 1:
             note = (f"{count} shards spread over GPUs {', '.join(map(str, gpus))}: each device's limit is the "
                     "whole share (Slurm does not say how many shards come from each GPU)")
-        low = bool(set(info.partition.split(",")) & set(low_priority_partitions))
+        low = bool(set(info.partition.split(",")) & set(low_priority_partitions)) or \
+            bool(info.qos and info.qos in low_priority_qos)
         return JobPlan("mps", info.job_id, info.uid, info.gid, gpus,
                        ",".join(gpu_uuids[g] for g in gpus), count * shard_unit_mib,
                        int(sm) if sm and sm.isdigit() else None, note, 1 if low else None,

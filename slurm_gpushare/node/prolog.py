@@ -309,7 +309,8 @@ def plan_from_env(ctx: HookContext, env: dict[str, str]) -> tuple[JobInfo, tuple
     if len(indices) == 1 and indices[0] < len(devices) and devices[indices[0]].mig_gi is None:
         # one whole GPU: its plan names no UUID, so NVML is not opened
         plan = plan_job(info, ctx.node, gres, gpu_uuids={}, mig_uuids={}, shard_unit_mib=ctx.config.shard_unit_mib,
-                        low_priority_partitions=ctx.config.low_priority_partitions)
+                        low_priority_partitions=ctx.config.low_priority_partitions,
+                        low_priority_qos=ctx.config.low_priority_qos)
         return info, (plan, machine, gres)
     planned = plan_with_machine(ctx, info)
     if planned[0].kind == "gpu" and len(planned[0].gpu_indices) > 1:

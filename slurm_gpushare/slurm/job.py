@@ -49,6 +49,7 @@ class JobInfo:
     admin_comment: str = ""
     gres: dict[str, tuple[GresItem, ...]] = field(default_factory=dict)
     account: str = ""
+    qos: str = ""  # the job's QOS as slurmctld holds it ("" where Slurm keeps none: no slurmdbd)
     start_time: int | None = None
     #: ``SubmitTime=`` / ``submit_time`` (epoch s): slurmctld sets it anew when it requeues the job, and
     #: slurmdbd keys the job's row by id and submit time; None when not known
@@ -201,7 +202,7 @@ def parse_show_job(text: str, job_id: str | int | None = None) -> JobInfo:
     account = fields.get("Account", "")
     task = fields.get("ArrayTaskId", "")
     return JobInfo(job_id=fields["JobId"], user=user, uid=uid, gid=gid, state=fields.get("JobState", ""),
-                   partition=fields.get("Partition", ""), nodes=nodes,
+                   partition=fields.get("Partition", ""), qos=fields.get("QOS", ""), nodes=nodes,
                    tres_per_node=fields.get("TresPerNode", ""), admin_comment=fields.get("AdminComment", ""),
                    gres=gres, account="" if account == "(null)" else account,
                    start_time=_epoch(fields.get("StartTime", "")),
@@ -289,12 +290,12 @@ def parse_job_json(text: str, job_id: str | int, *, source: str | None = None) -
     wrote it (its ``meta`` block, :func:`~slurm_gpushare.slurm.release.of_meta`).
 
     Fields read (all written by slurmctld, none by the job's user): ``job_id``, ``user_id``, ``group_id``,
-    ``user_name``, ``account``, ``partition``, ``job_state``, ``nodes`` (host list), ``tres_per_node`` (the GRES
-    after the job_submit rewrite), ``gres_detail`` (one ``shard:10(IDX:0)`` string per node of ``nodes``, in
-    host-list order), ``admin_comment`` (SlurmUser and admins only), ``start_time`` (epoch s), ``exit_code``,
-    ``array_job_id``, ``array_task_id``, ``tasks``, ``tasks_per_node`` and, for a running job read with
-    detail, ``job_resources`` (the cores it holds on each node: :func:`_job_cores`). Free-text fields are never
-    read. The shapes:
+    ``user_name``, ``account``, ``partition``, ``qos`` (where the shape has it), ``job_state``, ``nodes`` (host
+    list), ``tres_per_node`` (the GRES after the job_submit rewrite), ``gres_detail`` (one ``shard:10(IDX:0)``
+    string per node of ``nodes``, in host-list order), ``admin_comment`` (SlurmUser and admins only), ``start_time``
+    (epoch s), ``exit_code``, ``array_job_id``, ``array_task_id``, ``tasks``, ``tasks_per_node`` and, for a running
+    job read with detail, ``job_resources`` (the cores it holds on each node: :func:`_job_cores`). Free-text fields
+    are never read. The shapes:
 
     * 22.05 (openapi/v0.0.38, ``meta.Slurm.version``): plain numbers (``start_time`` 0 and ``array_job_id``
       0 = none), ``job_state`` a string, ``exit_code`` the wait status (``(code << 8) | signal``).
@@ -367,7 +368,8 @@ def parse_job_json(text: str, job_id: str | int, *, source: str | None = None) -
                        r.number("tasks_per_node") if r.job.get("tasks_per_node") is not None else None)
     return JobInfo(job_id=want, user=r.name("user_name"), uid=r.integer("user_id"), gid=r.integer("group_id"),
                    state=state, partition=r.name("partition"), nodes=nodes, tres_per_node=tres,
-                   admin_comment=r.string("admin_comment"), gres=gres, account=r.name("account"), start_time=start,
+                   admin_comment=r.string("admin_comment"), gres=gres, account=r.name("account"),
+                   qos=r.name("qos") if "qos" in r.job else "", start_time=start,
                    submit_time=submit, restarts=restarts, array_job_id=str(array_id) if array_id else None,
                    array_task_id=task, exit_code=exit_code,
                    cores=_job_cores(r), tasks=tasks or None, tasks_per_node=per_node or None)
@@ -457,7 +459,8 @@ def with_env_identity(info: JobInfo, env: Mapping[str, str]) -> JobInfo:
 def job_from_env(job_id: str, env: Mapping[str, str]) -> JobInfo:
     """What slurmd's Prolog/Epilog environment tells of a job, for when slurmctld cannot be asked: the
     owner (``SLURM_JOB_UID``, ``SLURM_JOB_GID``, ``SLURM_JOB_USER``), ``SLURM_JOB_PARTITION``,
-    ``SLURM_JOB_ACCOUNT`` where the release sets it, and the node (``SLURMD_NODENAME``); no GRES detail, no
+    ``SLURM_JOB_ACCOUNT`` and ``SLURM_JOB_QOS`` where the release sets them (26.05's Prolog has the QOS, 22.05's
+    not), and the node (``SLURMD_NODENAME``); no GRES detail, no
     AdminComment, no exit code (slurm.conf(5) Prolog and Epilog: the variables slurmd sets). The values
     are slurmd's, never a user's.
 
@@ -466,7 +469,8 @@ def job_from_env(job_id: str, env: Mapping[str, str]) -> JobInfo:
     """
     node = env.get("SLURMD_NODENAME", "")
     return with_env_identity(JobInfo(job_id, partition=env.get("SLURM_JOB_PARTITION", ""),
-                                     account=env.get("SLURM_JOB_ACCOUNT", ""), nodes=(node,) if node else ()), env)
+                                     account=env.get("SLURM_JOB_ACCOUNT", ""), qos=env.get("SLURM_JOB_QOS", ""),
+                                     nodes=(node,) if node else ()), env)
 
 
 def _epoch(text: str) -> int | None:
