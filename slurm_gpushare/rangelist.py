@@ -50,7 +50,7 @@ def parse_ranges(text: str, *, what: str = "id", example: str = "0-3,6",
         hi = int(m.group(2)) if m.group(2) is not None else lo
         count += hi - lo + 1
         if count > MAX_IDS:
-            raise ParseError(f"{text!r} names more than {MAX_IDS} {what}s", hint=f"e.g. {example}", source=source)
+            raise ParseError(f"{text!r} names more than {MAX_IDS} ids", hint=f"e.g. {example}", source=source)
         out.append((lo, hi))
     return out
 

@@ -1188,3 +1188,22 @@ def test_a_job_s_cgroup_made_anew_is_limited_again_and_a_prolog_s_limit_is_not_s
         _samples(mon3, node3, 6)
         fams = _families(metrics_text(mon3))
         assert _value(fams, "gpushare_monitor_gpu_memory_limits_total", outcome="failed") == 3
+
+
+def test_the_monitors_plan_of_a_job_carries_its_low_client_priority(node):
+    """The monitor planned jobs without node.toml's low_priority_partitions/low_priority_qos, so a daemon it
+    restores (check_mps) would lose set_default_client_priority 1; the Prolog's plan had it."""
+    from dataclasses import replace
+
+    node.config = replace(node.config, low_priority_qos=("NORMAL",))  # the jobs' QOS=normal; case does not matter
+    with node.monitor() as mon:
+        mon.sample()
+        assert mon._jobs["201"].plan.client_priority == 1
+    node.config = replace(node.config, low_priority_qos=(), low_priority_partitions=("gpu",))
+    with node.monitor() as mon:
+        mon.sample()
+        assert mon._jobs["201"].plan.client_priority == 1
+    node.config = replace(node.config, low_priority_partitions=())
+    with node.monitor() as mon:
+        mon.sample()
+        assert mon._jobs["201"].plan.client_priority is None

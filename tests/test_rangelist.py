@@ -58,3 +58,13 @@ def test_every_reader_says_the_same_about_the_same_bad_item():
     with pytest.raises(InputError, match="names a GPU twice"):
         parse_gpu_list("0-2,1", "--free")
     assert parse_cpu_list("N/A") == () == parse_cpu_list(" ")
+
+
+def test_a_bad_hostlist_bracket_names_the_hostlist_in_its_message_not_its_source():
+    """The hostlist went into the error's source, which the gres.conf and inventory readers replace with the file
+    and line: their message then no longer said which hostlist was wrong."""
+    with pytest.raises(ParseError) as e:
+        expand_hostlist("/dev/nvidia[1-0]")
+    assert e.value.source is None and "in hostlist '/dev/nvidia[1-0]'" in e.value.message, e.value
+    with pytest.raises(ParseError, match="names more than .* ids"):
+        parse_range_list(f"0-{MAX_IDS}", what="GPU index")

@@ -96,7 +96,7 @@ class Apply:
     Attributes:
         node: Slurm node name.
         layout: the layout file (for messages and the drain reason).
-        targets: the node's GPUs as the layout wants them (:func:`read_layout`).
+        targets: the node's GPUs as the layout wants them (:func:`~slurm_gpushare.mig.layout.read_layout`).
         machine_path: the node's machine description (node.toml ``machine``).
         state_path: the state file.
         gres_conf, slurm_conf: the files to rewrite.
@@ -470,8 +470,9 @@ class Apply:
         self._wait_responding(seen)
 
     def _wait_responding(self, seen: Callable[[], str]) -> None:
-        """Wait (``slurm_timeout_s``) until slurmctld shows the node responding on :data:`STEADY_POLLS` polls in a
-        row: after a slurmctld restart a node that had registered may show ``NOT_RESPONDING`` for a few seconds."""
+        """Wait (``slurm_timeout_s``) until slurmctld shows the node responding on
+        :data:`~slurm_gpushare.mig.slurmops.STEADY_POLLS` polls in a row: after a slurmctld restart a node that had
+        registered may show ``NOT_RESPONDING`` for a few seconds."""
         steady = 0
 
         def steadily() -> bool:

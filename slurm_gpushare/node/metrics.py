@@ -159,7 +159,8 @@ class MonitorCollector:
             stray.add_metric(labels, g.unattributed_mib * MIB)
             stray_n.add_metric(labels, g.unattributed_processes)
         mig = GaugeMetricFamily("gpushare_mig_device_info",
-                                "1 for each MIG device the node's GPUs hold (NVML, read when the monitor starts): "
+                                "1 for each MIG device of the node's GPUs (NVML's GPU instances when the monitor "
+                                "started, profiles from the machine description): "
                                 "the MIG layout, beside which job series with mode=\"mig\" show what is in use",
                                 labels=gpu_labels)
         for (index, _gi_id), mig_uuid in sorted(m._mig_uuids.items()):

@@ -368,7 +368,9 @@ class Monitor:
                                        f"on {','.join(info.nodes) or 'no node'}, not running on {self.node}")
                 return False
             plan = plan_job(info, self.node, self._gres, gpu_uuids=self._gpu_uuids, mig_uuids=self._mig_uuids,
-                            shard_unit_mib=self.config.shard_unit_mib)
+                            shard_unit_mib=self.config.shard_unit_mib,
+                            low_priority_partitions=self.config.low_priority_partitions,
+                            low_priority_qos=self.config.low_priority_qos)
         except GpushareError as e:
             self.note_error("job", f"job {job_id}: {e}")
             if here:

@@ -113,7 +113,8 @@ def plan_job(info: JobInfo, node: str, gres: NodeGres, *, gpu_uuids: dict[int, s
         mig_uuids: (NVML index, GPU instance id) -> MIG device UUID.
         shard_unit_mib: GPU memory per shard, MiB.
         low_priority_partitions: jobs of these partitions get MPS client priority 1 (below normal).
-        low_priority_qos: so do jobs of these QOS (``info.qos``, slurmctld's).
+        low_priority_qos: so do jobs of these QOS (``info.qos``, slurmctld's; compared without case: sacctmgr
+            stores QOS names lower-cased).
 
     Raises:
         InputError: the job holds a device index the node's description does not have (stale
@@ -146,7 +147,7 @@ def plan_job(info: JobInfo, node: str, gres: NodeGres, *, gpu_uuids: dict[int, s
             note = (f"{count} shards spread over GPUs {', '.join(map(str, gpus))}: each device's limit is the "
                     "whole share (Slurm does not say how many shards come from each GPU)")
         low = bool(set(info.partition.split(",")) & set(low_priority_partitions)) or \
-            bool(info.qos and info.qos in low_priority_qos)
+            bool(info.qos and info.qos.casefold() in {q.casefold() for q in low_priority_qos})
         return JobPlan("mps", info.job_id, info.uid, info.gid, gpus,
                        ",".join(gpu_uuids[g] for g in gpus), count * shard_unit_mib,
                        int(sm) if sm and sm.isdigit() else None, note, 1 if low else None,

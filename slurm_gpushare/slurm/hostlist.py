@@ -85,7 +85,11 @@ def parse_id_list(text: str) -> tuple[int, ...]:
 
 def _check_ranges(body: str, expr: str) -> None:
     last = -1
-    for lo, hi in parse_ranges(body, what="number", example="[0-1,3]", source=f"hostlist {expr!r}"):
+    try:
+        ranges = parse_ranges(body, what="number", example="[0-1,3]")
+    except ParseError as e:  # the expression in the message: callers set source (the file and line)
+        raise ParseError(f"{e.message} in hostlist {expr!r}", hint=e.hint) from None
+    for lo, hi in ranges:
         if lo <= last:
             raise ParseError(f"ranges in [{body}] of hostlist {expr!r} are not in ascending order",
                              hint="write each bracket's ranges ascending, e.g. [0-1,3]")

@@ -4,7 +4,7 @@ The new file is read exactly as the filter service reads it on SIGHUP
 (:func:`~slurm_gpushare.submit.policyfile.load_policy`). A set of sample requests is then decided under
 the new file and under the running one, each with the cluster inventory built for it from the same
 source the service uses (the machine descriptions directory joined with ``sinfo --json`` and
-``scontrol -o show partition``, :func:`~slurm_gpushare.submit.service.load_inventory`), and the two
+``scontrol -o show partition``, :func:`~slurm_gpushare.submit.cache.load_inventory`), and the two
 answers are put side by side. Deciding is the service's pure
 :func:`~slurm_gpushare.submit.policy.decide`, so what is shown is what the service would answer.
 

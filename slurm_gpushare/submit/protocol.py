@@ -14,7 +14,7 @@ closed. Request (strings and numbers; missing = empty)::
      "het_job_offset": -1}
 
 ``het_job_offset`` (job_desc's; -1 or NO_VAL: no heterogeneous job) refuses a share in a component
-(:data:`HET_JOB_REFUSAL`).
+(:data:`~slurm_gpushare.submit.service.HET_JOB_REFUSAL`).
 
 The counts (``min_nodes``, ``num_tasks``, ``ntasks_per_node``) are JSON numbers: whole, 0 to 4294967295 (Slurm's
 NO_VAL and INFINITE, the top two, mean not set, as do a negative one down to -4294967295, 0 and a missing one:

@@ -1,12 +1,12 @@
 """``slurm-gpushare filterd``: the decision service behind job_submit.lua and cli_filter.lua.
 
-Runs on the controller as SlurmUser and listens on a unix socket (:class:`FramedServer`). It decides
-from a cluster snapshot held in memory (:mod:`slurm_gpushare.submit.inventory`: machine descriptions
-from a directory joined with ``sinfo --json``), refreshed in the background, on a change of the
-directory, and on SIGHUP, so that a request costs a dictionary lookup and the pure policy, never a
-Slurm command. SIGHUP also reads the site policy again; the policy and the inventory built for it are
-one :class:`Snapshot`, replaced whole (:func:`reload`). It never imports NVML or node-side code
-(import-linter contract).
+Runs on the controller as SlurmUser and listens on a unix socket
+(:class:`~slurm_gpushare.submit.server.FramedServer`). It decides from a cluster snapshot held in memory
+(:mod:`slurm_gpushare.submit.inventory`: machine descriptions from a directory joined with ``sinfo --json``),
+refreshed in the background, on a change of the directory, and on SIGHUP, so that a request costs a dictionary
+lookup and the pure policy, never a Slurm command. SIGHUP also reads the site policy again; the policy and the
+inventory built for it are one :class:`~slurm_gpushare.submit.cache.Snapshot`, replaced whole
+(:func:`~slurm_gpushare.submit.cache.reload`). It never imports NVML or node-side code (import-linter contract).
 
 The wire protocol is :mod:`slurm_gpushare.submit.protocol`; the socket loop :mod:`slurm_gpushare.submit.server`;
 the process :mod:`slurm_gpushare.submit.daemon`; the policy and inventory in memory :mod:`slurm_gpushare.submit.cache`.
