@@ -242,10 +242,11 @@ def _node_config_from_data(data: dict[str, Any], source: str) -> NodeConfig:
         if key == "version":
             continue
         if key in ("low_priority_partitions", "low_priority_qos"):
-            if not all(isinstance(v, str) and v for v in value):
+            bad = [v for v in value if not (isinstance(v, str) and v)]
+            if bad:
                 what = "partition" if key == "low_priority_partitions" else "QOS"
-                raise ConfigError(f"{key} must be a list of {what} names", hint=f'e.g. {key} = ["scavenger"]',
-                                  source=source)
+                raise ConfigError(f"{key} must be a list of {what} names: {bad[0]!r} is not one",
+                                  hint=f'e.g. {key} = ["scavenger"]', source=source)
             kw[key] = tuple(value)
         elif key == "mps_mode":
             if value not in ("per-job", "per-gpu"):
