@@ -24,6 +24,7 @@ report's period:
 from __future__ import annotations
 
 import csv
+import heapq
 import io
 import json
 import math
@@ -63,6 +64,8 @@ _JOB_PARTITIONING = ("user", "account", "partition")
 FORMATS = ("table", "csv", "json")
 #: ``--waste``: a job is listed when its peak is at most this share of what it asked for.
 WASTE_USED_BELOW = 0.5
+#: ``--waste``: the jobs listed unless told otherwise (the most wasteful; ``--limit 0``: all).
+WASTE_LIMIT = 100
 
 NO_DATA = "no data"
 _FOREVER = 1 << 62
@@ -96,6 +99,8 @@ class Report:
     columns: tuple[Column, ...]
     rows: tuple[tuple, ...]
     total: tuple | None = None
+    #: rows that qualified but were left out by a limit (``--waste --limit``); 0 when every one is shown
+    left_out: int = 0
 
 
 # --- periods -------------------------------------------------------------------------------------
@@ -352,7 +357,7 @@ WASTE_COLUMNS = (
 
 def waste_report(store: Store, *, since: int | None = None, until: int | None = None,
                  used_below: float = WASTE_USED_BELOW, rule: SuggestRule | None = None,
-                 filters: Filters | None = None) -> Report:
+                 filters: Filters | None = None, limit: int | None = WASTE_LIMIT) -> Report:
     """Jobs whose peak memory was at most ``used_below`` of what they asked for (per device), with the
     request that would have fit, most wasted GiB-hours first. The request is jobstats' suggestion, by the site's
     one ``rule`` (:class:`~slurm_gpushare.accounting.jobstats.SuggestRule`: the peak plus the headroom, rounded to
@@ -361,9 +366,16 @@ def waste_report(store: Store, *, since: int | None = None, until: int | None = 
     out-of-memory failure must not be told to ask for less). A job whose request that fits would be no smaller
     is not listed. ``rule``: the defaults of :class:`SuggestRule` when None.
 
+    ``limit``: list only that many jobs, the most wasteful (:attr:`Report.left_out` counts the others); None or 0
+    lists every one. The jobs are read through a cursor and only the ``limit`` most wasteful so far are kept (a
+    heap), so memory is bounded by the limit, not by the records or the jobs that qualify.
+
     Raises:
-        InputError: an empty period.
+        InputError: an empty period or a negative limit.
     """
+    if limit is not None and limit < 0:
+        raise InputError(f"--limit {limit} is not a number of jobs", hint="give 1 or more, or 0 for all")
+    keep = limit or None
     rule = rule if rule is not None else SuggestRule()
     inner, params = _period(since, until, _JOB_COLUMNS_READ, filters, store.dialect)
     # a job that failed or was killed may have failed for want of memory: it is not judged
@@ -371,8 +383,11 @@ def waste_report(store: Store, *, since: int | None = None, until: int | None = 
               'MAX("mem_peak_mib") <= :used_below * MAX(COALESCE("mem_asked_mib", "mem_granted_mib")) AND '
               'SUM(CASE WHEN "exit_state" NOT IN (\'COMPLETED\', \'\') THEN 1 ELSE 0 END) = 0')
     runs = _run_hours(store, inner, params)
-    rows = []
-    # streamed: only the jobs listed are kept
+    # streamed: with a limit, a heap of the ``keep`` most wasteful so far (its smallest on top: most wasted GiB-hours
+    # first, ties by job id as the sorted list has them, so that the smallest on top is the last of that order)
+    heap: list[tuple[float, _Reversed, tuple]] = []
+    rows: list[tuple] = []
+    qualified = 0
     for r in store.iterate(_job_sql(store, inner, having), {**params, "used_below": used_below}):
         base = _job_base(r, runs)
         models, modes, shares, gpus, nodes, asked, granted, peak, gpu_mib = (r[4], r[5], r[6], r[7], r[8], r[10],
@@ -384,9 +399,39 @@ def waste_report(store: Store, *, since: int | None = None, until: int | None = 
         if fit.mib >= asked:
             continue
         wasted = (r[17] or 0) / 1024.0 / 3600.0
-        rows.append((*base[:11], base[12], base[13], wasted, fit.request))
+        row = (*base[:11], base[12], base[13], wasted, fit.request)
+        qualified += 1
+        if keep is None:
+            rows.append(row)
+        elif len(heap) < keep:
+            heapq.heappush(heap, (wasted, _Reversed(str(row[0])), row))
+        elif (wasted, _Reversed(str(row[0]))) > heap[0][:2]:
+            heapq.heapreplace(heap, (wasted, _Reversed(str(row[0])), row))
+    if keep is not None:
+        rows = [entry[2] for entry in heap]
     rows.sort(key=lambda row: (-row[13], str(row[0])))
-    return Report("waste", "job", since, until, WASTE_COLUMNS, tuple(rows))
+    return Report("waste", "job", since, until, WASTE_COLUMNS, tuple(rows), left_out=qualified - len(rows))
+
+
+class _Reversed:
+    """A string that orders backwards (the heap keeps the largest job ids of equal waste on top, to go first)."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def __lt__(self, other: _Reversed) -> bool:
+        return self.text > other.text
+
+    def __gt__(self, other: _Reversed) -> bool:
+        return self.text < other.text
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Reversed) and self.text == other.text
+
+    def __hash__(self) -> int:
+        return hash(self.text)
 
 
 # --- rendering -----------------------------------------------------------------------------------
@@ -443,6 +488,9 @@ def to_table(report: Report) -> str:
     out += [line(r) for r in rows]
     if not report.rows:
         out.append("(no records)")
+    if report.left_out:
+        out.append(f"({report.left_out} more {'job' if report.left_out == 1 else 'jobs'} wasted less; "
+                   "--limit N shows N, --limit 0 all)")
     return "\n".join(out) + "\n"
 
 
@@ -457,8 +505,8 @@ def to_csv(report: Report) -> str:
 
 
 def to_json(report: Report) -> str:
-    """``{"report", "by", "since", "until", "columns", "rows": [{...}], "total": {...} | null}``;
-    "no data" is ``null``."""
+    """``{"report", "by", "since", "until", "columns", "rows": [{...}], "total": {...} | null, "left_out": N}``;
+    "no data" is ``null``; ``left_out``: the rows a limit left out (``--waste --limit``), 0 when none."""
     names = [c.name for c in report.columns]
 
     def obj(row: tuple) -> dict:
@@ -466,7 +514,8 @@ def to_json(report: Report) -> str:
 
     return json.dumps({"report": report.kind, "by": report.by, "since": report.since, "until": report.until,
                        "columns": names, "rows": [obj(r) for r in report.rows],
-                       "total": obj(report.total) if report.total is not None else None}, indent=1) + "\n"
+                       "total": obj(report.total) if report.total is not None else None,
+                       "left_out": report.left_out}, indent=1) + "\n"
 
 
 def render(report: Report, fmt: str = "table") -> str:

@@ -148,6 +148,8 @@ def sacct_worker(queue_dir, spools, wait, idle, lock_fd, detach):
               help="list the jobs that used at most half the memory they asked for, with the request that fits: "
                    "jobstats' suggestion (the peak plus the site policy's headroom, rounded to what the GPUs and "
                    "MIG profiles offer)")
+@click.option("--limit", type=click.IntRange(min=0), default=None, metavar="N",
+              help="--waste: list the N jobs that wasted most (default 100; 0: all of them)")
 @click.option("--policy", "policy_path", type=click.Path(dir_okay=False),
               help="site policy TOML for --waste's headroom and rounding (default: "
                    f"{DEFAULT_POLICY} where readable, else built-in defaults)")
@@ -160,7 +162,7 @@ def sacct_worker(queue_dir, spools, wait, idle, lock_fd, detach):
               help="read the jobs from sacct (their AdminComment usage segments) instead of the database; "
                    "the remaining arguments go to sacct (-S, -E, -u, -A, -r, -j ...)")
 @click.argument("sacct_args", nargs=-1, type=click.UNPROCESSED)
-def report(db_path, by, since, until, users, accounts, jobs, fmt, waste, policy_path, machines_dir, plot_path,
+def report(db_path, by, since, until, users, accounts, jobs, fmt, waste, limit, policy_path, machines_dir, plot_path,
            from_sacct, sacct_args):
     """Reserved vs used GPU-hours and GPU memory, per user, account, partition, model, mode or job.
 
@@ -182,6 +184,7 @@ def report(db_path, by, since, until, users, accounts, jobs, fmt, waste, policy_
     as -E; sacct's own default is since midnight; --user, --account and --job as -u, -A and -j).
     """
     from slurm_gpushare.accounting.report import (
+        WASTE_LIMIT,
         Filters,
         job_report,
         parse_time,
@@ -194,6 +197,8 @@ def report(db_path, by, since, until, users, accounts, jobs, fmt, waste, policy_
     if waste and by not in (None, "job"):
         raise click.UsageError(f"--waste lists jobs; --by {by} does not apply to it (use 'report --by {by}' "
                                "for the usage per group)")
+    if limit is not None and not waste:
+        raise click.UsageError("--limit applies to --waste's list of jobs: add --waste, or drop --limit")
     if plot_path and (waste or by not in (None, "user", "account")):
         raise click.UsageError("--plot draws per user or per account: give --by user or --by account, without "
                                "--waste")
@@ -230,7 +235,8 @@ def report(db_path, by, since, until, users, accounts, jobs, fmt, waste, policy_
             return
         if waste:
             rep = waste_report(store, since=start, until=end, filters=filters,
-                               rule=_rule(_policy(policy_path), machines_dir))
+                               rule=_rule(_policy(policy_path), machines_dir),
+                               limit=WASTE_LIMIT if limit is None else limit)
         elif by == "job":
             rep = job_report(store, since=start, until=end, filters=filters)
         else:

@@ -77,3 +77,17 @@ def test_waste_with_a_group_is_refused_not_ignored(tmp_path):
     from slurm_gpushare.cli import main
     r = CliRunner().invoke(main, ["report", "--waste", "--by", "user", "--db", str(tmp_path / "x.db")])
     assert r.exit_code == 2 and "--waste lists jobs" in r.stderr
+
+
+def test_limit_without_waste_is_refused_and_limit_keeps_the_most_wasteful(tmp_path, target):
+    _spool(tmp_path)
+    CliRunner().invoke(main, ["accounting", "ingest", "--spool", str(tmp_path / "spool"), "--db", target])
+    r = CliRunner().invoke(main, ["report", "--limit", "1", "--db", target])
+    assert r.exit_code == 2 and "--limit applies to --waste" in r.stderr
+    r = CliRunner().invoke(main, ["report", "--waste", "--limit", "-1", "--db", target])
+    assert r.exit_code == 2 and "--limit" in r.stderr
+    one = json.loads(CliRunner().invoke(main, ["report", "--waste", "--limit", "1", "--format", "json",
+                                               "--db", target]).output)
+    everything = json.loads(CliRunner().invoke(main, ["report", "--waste", "--limit", "0", "--format", "json",
+                                                      "--db", target]).output)
+    assert len(everything["rows"]) == 2 and one["rows"] == everything["rows"][:1] and one["left_out"] == 1

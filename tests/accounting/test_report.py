@@ -130,6 +130,42 @@ def test_the_period_clips_durations(store):
         usage_report(store, since=T0 + H, until=T0)
 
 
+def _wasteful(n: int) -> list:
+    """``n`` one-GPU MPS jobs that asked 10 GiB and peaked at 1 GiB, job k running k minutes (job ids 1..n), and
+    jobs n+1..n+3 of equal waste (an hour each) so that ties are decided by the job id."""
+    a = dict(user="alice", account="physics", gpu_model="a100", gpu_memory_mib=A100, node="a100", mode="mps",
+             share="shard:10", mem_asked_mib=10240, mem_granted_mib=10240, mem_peak_mib=1024)
+    return ([record(job_id=str(k), **a, start=T0, end=T0 + 60 * k) for k in range(1, n + 1)]
+            + [record(job_id=str(k), **a, start=T0, end=T0 + H) for k in range(n + 1, n + 4)])
+
+
+def test_waste_keeps_the_limits_most_wasteful_in_the_unlimited_order(new_store):
+    st = new_store()
+    st.add(_wasteful(40))
+    everything = waste_report(st, limit=0)
+    assert len(everything.rows) == 43 and everything.left_out == 0
+    # jobs 41-43 (an hour each: equal waste) before 40 (40 min), ties in job-id order as text
+    order = [r[0] for r in everything.rows]
+    assert order[:5] == ["41", "42", "43", "40", "39"]
+    for limit in (1, 2, 3, 4, 7, 43, 50):
+        rep = waste_report(st, limit=limit)
+        assert [r[0] for r in rep.rows] == order[:limit]
+        assert rep.left_out == max(0, 43 - limit)
+    assert waste_report(st).left_out == 0  # the default (100) lists all 43
+    with pytest.raises(InputError, match="not a number of jobs"):
+        waste_report(st, limit=-1)
+
+
+def test_waste_says_how_many_jobs_a_limit_left_out(new_store):
+    st = new_store()
+    st.add(_wasteful(3))
+    table = render(waste_report(st, limit=2), "table")
+    assert table.splitlines()[-1] == "(4 more jobs wasted less; --limit N shows N, --limit 0 all)"
+    assert json.loads(render(waste_report(st, limit=5), "json"))["left_out"] == 1
+    assert json.loads(render(waste_report(st, limit=0), "json"))["left_out"] == 0
+    assert "more job wasted less" in render(waste_report(st, limit=5), "table")
+
+
 def test_waste_lists_jobs_with_the_request_that_would_have_fit(store):
     rep = waste_report(store)
     rows = dicts(rep)
