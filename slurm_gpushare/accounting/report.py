@@ -2,13 +2,17 @@
 node or period, per job, and the jobs that asked for far more memory than they used.
 
 Aggregation runs in the database (SQLite or PostgreSQL, :class:`~slurm_gpushare.accounting.store.Store`):
-``GROUP BY`` there, the rows read through a cursor, so that memory does not grow with the records (a grouped
-report holds its groups, the per-job report its jobs, ``--waste`` the jobs it lists); this module builds the
-queries (in the store's :class:`~slurm_gpushare.accounting.backend.Dialect`), derives the ratios and renders a
+a grouped report by user, account, partition, model or mode over whole UTC days reads the daily rollup
+(:mod:`~slurm_gpushare.accounting.rollup`), any other groups the records there (``GROUP BY``), the rows read
+through a cursor, so that memory does not grow with the records (a grouped report holds its groups, the per-job
+report its jobs, ``--waste`` the jobs it lists); this module builds the queries (in the store's
+:class:`~slurm_gpushare.accounting.backend.Dialect`), derives the ratios and renders a
 :class:`Report` as an aligned table, CSV or JSON. Definitions (also in
 docs/accounting.md), for each GPU record (one job on one GPU device) with ``d`` its seconds inside the
 report's period:
 
+* Jobs: those whose span in the group (first start to last end of the job's records in it) overlaps the
+  period (without one: the distinct jobs with a record in the group).
 * GPU share ``f``: 1 for a whole GPU; for a MIG device or an MPS share, its memory over the GPU's
   memory (at most 1). GPU-hours reserved: ``sum(d * f) / 3600``.
 * GPU-hours used: ``sum(d * sm_mean / 100) / 3600`` over records with SM data (SM utilization is of
@@ -30,9 +34,11 @@ import json
 import math
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
+from slurm_gpushare.accounting import rollup
 from slurm_gpushare.accounting.backend import SQLITE, Dialect
 from slurm_gpushare.accounting.jobstats import SuggestRule, mig_slice_mib
 from slurm_gpushare.accounting.store import Store
@@ -196,23 +202,32 @@ USAGE_COLUMNS = (
 
 
 def usage_report(store: Store, *, by: str = "user", since: int | None = None,
-                 until: int | None = None, filters: Filters | None = None) -> Report:
+                 until: int | None = None, filters: Filters | None = None, use_rollup: bool = True) -> Report:
     """Reserved vs used GPU-hours and memory GiB-hours per group (see module docstring).
+
+    Read from the daily rollup (:mod:`~slurm_gpushare.accounting.rollup`) where it serves: by user, account,
+    partition, model or mode, a period of whole UTC days or none, filtered at most by the group's own column;
+    otherwise from the records. Both give the same report.
 
     Args:
         store: the accounting store.
         by: a key of :data:`GROUPS`.
         since, until: the period, epoch seconds; durations are clipped to it.
         filters: the users, accounts, jobs to report on (default all).
+        use_rollup: False: read the records even where the rollup serves (the tests compare the two).
 
     Raises:
         InputError: an unknown group or an empty period.
     """
     if by not in GROUPS:
         raise InputError(f"cannot report by {by!r}", hint=f"use one of {', '.join(GROUPS)} or job")
-    # only columns of the covering indexes usage_by_user and usage_by_account (plus the group's), so that
-    # by-user and by-account read their index in order
-    inner, params = _period(since, until, f'{group_sql(by, store.dialect)} AS g, "job_id", "gpu_share", '
+    f = filters or Filters()
+    if use_rollup and rollup.serves(store.query, by, since, until, f.users, f.accounts, f.jobs):
+        _period(since, until, '"job_id"', filters, store.dialect)  # (an empty period is refused all the same)
+        raw, all_jobs = rollup.usage_rows(store.query, by, since, until, f.users or f.accounts)
+        return _usage_report(by, since, until, raw, lambda: all_jobs)
+    # only columns of the covering index usage_by_user (plus the group's), so that by-user reads it in order
+    inner, params = _period(since, until, f'{group_sql(by, store.dialect)} AS g, "job_id", "user", "gpu_share", '
                             '"sm_mean_percent", "sm_peak_percent", "mem_granted_mib", "mem_peak_mib"', filters,
                             store.dialect)
     sums = """
@@ -227,12 +242,43 @@ def usage_report(store: Store, *, by: str = "user", since: int | None = None,
         SUM(d * "mem_peak_mib"),
         COUNT(*) - COUNT("sm_mean_percent"),
         COUNT(*) - COUNT("mem_peak_mib")"""
-    raw = list(store.iterate(f'SELECT g, COUNT(DISTINCT "job_id"), {sums} FROM ({inner}) AS p GROUP BY g', params))
+    raw = list(store.iterate(f'SELECT g, 0, {sums} FROM ({inner}) AS p GROUP BY g', params))
+    # a job is its id and its user (an id Slurm gives another user again is another job, as in the store's key)
+    if since is None or until is None:
+        # a job whose span overlaps a period open at one end has a record in it: the jobs with records counted
+        jobs_sql = f'SELECT DISTINCT g, "job_id", "user" FROM ({inner}) AS p'
+        jobs_params = params
+        all_sql = f'SELECT COUNT(*) FROM (SELECT DISTINCT "job_id", "user" FROM ({inner}) AS p) AS j'
+    else:
+        # a job counts where its span (first start to last end of its records in the group; a record of zero length
+        # ends a second after its start) overlaps the period, as the rollup counts: a requeued job whose runs lie
+        # before and after the period is one of its jobs. Only jobs with a record that ends after the period's start
+        # can: those with a record that starts at most the longest record's length before it, or later.
+        spans, jobs_params = _period(None, None, f'{group_sql(by, store.dialect)} AS g, "job_id", "user", "start", '
+                                     '"end"', filters, store.dialect)
+        longest = rollup.longest_record(store.query)
+        jobs_params.update(since=since, until=until, near=-_FOREVER if longest is None else since - longest - 1)
+        near = '"job_id" IN (SELECT "job_id" FROM usage WHERE "start" >= :near)'
+        spans = spans.replace(" FROM usage WHERE ", f" FROM usage WHERE {near} AND ", 1) if " WHERE " in spans \
+            else f"{spans} WHERE {near}"
+        span_end = 'MAX(CASE WHEN "end" > "start" THEN "end" ELSE "start" + 1 END)'
+        jobs_sql = (f'SELECT g, "job_id", "user" FROM ({spans}) AS p GROUP BY g, "job_id", "user" '
+                    f'HAVING MIN("start") < :until AND {span_end} > :since')
+        all_sql = (f'SELECT COUNT(*) FROM (SELECT "job_id", "user" FROM ({spans}) AS p GROUP BY "job_id", "user" '
+                   f'HAVING MIN("start") < :until AND {span_end} > :since) AS j')
+    jobs = dict(store.iterate(f"SELECT g, COUNT(*) FROM ({jobs_sql}) AS j GROUP BY g", jobs_params))
+    raw = [(r[0], jobs.get(r[0], 0), *r[2:]) for r in raw]
+    return _usage_report(by, since, until, raw, lambda: store.query(all_sql, jobs_params)[0][0])
+
+
+def _usage_report(by: str, since: int | None, until: int | None, raw: list[tuple],
+                  all_jobs: Callable[[], int]) -> Report:
+    """The report of the groups' sums (``raw``: a group, its jobs, then the sums :func:`_usage_row` reads);
+    ``all_jobs``: the jobs of all groups together, asked for only where a job can be in several groups."""
     rows = sorted((_usage_row(r) for r in raw), key=lambda row: (-(row[3] or 0), str(row[0])))
     total = None
     if raw:
-        jobs = sum(r[1] for r in raw) if by in _JOB_PARTITIONING else \
-            store.query(f'SELECT COUNT(DISTINCT "job_id") FROM ({inner}) AS p', params)[0][0]
+        jobs = sum(r[1] for r in raw) if by in _JOB_PARTITIONING else all_jobs()
         acc = [jobs]
         for i in range(2, 13):
             values = [r[i] for r in raw if r[i] is not None]

@@ -29,9 +29,10 @@ row of its own. Ingest is resumable and exact:
 Speed (docs/performance.md): worker processes parse and check batches (JSON, strict record checks
 column by column) while this process inserts them with ``executemany``; WAL, ``synchronous=NORMAL``
 (a committed transaction survives a crash of the process; a power loss may lose the last ones, which
-the next ingest reads again from the spool), 8 KiB pages. The indexes ``usage_by_user`` and
-``usage_by_account`` cover the by-user and by-account reports, so that they read one index in order instead
-of sorting the table; ``usage_by_start`` serves a report's period. Reports read through a cursor
+the next ingest reads again from the spool), 8 KiB pages. The daily rollup the grouped reports read is kept in
+the transaction of each batch (:mod:`~slurm_gpushare.accounting.rollup`). The indexes ``usage_by_user`` and
+``usage_by_account`` cover the by-user and by-account reports the rollup does not serve, so that they read one
+index in order instead of sorting the table; ``usage_by_start`` serves a report's period. Reports read through a cursor
 (:meth:`Store.iterate`), and SQLite sorts what an index does not order in temporary files, not in memory.
 
 PostgreSQL: one transaction per batch as with SQLite; the rows go in by ``COPY`` into a temporary table and
@@ -56,10 +57,11 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from slurm_gpushare.accounting import rollup
 from slurm_gpushare.accounting.backend import SQLITE, Dialect, PostgresDb, SqliteDb, is_url
 from slurm_gpushare.accounting.record import FIELDS, SAW_MORE_SQL, UsageRecord, rows_from_lines, series_from_text
 from slurm_gpushare.accounting.spool import DEFAULT_SPOOL_DIR, complete_size, spool_files
@@ -76,8 +78,9 @@ DEFAULT_DB = "/var/lib/slurm-gpushare/accounting.db"
 #: (slurmctld's submit time of the run, 0 unknown), in the unique key too, and are all ``v`` 4: a job id Slurm
 #: gives the same user again is another run as well (the start cannot serve: an Epilog run again without the
 #: Prolog's run record writes the same run with another start). A database of an earlier layout is upgraded
-#: in place.
-SCHEMA_VERSION = 5
+#: in place. 6: the daily rollup the grouped reports read (:mod:`~slurm_gpushare.accounting.rollup`: tables
+#: ``usage_day`` and ``usage_day_jobs``), made from the records when a database of layout 5 is opened.
+SCHEMA_VERSION = 6
 #: Bytes of spool text per transaction.
 BATCH_BYTES = 16 << 20
 #: Above this much unread spool text, chunks are parsed by worker processes while this one inserts.
@@ -136,7 +139,7 @@ CREATE TABLE IF NOT EXISTS spool_progress (
 CREATE TABLE IF NOT EXISTS skipped (
     file TEXT NOT NULL, line {integer} NOT NULL, reason TEXT NOT NULL, PRIMARY KEY (file, line)
 );
-"""
+{rollup.schema(dialect)}"""
 
 
 _USAGE_TABLE = _usage_table(SQLITE)
@@ -184,6 +187,7 @@ _INSERT = f"INSERT INTO usage ({_COLUMNS}) VALUES ({', '.join('?' * len(FIELDS))
 _PG_BATCH = "CREATE TEMPORARY TABLE IF NOT EXISTS usage_batch (LIKE usage INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"
 _PG_INSERT = f"INSERT INTO usage ({_COLUMNS}) SELECT {_COLUMNS} FROM usage_batch {_UPSERT}"
 _KEY_AT = tuple(FIELDS.index(name.strip('"')) for name in _KEY.split(", "))
+_JOB_AT = FIELDS.index("job_id")
 # one ingest at a time per PostgreSQL database: pg_advisory_lock's key ("gpushare" in ASCII)
 _PG_LOCK = 0x6770757368617265
 
@@ -302,11 +306,18 @@ class Store:
             # temp_store stays FILE: a report's sort of more rows than the cache holds spills to a
             # temporary file instead of growing this process (bounded memory at any size)
             db.script("PRAGMA synchronous = NORMAL; PRAGMA cache_size = -65536; PRAGMA threads = 2;")
-            old = db.execute("SELECT 1 FROM sqlite_master WHERE name = 'meta'") and \
-                db.execute("SELECT value FROM meta WHERE key = 'schema'")
-            if old and old[0][0] in ("1", "2", "3", "4"):
-                steps = {"1": _UPGRADE_1, "2": _UPGRADE_2, "3": "", "4": ""}[old[0][0]]
-                db.script("BEGIN IMMEDIATE;" + steps + _UPGRADE_4 + _SCHEMA + "COMMIT;")
+            if self._layout() in ("1", "2", "3", "4", "5"):
+                # under the ingest lock: an ingest of the release before, running, would add records the rollup
+                # does not know; and checked again inside it (another process may have upgraded meanwhile)
+                with nullcontext() if memory else locked(f"{self.path}.ingest-lock"):
+                    layout = self._layout()
+                    if layout in ("1", "2", "3", "4"):
+                        steps = {"1": _UPGRADE_1, "2": _UPGRADE_2, "3": "", "4": ""}[layout]
+                        db.script("BEGIN IMMEDIATE;" + steps + _UPGRADE_4 + _SCHEMA + "COMMIT;")
+                    if self._layout() == "5":
+                        db.script("BEGIN IMMEDIATE;" + _SCHEMA)  # (executescript commits a transaction begun before)
+                        self._upgrade_5()
+                        db.commit()
             self._prepare(create)
         except (sqlite3.Error, StoreError) as e:
             if db is not None:
@@ -314,6 +325,13 @@ class Store:
             if isinstance(e, StoreError):
                 raise
             raise StoreError(f"cannot open the accounting database: {e}", source=self.path) from None
+
+    def _layout(self) -> str | None:
+        """An SQLite database's layout version (None: no table ``meta`` yet)."""
+        db = self._db
+        found = db.execute("SELECT 1 FROM sqlite_master WHERE name = 'meta'") and \
+            db.execute("SELECT value FROM meta WHERE key = 'schema'")
+        return found[0][0] if found else None
 
     @property
     def dialect(self) -> Dialect:
@@ -335,7 +353,7 @@ class Store:
             raise StoreError("not an accounting database (no table meta)", source=self.where,
                              hint="run 'slurm-gpushare accounting ingest' with this --db first" if self.url else None)
         row = db.execute("SELECT value FROM meta WHERE key = 'schema'")
-        if self.url and row and row[0][0] in ("3", "4"):
+        if self.url and row and row[0][0] in ("3", "4", "5"):
             self._upgrade_pg()
             row = db.execute("SELECT value FROM meta WHERE key = 'schema'")
         if not row:
@@ -347,9 +365,9 @@ class Store:
                              source=self.where, hint="use the slurm-gpushare release that created it")
 
     def _upgrade_pg(self) -> None:
-        """PostgreSQL layout 3 or 4 -> 5 (one transaction, under the ingest lock): the column ``submit`` (0:
+        """PostgreSQL layout 3, 4 or 5 -> 6 (one transaction, under the ingest lock): the column ``submit`` (0:
         unknown) and ``v`` 4 on every row, as reading their version-3 lines now gives; the unique key gets
-        ``submit`` (and, from layout 3, the job's user)."""
+        ``submit`` (and, from layout 3, the job's user); then the rollup (:meth:`_upgrade_5`)."""
         db = self._db
         db.begin()
         db.execute("SELECT pg_advisory_xact_lock(?)", (_PG_LOCK,))
@@ -361,7 +379,15 @@ class Store:
             db.execute('UPDATE usage SET "v" = 4')
             db.execute(f"ALTER TABLE usage ADD UNIQUE ({_KEY})")
             db.execute("UPDATE meta SET value = '5' WHERE key = 'schema'")
+        if db.execute("SELECT value FROM meta WHERE key = 'schema'") == [("5",)]:
+            db.script(rollup.schema(db.dialect))
+            self._upgrade_5()
         db.commit()
+
+    def _upgrade_5(self) -> None:
+        """Layout 5 -> 6 (in the open transaction): the rollup made from every stored record."""
+        rollup.rebuild(self._db)
+        self._db.execute("UPDATE meta SET value = '6' WHERE key = 'schema'")
 
     def _has_meta(self) -> bool:
         if self.url:
@@ -399,11 +425,33 @@ class Store:
             raise StoreError(f"cannot store records: {_one_line(e)}", source=self.where) from None
         return inserted, len(rows) - inserted
 
-    def _upsert(self, rows: list[tuple]) -> int:
+    def _upsert(self, rows: list[tuple], pre: tuple | None = None) -> int:
         """Store rows (in the open transaction), a record of a key already stored replacing it only where it
         saw more; the rows changed (inserted or replaced). SQLite: ``executemany`` of the upsert. PostgreSQL:
         ``COPY`` into a temporary table and one upsert from it; a batch holding one key twice (an Epilog run
-        twice, both lines in one batch) goes row by row instead, so that the two meet as they do in SQLite."""
+        twice, both lines in one batch) goes row by row instead, so that the two meet as they do in SQLite. The
+        rollup follows in the same transaction: the rows of the batch's jobs before and after
+        (:func:`~slurm_gpushare.accounting.rollup.apply`), or ``pre``, a parse worker's sums of the batch
+        (:func:`~slurm_gpushare.accounting.rollup.batch_delta`), less what it could not know."""
+        db = self._db
+        jobs = {row[_JOB_AT] for row in rows}
+        before = rollup.job_rows(db, jobs)
+        changed = self._upsert_rows(rows)
+        if pre is None:
+            if changed:
+                rollup.apply(db, before, rollup.job_rows(db, jobs))
+            return changed
+        # a parse worker summed the batch as if every record were new and its jobs had no other: so it is but for
+        # the jobs with records stored before or a key twice in the batch, which go the long way
+        marshalled, twice = pre
+        slow = {row[0] for row in before} | set(twice)
+        delta = rollup.take_out(marshalled, rows, slow, FIELDS)
+        if slow:
+            rollup.apply(db, [row for row in before if row[0] in slow], rollup.job_rows(db, slow))
+        rollup.write(db, delta)
+        return changed
+
+    def _upsert_rows(self, rows: list[tuple]) -> int:
         db = self._db
         if isinstance(db, SqliteDb):
             with _gc_paused():
@@ -540,9 +588,9 @@ class Store:
                 if not in_flight:
                     return
                 batch, future = in_flight.popleft()
-                parsed = _unmarshal(future.result()) if future else _parse([c.body for c in batch])
+                parsed, pre = _unmarshal(future.result()) if future else (_parse([c.body for c in batch]), None)
                 self._commit([(c, rows, errors) for c, (rows, errors) in zip(batch, parsed, strict=True)],
-                             progress)
+                             progress, pre)
                 for s in progress.new_skipped:
                     if on_skip:
                         on_skip(s)
@@ -554,8 +602,9 @@ class Store:
                     future.cancel()
 
     def _commit(self, group: list[tuple[_Chunk, list[tuple], list[tuple[int, str]]]],
-                progress: IngestProgress) -> None:
-        """Chunks in one transaction: their rows, their skipped lines, each file's new position."""
+                progress: IngestProgress, pre: tuple | None = None) -> None:
+        """Chunks in one transaction: their rows, their skipped lines, each file's new position (``pre``: the
+        rollup's sums of the rows from the parse worker)."""
         skipped: list[Skipped] = []
         incomplete: list[Skipped] = []
         positions: dict[str, tuple] = {}
@@ -589,7 +638,7 @@ class Store:
                                      hint="run ingest again")
             for name in {c.file.name for c, _, _ in group if c.file.reread}:
                 db.execute("DELETE FROM skipped WHERE file = ?", (name,))  # its line numbers are new
-            inserted = self._upsert(rows)
+            inserted = self._upsert(rows, pre)
             if skipped:
                 db.executemany("INSERT INTO skipped VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
                                [(s.file, s.line, s.reason) for s in skipped])
@@ -754,12 +803,17 @@ def _parse(bodies: list[bytes]) -> list[tuple[list[tuple], list[tuple[int, str]]
 
 
 def _parse_marshalled(bodies: list[bytes]) -> bytes:
-    """:func:`_parse` in a parse worker; the answer is ``marshal``-ed (rows are plain str, int, float and
-    None; marshal packs them several times faster than pickle, and both ends run the same Python)."""
-    return marshal.dumps(_parse(bodies))
+    """:func:`_parse` in a parse worker, with the rollup's sums of the batch
+    (:func:`~slurm_gpushare.accounting.rollup.batch_delta`); the answer is ``marshal``-ed (rows are plain str,
+    int, float and None; marshal packs them several times faster than pickle, and both ends run the same
+    Python)."""
+    parsed = _parse(bodies)
+    with _gc_paused():
+        pre = rollup.batch_delta([row for rows, _ in parsed for row in rows], FIELDS)
+    return marshal.dumps((parsed, pre))
 
 
-def _unmarshal(data: bytes) -> list[tuple[list[tuple], list[tuple[int, str]]]]:
+def _unmarshal(data: bytes) -> tuple[list[tuple[list[tuple], list[tuple[int, str]]]], tuple]:
     with _gc_paused():
         return marshal.loads(data)
 

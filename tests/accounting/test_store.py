@@ -203,7 +203,7 @@ def test_a_version_2_database_is_migrated_in_place_and_keeps_the_memory_series(t
         st.add([record(job_id="7", mem_series_mib=(), mem_series_width=1)])
         assert st.records(job_id="7")[0].mem_series_mib == ()
     with Store(old_db, create=False) as st:
-        assert st.count() == 3 and st.query("SELECT value FROM meta WHERE key = 'schema'") == [("5",)]
+        assert st.count() == 3 and st.query("SELECT value FROM meta WHERE key = 'schema'") == [("6",)]
         assert st.query('SELECT "mem_series_mib" FROM usage WHERE "job_id" = \'6\'') == [("0,1024,4096,2048",)]
 
 
@@ -436,7 +436,7 @@ def test_a_layout_3_or_4_database_gets_the_submit_time_in_its_key(target, tmp_pa
         st.add([stored])
         _make_old_layout(st, layout)
     with Store(target) as st:
-        assert st.query("SELECT value FROM meta WHERE key = 'schema'") == [("5",)]
+        assert st.query("SELECT value FROM meta WHERE key = 'schema'") == [("6",)]
         assert st.records(job_id="3") == [stored]
         st.add([record(job_id="3", user="bob", start=9_000, end=9_100)])
         st.add([record(job_id="3", user="alice", submit=8_000, start=8_000, end=8_100)])
