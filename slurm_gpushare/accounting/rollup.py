@@ -53,12 +53,36 @@ GROUP_COLUMNS = {"user": "user", "account": "account", "partition": "partition",
 JOB_DIMS = (*GROUP_COLUMNS, "")
 #: The record columns the rollup reads, in this order (:func:`job_rows`).
 ROW_COLUMNS = ("job_id", "restart", "submit", "user", "step", "node", "gpu_index", "gpu_uuid", "v", "account",
-               "partition", "gpu_model", "mode", "start", "end", "gpu_share", "mem_granted_mib", "mem_peak_mib",
+               "partition", "gpu_model", "mode", "start", "end", "gpu_memory_mib", "mem_granted_mib", "mem_peak_mib",
                "sm_mean_percent", "sm_peak_percent")
 _AT = {name: i for i, name in enumerate(ROW_COLUMNS)}
-_VALUES_OF = operator.itemgetter(*(_AT[c] for c in ("start", "end", "gpu_share", "mem_granted_mib", "mem_peak_mib",
-                                                  "sm_mean_percent", "sm_peak_percent")))
-_GROUP_OF = operator.itemgetter(*(_AT[c] for c in ("user", "account", "partition", "gpu_model", "mode")))
+_KEY = ("job_id", "restart", "submit", "user", "step", "node", "gpu_index", "gpu_uuid", "v")
+_GROUP = ("user", "account", "partition", "gpu_model", "mode")
+
+
+class _Layout:
+    """Where a row of some column order holds what the rollup reads (:data:`ROW_COLUMNS` from the database, the
+    store's record fields in a parse worker)."""
+
+    def __init__(self, columns: Sequence[str]):
+        at = {name: i for i, name in enumerate(columns)}
+        self.values = operator.itemgetter(*(at[c] for c in ("start", "end", "mode", "gpu_memory_mib",
+                                                             "mem_granted_mib", "mem_peak_mib", "sm_mean_percent",
+                                                             "sm_peak_percent")))
+        self.group = operator.itemgetter(*(at[c] for c in _GROUP))
+        self.key = operator.itemgetter(*(at[c] for c in _KEY))
+        self.job, self.start, self.end = at["job_id"], at["start"], at["end"]
+
+
+_ROWS = _Layout(ROW_COLUMNS)
+_LAYOUTS: dict[tuple[str, ...], _Layout] = {}
+
+
+def _layout(columns: Sequence[str]) -> _Layout:
+    found = _LAYOUTS.get(tuple(columns))
+    if found is None:
+        found = _LAYOUTS[tuple(columns)] = _Layout(columns)
+    return found
 _KEY_COLUMNS = ("day", "user", "account", "partition", "gpu_model", "mode")
 _COUNTS = ("starts", "carries", "nosm_starts", "nosm_carries", "nomem_starts", "nomem_carries", "sm_n", "mem_n")
 _SUMS = ("gpu_s", "gpu_s_data", "sm_ds", "d_data", "mem_s", "mem_s_data", "mem_s_used")
@@ -104,13 +128,15 @@ def _days(start: int, end: int) -> range:
     return range(first, max(first, (end - 1) // DAY) + 1)
 
 
-def _add_record(cells: dict, peaks: dict, taken: dict, row: Sequence, sign: int) -> bool:
-    """Add (``sign`` 1) or take away (-1) a record's pieces; False when it is too long to roll up."""
-    start, end, share, granted, peak, sm, sm_peak = _VALUES_OF(row)
+def _add_record(cells: dict, peaks: dict, taken: dict, row: Sequence, sign: int, layout: _Layout) -> bool:
+    """Add (``sign`` 1) or take away (-1) a record's pieces; False when it is too long to roll up. The GPU share
+    is the store's ``gpu_share`` column: 1 for a whole GPU, else the device's memory over the GPU's (at most 1)."""
+    start, end, mode, gpu_mib, granted, peak, sm, sm_peak = layout.values(row)
     days = _days(start, end)
     if len(days) > MAX_DAYS:
         return False
-    group = _GROUP_OF(row)
+    share = 1.0 if mode == "gpu" or gpu_mib <= 0 else min(1.0, granted * 1.0 / gpu_mib)
+    group = layout.group(row)
     has_sm, has_mem = sm is not None, peak is not None
     for day in days:
         d = min(end, (day + 1) * DAY) - max(start, day * DAY)
@@ -142,20 +168,25 @@ def _add_record(cells: dict, peaks: dict, taken: dict, row: Sequence, sign: int)
     return True
 
 
-def _spans(rows: Iterable[Sequence]) -> dict[tuple[tuple[str, str], str, str], tuple[int, int]]:
+def _spans(rows: Iterable[Sequence], layout: _Layout = _ROWS) -> dict[tuple[tuple[str, str], str, str],
+                                                                      tuple[int, int]]:
     """``((job_id, user), dim, value) -> (first start, last end)`` of the rows (the end of a record of zero length
     one second after its start)."""
-    out: dict[tuple[tuple[str, str], str, str], tuple[int, int]] = {}
-    dims = [(dim, _AT[GROUP_COLUMNS[dim]] if dim else -1) for dim in JOB_DIMS]
-    at_start, at_end = _AT["start"], _AT["end"]
-    at_user = _AT["user"]
+    per_group: dict[tuple, tuple[int, int]] = {}  # first by job and group: most jobs are in one group
+    job_at, start_at, end_at, group = layout.job, layout.start, layout.end, layout.group
     for row in rows:
-        job, start, end = (row[0], row[at_user]), row[at_start], row[at_end]
-        end = max(end, start + 1)  # a record of zero length is in the periods that hold its start
-        for dim, at in dims:
-            key = (job, dim, row[at] if at >= 0 else "")
-            old = out.get(key)
-            out[key] = (start, end) if old is None else (min(old[0], start), max(old[1], end))
+        key = (row[job_at], group(row))
+        start = row[start_at]
+        end = max(row[end_at], start + 1)  # a record of zero length is in the periods that hold its start
+        old = per_group.get(key)
+        per_group[key] = (start, end) if old is None else (min(old[0], start), max(old[1], end))
+    out: dict[tuple[tuple[str, str], str, str], tuple[int, int]] = {}
+    for (job, (user, account, partition, model, mode)), (start, end) in per_group.items():
+        who = (job, user)
+        for dim, value in (("user", user), ("account", account), ("partition", partition), ("model", model),
+                           ("mode", mode), ("", "")):
+            span = out.get((who, dim, value))
+            out[(who, dim, value)] = (start, end) if span is None else (min(span[0], start), max(span[1], end))
     return out
 
 
@@ -174,13 +205,13 @@ class Delta:
     longest: int = 0
     taken: dict = field(default_factory=dict)
 
-    def add_records(self, rows: Iterable[Sequence], sign: int) -> None:
-        """Add (1) or take away (-1) the pieces of records (:data:`ROW_COLUMNS` tuples)."""
+    def add_records(self, rows: Iterable[Sequence], sign: int, layout: _Layout = _ROWS) -> None:
+        """Add (1) or take away (-1) the pieces of records (:data:`ROW_COLUMNS` tuples, or as ``layout`` says)."""
         for row in rows:
-            if not _add_record(self.cells, self.peaks, self.taken, row, sign):
+            if not _add_record(self.cells, self.peaks, self.taken, row, sign, layout):
                 self.unrolled += sign
             elif sign > 0:
-                self.longest = max(self.longest, row[_AT["end"]] - row[_AT["start"]])
+                self.longest = max(self.longest, row[layout.end] - row[layout.start])
 
     def add_spans(self, spans: dict[tuple[tuple[str, str], str, str], tuple[int, int]], sign: int,
                   unless: dict | None = None) -> None:
@@ -213,9 +244,10 @@ def apply(db, before: list[tuple], after: list[tuple]) -> None:
     delta = Delta()
     delta.add_records(removed.elements(), -1)
     delta.add_records(added.elements(), 1)
-    jobs = {(row[0], row[_AT["user"]]) for row in (*removed, *added)}
-    spans_before = _spans(r for r in before if (r[0], r[_AT["user"]]) in jobs)
-    spans_after = _spans(r for r in after if (r[0], r[_AT["user"]]) in jobs)
+    user = _AT["user"]
+    jobs = {(row[0], row[user]) for row in (*removed, *added)}
+    spans_before = _spans(r for r in before if (r[0], r[user]) in jobs)
+    spans_after = _spans(r for r in after if (r[0], r[user]) in jobs)
     delta.add_spans(spans_before, -1, unless=spans_after)
     delta.add_spans(spans_after, 1, unless=spans_before)
     write(db, delta)
@@ -225,16 +257,16 @@ def batch_delta(rows: list[tuple], fields: Sequence[str]) -> tuple[tuple, list[s
     """In a parse worker: the rollup's change if every record of a batch (rows in ``fields`` order) were new
     and its jobs had no other record (:meth:`Delta.marshalled`), and the jobs of which the batch holds one key
     twice (for those that assumption fails: :func:`take_out`)."""
-    records = [as_row(row, fields) for row in rows]
+    layout = _layout(fields)
     delta = Delta()
-    delta.add_records(records, 1)
-    delta.add_spans(_spans(records), 1)
+    delta.add_records(rows, 1, layout)
+    delta.add_spans(_spans(rows, layout), 1)
     keys: set[tuple] = set()
     twice: set[str] = set()
-    for row in records:
-        key = row[:9]
+    for row in rows:
+        key = layout.key(row)
         if key in keys:
-            twice.add(row[0])
+            twice.add(row[layout.job])
         keys.add(key)
     return delta.marshalled(), sorted(twice)
 
@@ -246,10 +278,11 @@ def take_out(marshalled: tuple, rows: list[tuple], slow: set[str], fields: Seque
     delta = Delta(*marshalled)
     if not slow:
         return delta
-    at = fields.index("job_id")
-    theirs = [as_row(row, fields) for row in rows if row[at] in slow]
-    delta.add_records(theirs, -1)  # their peaks go to ``taken``: not taken from the database, but from the sums
-    delta.add_spans(_spans(theirs), -1)
+    layout = _layout(fields)
+    at = layout.job
+    theirs = [row for row in rows if row[at] in slow]
+    delta.add_records(theirs, -1, layout)  # their peaks go to ``taken``: not taken from the database, but from the sums
+    delta.add_spans(_spans(theirs, layout), -1)
     touched = set(delta.taken)
     delta.taken = {}
     if touched:
@@ -257,31 +290,13 @@ def take_out(marshalled: tuple, rows: list[tuple], slow: set[str], fields: Seque
             delta.peaks.pop(key, None)
         groups = {key[1:] for key in touched}
         others = Delta()
-        at_group = [fields.index(c) for c in ("user", "account", "partition", "gpu_model", "mode")]
         for row in rows:
-            if row[at] not in slow and tuple(row[i] for i in at_group) in groups:
-                others.add_records([as_row(row, fields)], 1)
+            if row[at] not in slow and layout.group(row) in groups:
+                others.add_records([row], 1, layout)
         for key in touched:
             if others.peaks.get(key) is not None:
                 delta.peaks[key] = others.peaks[key]
     return delta
-
-
-def as_row(row: Sequence, fields: Sequence[str]) -> tuple:
-    """A record's row in ``fields`` order (the store's) as the :data:`ROW_COLUMNS` tuple the database would
-    give, its GPU share computed as the store's ``gpu_share`` column is."""
-    known = _FIELD_AT.get(fields)
-    if known is None:
-        known = _FIELD_AT[fields] = (tuple(fields.index(c) if c != "gpu_share" else -1 for c in ROW_COLUMNS),
-                                     operator.itemgetter(*(fields.index(c)
-                                                           for c in ("mode", "gpu_memory_mib", "mem_granted_mib"))))
-    at, share_of = known
-    mode, gpu_mib, granted = share_of(row)
-    share = 1.0 if mode == "gpu" or gpu_mib <= 0 else min(1.0, granted * 1.0 / gpu_mib)
-    return tuple(share if i < 0 else row[i] for i in at)
-
-
-_FIELD_AT: dict[Sequence[str], tuple] = {}
 
 
 def write(db, delta: Delta) -> None:
