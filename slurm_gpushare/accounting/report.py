@@ -12,7 +12,8 @@ docs/accounting.md), for each GPU record (one job on one GPU device) with ``d`` 
 report's period:
 
 * Jobs: those whose span in the group (first start to last end of the job's records in it) overlaps the
-  period (without one: the distinct jobs with a record in the group).
+  period (without one: the distinct jobs with a record in the group); a job is its id, its user and the submit
+  time of its first run (a requeued run belongs to the job before it, an id given again is another job).
 * GPU share ``f``: 1 for a whole GPU; for a MIG device or an MPS share, its memory over the GPU's
   memory (at most 1). GPU-hours reserved: ``sum(d * f) / 3600``.
 * GPU-hours used: ``sum(d * sm_mean / 100) / 3600`` over records with SM data (SM utilization is of
@@ -169,11 +170,21 @@ class Filters:
         return terms, params
 
 
+#: The submit time of the first run of a record's job (:func:`~slurm_gpushare.accounting.rollup._jobs_of`): the
+#: latest restart-0 run of its id and user submitted no later than it (NULL: none stored).
+_EPOCH_SQL = ('CASE WHEN "restart" = 0 THEN "submit" ELSE (SELECT MAX(e."submit") FROM usage AS e '
+              'WHERE e."job_id" = usage."job_id" AND e."user" = usage."user" AND e."restart" = 0 '
+              'AND e."submit" <= usage."submit") END')
+
+
 def _period(since: int | None, until: int | None, columns: str,
-            filters: Filters | None = None, dialect: Dialect = SQLITE) -> tuple[str, dict]:
+            filters: Filters | None = None, dialect: Dialect = SQLITE, also: str | None = None) -> tuple[str, dict]:
     """A subquery of ``usage`` with ``columns`` and ``d``, each record's seconds inside the period, over
-    the records that overlap it (a record of zero length inside it still counts) and pass ``filters``."""
+    the records that overlap it (a record of zero length inside it still counts) and pass ``filters`` (and the
+    condition ``also``)."""
     where, params = (filters or Filters()).sql()
+    if also:
+        where.append(also)
     if since is None and until is None:
         d = '"end" - "start"'
     else:
@@ -226,8 +237,9 @@ def usage_report(store: Store, *, by: str = "user", since: int | None = None,
         _period(since, until, '"job_id"', filters, store.dialect)  # (an empty period is refused all the same)
         raw, all_jobs = rollup.usage_rows(store.query, by, since, until, f.users or f.accounts)
         return _usage_report(by, since, until, raw, lambda: all_jobs)
-    # only columns of the covering index usage_by_user (plus the group's), so that by-user reads it in order
-    inner, params = _period(since, until, f'{group_sql(by, store.dialect)} AS g, "job_id", "user", "gpu_share", '
+    # only columns of the covering indexes usage_by_user and usage_by_account (plus the group's), so that by-user
+    # and by-account read their index in order
+    inner, params = _period(since, until, f'{group_sql(by, store.dialect)} AS g, "gpu_share", '
                             '"sm_mean_percent", "sm_peak_percent", "mem_granted_mib", "mem_peak_mib"', filters,
                             store.dialect)
     sums = """
@@ -243,28 +255,27 @@ def usage_report(store: Store, *, by: str = "user", since: int | None = None,
         COUNT(*) - COUNT("sm_mean_percent"),
         COUNT(*) - COUNT("mem_peak_mib")"""
     raw = list(store.iterate(f'SELECT g, 0, {sums} FROM ({inner}) AS p GROUP BY g', params))
-    # a job is its id and its user (an id Slurm gives another user again is another job, as in the store's key)
+    # a job is its id, its user and the submit time of its first run (_EPOCH_SQL; rollup._jobs_of)
+    job = '"job_id", "user", epoch'
+    columns = f'{group_sql(by, store.dialect)} AS g, "job_id", "user", {_EPOCH_SQL} AS epoch'
     if since is None or until is None:
         # a job whose span overlaps a period open at one end has a record in it: the jobs with records counted
-        jobs_sql = f'SELECT DISTINCT g, "job_id", "user" FROM ({inner}) AS p'
-        jobs_params = params
-        all_sql = f'SELECT COUNT(*) FROM (SELECT DISTINCT "job_id", "user" FROM ({inner}) AS p) AS j'
+        jobs_of, jobs_params = _period(since, until, columns, filters, store.dialect)
+        jobs_sql = f"SELECT DISTINCT g, {job} FROM ({jobs_of}) AS p"
+        all_sql = f"SELECT COUNT(*) FROM (SELECT DISTINCT {job} FROM ({jobs_of}) AS p) AS j"
     else:
         # a job counts where its span (first start to last end of its records in the group; a record of zero length
         # ends a second after its start) overlaps the period, as the rollup counts: a requeued job whose runs lie
         # before and after the period is one of its jobs. Only jobs with a record that ends after the period's start
         # can: those with a record that starts at most the longest record's length before it, or later.
-        spans, jobs_params = _period(None, None, f'{group_sql(by, store.dialect)} AS g, "job_id", "user", "start", '
-                                     '"end"', filters, store.dialect)
         longest = rollup.longest_record(store.query)
+        spans, jobs_params = _period(None, None, f'{columns}, "start", "end"', filters, store.dialect,
+                                     also='"job_id" IN (SELECT "job_id" FROM usage WHERE "start" >= :near)')
         jobs_params.update(since=since, until=until, near=-_FOREVER if longest is None else since - longest - 1)
-        near = '"job_id" IN (SELECT "job_id" FROM usage WHERE "start" >= :near)'
-        spans = spans.replace(" FROM usage WHERE ", f" FROM usage WHERE {near} AND ", 1) if " WHERE " in spans \
-            else f"{spans} WHERE {near}"
         span_end = 'MAX(CASE WHEN "end" > "start" THEN "end" ELSE "start" + 1 END)'
-        jobs_sql = (f'SELECT g, "job_id", "user" FROM ({spans}) AS p GROUP BY g, "job_id", "user" '
+        jobs_sql = (f'SELECT g, {job} FROM ({spans}) AS p GROUP BY g, {job} '
                     f'HAVING MIN("start") < :until AND {span_end} > :since')
-        all_sql = (f'SELECT COUNT(*) FROM (SELECT "job_id", "user" FROM ({spans}) AS p GROUP BY "job_id", "user" '
+        all_sql = (f'SELECT COUNT(*) FROM (SELECT {job} FROM ({spans}) AS p GROUP BY {job} '
                    f'HAVING MIN("start") < :until AND {span_end} > :since) AS j')
     jobs = dict(store.iterate(f"SELECT g, COUNT(*) FROM ({jobs_sql}) AS j GROUP BY g", jobs_params))
     raw = [(r[0], jobs.get(r[0], 0), *r[2:]) for r in raw]

@@ -18,8 +18,9 @@ of zero length: one piece, on its start day); ``d`` is a piece's seconds. A row 
   the highest SM peak; ``mem_s`` = sum ``d * granted``, ``mem_s_data`` the same over records with a peak,
   ``mem_s_used`` = sum ``d * peak``, ``mem_n`` their pieces.
 
-``usage_day_jobs``, one row per ``(dim, day, value)``: a job (its id and its user: an id Slurm gives another user
-again is another job, as in the records' key) has a *span* in a group, its records' first start to last end among
+``usage_day_jobs``, one row per ``(dim, day, value)``: a job (its id, its user and the submit time of its first run,
+:func:`_jobs_of`: an id Slurm gives again is another job, a requeued job's runs are one) has a *span* in a
+group, its records' first start to last end among
 those of the group's value (a record of zero length ends a second after its start; ``dim`` ``user``, ``account``,
 ``partition``, ``model``, ``mode``, or
 ``''`` for all of the job's records); spans are cut into days as records are, ``job_starts`` counting the span on
@@ -35,6 +36,7 @@ rolled up; it is counted in ``meta`` (``rollup_unrolled``) and reports scan the 
 
 from __future__ import annotations
 
+import bisect
 import operator
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -72,6 +74,7 @@ class _Layout:
         self.group = operator.itemgetter(*(at[c] for c in _GROUP))
         self.key = operator.itemgetter(*(at[c] for c in _KEY))
         self.job, self.start, self.end = at["job_id"], at["start"], at["end"]
+        self.user, self.restart, self.submit = at["user"], at["restart"], at["submit"]
 
 
 _ROWS = _Layout(ROW_COLUMNS)
@@ -168,22 +171,48 @@ def _add_record(cells: dict, peaks: dict, taken: dict, row: Sequence, sign: int,
     return True
 
 
-def _spans(rows: Iterable[Sequence], layout: _Layout = _ROWS) -> dict[tuple[tuple[str, str], str, str],
-                                                                      tuple[int, int]]:
-    """``((job_id, user), dim, value) -> (first start, last end)`` of the rows (the end of a record of zero length
-    one second after its start)."""
-    per_group: dict[tuple, tuple[int, int]] = {}  # first by job and group: most jobs are in one group
-    job_at, start_at, end_at, group = layout.job, layout.start, layout.end, layout.group
+def _jobs_of(rows: Sequence[Sequence], layout: _Layout) -> list[tuple]:
+    """Each row's job: ``(job_id, user, epoch)``. Slurm gives a requeued job a new submit time and counts the
+    restart, and may give an id to the same user again (MaxJobId wrapped, state lost): a run with restart 0 begins
+    a job, identified by its submit time (its ``epoch``); a later run (restart 1 and on) belongs to the job of the
+    latest restart-0 run submitted before it. None where no such run is stored. All records of a run have its
+    submit time, so they are one job."""
+    firsts: dict[tuple[str, str], list[int]] = {}
+    job, user, restart, submit = layout.job, layout.user, layout.restart, layout.submit
     for row in rows:
-        key = (row[job_at], group(row))
+        if row[restart] == 0:
+            firsts.setdefault((row[job], row[user]), []).append(row[submit])
+    for known in firsts.values():
+        known.sort()
+    out = []
+    for row in rows:
+        who = (row[job], row[user])
+        submits = firsts.get(who)
+        if row[restart] == 0:
+            out.append((*who, row[submit]))
+        elif not submits:
+            out.append((*who, None))
+        else:
+            at = bisect.bisect_right(submits, row[submit]) - 1
+            out.append((*who, submits[at] if at >= 0 else None))
+    return out
+
+
+def _spans(rows: Iterable[Sequence], layout: _Layout = _ROWS) -> dict[tuple[tuple, str, str], tuple[int, int]]:
+    """``((job_id, user, epoch), dim, value) -> (first start, last end)`` of the rows (the end of a record of zero
+    length one second after its start; the job as :func:`_jobs_of` says)."""
+    rows = list(rows)
+    per_group: dict[tuple, tuple[int, int]] = {}  # first by job and group: most jobs are in one group
+    start_at, end_at, group = layout.start, layout.end, layout.group
+    for row, who in zip(rows, _jobs_of(rows, layout), strict=True):
+        key = (who, group(row))
         start = row[start_at]
         end = max(row[end_at], start + 1)  # a record of zero length is in the periods that hold its start
         old = per_group.get(key)
         per_group[key] = (start, end) if old is None else (min(old[0], start), max(old[1], end))
-    out: dict[tuple[tuple[str, str], str, str], tuple[int, int]] = {}
-    for (job, (user, account, partition, model, mode)), (start, end) in per_group.items():
-        who = (job, user)
-        for dim, value in (("user", user), ("account", account), ("partition", partition), ("model", model),
+    out: dict[tuple[tuple, str, str], tuple[int, int]] = {}
+    for (who, (_user, account, partition, model, mode)), (start, end) in per_group.items():
+        for dim, value in (("user", _user), ("account", account), ("partition", partition), ("model", model),
                            ("mode", mode), ("", "")):
             span = out.get((who, dim, value))
             out[(who, dim, value)] = (start, end) if span is None else (min(span[0], start), max(span[1], end))
@@ -213,7 +242,7 @@ class Delta:
             elif sign > 0:
                 self.longest = max(self.longest, row[layout.end] - row[layout.start])
 
-    def add_spans(self, spans: dict[tuple[tuple[str, str], str, str], tuple[int, int]], sign: int,
+    def add_spans(self, spans: dict[tuple[tuple, str, str], tuple[int, int]], sign: int,
                   unless: dict | None = None) -> None:
         """Add or take away job spans (:func:`_spans`), but those ``unless`` holds alike."""
         for key, span in spans.items():

@@ -319,11 +319,15 @@ class Store:
                         self._upgrade_5()
                         db.commit()
             self._prepare(create)
-        except (sqlite3.Error, StoreError) as e:
+        except (sqlite3.Error, StoreError, OSError) as e:
             if db is not None:
                 db.close()
             if isinstance(e, StoreError):
                 raise
+            if isinstance(e, OSError):  # the ingest lock of an upgrade
+                raise StoreError(f"cannot take the ingest lock to upgrade the database's layout: {e.strerror or e}",
+                                 source=self.path, hint="run 'slurm-gpushare accounting ingest' once as the "
+                                 "database's owner") from None
             raise StoreError(f"cannot open the accounting database: {e}", source=self.path) from None
 
     def _layout(self) -> str | None:

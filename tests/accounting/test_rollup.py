@@ -28,6 +28,7 @@ def _record(rnd: random.Random, **kw):
     sm = round(rnd.uniform(0, 100), 1) if sampled and rnd.random() < 0.8 else None
     mode = rnd.choice(("gpu", "mps", "mig"))
     base = dict(job_id=str(rnd.randrange(1, 7)), restart=rnd.choice((0, 0, 1)), user=rnd.choice(("alice", "bob")),
+                submit=rnd.choice((0, T0 - DAY, T0 + DAY)),
                 account=rnd.choice(("physics", "chem")), partition=rnd.choice(("gpu", "long")),
                 node=rnd.choice(("n1", "n2")), gpu_index=rnd.randrange(3), gpu_model=rnd.choice(("a100", "h100")),
                 gpu_memory_mib=81920, mode=mode, share="" if mode == "gpu" else "shard:10",
@@ -249,3 +250,55 @@ def test_the_sqlite_upgrade_waits_for_a_running_ingest(tmp_path):
         assert worker.is_alive() and not seen  # waits for the ingest's lock
     worker.join(30)
     assert seen == [([("6",)], 1)]
+
+
+def test_a_job_id_given_again_to_the_same_user_is_another_job_and_a_requeued_job_one(new_store):
+    """Found in review: jobs were their id and user, so an id Slurm gave the same user again (MaxJobId wrapped)
+    made one span from the first job to the second, counted in every period between. A run with restart 0 begins
+    a job (its submit time); a requeued run (Slurm gives it a new submit time) belongs to the latest before it."""
+    store = new_store()
+    store.add([record(job_id="1", submit=T0 - 10, start=T0, end=T0 + 60),
+               record(job_id="1", submit=T0 + 5 * DAY - 10, start=T0 + 5 * DAY, end=T0 + 5 * DAY + 60),
+               record(job_id="2", submit=T0 + 2 * DAY - 10, start=T0 + 2 * DAY, end=T0 + 2 * DAY + 60),
+               # job 3 requeued: its second run has restart 1 and a later submit time
+               record(job_id="3", submit=T0 - 10, start=T0, end=T0 + 60),
+               record(job_id="3", restart=1, submit=T0 + 60, start=T0 + 4 * DAY, end=T0 + 4 * DAY + 60)])
+    for use in (True, False):
+        between = usage_report(store, by="user", since=T0 + 2 * DAY, until=T0 + 3 * DAY, use_rollup=use)
+        assert [(row[0], row[1], row[2]) for row in between.rows] == [("alice", 2, 1)], use  # job 2 and job 3
+        later = usage_report(store, by="user", since=T0 + 4 * DAY, until=T0 + 5 * DAY, use_rollup=use)
+        assert [(row[0], row[1], row[2]) for row in later.rows] == [("alice", 1, 1)], use  # job 3's second run
+        everything = usage_report(store, by="mode", use_rollup=use)
+        assert everything.total[1] == 4 and everything.total[2] == 5, use  # 1, 1 again, 2 and 3
+        assert usage_report(store, by="user", since=T0, until=T0 + 6 * DAY, use_rollup=use).rows[0][1] == 4, use
+
+
+def test_the_worker_sums_keep_a_new_records_peak_beside_a_job_that_goes_the_long_way():
+    """Found in review (a mutation the ingest test missed): in one batch a new job's record and a stored job's
+    record with a higher peak share a day and group; the new record's peak must stay in the worker's sums."""
+    from slurm_gpushare.accounting.record import FIELDS
+    with Store(":memory:") as store:
+        store.add([record(job_id="7", start=T0, end=T0 + 60, sm_peak_percent=20.0)])
+        stored_again = record(job_id="7", start=T0, end=T0 + 60, sm_peak_percent=20.0)
+        higher = record(job_id="7", gpu_index=1, gpu_uuid="GPU-1", start=T0 + 10, end=T0 + 70, sm_peak_percent=95.0)
+        new = record(job_id="8", start=T0 + 100, end=T0 + 200, sm_peak_percent=60.0)
+        rows = [r.row() for r in (stored_again, higher, new)]
+        store._db.begin()
+        store._upsert(rows, rollup.batch_delta(rows, FIELDS))
+        store._db.commit()
+        assert usage_report(store, by="user").rows[0][7] == 95.0
+        assert_rollup_equals_scan(store)
+        delta = rollup.take_out(rollup.batch_delta(rows, FIELDS)[0], rows, {"7"}, FIELDS)
+        assert set(delta.peaks.values()) == {60.0}  # job 8's peak stays; job 7's go the long way
+
+
+def test_an_upgrade_that_cannot_take_the_ingest_lock_says_so(tmp_path):
+    from slurm_gpushare.accounting.store import StoreError
+    db = tmp_path / "acct.db"
+    with Store(db) as store:
+        store._db.script("BEGIN; DROP TABLE usage_day; DROP TABLE usage_day_jobs; "
+                         "UPDATE meta SET value = '5' WHERE key = 'schema'; COMMIT;")
+    (tmp_path / "acct.db.ingest-lock").mkdir()  # no lock file can be opened there
+    with pytest.raises(StoreError, match="cannot take the ingest lock to upgrade") as raised:
+        Store(db, create=False)
+    assert "accounting ingest" in (raised.value.hint or "")
