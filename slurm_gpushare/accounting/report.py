@@ -35,7 +35,7 @@ import json
 import math
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -272,11 +272,9 @@ def usage_report(store: Store, *, by: str = "user", since: int | None = None,
         spans, jobs_params = _period(None, None, f'{columns}, "start", "end"', filters, store.dialect,
                                      also='"job_id" IN (SELECT "job_id" FROM usage WHERE "start" >= :near)')
         jobs_params.update(since=since, until=until, near=-_FOREVER if longest is None else since - longest - 1)
-        span_end = 'MAX(CASE WHEN "end" > "start" THEN "end" ELSE "start" + 1 END)'
-        jobs_sql = (f'SELECT g, {job} FROM ({spans}) AS p GROUP BY g, {job} '
-                    f'HAVING MIN("start") < :until AND {span_end} > :since')
-        all_sql = (f'SELECT COUNT(*) FROM (SELECT {job} FROM ({spans}) AS p GROUP BY {job} '
-                   f'HAVING MIN("start") < :until AND {span_end} > :since) AS j')
+        overlaps = 'MIN("start") < :until AND MAX(CASE WHEN "end" > "start" THEN "end" ELSE "start" + 1 END) > :since'
+        jobs_sql = f'SELECT g, {job} FROM ({spans}) AS p GROUP BY g, {job} HAVING {overlaps}'
+        all_sql = f'SELECT COUNT(*) FROM (SELECT {job} FROM ({spans}) AS p GROUP BY {job} HAVING {overlaps}) AS j'
     jobs = dict(store.iterate(f"SELECT g, COUNT(*) FROM ({jobs_sql}) AS j GROUP BY g", jobs_params))
     raw = [(r[0], jobs.get(r[0], 0), *r[2:]) for r in raw]
     return _usage_report(by, since, until, raw, lambda: store.query(all_sql, jobs_params)[0][0])
@@ -440,55 +438,29 @@ def waste_report(store: Store, *, since: int | None = None, until: int | None = 
               'MAX("mem_peak_mib") <= :used_below * MAX(COALESCE("mem_asked_mib", "mem_granted_mib")) AND '
               'SUM(CASE WHEN "exit_state" NOT IN (\'COMPLETED\', \'\') THEN 1 ELSE 0 END) = 0')
     runs = _run_hours(store, inner, params)
-    # streamed: with a limit, a heap of the ``keep`` most wasteful so far (its smallest on top: most wasted GiB-hours
-    # first, ties by job id as the sorted list has them, so that the smallest on top is the last of that order)
-    heap: list[tuple[float, _Reversed, tuple]] = []
-    rows: list[tuple] = []
     qualified = 0
-    for r in store.iterate(_job_sql(store, inner, having), {**params, "used_below": used_below}):
-        base = _job_base(r, runs)
-        models, modes, shares, gpus, nodes, asked, granted, peak, gpu_mib = (r[4], r[5], r[6], r[7], r[8], r[10],
-                                                                             r[11], r[12], r[22])
-        on_mig = modes == "mig"
-        slices = [mig_slice_mib(share, granted) for share in (shares or "").split(",") if share] if on_mig else []
-        fit = rule.suggest(peak, rule.offer(models or "", gpu_mib or granted, slices), on_mig=on_mig,
-                           count=max(1, gpus // max(1, nodes)))
-        if fit.mib >= asked:
-            continue
-        wasted = (r[17] or 0) / 1024.0 / 3600.0
-        row = (*base[:11], base[12], base[13], wasted, fit.request)
-        qualified += 1
-        if keep is None:
-            rows.append(row)
-        elif len(heap) < keep:
-            heapq.heappush(heap, (wasted, _Reversed(str(row[0])), row))
-        elif (wasted, _Reversed(str(row[0]))) > heap[0][:2]:
-            heapq.heapreplace(heap, (wasted, _Reversed(str(row[0])), row))
-    if keep is not None:
-        rows = [entry[2] for entry in heap]
-    rows.sort(key=lambda row: (-row[13], str(row[0])))
+
+    def listed() -> Iterator[tuple]:
+        nonlocal qualified
+        for r in store.iterate(_job_sql(store, inner, having), {**params, "used_below": used_below}):
+            base = _job_base(r, runs)
+            models, modes, shares, gpus, nodes, asked, granted, peak, gpu_mib = (r[4], r[5], r[6], r[7], r[8], r[10],
+                                                                                 r[11], r[12], r[22])
+            on_mig = modes == "mig"
+            slices = [mig_slice_mib(share, granted) for share in (shares or "").split(",") if share] if on_mig else []
+            fit = rule.suggest(peak, rule.offer(models or "", gpu_mib or granted, slices), on_mig=on_mig,
+                               count=max(1, gpus // max(1, nodes)))
+            if fit.mib >= asked:
+                continue
+            qualified += 1
+            yield (*base[:11], base[12], base[13], (r[17] or 0) / 1024.0 / 3600.0, fit.request)
+
+    def order(row: tuple) -> tuple:  # most wasted GiB-hours first, then by job id
+        return -row[13], str(row[0])
+
+    # with a limit, nsmallest keeps only that many (a heap) while the jobs stream
+    rows = sorted(listed(), key=order) if keep is None else heapq.nsmallest(keep, listed(), key=order)
     return Report("waste", "job", since, until, WASTE_COLUMNS, tuple(rows), left_out=qualified - len(rows))
-
-
-class _Reversed:
-    """A string that orders backwards (the heap keeps the largest job ids of equal waste on top, to go first)."""
-
-    __slots__ = ("text",)
-
-    def __init__(self, text: str):
-        self.text = text
-
-    def __lt__(self, other: _Reversed) -> bool:
-        return self.text > other.text
-
-    def __gt__(self, other: _Reversed) -> bool:
-        return self.text < other.text
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Reversed) and self.text == other.text
-
-    def __hash__(self) -> int:
-        return hash(self.text)
 
 
 # --- rendering -----------------------------------------------------------------------------------

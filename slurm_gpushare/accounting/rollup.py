@@ -57,9 +57,8 @@ JOB_DIMS = (*GROUP_COLUMNS, "")
 ROW_COLUMNS = ("job_id", "restart", "submit", "user", "step", "node", "gpu_index", "gpu_uuid", "v", "account",
                "partition", "gpu_model", "mode", "start", "end", "gpu_memory_mib", "mem_granted_mib", "mem_peak_mib",
                "sm_mean_percent", "sm_peak_percent")
-_AT = {name: i for i, name in enumerate(ROW_COLUMNS)}
 _KEY = ("job_id", "restart", "submit", "user", "step", "node", "gpu_index", "gpu_uuid", "v")
-_GROUP = ("user", "account", "partition", "gpu_model", "mode")
+_GROUP = tuple(GROUP_COLUMNS.values())
 
 
 class _Layout:
@@ -86,7 +85,8 @@ def _layout(columns: Sequence[str]) -> _Layout:
     if found is None:
         found = _LAYOUTS[tuple(columns)] = _Layout(columns)
     return found
-_KEY_COLUMNS = ("day", "user", "account", "partition", "gpu_model", "mode")
+
+
 _COUNTS = ("starts", "carries", "nosm_starts", "nosm_carries", "nomem_starts", "nomem_carries", "sm_n", "mem_n")
 _SUMS = ("gpu_s", "gpu_s_data", "sm_ds", "d_data", "mem_s", "mem_s_data", "mem_s_used")
 _VALUES = (*_COUNTS, *_SUMS)
@@ -211,9 +211,8 @@ def _spans(rows: Iterable[Sequence], layout: _Layout = _ROWS) -> dict[tuple[tupl
         old = per_group.get(key)
         per_group[key] = (start, end) if old is None else (min(old[0], start), max(old[1], end))
     out: dict[tuple[tuple, str, str], tuple[int, int]] = {}
-    for (who, (_user, account, partition, model, mode)), (start, end) in per_group.items():
-        for dim, value in (("user", _user), ("account", account), ("partition", partition), ("model", model),
-                           ("mode", mode), ("", "")):
+    for (who, values), (start, end) in per_group.items():
+        for dim, value in zip(JOB_DIMS, (*values, ""), strict=True):
             span = out.get((who, dim, value))
             out[(who, dim, value)] = (start, end) if span is None else (min(span[0], start), max(span[1], end))
     return out
@@ -273,7 +272,7 @@ def apply(db, before: list[tuple], after: list[tuple]) -> None:
     delta = Delta()
     delta.add_records(removed.elements(), -1)
     delta.add_records(added.elements(), 1)
-    user = _AT["user"]
+    user = _ROWS.user
     jobs = {(row[0], row[user]) for row in (*removed, *added)}
     spans_before = _spans(r for r in before if (r[0], r[user]) in jobs)
     spans_after = _spans(r for r in after if (r[0], r[user]) in jobs)
@@ -462,7 +461,7 @@ def usage_rows(query, by: str, since: int | None, until: int | None,
         f"WHERE dim = :dim AND day >= :lo AND day < :hi{jobs_only} "
         "GROUP BY value", {**params, "dim": by}))
     total = query("SELECT SUM(job_starts) + SUM(CASE WHEN day = :lo THEN job_carries ELSE 0 END) "
-                       "FROM usage_day_jobs WHERE dim = '' AND day >= :lo AND day < :hi", params)
+                  "FROM usage_day_jobs WHERE dim = '' AND day >= :lo AND day < :hi", params)
     rows = []
     for g, records, no_sm, no_mem, sm_n, mem_n, gpu_s, gpu_s_data, sm_ds, d_data, mem_s, mem_s_data, mem_s_used, \
             sm_peak in grouped:
